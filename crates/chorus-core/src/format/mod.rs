@@ -1,0 +1,170 @@
+//! Byte-exact, versioned, little-endian, checksummed formats.
+//!
+//! Every format here is documented byte by byte on its type and in `docs/formats.md`.
+//! Decoding is total: any input, however malformed, yields either a value or a
+//! [`FormatError`] naming what was wrong; no decoder panics (the `fuzz/` targets and the
+//! proptests hold them to that).
+//!
+//! All checksums are CRC32C (Castagnoli), computed with the `crc32c` crate, which uses the
+//! SSE4.2 / ARMv8 CRC instructions when the CPU has them.
+
+pub mod block;
+pub mod entry;
+pub mod group;
+// pub mod meta; (landing)
+
+use thiserror::Error;
+
+/// What a decoder found wrong. Every variant names the structure (`what`) it was decoding.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum FormatError {
+    /// Fewer bytes than the structure needs.
+    #[error("{what}: truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// The structure being decoded.
+        what: &'static str,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes available.
+        have: u64,
+    },
+    /// The magic number is not the structure's.
+    #[error("{what}: bad magic: expected {expected:#x}, found {found:#x}")]
+    BadMagic {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The magic this structure must start with.
+        expected: u64,
+        /// What was there.
+        found: u64,
+    },
+    /// A format version this build does not know.
+    #[error("{what}: unknown version {found} (this build reads version {supported})")]
+    UnknownVersion {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The version found.
+        found: u16,
+        /// The version this build reads.
+        supported: u16,
+    },
+    /// Flag bits this build does not know are set.
+    #[error("{what}: unknown flag bits {found:#x}")]
+    UnknownFlags {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The unknown bits.
+        found: u32,
+    },
+    /// A length field outside its allowed range.
+    #[error("{what}: {field} {value} out of range (allowed {min}..={max})")]
+    LengthOutOfRange {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The field.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// The checksum over a header does not match.
+    #[error("{what}: header checksum mismatch: expected {expected:#010x}, found {found:#010x}")]
+    HeaderChecksum {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The checksum stored in the header.
+        expected: u32,
+        /// The checksum computed over the bytes.
+        found: u32,
+    },
+    /// The checksum over a payload does not match.
+    #[error("{what}: data checksum mismatch: expected {expected:#010x}, found {found:#010x}")]
+    DataChecksum {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The checksum stored in the header.
+        expected: u32,
+        /// The checksum computed over the payload.
+        found: u32,
+    },
+    /// The accumulated checksum chain is broken.
+    #[error(
+        "{what}: accumulated checksum mismatch: expected {expected:#010x}, found {found:#010x}"
+    )]
+    AccumulatedChecksum {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The accumulated checksum the chain predicts.
+        expected: u32,
+        /// The accumulated checksum stored.
+        found: u32,
+    },
+    /// A field disagrees with where the structure was found or with its neighbours
+    /// (an LSN, a sequence number, a count).
+    #[error("{what}: {field} mismatch: expected {expected}, found {found}")]
+    FieldMismatch {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The field.
+        field: &'static str,
+        /// The value implied by position or neighbours.
+        expected: u64,
+        /// The value stored.
+        found: u64,
+    },
+    /// A structural rule is broken (explained in `detail`).
+    #[error("{what}: malformed: {detail}")]
+    Malformed {
+        /// The structure being decoded.
+        what: &'static str,
+        /// Which rule was broken.
+        detail: String,
+    },
+}
+
+/// CRC32C of `bytes`.
+#[inline]
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// CRC32C of `bytes` continued from `crc`.
+#[inline]
+pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
+/// Little-endian field readers over a slice whose length the caller has checked.
+pub(crate) mod le {
+    #[inline]
+    pub fn u16_at(b: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes([b[at], b[at + 1]])
+    }
+    #[inline]
+    pub fn u32_at(b: &[u8], at: usize) -> u32 {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(&b[at..at + 4]);
+        u32::from_le_bytes(a)
+    }
+    #[inline]
+    pub fn u64_at(b: &[u8], at: usize) -> u64 {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(a)
+    }
+    #[inline]
+    pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
+        b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    #[inline]
+    pub fn put_u32(b: &mut [u8], at: usize, v: u32) {
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    #[inline]
+    pub fn put_u64(b: &mut [u8], at: usize, v: u64) {
+        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+}

@@ -1,0 +1,16 @@
+//! Chorus core: the byte-exact formats of the replicated log, and (in later modules) the
+//! pure replica state machine. This crate does no IO: no files, sockets, threads or clocks
+//! (DESIGN.md principle 1), so that everything in it runs unchanged inside the
+//! deterministic simulator.
+
+pub mod format;
+pub mod rng;
+
+/// Log sequence number: the byte offset of a group (or of an entry) in the logical log of
+/// one log group (PALF section 3.2). Block `n` of the log holds LSNs
+/// `n * block_size .. (n + 1) * block_size`.
+pub type Lsn = u64;
+
+/// Commit sequence number: a monotonic number assigned with the LSN, at least the
+/// appender's reference CSN, used to order records across log groups (PALF section 4.2).
+pub type Csn = u64;

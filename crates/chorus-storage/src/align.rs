@@ -1,0 +1,162 @@
+//! Heap buffers aligned for direct IO.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::fs::DIRECT_IO_ALIGN;
+
+/// A zero-initialised, fixed-capacity byte buffer whose address is a multiple of
+/// [`DIRECT_IO_ALIGN`], as `O_DIRECT` reads and writes require.
+///
+/// Invariant: `len <= capacity`, `capacity` is a non-zero multiple of `DIRECT_IO_ALIGN`,
+/// and all `capacity` bytes are initialised.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    capacity: usize,
+}
+
+// SAFETY: `AlignedBuf` owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer able to hold `capacity` bytes, rounded up to the alignment; length 0.
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = round_up(capacity.max(1), DIRECT_IO_ALIGN);
+        let layout = Self::layout(capacity);
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Self {
+            ptr,
+            len: 0,
+            capacity,
+        }
+    }
+
+    fn layout(capacity: usize) -> Layout {
+        // Cannot fail: the alignment is a power of two and `capacity` is bounded by the
+        // allocator's own limits, which `alloc_zeroed` reports.
+        Layout::from_size_align(capacity, DIRECT_IO_ALIGN).expect("valid aligned layout")
+    }
+
+    /// How many bytes the buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// How many bytes are in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Sets the length, zeroing bytes beyond the old length that become part of it.
+    ///
+    /// # Panics
+    /// If `len > capacity` (a caller bug: capacities are fixed at creation).
+    pub fn resize(&mut self, len: usize) {
+        assert!(len <= self.capacity, "AlignedBuf::resize beyond capacity");
+        let old = self.len;
+        if len > old {
+            self.full_mut()[old..len].fill(0);
+        }
+        self.len = len;
+    }
+
+    /// Appends `bytes`.
+    ///
+    /// # Panics
+    /// If the bytes do not fit (a caller bug).
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let start = self.len;
+        let end = start + bytes.len();
+        assert!(end <= self.capacity, "AlignedBuf overflow");
+        self.full_mut()[start..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+
+    /// Clears the buffer (length 0).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The whole capacity, in use or not, as a slice.
+    pub fn full(&self) -> &[u8] {
+        // SAFETY: all `capacity` bytes are initialised (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.capacity) }
+    }
+
+    /// The whole capacity, in use or not, as a mutable slice.
+    pub fn full_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `full`, and `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.full()[..self.len]
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.full_mut()[..len]
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `with_capacity` with this very layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+/// `n` rounded up to a multiple of `align` (a power of two).
+pub fn round_up(n: usize, align: usize) -> usize {
+    debug_assert!(align.is_power_of_two());
+    (n + align - 1) & !(align - 1)
+}
+
+/// `n` rounded down to a multiple of `align` (a power of two).
+pub fn round_down(n: u64, align: u64) -> u64 {
+    debug_assert!(align.is_power_of_two());
+    n & !(align - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        let mut b = AlignedBuf::with_capacity(5000);
+        assert_eq!(b.capacity(), 8192);
+        assert_eq!(b.full().as_ptr() as usize % DIRECT_IO_ALIGN, 0);
+        b.extend_from_slice(b"abc");
+        b.resize(10);
+        assert_eq!(&b[..], b"abc\0\0\0\0\0\0\0");
+        b.resize(1);
+        b.resize(3);
+        assert_eq!(&b[..], b"a\0\0");
+    }
+}

@@ -1,0 +1,12 @@
+//! Chorus local storage: the durable log of one replica in constant-size block files, the
+//! crash-atomic meta storage beside it, and the [`fs::FileSystem`] seam through which both
+//! reach the disk.
+//!
+//! See `docs/formats.md` for every on-disk byte and `docs/architecture.md` for how recovery
+//! tells a torn tail from corruption.
+
+pub mod align;
+pub mod error;
+pub mod fs;
+
+pub use error::{Result, StorageError};
