@@ -130,7 +130,6 @@ pub enum StorageError {
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
 /// Attaches path and operation to an IO result.
-#[allow(dead_code)] // used by the log storage module as it lands
 pub(crate) trait IoContext<T> {
     fn ctx(self, path: &std::path::Path, op: &'static str) -> Result<T>;
 }

@@ -10,3 +10,6 @@ pub mod error;
 pub mod fs;
 
 pub use error::{Result, StorageError};
+pub mod log;
+
+pub use log::{LogOptions, LogStorage, RecoveryReport};

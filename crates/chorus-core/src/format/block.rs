@@ -156,7 +156,9 @@ impl BlockHeader {
             });
         }
         let block_size = u64_at(buf, 32);
-        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) || !block_size.is_multiple_of(4096) {
+        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size)
+            || !block_size.is_multiple_of(4096)
+        {
             return Err(FormatError::LengthOutOfRange {
                 what: WHAT,
                 field: "block_size",

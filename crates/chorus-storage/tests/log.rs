@@ -1,0 +1,306 @@
+//! Log storage: conformance on both file systems, crash recovery on the fault-injecting
+//! twin, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chorus_core::format::block::BLOCK_HEADER_SIZE;
+use chorus_core::format::group::{
+    block_remaining, encode_group, encode_padding, fits_in_block, ChainPoint, SealParams,
+};
+use chorus_core::rng::Rng;
+use chorus_storage::fs::{CrashMode, FileSystem, OpenOptions, RealFs, SimFs};
+use chorus_storage::log::block_file_name;
+use chorus_storage::{LogOptions, LogStorage, StorageError};
+
+const BS: u64 = 64 << 10;
+const LOG_ID: u64 = 0xC0FFEE;
+
+fn opts() -> LogOptions {
+    LogOptions { block_size: BS }
+}
+
+/// Encodes the next group of `n` random records after `chain`, preceded by a padding group
+/// when it would not fit in the current block.
+fn next_groups(rng: &mut Rng, chain: &ChainPoint, n: usize) -> Vec<u8> {
+    let records: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let mut r = vec![0u8; rng.range(0, 700) as usize];
+            rng.fill(&mut r);
+            r
+        })
+        .collect();
+    let mut chain = *chain;
+    let size: u64 = 64 + records.iter().map(|r| 24 + r.len() as u64).sum::<u64>();
+    let mut out = Vec::new();
+    if !fits_in_block(chain.end_lsn, size, BS) {
+        let pad = block_remaining(chain.end_lsn, BS);
+        chain = encode_padding(&mut out, &chain, 1, 0, pad).chain_after();
+    }
+    let recs: Vec<(u64, &[u8])> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (chain.max_csn + 1 + i as u64, &r[..]))
+        .collect();
+    let params = SealParams {
+        proposal_id: 1,
+        committed_end_lsn: chain.end_lsn / 2,
+        flags: 0,
+    };
+    encode_group(&mut out, &chain, params, &recs);
+    out
+}
+
+fn sim() -> (SimFs, Arc<dyn FileSystem>, PathBuf) {
+    let fs = SimFs::new(7);
+    let dyn_fs: Arc<dyn FileSystem> = Arc::new(fs.clone());
+    let dir = PathBuf::from("/replica");
+    dyn_fs.create_dir_all(&dir).unwrap();
+    (fs, dyn_fs, dir)
+}
+
+fn all_bytes(log: &LogStorage) -> Vec<u8> {
+    let mut out = Vec::new();
+    for g in log.iter_from(log.start_lsn()) {
+        let (h, body) = g.unwrap();
+        out.extend_from_slice(&h.encode());
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+fn conformance(fs: Arc<dyn FileSystem>, dir: &Path) {
+    let mut log = LogStorage::create(fs.clone(), dir, opts(), LOG_ID).unwrap();
+    assert!(matches!(
+        LogStorage::create(fs.clone(), dir, opts(), LOG_ID),
+        Err(StorageError::AlreadyExists { .. })
+    ));
+    let mut rng = Rng::new(1);
+    let mut written = Vec::new();
+    // Enough to cross several blocks.
+    while log.end_lsn() < 3 * BS + 1000 {
+        let n = rng.range(1, 20) as usize;
+        let g = next_groups(&mut rng, &log.chain(), n);
+        log.append(&g).unwrap();
+        written.extend_from_slice(&g);
+        if rng.chance(1, 3) {
+            assert_eq!(log.sync().unwrap(), log.end_lsn());
+        }
+    }
+    log.sync().unwrap();
+    assert_eq!(all_bytes(&log), written);
+    assert!(log.block_ids().len() >= 4);
+    // A non-boundary read is refused.
+    assert!(log.read_group(1).is_err());
+    let end = log.end_lsn();
+    drop(log);
+
+    let (mut log, report) = LogStorage::open(fs.clone(), dir, opts(), LOG_ID).unwrap();
+    assert_eq!(report.end_lsn, end);
+    assert_eq!(report.torn_tail, None);
+    assert!(report.scanned_bytes <= BS, "recovery scans one block");
+    assert_eq!(all_bytes(&log), written);
+
+    // Truncate into an earlier block, then append a different suffix.
+    let cut = {
+        let mut lsn = 0;
+        for g in log.iter_from(0) {
+            let (h, _) = g.unwrap();
+            if h.lsn > BS + BS / 2 {
+                lsn = h.lsn;
+                break;
+            }
+        }
+        lsn
+    };
+    log.truncate(cut).unwrap();
+    assert_eq!(log.end_lsn(), cut);
+    written.truncate(cut as usize);
+    let g = next_groups(&mut rng, &log.chain(), 3);
+    log.append(&g).unwrap();
+    written.extend_from_slice(&g);
+    log.sync().unwrap();
+    drop(log);
+    let (mut log, _) = LogStorage::open(fs.clone(), dir, opts(), LOG_ID).unwrap();
+    assert_eq!(all_bytes(&log), written);
+
+    // Trim: whole blocks below go away, reads below fail.
+    log.trim(BS + 10).unwrap();
+    assert_eq!(log.block_ids()[0], 1);
+    assert!(matches!(
+        log.read_group(0),
+        Err(StorageError::Trimmed { .. })
+    ));
+    drop(log);
+    let (log, _) = LogStorage::open(fs, dir, opts(), LOG_ID).unwrap();
+    assert_eq!(log.start_lsn(), BS);
+}
+
+#[test]
+fn conformance_sim() {
+    let (_, fs, dir) = sim();
+    conformance(fs, &dir);
+}
+
+#[test]
+fn conformance_real() {
+    let dir = std::env::temp_dir().join(format!("chorus-log-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    conformance(Arc::new(RealFs::new()), &dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Thousands of random append/sync/crash/reopen steps: every group synced before a crash
+/// is there byte for byte afterwards, and nothing beyond what was written appears.
+#[test]
+fn crash_recovery_keeps_every_synced_group() {
+    let mut steps = 0;
+    for seed in 0..60u64 {
+        let fs = SimFs::new(seed);
+        let dyn_fs: Arc<dyn FileSystem> = Arc::new(fs.clone());
+        let dir = PathBuf::from("/r");
+        dyn_fs.create_dir_all(&dir).unwrap();
+        let mut rng = Rng::new(seed ^ 0xABCD);
+        let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+        let mut written: Vec<u8> = Vec::new();
+        let mut synced = 0usize;
+        for _ in 0..60 {
+            steps += 1;
+            match rng.below(10) {
+                0..=5 => {
+                    let n = rng.range(1, 30) as usize;
+                    let g = next_groups(&mut rng, &log.chain(), n);
+                    log.append(&g).unwrap();
+                    written.extend_from_slice(&g);
+                }
+                6..=7 => {
+                    synced = log.sync().unwrap() as usize;
+                    assert_eq!(synced, written.len());
+                }
+                _ => {
+                    fs.crash(CrashMode::Prefix);
+                    let (l, report) =
+                        LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+                    log = l;
+                    let got = all_bytes(&log);
+                    assert!(got.len() >= synced, "seed {seed}: lost synced data");
+                    assert_eq!(&got[..], &written[..got.len()], "seed {seed}: bytes differ");
+                    assert_eq!(log.flushed_end(), report.end_lsn);
+                    written.truncate(got.len());
+                    synced = got.len();
+                }
+            }
+        }
+    }
+    assert!(steps >= 3000);
+}
+
+/// A bad group before the tail is corruption: opening fails naming the place, and the
+/// file is not truncated.
+#[test]
+fn corruption_before_tail_is_reported_not_truncated() {
+    let (fs, dyn_fs, dir) = sim();
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(3);
+    for _ in 0..10 {
+        let g = next_groups(&mut rng, &log.chain(), 5);
+        log.append(&g).unwrap();
+    }
+    log.sync().unwrap();
+    drop(log);
+    let path = dir.join("log").join(block_file_name(0));
+    let before = fs.durable_content(&path).unwrap();
+    // Flip a bit in the body of the first group.
+    fs.flip_bits(&path, BLOCK_HEADER_SIZE as u64 + 100, 8, 1)
+        .unwrap();
+    match LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID) {
+        Err(StorageError::Corrupt { lsn, .. }) => assert_eq!(lsn, 0),
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    assert_eq!(fs.durable_len(&path).unwrap(), before.len() as u64);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let (fs, dyn_fs, dir) = sim();
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(5);
+    let g = next_groups(&mut rng, &log.chain(), 3);
+    log.append(&g).unwrap();
+    log.sync().unwrap();
+    // A group that does not continue the chain is refused.
+    let stale = next_groups(&mut rng, &ChainPoint::default(), 1);
+    assert!(matches!(
+        log.append(&stale),
+        Err(StorageError::InvalidAppend { .. })
+    ));
+    drop(log);
+    let path = dir.join("log").join(block_file_name(0));
+    let before = fs.durable_content(&path).unwrap();
+
+    assert!(matches!(
+        LogStorage::open(
+            dyn_fs.clone(),
+            &dir,
+            LogOptions { block_size: 2 * BS },
+            LOG_ID
+        ),
+        Err(StorageError::BlockSizeMismatch { .. })
+    ));
+    assert!(matches!(
+        LogStorage::open(dyn_fs.clone(), &dir, opts(), 99),
+        Err(StorageError::ForeignBlock { .. })
+    ));
+    assert!(matches!(
+        LogStorage::open(
+            dyn_fs.clone(),
+            &dir,
+            LogOptions { block_size: 1000 },
+            LOG_ID
+        ),
+        Err(StorageError::InvalidConfig { .. })
+    ));
+    // A gap in the block sequence.
+    let stray = dir.join("log").join(block_file_name(5));
+    dyn_fs.open(&stray, OpenOptions::create()).unwrap();
+    assert!(matches!(
+        LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID),
+        Err(StorageError::Layout { .. })
+    ));
+    dyn_fs.remove_file(&stray).unwrap();
+    // A zeroed block header and a block of random bytes.
+    let mut junk = vec![0u8; 8192];
+    fs.corrupt(&path, 0, &junk[..4096]).unwrap();
+    assert!(matches!(
+        LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID),
+        Err(StorageError::Corrupt { file_offset: 0, .. })
+    ));
+    rng.fill(&mut junk);
+    fs.corrupt(&path, 0, &junk).unwrap();
+    assert!(LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID).is_err());
+    assert_eq!(
+        fs.durable_content(&path).unwrap().len(),
+        before.len().max(8192)
+    );
+}
+
+#[test]
+fn failed_fsync_fails_the_storage() {
+    let (fs, dyn_fs, dir) = sim();
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(9);
+    let g = next_groups(&mut rng, &log.chain(), 3);
+    log.append(&g).unwrap();
+    fs.fail_next_sync(None);
+    assert!(matches!(log.sync(), Err(StorageError::Io { .. })));
+    assert_eq!(log.flushed_end(), 0);
+    assert!(matches!(log.sync(), Err(StorageError::Failed { .. })));
+    let g = next_groups(&mut rng, &log.chain(), 1);
+    assert!(matches!(log.append(&g), Err(StorageError::Failed { .. })));
+    // Reopening recovers from what is on disk.
+    drop(log);
+    fs.crash(CrashMode::Prefix);
+    let (log, _) = LogStorage::open(dyn_fs, &dir, opts(), LOG_ID).unwrap();
+    assert_eq!(log.end_lsn(), 0, "writes whose fsync failed are gone");
+}
