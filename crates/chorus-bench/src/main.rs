@@ -62,8 +62,9 @@ enum Cmd {
         /// Size of the small log in MiB.
         #[arg(long, default_value_t = 100)]
         small_mib: u64,
-        /// Size of the large log in MiB.
-        #[arg(long, default_value_t = 10 * 1024)]
+        /// Size of the large log in MiB (10 GiB plus the same 36 MiB tail as the small log,
+        /// so both last blocks hold the same number of bytes to scan).
+        #[arg(long, default_value_t = 10 * 1024 + 36)]
         large_mib: u64,
         /// Reopens per log.
         #[arg(long, default_value_t = 5)]

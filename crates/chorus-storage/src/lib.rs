@@ -13,3 +13,6 @@ pub use error::{Result, StorageError};
 pub mod log;
 
 pub use log::{LogOptions, LogStorage, RecoveryReport};
+pub mod meta;
+
+pub use meta::{MetaRecovery, MetaStorage};

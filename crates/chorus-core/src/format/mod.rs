@@ -11,7 +11,7 @@
 pub mod block;
 pub mod entry;
 pub mod group;
-// pub mod meta; (landing)
+pub mod meta;
 
 use thiserror::Error;
 
@@ -137,32 +137,39 @@ pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
-/// Little-endian field readers over a slice whose length the caller has checked.
-pub(crate) mod le {
+/// Little-endian field readers and writers over a slice whose length the caller has
+/// checked (they panic on a short slice, which is a caller bug).
+pub mod le {
+    /// Reads a u16 at `at`.
     #[inline]
     pub fn u16_at(b: &[u8], at: usize) -> u16 {
         u16::from_le_bytes([b[at], b[at + 1]])
     }
+    /// Reads a u32 at `at`.
     #[inline]
     pub fn u32_at(b: &[u8], at: usize) -> u32 {
         let mut a = [0u8; 4];
         a.copy_from_slice(&b[at..at + 4]);
         u32::from_le_bytes(a)
     }
+    /// Reads a u64 at `at`.
     #[inline]
     pub fn u64_at(b: &[u8], at: usize) -> u64 {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[at..at + 8]);
         u64::from_le_bytes(a)
     }
+    /// Writes a u16 at `at`.
     #[inline]
     pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
         b[at..at + 2].copy_from_slice(&v.to_le_bytes());
     }
+    /// Writes a u32 at `at`.
     #[inline]
     pub fn put_u32(b: &mut [u8], at: usize, v: u32) {
         b[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
+    /// Writes a u64 at `at`.
     #[inline]
     pub fn put_u64(b: &mut [u8], at: usize, v: u64) {
         b[at..at + 8].copy_from_slice(&v.to_le_bytes());
