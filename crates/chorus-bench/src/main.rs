@@ -174,7 +174,7 @@ fn storage(
         bytes >> 20,
         rounds
     );
-    let (mut chorus_mbs, mut raw_mbs) = (Vec::new(), Vec::new());
+    let (mut chorus_mbs, mut raw_mbs, mut direct_mbs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         // Chorus: a fresh log per round, so each round writes the same LSN range.
         let cdir = dir.join("chorus");
@@ -204,12 +204,21 @@ fn storage(
             off += b.len() as u64;
         }
         let r = bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
+        // Raw O_DIRECT: the same batches copied into aligned buffers, padded to 4 KiB, the
+        // last partial page rewritten by the next batch (what a direct-IO log must do).
+        let dpath = dir.join("raw-direct.log");
+        let _ = std::fs::remove_file(&dpath);
+        let d = direct_loop(&dpath, &batches)?;
         println!(
-            "round {round}: chorus {c:.1} MB/s  raw {r:.1} MB/s  ratio {:.3}",
+            "round {round}: chorus {c:.1} MB/s  raw {r:.1} MB/s  raw-direct {} MB/s  chorus/raw {:.3}",
+            d.map_or("n/a".into(), |d| format!("{d:.1}")),
             c / r
         );
         chorus_mbs.push(c);
         raw_mbs.push(r);
+        if let Some(d) = d {
+            direct_mbs.push(d);
+        }
     }
     let (c, r) = (median(&mut chorus_mbs), median(&mut raw_mbs));
     let rec_per_s = c * 1e6 / bytes as f64 * records as f64;
@@ -217,8 +226,49 @@ fn storage(
         "median: chorus {c:.1} MB/s ({rec_per_s:.0} records/s)  raw {r:.1} MB/s  chorus/raw {:.3}",
         c / r
     );
+    if !direct_mbs.is_empty() {
+        let d = median(&mut direct_mbs);
+        println!(
+            "median raw-direct {d:.1} MB/s  raw-direct/raw-buffered {:.3}",
+            d / r
+        );
+    }
     std::fs::remove_dir_all(dir)?;
     Ok(())
+}
+
+/// Writes `batches` with O_DIRECT + fdatasync per batch; `None` if the file system refuses
+/// O_DIRECT.
+fn direct_loop(path: &Path, batches: &[Vec<u8>]) -> AnyResult<Option<f64>> {
+    use chorus_storage::align::AlignedBuf;
+    use chorus_storage::fs::OpenOptions;
+    let fs = RealFs::new();
+    let Some(parent) = path.parent() else {
+        return Ok(None);
+    };
+    if !fs.supports_direct_io(parent) {
+        return Ok(None);
+    }
+    let f = fs.open(path, OpenOptions::create().with_direct(true))?;
+    let max = batches.iter().map(|b| b.len()).max().unwrap_or(0);
+    let mut buf = AlignedBuf::with_capacity(max + 2 * 4096);
+    let mut file_off = 0u64; // aligned file offset of buf[0]
+    let total: u64 = batches.iter().map(|b| b.len() as u64).sum();
+    let t = Instant::now();
+    for b in batches {
+        buf.extend_from_slice(b);
+        let len = buf.len();
+        buf.resize(len.div_ceil(4096) * 4096);
+        f.write_all_at(&buf, file_off)?;
+        f.sync_data()?;
+        // Keep the last partial page: the next write rewrites it with more bytes.
+        let full = len / 4096 * 4096;
+        let tail: Vec<u8> = buf[full..len].to_vec();
+        buf.clear();
+        buf.extend_from_slice(&tail);
+        file_off += full as u64;
+    }
+    Ok(Some(total as f64 / t.elapsed().as_secs_f64() / 1e6))
 }
 
 fn recovery(dir: &Path, small_mib: u64, large_mib: u64, reopens: usize) -> AnyResult<()> {
