@@ -4,6 +4,7 @@
 //! deterministic simulator.
 
 pub mod format;
+pub mod replica;
 pub mod rng;
 
 /// Log sequence number: the byte offset of a group (or of an entry) in the logical log of

@@ -39,6 +39,7 @@ use chorus_core::format::group::{
     fits_in_block, ChainPoint, GroupHeader, GROUP_HEADER_SIZE, MAX_GROUP_BODY_BYTES,
 };
 use chorus_core::format::FormatError;
+use chorus_core::replica::{GroupMeta, RecoveredLog};
 use chorus_core::Lsn;
 
 use crate::error::{IoContext, Result, StorageError};
@@ -552,6 +553,108 @@ impl LogStorage {
             .ctx(&path, "read")?;
         h.verify_body(&body).map_err(corrupt)?;
         Ok((h, body))
+    }
+
+    /// The checksum chain at `lsn`, a group boundary: what a group starting there must
+    /// continue. Found from the header of the block holding `lsn` plus the groups before
+    /// `lsn` in that block, so it costs at most one block read. The replica uses it to
+    /// send a lagging follower groups from storage with the chain they continue.
+    pub fn chain_at(&self, lsn: Lsn) -> Result<ChainPoint> {
+        if lsn == self.chain.end_lsn {
+            return Ok(self.chain);
+        }
+        if lsn < self.start_lsn {
+            return Err(StorageError::Trimmed {
+                lsn,
+                start: self.start_lsn,
+            });
+        }
+        if lsn > self.chain.end_lsn {
+            return Err(StorageError::BeyondEnd {
+                lsn,
+                end: self.chain.end_lsn,
+            });
+        }
+        let id = lsn / self.block_size;
+        let path = self.block_path(id);
+        let file = self.blocks[&id].clone();
+        let header = self.read_block_header(&path, file.as_ref(), id)?;
+        let mut chain = header.start_chain();
+        while chain.end_lsn < lsn {
+            let (h, _) = self.read_group(chain.end_lsn)?;
+            chain = h.chain_after();
+        }
+        if chain.end_lsn != lsn {
+            return Err(StorageError::NotAGroupBoundary { lsn });
+        }
+        Ok(chain)
+    }
+
+    /// Reads whole groups from `lsn` (a group boundary) up to about `max_bytes` (at least
+    /// one group when any exist) and returns them with the chain they continue.
+    pub fn read_range(&self, lsn: Lsn, max_bytes: usize) -> Result<(ChainPoint, Vec<u8>)> {
+        let chain = self.chain_at(lsn)?;
+        let mut out = Vec::new();
+        for g in self.iter_from(lsn) {
+            let (h, body) = g?;
+            if !out.is_empty() && out.len() + h.total_len() as usize > max_bytes {
+                break;
+            }
+            out.extend_from_slice(&h.encode());
+            out.extend_from_slice(&body);
+        }
+        Ok((chain, out))
+    }
+
+    /// What the replica needs to start on this log (see
+    /// [`chorus_core::replica::RecoveredLog`]): the committed end piggybacked in the tail
+    /// (the highest `committed_end_lsn` of the last block's groups) and the index of groups
+    /// from the start of the block holding the group before it. Reads at most the last
+    /// block or two, however long the log is.
+    pub fn recovered(&self) -> Result<RecoveredLog> {
+        let end = self.chain.end_lsn;
+        let bs = self.block_size;
+        if end == self.start_lsn {
+            return Ok(RecoveredLog {
+                start: self.start_lsn,
+                floor: self.chain,
+                floor_pid: 0,
+                groups: Vec::new(),
+                committed: self.start_lsn,
+            });
+        }
+        let tail_block_start = ((end - 1) / bs * bs).max(self.start_lsn);
+        let mut committed = self.start_lsn;
+        let mut groups = Vec::new();
+        let collect = |from: Lsn, groups: &mut Vec<GroupMeta>, committed: &mut Lsn| {
+            for g in self.iter_from(from) {
+                let (h, _) = g?;
+                *committed = (*committed).max(h.committed_end_lsn);
+                groups.push(GroupMeta {
+                    lsn: h.lsn,
+                    pid: h.proposal_id,
+                    after: h.chain_after(),
+                });
+            }
+            Ok::<(), StorageError>(())
+        };
+        collect(tail_block_start, &mut groups, &mut committed)?;
+        let mut floor_lsn = tail_block_start;
+        // The index must reach back before the committed point so the replica knows the
+        // proposal id of the group ending there.
+        if committed <= tail_block_start && committed > self.start_lsn {
+            floor_lsn = ((committed - 1) / bs * bs).max(self.start_lsn);
+            groups.clear();
+            let mut ignored = committed;
+            collect(floor_lsn, &mut groups, &mut ignored)?;
+        }
+        Ok(RecoveredLog {
+            start: self.start_lsn,
+            floor: self.chain_at(floor_lsn)?,
+            floor_pid: 0,
+            groups,
+            committed: committed.min(end),
+        })
     }
 
     /// Iterates over the groups from `lsn` (a group boundary) to the current end.

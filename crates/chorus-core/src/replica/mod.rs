@@ -1,0 +1,2364 @@
+//! The replica of one log group as a pure state machine (DESIGN.md principle 1).
+//!
+//! Inputs are method calls carrying the current time ([`Replica::tick`],
+//! [`Replica::receive`], [`Replica::append`], [`Replica::log_flushed`],
+//! [`Replica::meta_saved`], [`Replica::log_read`], ...). Outputs are [`Action`]s the driver
+//! drains with [`Replica::take_actions`] and executes in order: messages to send, bytes to
+//! append at the log tail, truncations, meta records to save, storage reads, results for
+//! appenders, role changes. The replica never touches a clock, thread, socket or file, so
+//! the simulator (`chorus-sim`) runs clusters of it deterministically from a seed.
+//!
+//! # Protocol (ordered mode)
+//!
+//! * **Election** (PALF section 3.4) is decoupled from replication. Every replica pings its
+//!   priority. A voter whose leader lease has expired campaigns when it is the highest
+//!   priority alive in a majority it can hear; voters refuse a candidate while they know a
+//!   higher-priority voter is alive or while a leader's lease they granted is live, and
+//!   refuse any candidate with an older config version (section 5.3, rules out Fig. 8b).
+//! * **Reconfirmation** (PALF Alg. 1): the candidate promises proposal id `pid + 1`
+//!   durably, collects durable promises from a majority with their flushed end and last
+//!   proposal id, adopts the log of the highest (last pid, end) among them (fetching it),
+//!   appends an empty StartWorking group under its own pid and re-stamps its membership
+//!   under the new pid (which rolls back a previous leader's uncommitted membership), and
+//!   serves once the StartWorking group is committed.
+//! * **Replication** is pipelined with a bounded window; followers accept groups that
+//!   continue their log (matched by LSN and accumulated checksum), truncate a conflicting
+//!   uncommitted suffix, buffer a bounded number of early messages, and acknowledge the
+//!   end of the prefix that is both flushed and matched with the leader.
+//! * **Commit point** (piggyback paper section 4): the leader's committed end LSN is in
+//!   every group header and heartbeat ([`CommitMode::Piggyback`]); [`CommitMode::Sync`]
+//!   and [`CommitMode::Async`] instead write commit-only groups when it changes or
+//!   periodically, the two baselines of the paper.
+//! * **Explicit results** (PALF section 4.1): every accepted append ends exactly once in
+//!   [`Outcome::Committed`] or [`Outcome::Failed`], decided only against the committed log:
+//!   once the committed end passes the group's LSN, the group is committed if the committed
+//!   log holds it, failed otherwise. A leader that loses leadership becomes a pending
+//!   follower until its pending groups are decided.
+//! * **Reconfiguration** lives in meta storage (PALF section 5.3): single-member changes
+//!   carry a log barrier; a replica adopts a config only when its log matches the leader's
+//!   up to the barrier (rules out Fig. 8a). Commit counting needs a majority of the new and,
+//!   until it is accepted by a majority, of the previous voters.
+
+mod log;
+pub mod message;
+pub mod policy;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::format::entry;
+use crate::format::group::{
+    block_remaining, decode_group, encode_padding, fits_in_block, seal_group, ChainPoint,
+    GroupHeader, SealParams, GROUP_HEADER_SIZE,
+};
+use crate::format::meta::{ConfigVersion, Membership, MetaRecord, NodeId, Vote};
+use crate::rng::Rng;
+use crate::{Csn, Lsn};
+
+use log::LogView;
+pub use log::{GroupMeta, RecoveredLog};
+pub use message::{LogPos, Message, Priority};
+pub use policy::{MergeCandidate, Ordered, Policy};
+
+/// Time in nanoseconds on the replica's monotonic clock, supplied by the driver.
+pub type Nanos = u64;
+
+const MS: Nanos = 1_000_000;
+
+/// How the committed end LSN reaches followers (piggyback paper sections 4 and 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// In the header of the next group and in heartbeats: no extra write (PIGGY).
+    #[default]
+    Piggyback,
+    /// A commit-only group is written and replicated whenever the commit point changes
+    /// (the paper's SYNC baseline).
+    Sync,
+    /// A commit-only group is written every `interval` if the commit point changed (the
+    /// paper's ASYNC baseline).
+    Async {
+        /// The flush interval.
+        interval: Nanos,
+    },
+}
+
+/// Deliberately broken variants, for showing that the simulator finds violations. Only
+/// compiled with the `broken` feature, which production builds never enable.
+#[cfg(feature = "broken")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Broken {
+    /// Correct protocol.
+    #[default]
+    None,
+    /// The candidate skips reconfirmation: it serves its own log without learning the
+    /// longest log of a majority.
+    SkipReconfirmation,
+    /// Followers acknowledge what they have written, not what they have synced.
+    AckBeforeFsync,
+}
+
+/// Settings of one replica. Times are in nanoseconds.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This replica's id.
+    pub id: NodeId,
+    /// User-set election priority (higher wins, after config version).
+    pub priority: u32,
+    /// Bytes per log block (groups never straddle blocks).
+    pub block_size: u64,
+    /// Leader lease. A follower does not help elect anyone else for this long after it
+    /// last heard the leader; the leader stops leading when it cannot renew it.
+    pub lease: Nanos,
+    /// Bound on clock rate difference between replicas, in parts per million; the leader
+    /// shortens its own view of the lease by twice this.
+    pub max_clock_drift_ppm: u32,
+    /// Leader heartbeat period.
+    pub heartbeat_interval: Nanos,
+    /// Period of priority pings.
+    pub ping_interval: Nanos,
+    /// Resend unacknowledged log after this long without progress.
+    pub resend_interval: Nanos,
+    /// Bytes the leader may have appended beyond the committed end (back-pressure).
+    pub window_bytes: u64,
+    /// Largest group (header and body).
+    pub max_group_bytes: usize,
+    /// Largest batch of log bytes in one message.
+    pub max_message_bytes: usize,
+    /// Freeze the open group at least this often under high concurrency (PALF section 6).
+    pub freeze_interval: Nanos,
+    /// Open groups with fewer entries than this are frozen as soon as the log IO is idle;
+    /// larger ones wait for `freeze_interval` (adaptive group replication, PALF section 6).
+    pub group_factor_threshold: u32,
+    /// How the commit point reaches followers.
+    pub commit_mode: CommitMode,
+    /// Index entries kept for committed groups.
+    pub max_index_groups: usize,
+    /// Bytes of recent groups kept in memory for replication.
+    pub cache_bytes: usize,
+    /// Early (out-of-order) append messages a follower buffers.
+    pub max_buffered_appends: usize,
+    /// Seed for the replica's own randomness (election back-off).
+    pub seed: u64,
+    /// Broken variant (test-only).
+    #[cfg(feature = "broken")]
+    pub broken: Broken,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        Self {
+            id: 1,
+            priority: 0,
+            block_size: 64 << 20,
+            lease: 2_000 * MS,
+            max_clock_drift_ppm: 10_000,
+            heartbeat_interval: 200 * MS,
+            ping_interval: 200 * MS,
+            resend_interval: 400 * MS,
+            window_bytes: 64 << 20,
+            max_group_bytes: 2 << 20,
+            max_message_bytes: 4 << 20,
+            freeze_interval: MS,
+            group_factor_threshold: 2,
+            commit_mode: CommitMode::Piggyback,
+            max_index_groups: 4096,
+            cache_bytes: 64 << 20,
+            max_buffered_appends: 64,
+            seed: 0,
+            #[cfg(feature = "broken")]
+            broken: Broken::None,
+        }
+    }
+}
+
+/// A replica's role (PALF Fig. 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Follows a leader (or waits for one).
+    Follower,
+    /// Campaigning and reconfirming the log.
+    Candidate,
+    /// Serving appends.
+    Leader,
+    /// A former leader waiting to learn the results of its pending appends.
+    PendingFollower,
+}
+
+/// The final result of an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The record is in the committed log at its LSN.
+    Committed,
+    /// The record will never be committed.
+    Failed,
+}
+
+/// Why an append was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    /// Not the serving leader; `leader` is a hint.
+    #[error("not the leader (leader hint: {leader:?})")]
+    NotLeader {
+        /// The leader this replica follows, if any.
+        leader: Option<NodeId>,
+    },
+    /// The window of uncommitted log is full; retry after results arrive.
+    #[error("replication window full")]
+    WindowFull,
+    /// Leadership is being transferred.
+    #[error("leader transfer in progress")]
+    Transferring,
+    /// The record exceeds the largest record or group size.
+    #[error("record of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Record length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The replica has halted.
+    #[error("replica halted: {0}")]
+    Halted(&'static str),
+}
+
+/// An accepted append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Identifies the append in the later [`Action::Result`].
+    pub id: u64,
+    /// LSN of the record.
+    pub lsn: Lsn,
+    /// CSN of the record.
+    pub csn: Csn,
+}
+
+/// A single-member membership change (PALF section 5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// Add a non-voting learner.
+    AddLearner(NodeId),
+    /// Add a voter directly.
+    AddVoter(NodeId),
+    /// Make a caught-up learner a voter.
+    Promote(NodeId),
+    /// Remove a voter or learner (not the leader itself: transfer leadership first).
+    Remove(NodeId),
+    /// Replace voter `old` by `new`: add `new`, then remove `old`, one step at a time.
+    Replace {
+        /// The voter leaving.
+        old: NodeId,
+        /// The replica joining.
+        new: NodeId,
+    },
+}
+
+/// Why a membership change or transfer was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChangeError {
+    /// Not the serving leader.
+    #[error("not the leader")]
+    NotLeader,
+    /// A previous change is not yet accepted by a majority.
+    #[error("a membership change is in progress")]
+    InProgress,
+    /// The change does not apply to the current membership.
+    #[error("invalid change: {0}")]
+    Invalid(String),
+}
+
+/// What a storage read is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPurpose {
+    /// Catching up follower `peer`.
+    CatchUp {
+        /// The follower.
+        peer: NodeId,
+    },
+    /// Answering candidate `peer`'s fetch under `pid`.
+    Fetch {
+        /// The candidate.
+        peer: NodeId,
+        /// Its proposal id.
+        pid: u64,
+        /// Bytes of groups it asked for.
+        max_bytes: u32,
+    },
+}
+
+/// Something the driver must do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send a message.
+    Send {
+        /// Recipient.
+        to: NodeId,
+        /// The message.
+        msg: Message,
+    },
+    /// Append whole groups at the log tail (`lsn` is the current end). The driver syncs
+    /// after writes and reports with [`Replica::log_flushed`].
+    Write {
+        /// Where the bytes go.
+        lsn: Lsn,
+        /// Whole groups.
+        bytes: Vec<u8>,
+    },
+    /// Durably remove the log from `lsn` (a group boundary).
+    Truncate {
+        /// First LSN removed.
+        lsn: Lsn,
+    },
+    /// Save and sync this meta record, then call [`Replica::meta_saved`] with `seq`.
+    SaveMeta {
+        /// Sequence of the save.
+        seq: u64,
+        /// The record.
+        record: MetaRecord,
+    },
+    /// Read whole groups from storage from `from` (at most about `max_bytes`, with the
+    /// chain at `from`) and hand them back with [`Replica::log_read`].
+    ReadLog {
+        /// What for.
+        purpose: ReadPurpose,
+        /// First LSN.
+        from: Lsn,
+        /// Byte budget.
+        max_bytes: usize,
+    },
+    /// The final result of an append accepted by this replica.
+    Result {
+        /// The ticket id.
+        id: u64,
+        /// The record's LSN.
+        lsn: Lsn,
+        /// The record's CSN.
+        csn: Csn,
+        /// Committed or failed.
+        outcome: Outcome,
+    },
+    /// The role changed.
+    Role {
+        /// New role.
+        role: Role,
+        /// Proposal id it is under.
+        pid: u64,
+        /// The leader followed, if known.
+        leader: Option<NodeId>,
+    },
+    /// The committed end advanced: everything below `end` may be applied.
+    Commit {
+        /// New committed end.
+        end: Lsn,
+    },
+    /// A membership became accepted by a majority (leader only).
+    ConfigCommitted {
+        /// Its version.
+        version: ConfigVersion,
+    },
+    /// An input was dropped (counted in [`Replica::drops`]).
+    Dropped {
+        /// Sender, for messages.
+        from: Option<NodeId>,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The replica stopped: continuing could lose or invent data.
+    Halt {
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct PendingGroup {
+    lsn: Lsn,
+    pid: u64,
+    acc: u32,
+    records: Vec<(u64, Lsn, Csn)>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PeerInfo {
+    last_heard: Option<Nanos>,
+    /// Advertised priority, if the peer is a voter of its own membership.
+    prio: Option<Priority>,
+}
+
+#[derive(Clone, Debug)]
+struct Progress {
+    matched: Lsn,
+    next: Lsn,
+    last_progress: Nanos,
+    read_pending: bool,
+    config_version: ConfigVersion,
+}
+
+#[derive(Debug)]
+struct OpenGroup {
+    lsn: Lsn,
+    buf: Vec<u8>,
+    entries: u32,
+    max_csn: Csn,
+    records: Vec<(u64, Lsn, Csn)>,
+    opened: Nanos,
+}
+
+#[derive(Debug)]
+struct Leading {
+    pid: u64,
+    progress: BTreeMap<NodeId, Progress>,
+    start_working_end: Lsn,
+    serving: bool,
+    lease_acks: BTreeMap<NodeId, Nanos>,
+    open: Option<OpenGroup>,
+    last_heartbeat: Nanos,
+    transfer: Option<(NodeId, Nanos)>,
+    prev_config: Option<Membership>,
+    config_committed: bool,
+    replace_then_remove: Option<NodeId>,
+    published_commit: Lsn,
+    last_commit_record_end: Lsn,
+    last_async: Nanos,
+    became_leader: Nanos,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CampaignPhase {
+    /// Waiting for our own promise to be durable.
+    Promising,
+    /// Prepare sent, collecting acks.
+    Preparing,
+    /// Fetching the chosen log from `source` up to `target`.
+    Fetching { source: NodeId, target: Lsn },
+    /// StartWorking written; acting as leader until it commits.
+    Confirming,
+}
+
+#[derive(Debug)]
+struct Campaign {
+    pid: u64,
+    transfer: bool,
+    started: Nanos,
+    phase: CampaignPhase,
+    acks: BTreeMap<NodeId, MergeCandidate>,
+    lease_ts: BTreeMap<NodeId, Nanos>,
+}
+
+#[derive(Clone, Debug)]
+enum Deferred {
+    PrepareAck { to: NodeId, pid: u64, ts: Nanos },
+    Campaign { pid: u64 },
+}
+
+/// One replica of a log group. See the module docs.
+#[derive(Debug)]
+pub struct Replica {
+    cfg: ReplicaConfig,
+    policy: Box<dyn Policy>,
+    now: Nanos,
+    rng: Rng,
+    role: Role,
+    /// Durable meta.
+    meta: MetaRecord,
+    /// Meta as it should be (`meta` once saved).
+    meta_want: MetaRecord,
+    meta_seq: u64,
+    meta_inflight: Option<u64>,
+    saved_snapshot: Option<MetaRecord>,
+    deferred: Vec<Deferred>,
+    log: LogView,
+    leader: Option<NodeId>,
+    leader_pid: u64,
+    matched_end: Lsn,
+    leader_committed: Lsn,
+    lease_until: Nanos,
+    last_leader_ts: Nanos,
+    peers: BTreeMap<NodeId, PeerInfo>,
+    max_seen_pid: u64,
+    backoff_until: Nanos,
+    last_ping: Nanos,
+    campaign: Option<Campaign>,
+    leading: Option<Leading>,
+    pending: VecDeque<PendingGroup>,
+    next_ticket: u64,
+    last_csn: Csn,
+    early: BTreeMap<Lsn, (NodeId, Message)>,
+    halted: Option<String>,
+    storage_failed: bool,
+    drops: BTreeMap<&'static str, u64>,
+    actions: Vec<Action>,
+}
+
+fn majority(n: usize) -> usize {
+    n / 2 + 1
+}
+
+impl Replica {
+    /// Builds a replica from its durable meta and its recovered log at time `now`.
+    ///
+    /// Follower recovery (piggyback paper section 5.2): the log below `log.committed` is
+    /// known committed; the rest is undecided until a leader confirms or overrides it.
+    pub fn new(cfg: ReplicaConfig, meta: MetaRecord, log: RecoveredLog, now: Nanos) -> Self {
+        Self::with_policy(cfg, Box::new(Ordered), meta, log, now)
+    }
+
+    /// As [`Replica::new`] with an explicit commit/merge policy.
+    pub fn with_policy(
+        cfg: ReplicaConfig,
+        policy: Box<dyn Policy>,
+        meta: MetaRecord,
+        log: RecoveredLog,
+        now: Nanos,
+    ) -> Self {
+        let log = LogView::new(log, cfg.cache_bytes);
+        let last_csn = log.chain.max_csn;
+        let max_seen_pid = meta.vote.promised_proposal_id;
+        let rng = Rng::new(cfg.seed ^ cfg.id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ now);
+        let committed = log.committed;
+        let mut r = Self {
+            policy,
+            now,
+            rng,
+            role: Role::Follower,
+            meta_want: meta.clone(),
+            meta,
+            meta_seq: 0,
+            meta_inflight: None,
+            saved_snapshot: None,
+            deferred: Vec::new(),
+            log,
+            leader: None,
+            leader_pid: 0,
+            matched_end: committed,
+            leader_committed: committed,
+            // A restarted replica may have granted a lease before it crashed; honour it.
+            lease_until: now + cfg.lease,
+            last_leader_ts: 0,
+            peers: BTreeMap::new(),
+            max_seen_pid,
+            backoff_until: 0,
+            last_ping: 0,
+            campaign: None,
+            leading: None,
+            pending: VecDeque::new(),
+            next_ticket: 1,
+            last_csn,
+            early: BTreeMap::new(),
+            halted: None,
+            storage_failed: false,
+            drops: BTreeMap::new(),
+            actions: Vec::new(),
+            cfg,
+        };
+        r.actions.push(Action::Commit { end: committed });
+        r
+    }
+
+    // ---------------------------------------------------------------- accessors
+
+    /// This replica's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// Current role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The leader this replica follows (itself when leading).
+    pub fn leader(&self) -> Option<NodeId> {
+        match self.role {
+            Role::Leader | Role::Candidate => Some(self.cfg.id),
+            _ => self.leader,
+        }
+    }
+
+    /// The proposal id this replica acts under (leading) or follows.
+    pub fn proposal_id(&self) -> u64 {
+        if let Some(l) = &self.leading {
+            return l.pid;
+        }
+        self.leader_pid
+    }
+
+    /// The highest proposal id promised (durable or about to be).
+    pub fn promised(&self) -> u64 {
+        self.meta_want.vote.promised_proposal_id
+    }
+
+    /// The committed end LSN known here.
+    pub fn committed_end(&self) -> Lsn {
+        self.log.committed
+    }
+
+    /// The log end (written, maybe not flushed).
+    pub fn end_lsn(&self) -> Lsn {
+        self.log.end()
+    }
+
+    /// The first LSN still in storage (everything below was trimmed).
+    pub fn log_start(&self) -> Lsn {
+        self.log.start
+    }
+
+    /// The flushed end reported by storage.
+    pub fn flushed_end(&self) -> Lsn {
+        self.log.flushed
+    }
+
+    /// The membership this replica acts on (latest received).
+    pub fn membership(&self) -> &Membership {
+        &self.meta_want.membership
+    }
+
+    /// The durable meta record.
+    pub fn durable_meta(&self) -> &MetaRecord {
+        &self.meta
+    }
+
+    /// The halt reason, if halted.
+    pub fn halted(&self) -> Option<&str> {
+        self.halted.as_deref()
+    }
+
+    /// Appends still waiting for a result.
+    pub fn pending_appends(&self) -> usize {
+        self.pending.iter().map(|g| g.records.len()).sum::<usize>()
+            + self
+                .leading
+                .as_ref()
+                .and_then(|l| l.open.as_ref())
+                .map_or(0, |o| o.records.len())
+    }
+
+    /// Counts of dropped inputs by reason.
+    pub fn drops(&self) -> &BTreeMap<&'static str, u64> {
+        &self.drops
+    }
+
+    /// The commit/merge policy.
+    pub fn policy(&self) -> &dyn Policy {
+        self.policy.as_ref()
+    }
+
+    /// Each follower's matched end as the leader sees it (empty when not leading).
+    pub fn follower_progress(&self) -> Vec<(NodeId, Lsn)> {
+        self.leading.as_ref().map_or_else(Vec::new, |l| {
+            l.progress.iter().map(|(n, p)| (*n, p.matched)).collect()
+        })
+    }
+
+    /// Takes the actions produced so far, in order.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    fn prio(&self) -> Priority {
+        Priority {
+            config_version: self.meta_want.membership.version,
+            priority: self.cfg.priority,
+            id: self.cfg.id,
+        }
+    }
+
+    fn is_voter(&self, id: NodeId) -> bool {
+        self.meta_want.membership.voters.contains(&id)
+    }
+
+    fn members(&self) -> BTreeSet<NodeId> {
+        let m = &self.meta_want.membership;
+        let mut s: BTreeSet<NodeId> = m.voters.iter().chain(m.learners.iter()).copied().collect();
+        if let Some(l) = &self.leading {
+            if let Some(p) = &l.prev_config {
+                s.extend(p.voters.iter().chain(p.learners.iter()));
+            }
+        }
+        s.remove(&self.cfg.id);
+        s
+    }
+
+    fn drop_input(&mut self, from: Option<NodeId>, reason: &'static str) {
+        *self.drops.entry(reason).or_default() += 1;
+        self.actions.push(Action::Dropped { from, reason });
+    }
+
+    fn send(&mut self, to: NodeId, msg: Message) {
+        self.actions.push(Action::Send { to, msg });
+    }
+
+    fn set_role(&mut self, role: Role) {
+        if self.role != role {
+            self.role = role;
+            let pid = self
+                .proposal_id()
+                .max(self.campaign.as_ref().map_or(0, |c| c.pid));
+            let leader = self.leader();
+            self.actions.push(Action::Role { role, pid, leader });
+        }
+    }
+
+    fn halt(&mut self, reason: String) {
+        if self.halted.is_none() {
+            self.halted = Some(reason.clone());
+            self.actions.push(Action::Halt { reason });
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.halted.is_none() && !self.storage_failed
+    }
+
+    // ---------------------------------------------------------------- meta
+
+    fn save_meta(&mut self) {
+        if self.meta_inflight.is_none() && self.meta_want != self.meta {
+            self.meta_seq += 1;
+            self.meta_inflight = Some(self.meta_seq);
+            self.saved_snapshot = Some(self.meta_want.clone());
+            self.actions.push(Action::SaveMeta {
+                seq: self.meta_seq,
+                record: self.meta_want.clone(),
+            });
+        }
+    }
+
+    /// The meta record of save `seq` is durable.
+    pub fn meta_saved(&mut self, now: Nanos, seq: u64) {
+        self.now = self.now.max(now);
+        if self.meta_inflight != Some(seq) {
+            self.drop_input(None, "meta_saved for an unknown save");
+            return;
+        }
+        self.meta_inflight = None;
+        // What was saved is the record as of the save action; meta_want may have moved on,
+        // but every field only moves forward, so the older record is a safe lower bound.
+        let saved = self
+            .saved_snapshot
+            .take()
+            .unwrap_or_else(|| self.meta_want.clone());
+        self.meta = saved;
+        let deferred = std::mem::take(&mut self.deferred);
+        for d in deferred {
+            match d {
+                Deferred::PrepareAck { to, pid, ts } => {
+                    if self.meta.vote.promised_proposal_id >= pid {
+                        if self.meta.vote.promised_proposal_id == pid {
+                            self.send_prepare_ack(to, pid, true, ts);
+                        }
+                    } else {
+                        self.deferred.push(Deferred::PrepareAck { to, pid, ts });
+                    }
+                }
+                Deferred::Campaign { pid } => {
+                    if self.meta.vote.promised_proposal_id >= pid {
+                        self.begin_prepare(pid);
+                    } else {
+                        self.deferred.push(Deferred::Campaign { pid });
+                    }
+                }
+            }
+        }
+        // A follower whose promise just became durable may now acknowledge.
+        if self.leading.is_none() && self.leader.is_some() {
+            self.send_ack(true, 0);
+        }
+        self.try_commit();
+        self.save_meta();
+    }
+
+    // ---------------------------------------------------------------- inputs
+
+    /// The user-set priority changed (takes effect in the next ping).
+    pub fn set_priority(&mut self, priority: u32) {
+        self.cfg.priority = priority;
+    }
+
+    /// Storage failed (for example a failed `fdatasync`): stop acknowledging and voting.
+    /// The driver must reopen the replica from what is on disk (DESIGN.md principle 4).
+    pub fn storage_failed(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+        self.storage_failed = true;
+        self.step_down();
+    }
+
+    /// Advances time: pings, elections, leases, heartbeats, freezing, resends.
+    pub fn tick(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+        if !self.live() {
+            return;
+        }
+        let now = self.now;
+        if now >= self.last_ping + self.cfg.ping_interval {
+            self.last_ping = now;
+            let msg = Message::Ping {
+                prio: self.prio(),
+                max_pid: self.max_seen_pid.max(self.promised()),
+                leader: self.leader(),
+                voter: self.is_voter(self.cfg.id),
+            };
+            for m in self.members() {
+                self.send(m, msg.clone());
+            }
+        }
+        if let Some(c) = &self.campaign {
+            if now > c.started + 2 * self.cfg.lease {
+                self.abandon_campaign();
+                return;
+            }
+        }
+        if self.leading.is_some() {
+            self.leader_tick();
+        } else if self.campaign.is_none() {
+            self.maybe_campaign(false);
+        }
+    }
+
+    /// Handles a message from `from`.
+    pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        self.now = self.now.max(now);
+        if !self.live() {
+            self.drop_input(Some(from), "replica not live");
+            return;
+        }
+        if from == self.cfg.id {
+            self.drop_input(Some(from), "message from self");
+            return;
+        }
+        let member = self.members().contains(&from);
+        let info = self.peers.entry(from).or_default();
+        info.last_heard = Some(self.now);
+        match msg {
+            Message::Ping {
+                prio,
+                max_pid,
+                voter,
+                ..
+            } => {
+                if !member {
+                    self.drop_input(Some(from), "ping from a non-member");
+                    return;
+                }
+                if prio.id != from {
+                    self.drop_input(Some(from), "ping with a forged id");
+                    return;
+                }
+                self.peers.entry(from).or_default().prio = voter.then_some(prio);
+                self.max_seen_pid = self.max_seen_pid.max(max_pid);
+            }
+            Message::Prepare {
+                pid,
+                prio,
+                transfer,
+                ts,
+            } => self.on_prepare(from, pid, prio, transfer, ts),
+            Message::PrepareAck {
+                pid,
+                granted,
+                promised,
+                end,
+                last_pid,
+                committed: _,
+                ts,
+            } => self.on_prepare_ack(from, pid, granted, promised, end, last_pid, ts),
+            Message::Fetch {
+                pid,
+                from: pos,
+                max_bytes,
+            } => self.on_fetch(from, pid, pos, max_bytes),
+            Message::FetchResp {
+                pid,
+                prev,
+                groups,
+                end: _,
+            } => self.on_fetch_resp(from, pid, prev, groups),
+            m @ Message::Append { .. } => self.on_append(from, m),
+            Message::AppendAck {
+                pid,
+                ts,
+                success,
+                matched,
+                hint,
+                committed,
+                config_version,
+            } => self.on_append_ack(
+                from,
+                pid,
+                ts,
+                success,
+                matched,
+                hint,
+                committed,
+                config_version,
+            ),
+            Message::TimeoutNow { pid } => {
+                if self.leader == Some(from)
+                    && pid == self.leader_pid
+                    && self.leading.is_none()
+                    && self.is_voter(self.cfg.id)
+                {
+                    self.start_campaign(true);
+                } else {
+                    self.drop_input(Some(from), "timeout_now from a non-leader");
+                }
+            }
+        }
+    }
+
+    /// Storage reports everything below `lsn` durable.
+    pub fn log_flushed(&mut self, now: Nanos, lsn: Lsn) {
+        self.now = self.now.max(now);
+        if !self.live() {
+            return;
+        }
+        self.log.flushed = lsn.min(self.log.end());
+        if self.leading.is_some() {
+            self.try_commit();
+            // Adaptive group replication (PALF section 6): the IO worker is idle, so a
+            // small open group goes out now instead of waiting for the freeze interval.
+            if self.log.flushed == self.log.end() {
+                self.freeze();
+            }
+        } else {
+            self.send_ack(true, 0);
+        }
+    }
+
+    /// A storage read requested by [`Action::ReadLog`] finished: `Ok((chain at from,
+    /// whole groups))` or an error message.
+    pub fn log_read(
+        &mut self,
+        now: Nanos,
+        purpose: ReadPurpose,
+        from: Lsn,
+        result: Result<(ChainPoint, Vec<u8>), String>,
+    ) {
+        self.now = self.now.max(now);
+        if !self.live() {
+            return;
+        }
+        let (chain, bytes) = match result {
+            Ok(r) => r,
+            Err(_) => {
+                if let (ReadPurpose::CatchUp { peer }, Some(l)) = (purpose, &mut self.leading) {
+                    if let Some(p) = l.progress.get_mut(&peer) {
+                        p.read_pending = false;
+                    }
+                }
+                self.drop_input(None, "storage read failed");
+                return;
+            }
+        };
+        let prev = LogPos {
+            lsn: from,
+            acc: chain.acc_crc,
+        };
+        match purpose {
+            ReadPurpose::CatchUp { peer } => {
+                let Some(l) = &mut self.leading else { return };
+                let Some(p) = l.progress.get_mut(&peer) else {
+                    return;
+                };
+                p.read_pending = false;
+                if p.next != from {
+                    return;
+                }
+                let bytes = cut_groups(&bytes, self.log.end(), self.cfg.max_message_bytes);
+                p.next = from + bytes.len() as u64;
+                let msg = self.append_msg(peer, prev, bytes);
+                self.send(peer, msg);
+            }
+            ReadPurpose::Fetch {
+                peer,
+                pid,
+                max_bytes,
+            } => {
+                if self.meta.vote.promised_proposal_id != pid {
+                    return;
+                }
+                let groups = cut_groups(&bytes, self.log.flushed, max_bytes as usize);
+                let end = self.log.flushed;
+                self.send(
+                    peer,
+                    Message::FetchResp {
+                        pid,
+                        prev,
+                        groups,
+                        end,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Appends a record with reference CSN `ref_csn` (PALF section 4.2: the record's CSN is
+    /// at least `ref_csn` and grows with the LSN). Only the serving leader accepts.
+    pub fn append(&mut self, now: Nanos, data: &[u8], ref_csn: Csn) -> Result<Ticket, AppendError> {
+        self.now = self.now.max(now);
+        if self.halted.is_some() {
+            return Err(AppendError::Halted("halted"));
+        }
+        let max_record = (self.cfg.max_group_bytes - GROUP_HEADER_SIZE - entry::ENTRY_HEADER_SIZE)
+            .min(entry::MAX_RECORD_BYTES as usize)
+            .min(self.cfg.block_size as usize - GROUP_HEADER_SIZE - entry::ENTRY_HEADER_SIZE);
+        let leader_hint = self.leader;
+        let Some(l) = &self.leading else {
+            return Err(AppendError::NotLeader {
+                leader: leader_hint,
+            });
+        };
+        if !l.serving || self.storage_failed {
+            return Err(AppendError::NotLeader { leader: None });
+        }
+        if l.transfer.is_some() {
+            return Err(AppendError::Transferring);
+        }
+        if data.len() > max_record {
+            return Err(AppendError::TooLarge {
+                len: data.len(),
+                max: max_record,
+            });
+        }
+        let open_len = l.open.as_ref().map_or(0, |o| o.buf.len() as u64);
+        if self.log.end() + open_len - self.log.committed > self.cfg.window_bytes {
+            return Err(AppendError::WindowFull);
+        }
+        let esz = entry::entry_size(data.len());
+        let bs = self.cfg.block_size;
+        let max_group = self.cfg.max_group_bytes;
+        if let Some(o) = &l.open {
+            let len = o.buf.len() + esz;
+            if len > max_group || !fits_in_block(o.lsn, len as u64, bs) {
+                self.freeze();
+            }
+        }
+        if self.leading.as_ref().is_some_and(|l| l.open.is_none()) {
+            if !fits_in_block(self.log.end(), (GROUP_HEADER_SIZE + esz) as u64, bs) {
+                self.write_padding();
+            }
+            let lsn = self.log.end();
+            let now = self.now;
+            self.leading.as_mut().expect("leading").open = Some(OpenGroup {
+                lsn,
+                buf: vec![0u8; GROUP_HEADER_SIZE],
+                entries: 0,
+                max_csn: 0,
+                records: Vec::new(),
+                opened: now,
+            });
+        }
+        let csn = (self.last_csn + 1).max(ref_csn);
+        self.last_csn = csn;
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        let io_idle = self.log.flushed == self.log.end();
+        let threshold = self.cfg.group_factor_threshold;
+        let o = self
+            .leading
+            .as_mut()
+            .and_then(|l| l.open.as_mut())
+            .expect("open group");
+        let lsn = o.lsn + o.buf.len() as u64;
+        entry::encode_entry(&mut o.buf, csn, data);
+        o.entries += 1;
+        o.max_csn = csn;
+        o.records.push((id, lsn, csn));
+        if io_idle && o.entries < threshold {
+            self.freeze();
+        }
+        Ok(Ticket { id, lsn, csn })
+    }
+
+    /// Starts handing leadership to `to` (PALF leader transfer): appends are refused, the
+    /// target is brought up to date and told to campaign at once.
+    pub fn transfer_leader(&mut self, now: Nanos, to: NodeId) -> Result<(), ChangeError> {
+        self.now = self.now.max(now);
+        let is_voter = self.is_voter(to);
+        let lease = self.cfg.lease;
+        let Some(l) = &mut self.leading else {
+            return Err(ChangeError::NotLeader);
+        };
+        if !l.serving {
+            return Err(ChangeError::NotLeader);
+        }
+        if to == self.cfg.id || !is_voter {
+            return Err(ChangeError::Invalid(format!("{to} is not another voter")));
+        }
+        l.transfer = Some((to, self.now + lease));
+        self.freeze();
+        self.check_transfer();
+        Ok(())
+    }
+
+    /// Proposes a single-member membership change (PALF section 5.3). The new membership
+    /// carries the current log end as its barrier.
+    pub fn change_membership(
+        &mut self,
+        now: Nanos,
+        change: MembershipChange,
+    ) -> Result<ConfigVersion, ChangeError> {
+        self.now = self.now.max(now);
+        let me = self.cfg.id;
+        let cur = self.meta_want.membership.clone();
+        let committed = self.log.committed;
+        let Some(l) = &mut self.leading else {
+            return Err(ChangeError::NotLeader);
+        };
+        if !l.serving {
+            return Err(ChangeError::NotLeader);
+        }
+        if !l.config_committed || l.replace_then_remove.is_some() {
+            return Err(ChangeError::InProgress);
+        }
+        let mut new = cur.clone();
+        let invalid = |s: String| Err(ChangeError::Invalid(s));
+        let mut then_remove = None;
+        match change {
+            MembershipChange::AddLearner(n) | MembershipChange::AddVoter(n)
+                if cur.voters.contains(&n) || cur.learners.contains(&n) =>
+            {
+                return invalid(format!("{n} is already a member"));
+            }
+            MembershipChange::AddLearner(n) => new.learners.push(n),
+            MembershipChange::AddVoter(n) => new.voters.push(n),
+            MembershipChange::Promote(n) => {
+                if !cur.learners.contains(&n) {
+                    return invalid(format!("{n} is not a learner"));
+                }
+                let caught_up = l.progress.get(&n).is_some_and(|p| p.matched >= committed);
+                if !caught_up {
+                    return invalid(format!("learner {n} has not caught up"));
+                }
+                new.learners.retain(|x| *x != n);
+                new.voters.push(n);
+            }
+            MembershipChange::Remove(n) => {
+                if n == me {
+                    return invalid("the leader cannot remove itself; transfer first".into());
+                }
+                if !cur.voters.contains(&n) && !cur.learners.contains(&n) {
+                    return invalid(format!("{n} is not a member"));
+                }
+                new.voters.retain(|x| *x != n);
+                new.learners.retain(|x| *x != n);
+                if new.voters.is_empty() {
+                    return invalid("a membership needs a voter".into());
+                }
+            }
+            MembershipChange::Replace { old, new: n } => {
+                if old == me {
+                    return invalid("the leader cannot replace itself; transfer first".into());
+                }
+                if !cur.voters.contains(&old) {
+                    return invalid(format!("{old} is not a voter"));
+                }
+                if cur.voters.contains(&n) || cur.learners.contains(&n) {
+                    return invalid(format!("{n} is already a member"));
+                }
+                new.voters.push(n);
+                then_remove = Some(old);
+            }
+        }
+        new.voters.sort_unstable();
+        new.learners.sort_unstable();
+        let pid = l.pid;
+        new.version = ConfigVersion {
+            proposal_id: pid,
+            seq: if cur.version.proposal_id == pid {
+                cur.version.seq + 1
+            } else {
+                1
+            },
+        };
+        self.freeze();
+        let end = self.log.end();
+        new.barrier_lsn = end;
+        let now = self.now;
+        let l = self.leading.as_mut().expect("leading");
+        l.prev_config = Some(cur);
+        l.config_committed = false;
+        l.replace_then_remove = then_remove;
+        for n in new.voters.iter().chain(new.learners.iter()) {
+            if *n != me {
+                l.progress.entry(*n).or_insert(Progress {
+                    matched: 0,
+                    next: end,
+                    last_progress: now,
+                    read_pending: false,
+                    config_version: ConfigVersion::default(),
+                });
+            }
+        }
+        let version = new.version;
+        self.meta_want.membership = new;
+        self.save_meta();
+        self.broadcast(true);
+        Ok(version)
+    }
+
+    // ---------------------------------------------------------------- election
+
+    fn alive(&self, id: NodeId) -> bool {
+        self.peers
+            .get(&id)
+            .and_then(|p| p.last_heard)
+            .is_some_and(|t| self.now < t + self.cfg.lease)
+    }
+
+    fn maybe_campaign(&mut self, transfer: bool) {
+        let me = self.cfg.id;
+        if !self.is_voter(me) || !self.live() {
+            return;
+        }
+        if !transfer {
+            if self.now < self.lease_until || self.now < self.backoff_until {
+                return;
+            }
+            let mine = self.prio();
+            let voters = self.meta_want.membership.voters.clone();
+            let mut alive = 1;
+            for v in voters.iter().filter(|v| **v != me) {
+                if self.alive(*v) {
+                    alive += 1;
+                    if self.peers[v].prio.is_some_and(|p| p > mine) {
+                        return;
+                    }
+                }
+            }
+            if alive < majority(voters.len()) {
+                return;
+            }
+        }
+        self.start_campaign(transfer);
+    }
+
+    fn start_campaign(&mut self, transfer: bool) {
+        let me = self.cfg.id;
+        self.step_down();
+        let pid = self.max_seen_pid.max(self.promised()) + 1;
+        self.max_seen_pid = pid;
+        self.meta_want.vote = Vote {
+            promised_proposal_id: pid,
+            voted_for: Some(me),
+        };
+        self.campaign = Some(Campaign {
+            pid,
+            transfer,
+            started: self.now,
+            phase: CampaignPhase::Promising,
+            acks: BTreeMap::new(),
+            lease_ts: BTreeMap::new(),
+        });
+        self.leader = None;
+        self.set_role(Role::Candidate);
+        self.deferred.push(Deferred::Campaign { pid });
+        self.save_meta();
+    }
+
+    fn begin_prepare(&mut self, pid: u64) {
+        let me = self.cfg.id;
+        let flushed = self.log.flushed;
+        let last_pid = self.log.pid_ending_at(flushed);
+        let prio = self.prio();
+        let now = self.now;
+        let Some(c) = &mut self.campaign else { return };
+        if c.pid != pid || c.phase != CampaignPhase::Promising {
+            return;
+        }
+        c.phase = CampaignPhase::Preparing;
+        c.acks.insert(
+            me,
+            MergeCandidate {
+                node: me,
+                end: flushed,
+                last_pid,
+            },
+        );
+        c.lease_ts.insert(me, now);
+        let msg = Message::Prepare {
+            pid,
+            prio,
+            transfer: c.transfer,
+            ts: now,
+        };
+        for v in self.meta_want.membership.voters.clone() {
+            if v != me {
+                self.send(v, msg.clone());
+            }
+        }
+        self.check_prepare_quorum();
+    }
+
+    fn on_prepare(&mut self, from: NodeId, pid: u64, prio: Priority, transfer: bool, ts: Nanos) {
+        self.max_seen_pid = self.max_seen_pid.max(pid);
+        if prio.id != from {
+            self.drop_input(Some(from), "prepare with a forged id");
+            return;
+        }
+        let mine = &self.meta_want.membership;
+        if !mine.voters.contains(&from) && prio.config_version <= mine.version {
+            self.drop_input(Some(from), "prepare from a non-voter");
+            return;
+        }
+        let mut grant = pid > self.promised() && prio.config_version >= mine.version;
+        if grant && !transfer {
+            let sticky = self.now < self.lease_until && self.leader != Some(from);
+            let leading = self.leading.as_ref().is_some_and(|l| l.serving);
+            let me = self.cfg.id;
+            let better_alive = (self.is_voter(me) && self.prio() > prio)
+                || self.meta_want.membership.voters.iter().any(|v| {
+                    *v != from
+                        && *v != me
+                        && self.alive(*v)
+                        && self.peers[v].prio.is_some_and(|p| p > prio)
+                });
+            grant = !sticky && !leading && !better_alive;
+        }
+        if !grant {
+            self.send_prepare_ack(from, pid, false, ts);
+            return;
+        }
+        self.step_down();
+        self.leader = None;
+        self.leader_pid = 0;
+        self.matched_end = self.log.committed;
+        self.lease_until = self.now + self.cfg.lease;
+        self.meta_want.vote = Vote {
+            promised_proposal_id: pid,
+            voted_for: Some(from),
+        };
+        self.deferred
+            .push(Deferred::PrepareAck { to: from, pid, ts });
+        self.save_meta();
+    }
+
+    fn send_prepare_ack(&mut self, to: NodeId, pid: u64, granted: bool, ts: Nanos) {
+        let end = self.log.flushed;
+        let msg = Message::PrepareAck {
+            pid,
+            granted,
+            promised: self.promised(),
+            end,
+            last_pid: self.log.pid_ending_at(end),
+            committed: self.log.committed,
+            ts,
+        };
+        self.send(to, msg);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_prepare_ack(
+        &mut self,
+        from: NodeId,
+        pid: u64,
+        granted: bool,
+        promised: u64,
+        end: Lsn,
+        last_pid: u64,
+        ts: Nanos,
+    ) {
+        self.max_seen_pid = self.max_seen_pid.max(promised);
+        let Some(c) = &mut self.campaign else { return };
+        if c.pid != pid || c.phase != CampaignPhase::Preparing {
+            return;
+        }
+        if !granted {
+            if promised >= pid {
+                self.abandon_campaign();
+            }
+            return;
+        }
+        c.acks.insert(
+            from,
+            MergeCandidate {
+                node: from,
+                end,
+                last_pid,
+            },
+        );
+        c.lease_ts.insert(from, ts);
+        self.check_prepare_quorum();
+    }
+
+    fn check_prepare_quorum(&mut self) {
+        let me = self.cfg.id;
+        let voters = self.meta_want.membership.voters.clone();
+        let Some(c) = &mut self.campaign else { return };
+        let answers: Vec<MergeCandidate> = voters
+            .iter()
+            .filter_map(|v| c.acks.get(v).copied())
+            .collect();
+        if answers.len() < majority(voters.len()) {
+            return;
+        }
+        #[allow(unused_mut)]
+        let mut best = self.policy.merge_source(&answers, me);
+        #[cfg(feature = "broken")]
+        if self.cfg.broken == Broken::SkipReconfirmation {
+            best = c.acks[&me];
+        }
+        let mine = c.acks[&me];
+        if best.node == me || (best.last_pid, best.end) == (mine.last_pid, mine.end) {
+            self.start_working(None);
+            return;
+        }
+        c.phase = CampaignPhase::Fetching {
+            source: best.node,
+            target: best.end,
+        };
+        let pid = c.pid;
+        let from = self
+            .log
+            .pos_at(self.log.committed)
+            .expect("committed is a boundary");
+        self.send(
+            best.node,
+            Message::Fetch {
+                pid,
+                from,
+                max_bytes: self.cfg.max_message_bytes as u32,
+            },
+        );
+    }
+
+    fn on_fetch(&mut self, from: NodeId, pid: u64, pos: LogPos, max_bytes: u32) {
+        if self.meta.vote.promised_proposal_id != pid || self.meta.vote.voted_for != Some(from) {
+            self.drop_input(Some(from), "fetch from a candidate not promised");
+            return;
+        }
+        if pos.lsn > self.log.flushed {
+            self.drop_input(Some(from), "fetch beyond the flushed end");
+            return;
+        }
+        if pos.lsn >= self.log.floor.end_lsn && self.log.pos_at(pos.lsn) != Some(pos) {
+            self.drop_input(Some(from), "fetch from a position not in the log");
+            return;
+        }
+        let max = (max_bytes as usize).clamp(1, self.cfg.max_message_bytes);
+        match self.log.cached_from(pos.lsn, max) {
+            Some(bytes) if pos.lsn >= self.log.floor.end_lsn => {
+                let groups = cut_groups(&bytes, self.log.flushed, max);
+                let end = self.log.flushed;
+                self.send(
+                    from,
+                    Message::FetchResp {
+                        pid,
+                        prev: pos,
+                        groups,
+                        end,
+                    },
+                );
+            }
+            _ => self.actions.push(Action::ReadLog {
+                purpose: ReadPurpose::Fetch {
+                    peer: from,
+                    pid,
+                    max_bytes: max as u32,
+                },
+                from: pos.lsn,
+                max_bytes: max,
+            }),
+        }
+    }
+
+    fn on_fetch_resp(&mut self, from: NodeId, pid: u64, prev: LogPos, groups: Vec<u8>) {
+        let Some(c) = &self.campaign else { return };
+        let CampaignPhase::Fetching { source, target } = c.phase else {
+            return;
+        };
+        if c.pid != pid || source != from {
+            self.drop_input(Some(from), "fetch response not asked for");
+            return;
+        }
+        let matches = if prev.lsn < self.log.floor.end_lsn {
+            prev.lsn <= self.log.committed
+        } else {
+            self.log.pos_at(prev.lsn) == Some(prev)
+        };
+        if !matches {
+            self.drop_input(Some(from), "fetch response does not continue the log");
+            self.abandon_campaign();
+            return;
+        }
+        let got = match self.accept_groups(prev.lsn, &groups, pid) {
+            Ok(end) => end,
+            Err(reason) => {
+                self.drop_input(Some(from), reason);
+                self.abandon_campaign();
+                return;
+            }
+        };
+        if got >= target {
+            if self.log.end() > target {
+                self.truncate_log(target);
+            }
+            self.start_working(Some(target));
+        } else if groups.is_empty() {
+            self.abandon_campaign();
+        } else {
+            let pos = self.log.pos_at(got).expect("just appended");
+            self.send(
+                from,
+                Message::Fetch {
+                    pid,
+                    from: pos,
+                    max_bytes: self.cfg.max_message_bytes as u32,
+                },
+            );
+        }
+    }
+
+    /// Reconfirmation done: write StartWorking and act as leader until it commits (PALF
+    /// Alg. 1 line 8; the piggyback paper's leader recovery, section 5.1).
+    fn start_working(&mut self, _target: Option<Lsn>) {
+        let me = self.cfg.id;
+        let Some(c) = &mut self.campaign else { return };
+        c.phase = CampaignPhase::Confirming;
+        let pid = c.pid;
+        let lease_acks = c.lease_ts.clone();
+        let end = self.log.end();
+        let mut progress = BTreeMap::new();
+        for n in self.members() {
+            progress.insert(
+                n,
+                Progress {
+                    matched: 0,
+                    next: end,
+                    last_progress: self.now,
+                    read_pending: false,
+                    config_version: ConfigVersion::default(),
+                },
+            );
+        }
+        self.leader = Some(me);
+        self.leader_pid = pid;
+        self.leading = Some(Leading {
+            pid,
+            progress,
+            start_working_end: u64::MAX,
+            serving: false,
+            lease_acks,
+            open: None,
+            last_heartbeat: 0,
+            transfer: None,
+            prev_config: None,
+            config_committed: false,
+            replace_then_remove: None,
+            published_commit: self.log.committed,
+            last_commit_record_end: 0,
+            last_async: self.now,
+            became_leader: self.now,
+        });
+        self.write_empty_group();
+        let sw_end = self.log.end();
+        let l = self.leading.as_mut().expect("leading");
+        l.start_working_end = sw_end;
+        l.last_commit_record_end = sw_end;
+        // Re-stamp the membership under the new proposal id: it outranks any membership a
+        // previous leader proposed but did not finish (PALF section 3.4, StartWorking).
+        let mut m = self.meta_want.membership.clone();
+        m.version = ConfigVersion {
+            proposal_id: pid,
+            seq: 0,
+        };
+        m.barrier_lsn = sw_end;
+        self.meta_want.membership = m;
+        self.save_meta();
+        self.broadcast(true);
+        self.try_commit();
+    }
+
+    fn abandon_campaign(&mut self) {
+        self.step_down();
+        let spread = (self.cfg.lease / 2).max(1);
+        self.backoff_until = self.now + self.rng.below(spread);
+    }
+
+    /// Leaves any leading or campaigning state.
+    fn step_down(&mut self) {
+        let was_leading = self.leading.is_some() || self.campaign.is_some();
+        if let Some(l) = self.leading.take() {
+            if let Some(o) = l.open {
+                // Never sealed, so never in any log: failed for certain.
+                for (id, lsn, csn) in o.records {
+                    self.actions.push(Action::Result {
+                        id,
+                        lsn,
+                        csn,
+                        outcome: Outcome::Failed,
+                    });
+                }
+            }
+            self.leader = None;
+            self.leader_pid = 0;
+            self.matched_end = self.log.committed;
+        }
+        self.campaign = None;
+        if was_leading {
+            let role = if self.pending.is_empty() {
+                Role::Follower
+            } else {
+                Role::PendingFollower
+            };
+            self.set_role(role);
+        }
+    }
+
+    // ---------------------------------------------------------------- leader
+
+    fn leader_tick(&mut self) {
+        let now = self.now;
+        if !self.lease_valid() {
+            self.abandon_campaign();
+            return;
+        }
+        let (hb_due, freeze_due) = {
+            let l = self.leading.as_ref().expect("leading");
+            (
+                now >= l.last_heartbeat + self.cfg.heartbeat_interval,
+                l.open
+                    .as_ref()
+                    .is_some_and(|o| now >= o.opened + self.cfg.freeze_interval),
+            )
+        };
+        if freeze_due || self.log.flushed == self.log.end() {
+            self.freeze();
+        }
+        if let CommitMode::Async { interval } = self.cfg.commit_mode {
+            let l = self.leading.as_mut().expect("leading");
+            if now >= l.last_async + interval {
+                l.last_async = now;
+                if self.log.committed > l.last_commit_record_end {
+                    self.write_commit_record();
+                }
+            }
+        }
+        // Resend after silence: messages may have been lost.
+        let resend: Vec<NodeId> = {
+            let l = self.leading.as_mut().expect("leading");
+            let end = self.log.end();
+            let mut v = Vec::new();
+            for (n, p) in l.progress.iter_mut() {
+                if p.matched < end && now > p.last_progress + self.cfg.resend_interval {
+                    p.next = p.matched;
+                    p.read_pending = false;
+                    p.last_progress = now;
+                    v.push(*n);
+                }
+            }
+            v
+        };
+        for n in resend {
+            self.replicate_to(n, false);
+        }
+        if hb_due {
+            self.leading.as_mut().expect("leading").last_heartbeat = now;
+            self.broadcast(true);
+        }
+        let transfer = self.leading.as_ref().and_then(|l| l.transfer);
+        if let Some((_, deadline)) = transfer {
+            if now > deadline {
+                self.leading.as_mut().expect("leading").transfer = None;
+            } else {
+                self.check_transfer();
+            }
+        }
+        self.maybe_fail_back();
+    }
+
+    /// Fail-back (PALF section 3.4): a caught-up voter of higher priority gets leadership.
+    fn maybe_fail_back(&mut self) {
+        let mine = self.prio();
+        let end = self.log.end();
+        let Some(l) = &self.leading else { return };
+        if !l.serving || l.transfer.is_some() || self.now < l.became_leader + self.cfg.lease {
+            return;
+        }
+        let target = self
+            .meta_want
+            .membership
+            .voters
+            .iter()
+            .copied()
+            .filter(|v| *v != self.cfg.id && self.alive(*v))
+            .filter(|v| {
+                self.peers[v].prio.is_some_and(|p| p > mine)
+                    && l.progress.get(v).is_some_and(|p| p.matched == end)
+            })
+            .max_by_key(|v| self.peers[v].prio);
+        if let Some(t) = target {
+            let _ = self.transfer_leader(self.now, t);
+        }
+    }
+
+    fn check_transfer(&mut self) {
+        let end = self.log.end();
+        let Some(l) = &self.leading else { return };
+        let Some((to, _)) = l.transfer else { return };
+        if l.open.is_some() || l.progress.get(&to).is_none_or(|p| p.matched < end) {
+            return;
+        }
+        let pid = l.pid;
+        self.send(to, Message::TimeoutNow { pid });
+        self.step_down();
+        self.leader = Some(to);
+        self.lease_until = self.now;
+    }
+
+    fn lease_valid(&self) -> bool {
+        let Some(l) = &self.leading else { return false };
+        let me = self.cfg.id;
+        let voters = &self.meta_want.membership.voters;
+        let mut ts: Vec<Nanos> = voters
+            .iter()
+            .map(|v| {
+                if *v == me {
+                    self.now
+                } else {
+                    l.lease_acks.get(v).copied().unwrap_or(0)
+                }
+            })
+            .collect();
+        let k = majority(ts.len());
+        if ts.len() < k {
+            return false;
+        }
+        ts.sort_unstable_by(|a, b| b.cmp(a));
+        let t = ts[k - 1];
+        let margin = self.cfg.lease / 1_000_000 * 2 * self.cfg.max_clock_drift_ppm as u64;
+        t + self.cfg.lease.saturating_sub(margin) > self.now
+    }
+
+    fn published(&self) -> Lsn {
+        let l = self.leading.as_ref().expect("leading");
+        match self.cfg.commit_mode {
+            CommitMode::Piggyback => self.log.committed,
+            _ => l.published_commit,
+        }
+    }
+
+    /// Seals the open group and sends it.
+    fn freeze(&mut self) {
+        let published = match &self.leading {
+            Some(l) if l.open.as_ref().is_some_and(|o| o.entries > 0) => self.published(),
+            _ => return,
+        };
+        let l = self.leading.as_mut().expect("leading");
+        let mut o = l.open.take().expect("open");
+        let pid = l.pid;
+        let prev = self.log.chain;
+        debug_assert_eq!(o.lsn, prev.end_lsn);
+        let h = seal_group(
+            &mut o.buf,
+            &prev,
+            SealParams {
+                proposal_id: pid,
+                committed_end_lsn: published.min(prev.end_lsn),
+                flags: 0,
+            },
+            o.entries,
+            o.max_csn,
+        );
+        let pg = PendingGroup {
+            lsn: h.lsn,
+            pid,
+            acc: h.acc_crc,
+            records: o.records,
+        };
+        let at = self.pending.partition_point(|g| g.lsn <= pg.lsn);
+        self.pending.insert(at, pg);
+        self.write_group(&h, o.buf);
+        self.broadcast(false);
+        self.check_transfer();
+    }
+
+    fn write_padding(&mut self) {
+        let l = self.leading.as_ref().expect("leading");
+        let pid = l.pid;
+        let published = self.published().min(self.log.end());
+        let rem = block_remaining(self.log.end(), self.cfg.block_size);
+        let mut buf = Vec::new();
+        let h = encode_padding(&mut buf, &self.log.chain, pid, published, rem);
+        self.write_group(&h, buf);
+    }
+
+    /// An empty group under the leader's pid: StartWorking, or a commit record.
+    fn write_empty_group(&mut self) {
+        self.freeze();
+        if !fits_in_block(
+            self.log.end(),
+            GROUP_HEADER_SIZE as u64,
+            self.cfg.block_size,
+        ) {
+            self.write_padding();
+        }
+        let pid = self.leading.as_ref().expect("leading").pid;
+        let published = self.published().min(self.log.end());
+        let mut buf = vec![0u8; GROUP_HEADER_SIZE];
+        let prev = self.log.chain;
+        let h = seal_group(
+            &mut buf,
+            &prev,
+            SealParams {
+                proposal_id: pid,
+                committed_end_lsn: published,
+                flags: 0,
+            },
+            0,
+            prev.max_csn,
+        );
+        self.write_group(&h, buf);
+        self.broadcast(false);
+    }
+
+    /// SYNC and ASYNC modes: persist and send the commit point as a commit-only group.
+    fn write_commit_record(&mut self) {
+        let committed = self.log.committed;
+        let l = self.leading.as_mut().expect("leading");
+        l.published_commit = committed;
+        self.write_empty_group();
+        let end = self.log.end();
+        self.leading
+            .as_mut()
+            .expect("leading")
+            .last_commit_record_end = end;
+    }
+
+    fn append_msg(&self, peer: NodeId, prev: LogPos, groups: Vec<u8>) -> Message {
+        let l = self.leading.as_ref().expect("leading");
+        let m = &self.meta_want.membership;
+        let offer = l
+            .progress
+            .get(&peer)
+            .is_some_and(|p| p.config_version < m.version);
+        Message::Append {
+            pid: l.pid,
+            ts: self.now,
+            prev,
+            groups,
+            leader_end: self.log.end(),
+            committed: self.published(),
+            config: offer.then(|| m.clone()),
+        }
+    }
+
+    fn broadcast(&mut self, heartbeat: bool) {
+        let peers: Vec<NodeId> = match &self.leading {
+            Some(l) => l.progress.keys().copied().collect(),
+            None => return,
+        };
+        for p in peers {
+            self.replicate_to(p, heartbeat);
+        }
+    }
+
+    fn replicate_to(&mut self, peer: NodeId, heartbeat: bool) {
+        let end = self.log.end();
+        let Some(l) = &self.leading else { return };
+        let Some(p) = l.progress.get(&peer) else {
+            return;
+        };
+        if p.read_pending {
+            return;
+        }
+        let from = p.next.min(end);
+        let in_flight = from.saturating_sub(p.matched);
+        if !heartbeat && (from == end || in_flight > self.cfg.window_bytes) {
+            return;
+        }
+        let groups = if from == end || in_flight > self.cfg.window_bytes {
+            Some(Vec::new())
+        } else {
+            self.log.cached_from(from, self.cfg.max_message_bytes)
+        };
+        match (self.log.pos_at(from), groups) {
+            (Some(prev), Some(groups)) => {
+                let next = from + groups.len() as u64;
+                let msg = self.append_msg(peer, prev, groups);
+                let l = self.leading.as_mut().expect("leading");
+                l.progress.get_mut(&peer).expect("peer").next = next;
+                self.send(peer, msg);
+            }
+            _ => {
+                let l = self.leading.as_mut().expect("leading");
+                l.progress.get_mut(&peer).expect("peer").read_pending = true;
+                self.actions.push(Action::ReadLog {
+                    purpose: ReadPurpose::CatchUp { peer },
+                    from,
+                    max_bytes: self.cfg.max_message_bytes,
+                });
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_append_ack(
+        &mut self,
+        from: NodeId,
+        pid: u64,
+        ts: Nanos,
+        success: bool,
+        matched: Lsn,
+        hint: Lsn,
+        committed: Lsn,
+        config_version: ConfigVersion,
+    ) {
+        self.max_seen_pid = self.max_seen_pid.max(pid);
+        let end = self.log.end();
+        let Some(l) = &mut self.leading else { return };
+        if pid > l.pid {
+            self.abandon_campaign();
+            return;
+        }
+        if pid < l.pid {
+            self.drop_input(Some(from), "ack for an old proposal id");
+            return;
+        }
+        let Some(p) = l.progress.get_mut(&from) else {
+            self.drop_input(Some(from), "ack from a non-member");
+            return;
+        };
+        let e = l.lease_acks.entry(from).or_default();
+        *e = (*e).max(ts);
+        p.config_version = p.config_version.max(config_version);
+        if success {
+            let matched = matched.min(end);
+            if matched > p.matched {
+                p.matched = matched;
+                p.last_progress = self.now;
+            }
+            if p.next < p.matched {
+                p.next = p.matched;
+            }
+        } else {
+            let retry = if hint <= end && self.log.pos_at(hint).is_some() {
+                hint
+            } else {
+                committed.min(end)
+            };
+            p.next = retry.max(p.matched);
+            p.read_pending = false;
+        }
+        self.try_commit();
+        self.replicate_to(from, false);
+        self.check_transfer();
+    }
+
+    fn try_commit(&mut self) {
+        let me = self.cfg.id;
+        let flushed = self.log.flushed;
+        let Some(l) = &self.leading else { return };
+        let matched_of = |n: &NodeId| {
+            if *n == me {
+                flushed
+            } else {
+                l.progress.get(n).map_or(0, |p| p.matched)
+            }
+        };
+        let cur = &self.meta_want.membership;
+        let mut point = {
+            let mut m: Vec<Lsn> = cur.voters.iter().map(matched_of).collect();
+            self.policy.commit_point(&mut m, majority(cur.voters.len()))
+        };
+        if !l.config_committed {
+            if let Some(prev) = &l.prev_config {
+                let mut m: Vec<Lsn> = prev.voters.iter().map(matched_of).collect();
+                point = point.min(
+                    self.policy
+                        .commit_point(&mut m, majority(prev.voters.len())),
+                );
+            }
+        }
+        // Only a quorum on a group of our own proposal id commits (Raft's rule; here the
+        // StartWorking group), so older groups commit with it, never by counting alone.
+        let sw_end = l.start_working_end;
+        let config_acked = cur
+            .voters
+            .iter()
+            .filter(|n| {
+                if **n == me {
+                    self.meta.membership.version >= cur.version && flushed >= cur.barrier_lsn
+                } else {
+                    l.progress
+                        .get(n)
+                        .is_some_and(|p| p.config_version >= cur.version)
+                }
+            })
+            .count()
+            >= majority(cur.voters.len());
+        let version = cur.version;
+        if point >= sw_end && point > self.log.committed {
+            self.advance_committed(point);
+        }
+        let l = self.leading.as_mut().expect("leading");
+        if !l.config_committed && config_acked {
+            l.config_committed = true;
+            l.prev_config = None;
+            let members: BTreeSet<NodeId> = self.members();
+            let l = self.leading.as_mut().expect("leading");
+            l.progress.retain(|n, _| members.contains(n));
+            let then_remove = l.replace_then_remove.take();
+            self.actions.push(Action::ConfigCommitted { version });
+            if let Some(old) = then_remove {
+                let _ = self.change_membership(self.now, MembershipChange::Remove(old));
+            }
+        }
+        let l = self.leading.as_mut().expect("leading");
+        if !l.serving && self.log.committed >= l.start_working_end {
+            l.serving = true;
+            l.became_leader = self.now;
+            self.campaign = None;
+            self.set_role(Role::Leader);
+        }
+        if let Some(l) = &self.leading {
+            if self.cfg.commit_mode == CommitMode::Sync
+                && l.serving
+                && self.log.committed > l.last_commit_record_end
+            {
+                self.write_commit_record();
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- follower
+
+    fn on_append(&mut self, from: NodeId, msg: Message) {
+        let Message::Append {
+            pid,
+            ts,
+            prev,
+            ref groups,
+            leader_end,
+            committed,
+            ref config,
+        } = msg
+        else {
+            unreachable!("on_append takes appends")
+        };
+        self.max_seen_pid = self.max_seen_pid.max(pid);
+        let promised = self.promised();
+        if pid < promised {
+            self.drop_input(Some(from), "append with a stale proposal id");
+            let msg = Message::AppendAck {
+                pid: promised,
+                ts,
+                success: false,
+                matched: 0,
+                hint: 0,
+                committed: 0,
+                config_version: self.meta.membership.version,
+            };
+            self.send(from, msg);
+            return;
+        }
+        let own_pid = self
+            .leading
+            .as_ref()
+            .map(|l| l.pid)
+            .or(self.campaign.as_ref().map(|c| c.pid));
+        if own_pid == Some(pid) {
+            self.drop_input(
+                Some(from),
+                "append from another replica under our proposal id",
+            );
+            return;
+        }
+        if pid > promised {
+            self.meta_want.vote = Vote {
+                promised_proposal_id: pid,
+                voted_for: None,
+            };
+            self.save_meta();
+        }
+        self.step_down();
+        if self.leader_pid != pid || self.leader != Some(from) {
+            self.leader = Some(from);
+            self.leader_pid = pid;
+            self.matched_end = self.log.committed;
+            self.leader_committed = 0;
+            self.early.clear();
+            let role = self.role;
+            self.actions.push(Action::Role {
+                role,
+                pid,
+                leader: Some(from),
+            });
+        }
+        self.lease_until = self.now + self.cfg.lease;
+        self.last_leader_ts = self.last_leader_ts.max(ts);
+        if prev.lsn > self.log.end() {
+            // A gap: either an earlier message is still in flight (reordering; buffer this
+            // one within bounds) or it was lost. A heartbeat past our end means the latter,
+            // so tell the leader where we are.
+            if !groups.is_empty() && self.early.len() < self.cfg.max_buffered_appends {
+                self.early.insert(prev.lsn, (from, msg));
+            } else {
+                let end = self.log.end();
+                self.send_ack(false, end);
+            }
+            return;
+        }
+        let matches = if prev.lsn < self.log.floor.end_lsn {
+            prev.lsn <= self.log.committed
+        } else {
+            self.log.pos_at(prev.lsn) == Some(prev)
+        };
+        if !matches {
+            let hint = self.log.committed;
+            self.send_ack(false, hint);
+            return;
+        }
+        self.matched_end = self.matched_end.max(prev.lsn);
+        match self.accept_groups(prev.lsn, groups, pid) {
+            Ok(last) => self.matched_end = self.matched_end.max(last),
+            Err(reason) => {
+                self.drop_input(Some(from), reason);
+                let hint = self.log.committed;
+                self.send_ack(false, hint);
+                return;
+            }
+        }
+        if self.halted.is_some() {
+            return;
+        }
+        // Groups past the leader's end from older leaders can never commit: the leader's
+        // log holds everything committed. Remove them so pending appends get decided.
+        if self.matched_end == leader_end && self.log.end() > leader_end {
+            if let Some(g) = self.log.group_at(leader_end) {
+                if g.pid < pid {
+                    self.truncate_log(leader_end);
+                }
+            }
+        }
+        self.leader_committed = self.leader_committed.max(committed);
+        self.follower_commit();
+        if let Some(m) = config {
+            self.consider_config(m.clone());
+        }
+        self.send_ack(true, 0);
+        self.drain_early();
+    }
+
+    fn drain_early(&mut self) {
+        while let Some((&lsn, _)) = self.early.first_key_value() {
+            if lsn > self.log.end() {
+                break;
+            }
+            let (_, (from, msg)) = self.early.pop_first().expect("non-empty");
+            if let Message::Append { pid, .. } = &msg {
+                if *pid == self.leader_pid && Some(from) == self.leader {
+                    self.on_append(from, msg);
+                }
+            }
+        }
+    }
+
+    fn follower_commit(&mut self) {
+        let c = self.leader_committed.min(self.matched_end);
+        if c > self.log.committed {
+            self.advance_committed(c);
+        }
+    }
+
+    fn consider_config(&mut self, m: Membership) {
+        if m.version <= self.meta_want.membership.version {
+            return;
+        }
+        // The barrier (PALF section 5.3, Fig. 8a): adopt a membership only once our log
+        // holds, durably and matching the leader, everything the leader had when it issued
+        // it.
+        if self.matched_end < m.barrier_lsn || self.log.flushed < m.barrier_lsn {
+            return;
+        }
+        self.meta_want.membership = m;
+        self.save_meta();
+    }
+
+    fn send_ack(&mut self, success: bool, hint: Lsn) {
+        let Some(leader) = self.leader else { return };
+        if self.leading.is_some() || self.campaign.is_some() || !self.live() {
+            return;
+        }
+        if self.meta.vote.promised_proposal_id != self.leader_pid
+            || self.promised() != self.leader_pid
+        {
+            return;
+        }
+        #[allow(unused_mut)]
+        let mut durable = self.log.flushed;
+        #[cfg(feature = "broken")]
+        if self.cfg.broken == Broken::AckBeforeFsync {
+            durable = self.log.end();
+        }
+        let msg = Message::AppendAck {
+            pid: self.leader_pid,
+            ts: self.last_leader_ts,
+            success,
+            matched: durable.min(self.matched_end),
+            hint,
+            committed: self.log.committed,
+            config_version: self.meta.membership.version,
+        };
+        self.send(leader, msg);
+    }
+
+    // ---------------------------------------------------------------- log
+
+    /// Accepts whole groups continuing the log at `prev` under the authority of proposal
+    /// id `authority`. Returns the end of the last group (matched with the sender).
+    fn accept_groups(
+        &mut self,
+        prev: Lsn,
+        bytes: &[u8],
+        authority: u64,
+    ) -> Result<Lsn, &'static str> {
+        let mut parsed = Vec::new();
+        let mut off = 0usize;
+        let mut pos = prev;
+        while off < bytes.len() {
+            let (h, _) = decode_group(&bytes[off..]).map_err(|_| "malformed group")?;
+            if h.lsn != pos {
+                return Err("group out of sequence");
+            }
+            if h.proposal_id > authority {
+                return Err("group from a later proposal id");
+            }
+            if !fits_in_block(h.lsn, h.total_len(), self.cfg.block_size) {
+                return Err("group straddles a block");
+            }
+            let len = h.total_len() as usize;
+            parsed.push((h, off, len));
+            off += len;
+            pos = h.end_lsn();
+        }
+        let mut last = prev;
+        for (h, off, len) in parsed {
+            if h.end_lsn() <= self.log.floor.end_lsn {
+                last = h.end_lsn();
+                continue;
+            }
+            if h.lsn < self.log.end() {
+                if let Some(m) = self.log.group_at(h.lsn) {
+                    if m.pid == h.proposal_id && m.after.acc_crc == h.acc_crc {
+                        last = h.end_lsn();
+                        continue;
+                    }
+                }
+                if h.lsn < self.log.committed {
+                    self.halt(format!(
+                        "a group at LSN {} conflicts with the committed log (committed end {})",
+                        h.lsn, self.log.committed
+                    ));
+                    return Err("conflict with the committed log");
+                }
+                if self.log.chain_at(h.lsn).is_none() {
+                    return Err("group does not start at a boundary of the log");
+                }
+                self.truncate_log(h.lsn);
+            }
+            if h.verify_chain(&self.log.chain).is_err() {
+                return Err("group does not continue the checksum chain");
+            }
+            self.leader_committed = self.leader_committed.max(h.committed_end_lsn);
+            self.write_group(&h, bytes[off..off + len].to_vec());
+            last = h.end_lsn();
+        }
+        Ok(last)
+    }
+
+    fn write_group(&mut self, h: &GroupHeader, bytes: Vec<u8>) {
+        self.last_csn = self.last_csn.max(h.max_csn);
+        let meta = GroupMeta {
+            lsn: h.lsn,
+            pid: h.proposal_id,
+            after: h.chain_after(),
+        };
+        self.log.push(meta, bytes.clone());
+        self.actions.push(Action::Write { lsn: h.lsn, bytes });
+    }
+
+    fn truncate_log(&mut self, lsn: Lsn) {
+        debug_assert!(lsn >= self.log.committed);
+        self.log.truncate(lsn);
+        self.matched_end = self.matched_end.min(lsn);
+        self.actions.push(Action::Truncate { lsn });
+    }
+
+    fn advance_committed(&mut self, end: Lsn) {
+        debug_assert!(end > self.log.committed);
+        self.log.committed = end;
+        self.actions.push(Action::Commit { end });
+        self.resolve_pending();
+        let keep_from = self.pending.front().map_or(end, |g| g.lsn.min(end));
+        self.log.prune(keep_from, self.cfg.max_index_groups);
+    }
+
+    /// Decides pending appends against the committed log (PALF section 4.1): once the
+    /// committed end passes a pending group's LSN, the committed log either holds that very
+    /// group (same LSN, proposal id and checksum chain) or holds something else there.
+    fn resolve_pending(&mut self) {
+        let committed = self.log.committed;
+        while let Some(g) = self.pending.front() {
+            if committed <= g.lsn {
+                break;
+            }
+            let held = self.log.group_at(g.lsn).is_some_and(|m| {
+                m.pid == g.pid && m.after.acc_crc == g.acc && m.end() <= committed
+            });
+            let outcome = if held {
+                Outcome::Committed
+            } else {
+                Outcome::Failed
+            };
+            let g = self.pending.pop_front().expect("non-empty");
+            for (id, lsn, csn) in g.records {
+                self.actions.push(Action::Result {
+                    id,
+                    lsn,
+                    csn,
+                    outcome,
+                });
+            }
+        }
+        // Proposal ids never decrease along a log (log matching), so once the committed log
+        // ends with a group of a later proposal id than a pending group, everything committed
+        // after it is of that later id too: the pending group can never be committed, even
+        // at an LSN the log has not reached yet.
+        let last_pid = self.log.pid_ending_at(committed);
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].pid < last_pid {
+                let g = self.pending.remove(i).expect("in range");
+                for (id, lsn, csn) in g.records {
+                    self.actions.push(Action::Result {
+                        id,
+                        lsn,
+                        csn,
+                        outcome: Outcome::Failed,
+                    });
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if self.role == Role::PendingFollower && self.pending.is_empty() {
+            self.set_role(Role::Follower);
+        }
+    }
+}
+
+/// The prefix of `bytes` (whole groups) ending at or before `limit` (an LSN bound) and at
+/// most `max` bytes (but at least one group if it fits the LSN bound).
+fn cut_groups(bytes: &[u8], limit: Lsn, max: usize) -> Vec<u8> {
+    let mut off = 0usize;
+    while off < bytes.len() {
+        let Ok(h) = GroupHeader::decode(&bytes[off..]) else {
+            break;
+        };
+        let len = h.total_len() as usize;
+        if h.end_lsn() > limit || off + len > bytes.len() || (off > 0 && off + len > max) {
+            break;
+        }
+        off += len;
+    }
+    bytes[..off].to_vec()
+}

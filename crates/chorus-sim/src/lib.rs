@@ -1,0 +1,732 @@
+//! Deterministic cluster simulator for Chorus.
+//!
+//! A [`Cluster`] runs the real [`Replica`] and the real [`LogStorage`] and [`MetaStorage`]
+//! of every node over a fault-injecting [`SimFs`], a seeded network and per-node clocks,
+//! all in one thread from one seed: a failing run replays exactly from its seed. After every
+//! step the [`checker::Checker`] verifies the invariants; [`run_seed`] adds a fault
+//! schedule, a healing phase and the liveness check.
+
+pub mod checker;
+pub mod run;
+pub mod script;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chorus_core::format::meta::{ConfigVersion, Membership, MetaRecord, NodeId};
+use chorus_core::replica::{
+    Action, AppendError, ChangeError, CommitMode, MembershipChange, Message, Nanos, Outcome,
+    Replica, ReplicaConfig, Role, Ticket,
+};
+use chorus_core::rng::Rng;
+use chorus_storage::fs::FileSystem;
+use chorus_storage::fs::{CrashMode, SimFs};
+use chorus_storage::{LogOptions, LogStorage, MetaStorage};
+
+use checker::{Accepted, Checker};
+
+/// One millisecond in nanoseconds.
+pub const MS: Nanos = 1_000_000;
+const LOG_ID: u64 = 0xC0DE;
+const BLOCK_SIZE: u64 = 64 << 10;
+
+/// Network fault settings.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NetFaults {
+    /// Chance a message is lost, per million.
+    pub loss_ppm: u32,
+    /// Chance a message is delivered twice, per million.
+    pub dup_ppm: u32,
+    /// Extra random delay bound (reordering comes from it).
+    pub jitter: Nanos,
+    /// Chance of a long delay (50 ms), per million.
+    pub long_delay_ppm: u32,
+}
+
+/// Settings of a simulated cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Initial voters (ids 1..=voters).
+    pub voters: usize,
+    /// Extra nodes that start outside the membership (for membership changes).
+    pub spares: usize,
+    /// Commit-point mode.
+    pub commit_mode: CommitMode,
+    /// Priorities by node id (default 0).
+    pub priorities: BTreeMap<NodeId, u32>,
+    /// Deliberately broken variant (test builds only).
+    #[cfg(feature = "broken")]
+    pub broken: chorus_core::replica::Broken,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            voters: 3,
+            spares: 0,
+            commit_mode: CommitMode::Piggyback,
+            priorities: BTreeMap::new(),
+            #[cfg(feature = "broken")]
+            broken: Default::default(),
+        }
+    }
+}
+
+/// The replica settings used in simulation: short timings so that a run covers many
+/// elections, small blocks so that block rotation, padding and catch-up from storage happen.
+pub fn sim_replica_config(id: NodeId, opts: &ClusterOptions, seed: u64) -> ReplicaConfig {
+    ReplicaConfig {
+        id,
+        priority: opts.priorities.get(&id).copied().unwrap_or(0),
+        block_size: BLOCK_SIZE,
+        lease: 400 * MS,
+        heartbeat_interval: 40 * MS,
+        ping_interval: 40 * MS,
+        resend_interval: 80 * MS,
+        window_bytes: 256 << 10,
+        max_group_bytes: 16 << 10,
+        max_message_bytes: 48 << 10,
+        freeze_interval: MS,
+        max_index_groups: 256,
+        cache_bytes: 96 << 10,
+        commit_mode: opts.commit_mode,
+        seed,
+        #[cfg(feature = "broken")]
+        broken: opts.broken,
+        ..ReplicaConfig::default()
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        msg: Message,
+    },
+    SyncDone {
+        node: NodeId,
+        inc: u32,
+    },
+    MetaDone {
+        node: NodeId,
+        inc: u32,
+        seq: u64,
+    },
+    Tick {
+        node: NodeId,
+        inc: u32,
+    },
+    Restart {
+        node: NodeId,
+    },
+}
+
+struct Up {
+    replica: Replica,
+    log: LogStorage,
+    meta: MetaStorage,
+    sync_busy: bool,
+}
+
+/// One simulated machine.
+pub struct Node {
+    /// Its id.
+    pub id: NodeId,
+    /// Its file system.
+    pub fs: Arc<SimFs>,
+    dir: PathBuf,
+    up: Option<Up>,
+    /// Restarts so far (results of earlier incarnations are void).
+    pub inc: u32,
+    clock_offset: Nanos,
+    clock_ppm: i64,
+    /// Disk sync latency bounds.
+    pub disk: (Nanos, Nanos),
+    /// Results delivered to this node's appenders: (ticket id, lsn, outcome).
+    pub results: Vec<(u64, u64, Outcome)>,
+    /// Tags of this node's appends by ticket id.
+    tags: BTreeMap<u64, u64>,
+}
+
+impl Node {
+    /// The replica, if the node is up.
+    pub fn replica(&self) -> Option<&Replica> {
+        self.up.as_ref().map(|u| &u.replica)
+    }
+
+    /// The log storage, if the node is up.
+    pub fn log(&self) -> Option<&LogStorage> {
+        self.up.as_ref().map(|u| &u.log)
+    }
+
+    /// Whether the node is up.
+    pub fn is_up(&self) -> bool {
+        self.up.is_some()
+    }
+}
+
+/// A simulated cluster. See the crate docs.
+pub struct Cluster {
+    /// True simulated time.
+    pub now: Nanos,
+    /// Nodes by id.
+    pub nodes: BTreeMap<NodeId, Node>,
+    events: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    payloads: BTreeMap<usize, Event>,
+    next_event: usize,
+    seq: u64,
+    rng: Rng,
+    opts: ClusterOptions,
+    seed: u64,
+    /// Network faults in force.
+    pub net: NetFaults,
+    /// Blocked directed links (from, to).
+    pub blocked: BTreeSet<(NodeId, NodeId)>,
+    /// The invariant checker.
+    pub checker: Checker,
+    /// Counters.
+    pub stats: BTreeMap<&'static str, u64>,
+    next_tag: u64,
+    tick: Nanos,
+    /// Log of notable events (for scripts), when enabled.
+    pub trace: Option<Vec<String>>,
+}
+
+impl Cluster {
+    /// A fresh cluster from `seed`: every node's storage is created empty with the
+    /// initial voters as membership.
+    pub fn new(seed: u64, opts: ClusterOptions) -> Self {
+        let mut rng = Rng::new(seed);
+        let voters: Vec<NodeId> = (1..=opts.voters as NodeId).collect();
+        let mut nodes = BTreeMap::new();
+        for id in 1..=(opts.voters + opts.spares) as NodeId {
+            let fs = Arc::new(SimFs::new(rng.next_u64()));
+            let dir = PathBuf::from(format!("/node{id}"));
+            let membership = if voters.contains(&id) {
+                Membership {
+                    version: ConfigVersion::default(),
+                    voters: voters.clone(),
+                    learners: vec![],
+                    barrier_lsn: 0,
+                }
+            } else {
+                Membership::default()
+            };
+            let record = MetaRecord {
+                log_id: LOG_ID,
+                block_size: BLOCK_SIZE,
+                membership,
+                ..MetaRecord::default()
+            };
+            let dynfs: Arc<dyn FileSystem> = fs.clone();
+            MetaStorage::create(dynfs.clone(), &dir, &record).expect("create meta");
+            LogStorage::create(
+                dynfs,
+                &dir,
+                LogOptions {
+                    block_size: BLOCK_SIZE,
+                },
+                LOG_ID,
+            )
+            .expect("create log");
+            let node = Node {
+                id,
+                fs,
+                dir,
+                up: None,
+                inc: 0,
+                clock_offset: rng.below(1_000 * MS),
+                clock_ppm: 0,
+                disk: (50_000, 300_000),
+                results: Vec::new(),
+                tags: BTreeMap::new(),
+            };
+            nodes.insert(id, node);
+        }
+        let mut c = Self {
+            now: 0,
+            nodes,
+            events: BinaryHeap::new(),
+            payloads: BTreeMap::new(),
+            next_event: 0,
+            seq: 0,
+            rng,
+            opts,
+            seed,
+            net: NetFaults::default(),
+            blocked: BTreeSet::new(),
+            checker: Checker::default(),
+            stats: BTreeMap::new(),
+            next_tag: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            tick: 5 * MS,
+            trace: None,
+        };
+        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+        for id in ids {
+            c.start_node(id);
+        }
+        c
+    }
+
+    fn bump(&mut self, what: &'static str) {
+        *self.stats.entry(what).or_default() += 1;
+    }
+
+    fn note(&mut self, line: String) {
+        if let Some(t) = &mut self.trace {
+            t.push(format!("{:>7.3}s {line}", self.now as f64 / 1e9));
+        }
+    }
+
+    fn schedule(&mut self, at: Nanos, ev: Event) {
+        self.seq += 1;
+        let k = self.next_event;
+        self.next_event += 1;
+        self.payloads.insert(k, ev);
+        self.events.push(Reverse((at, self.seq, k)));
+    }
+
+    /// The node's local clock: offset plus skewed true time (monotonic).
+    pub fn local_now(&self, id: NodeId) -> Nanos {
+        let n = &self.nodes[&id];
+        let skew = (self.now as i128 * n.clock_ppm as i128 / 1_000_000) as i64;
+        (self.now as i64 + skew) as Nanos + n.clock_offset
+    }
+
+    /// Sets a node's clock rate error in parts per million.
+    pub fn set_clock_skew(&mut self, id: NodeId, ppm: i64) {
+        // Keep the local clock continuous across the rate change.
+        let before = self.local_now(id);
+        let n = self.nodes.get_mut(&id).expect("node");
+        n.clock_ppm = ppm;
+        let after = {
+            let skew = (self.now as i128 * ppm as i128 / 1_000_000) as i64;
+            (self.now as i64 + skew) as Nanos
+        };
+        n.clock_offset = before.saturating_sub(after);
+    }
+
+    /// Moves a node's clock forward by `by`.
+    pub fn jump_clock(&mut self, id: NodeId, by: Nanos) {
+        self.nodes.get_mut(&id).expect("node").clock_offset += by;
+    }
+
+    fn start_node(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("node");
+        let fs: Arc<dyn FileSystem> = node.fs.clone();
+        let opened = (|| {
+            let (log, _) = LogStorage::open(
+                fs.clone(),
+                &node.dir,
+                LogOptions {
+                    block_size: BLOCK_SIZE,
+                },
+                LOG_ID,
+            )?;
+            let (meta, _) = MetaStorage::open(fs, &node.dir)?;
+            let recovered = log.recovered()?;
+            Ok::<_, chorus_storage::StorageError>((log, meta, recovered))
+        })();
+        let (log, meta, recovered) = match opened {
+            Ok(x) => x,
+            Err(chorus_storage::StorageError::Io { .. }) => {
+                // An injected IO error (say, an armed fsync failure) hit recovery: the
+                // operator's restart loop tries again.
+                self.bump("restart_retries");
+                let at = self.now + 50 * MS;
+                self.schedule(at, Event::Restart { node: id });
+                return;
+            }
+            Err(e) => {
+                let now = self.now;
+                self.checker
+                    .report(now, format!("node {id}: storage failed to open: {e}"));
+                return;
+            }
+        };
+        let cfg = sim_replica_config(id, &self.opts, self.seed ^ (id << 32) ^ node.inc as u64);
+        let record = meta.current().clone();
+        let local = self.local_now(id);
+        let replica = Replica::new(cfg, record, recovered, local);
+        let node = self.nodes.get_mut(&id).expect("node");
+        node.up = Some(Up {
+            replica,
+            log,
+            meta,
+            sync_busy: false,
+        });
+        let inc = node.inc;
+        let first = self.now + self.rng.below(self.tick);
+        self.schedule(first, Event::Tick { node: id, inc });
+        self.pump(id);
+    }
+
+    /// Crashes a node: unsynced data is lost per `mode`; its pending results are void.
+    pub fn crash(&mut self, id: NodeId, mode: CrashMode) {
+        let node = self.nodes.get_mut(&id).expect("node");
+        if node.up.is_none() {
+            return;
+        }
+        node.up = None;
+        node.fs.crash(mode);
+        let inc = node.inc;
+        node.inc += 1;
+        self.checker.on_crash(id, inc);
+        self.bump("crashes");
+        self.note(format!("node {id} crashed"));
+    }
+
+    /// Restarts a crashed node (recovery from its storage).
+    pub fn restart(&mut self, id: NodeId) {
+        if self.nodes[&id].up.is_none() {
+            self.note(format!("node {id} restarted"));
+            self.start_node(id);
+        }
+    }
+
+    /// Crashes a node now and restarts it after `down`.
+    pub fn crash_for(&mut self, id: NodeId, mode: CrashMode, down: Nanos) {
+        self.crash(id, mode);
+        let at = self.now + down;
+        self.schedule(at, Event::Restart { node: id });
+    }
+
+    /// Blocks messages from `a` to `b`.
+    pub fn block(&mut self, a: NodeId, b: NodeId) {
+        self.blocked.insert((a, b));
+    }
+
+    /// Splits the nodes into groups that cannot talk to each other.
+    pub fn partition(&mut self, groups: &[Vec<NodeId>]) {
+        self.blocked.clear();
+        for (i, g) in groups.iter().enumerate() {
+            for (j, h) in groups.iter().enumerate() {
+                if i != j {
+                    for a in g {
+                        for b in h {
+                            self.blocked.insert((*a, *b));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes every partition and network fault.
+    pub fn heal(&mut self) {
+        self.blocked.clear();
+        self.net = NetFaults::default();
+    }
+
+    /// The node currently in the leader role with the highest proposal id, if any.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.replica().filter(|r| r.role() == Role::Leader))
+            .max_by_key(|r| r.proposal_id())
+            .map(|r| r.id())
+    }
+
+    /// Appends a record carrying a fresh unique tag through `id`. Returns the ticket and
+    /// the tag.
+    pub fn append(
+        &mut self,
+        id: NodeId,
+        extra: &[u8],
+        ref_csn: u64,
+    ) -> Result<(Ticket, u64), AppendError> {
+        let local = self.local_now(id);
+        let now = self.now;
+        let tag = self.next_tag;
+        let node = self.nodes.get_mut(&id).expect("node");
+        let Some(up) = &mut node.up else {
+            return Err(AppendError::NotLeader { leader: None });
+        };
+        let mut data = tag.to_le_bytes().to_vec();
+        data.extend_from_slice(extra);
+        let t = up.replica.append(local, &data, ref_csn)?;
+        self.next_tag = self.next_tag.wrapping_add(0x9E37_79B9);
+        node.tags.insert(t.id, tag);
+        let inc = node.inc;
+        self.checker.on_accepted(
+            now,
+            id,
+            inc,
+            Accepted {
+                tag,
+                ticket: t,
+                ref_csn,
+            },
+        );
+        self.bump("appends_accepted");
+        self.pump(id);
+        Ok((t, tag))
+    }
+
+    /// Asks `id` (the leader) to hand leadership to `to`.
+    pub fn transfer(&mut self, id: NodeId, to: NodeId) -> Result<(), ChangeError> {
+        let local = self.local_now(id);
+        let r = match &mut self.nodes.get_mut(&id).expect("node").up {
+            Some(up) => up.replica.transfer_leader(local, to),
+            None => Err(ChangeError::NotLeader),
+        };
+        self.pump(id);
+        r
+    }
+
+    /// Asks `id` (the leader) to change the membership.
+    pub fn change(
+        &mut self,
+        id: NodeId,
+        change: MembershipChange,
+    ) -> Result<ConfigVersion, ChangeError> {
+        let local = self.local_now(id);
+        let r = match &mut self.nodes.get_mut(&id).expect("node").up {
+            Some(up) => up.replica.change_membership(local, change),
+            None => Err(ChangeError::NotLeader),
+        };
+        self.pump(id);
+        r
+    }
+
+    /// Sets a node's election priority.
+    pub fn set_priority(&mut self, id: NodeId, p: u32) {
+        self.opts.priorities.insert(id, p);
+        if let Some(up) = &mut self.nodes.get_mut(&id).expect("node").up {
+            up.replica.set_priority(p);
+        }
+    }
+
+    /// Runs until `until` (true time).
+    pub fn run_until(&mut self, until: Nanos) {
+        while let Some(Reverse((at, _, _))) = self.events.peek() {
+            if *at > until {
+                break;
+            }
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Processes the next event.
+    pub fn step(&mut self) {
+        let Some(Reverse((at, _, k))) = self.events.pop() else {
+            return;
+        };
+        self.now = self.now.max(at);
+        let ev = self.payloads.remove(&k).expect("payload");
+        match ev {
+            Event::Deliver { from, to, msg } => {
+                if self.blocked.contains(&(from, to)) {
+                    self.bump("messages_blocked");
+                    return;
+                }
+                let local = self.local_now(to);
+                self.bump("messages_delivered");
+                let Some(up) = &mut self.nodes.get_mut(&to).expect("node").up else {
+                    return;
+                };
+                up.replica.receive(local, from, msg);
+                self.pump(to);
+            }
+            Event::Tick { node, inc } => {
+                let local = self.local_now(node);
+                let n = self.nodes.get_mut(&node).expect("node");
+                if n.inc != inc {
+                    return;
+                }
+                let Some(up) = &mut n.up else { return };
+                up.replica.tick(local);
+                let next = self.now + self.tick;
+                self.schedule(next, Event::Tick { node, inc });
+                self.pump(node);
+            }
+            Event::SyncDone { node, inc } => {
+                let local = self.local_now(node);
+                let n = self.nodes.get_mut(&node).expect("node");
+                if n.inc != inc {
+                    return;
+                }
+                let Some(up) = &mut n.up else { return };
+                up.sync_busy = false;
+                match up.log.sync() {
+                    Ok(flushed) => {
+                        up.replica.log_flushed(local, flushed);
+                        self.pump(node);
+                    }
+                    Err(_) => self.storage_failure(node),
+                }
+            }
+            Event::MetaDone { node, inc, seq } => {
+                let local = self.local_now(node);
+                let n = self.nodes.get_mut(&node).expect("node");
+                if n.inc != inc {
+                    return;
+                }
+                let Some(up) = &mut n.up else { return };
+                up.replica.meta_saved(local, seq);
+                self.pump(node);
+            }
+            Event::Restart { node } => self.restart(node),
+        }
+    }
+
+    fn storage_failure(&mut self, id: NodeId) {
+        // A failed write or fsync is never retried and trusted (DESIGN.md principle 4):
+        // the process restarts and recovers from what is durable.
+        self.bump("storage_failures");
+        self.note(format!("node {id} storage failed"));
+        self.crash(id, CrashMode::Prefix);
+        let down = self.rng.range(10 * MS, 200 * MS);
+        let at = self.now + down;
+        self.schedule(at, Event::Restart { node: id });
+    }
+
+    fn send(&mut self, from: NodeId, to: NodeId, msg: Message) {
+        self.bump("messages_sent");
+        if !self.nodes.contains_key(&to) {
+            return;
+        }
+        if self.blocked.contains(&(from, to)) {
+            self.bump("messages_blocked");
+            return;
+        }
+        let net = self.net;
+        if net.loss_ppm > 0 && self.rng.below(1_000_000) < net.loss_ppm as u64 {
+            self.bump("messages_lost");
+            return;
+        }
+        let copies = if net.dup_ppm > 0 && self.rng.below(1_000_000) < net.dup_ppm as u64 {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut delay = 60_000 + self.rng.below(net.jitter.max(1));
+            if net.long_delay_ppm > 0 && self.rng.below(1_000_000) < net.long_delay_ppm as u64 {
+                delay += 50 * MS;
+            }
+            let at = self.now + delay;
+            self.schedule(
+                at,
+                Event::Deliver {
+                    from,
+                    to,
+                    msg: msg.clone(),
+                },
+            );
+        }
+    }
+
+    /// Executes the actions a node's replica produced, in order, until none are left.
+    fn pump(&mut self, id: NodeId) {
+        loop {
+            let now = self.now;
+            let local = self.local_now(id);
+            let node = self.nodes.get_mut(&id).expect("node");
+            let inc = node.inc;
+            let Some(up) = &mut node.up else { return };
+            let actions = up.replica.take_actions();
+            if actions.is_empty() {
+                return;
+            }
+            for a in actions {
+                let node = self.nodes.get_mut(&id).expect("node");
+                let Some(up) = &mut node.up else { return };
+                match a {
+                    Action::Send { to, msg } => self.send(id, to, msg),
+                    Action::Write { lsn, bytes } => {
+                        if up.log.end_lsn() != lsn {
+                            let e = up.log.end_lsn();
+                            self.checker.report(
+                                now,
+                                format!(
+                                    "node {id}: replica wrote at {lsn} but the log ends at {e}"
+                                ),
+                            );
+                            return;
+                        }
+                        if up.log.append(&bytes).is_err() {
+                            self.storage_failure(id);
+                            return;
+                        }
+                        if !up.sync_busy {
+                            up.sync_busy = true;
+                            let (lo, hi) = node.disk;
+                            let at = now + self.rng.range(lo, hi.max(lo + 1));
+                            self.schedule(at, Event::SyncDone { node: id, inc });
+                        }
+                    }
+                    Action::Truncate { lsn } => {
+                        if up.log.truncate(lsn).is_err() {
+                            self.storage_failure(id);
+                            return;
+                        }
+                    }
+                    Action::SaveMeta { seq, record } => {
+                        if up.meta.save(&record).is_err() {
+                            self.storage_failure(id);
+                            return;
+                        }
+                        let (lo, hi) = node.disk;
+                        let at = now + self.rng.range(lo, hi.max(lo + 1));
+                        self.schedule(at, Event::MetaDone { node: id, inc, seq });
+                    }
+                    Action::ReadLog {
+                        purpose,
+                        from,
+                        max_bytes,
+                    } => {
+                        let r = up
+                            .log
+                            .read_range(from, max_bytes)
+                            .map_err(|e| e.to_string());
+                        up.replica.log_read(local, purpose, from, r);
+                    }
+                    Action::Result {
+                        id: tid,
+                        lsn,
+                        outcome,
+                        ..
+                    } => {
+                        node.results.push((tid, lsn, outcome));
+                        self.checker.on_result(now, id, inc, tid, lsn, outcome);
+                    }
+                    Action::Role { role, pid, leader } => {
+                        self.checker.on_role(now, id, role, pid);
+                        if role == Role::Leader {
+                            self.bump("leader_elections");
+                        }
+                        self.note(format!(
+                            "node {id} is {role:?} (pid {pid}, leader {leader:?})"
+                        ));
+                    }
+                    Action::Commit { end } => {
+                        // The checker reads the node's own log: what it calls committed
+                        // must match the history.
+                        let Self { nodes, checker, .. } = self;
+                        let log = &nodes[&id].up.as_ref().expect("up").log;
+                        checker.on_commit(now, id, inc, end, log);
+                    }
+                    Action::ConfigCommitted { version } => {
+                        self.bump("config_changes");
+                        self.note(format!("node {id}: membership {version:?} accepted"));
+                    }
+                    Action::Dropped { from, reason } => {
+                        self.bump("inputs_dropped");
+                        if std::env::var_os("CHORUS_SIM_TRACE_DROPS").is_some() {
+                            self.note(format!("node {id} dropped input from {from:?}: {reason}"));
+                        }
+                    }
+                    Action::Halt { reason } => {
+                        self.checker
+                            .report(now, format!("node {id} halted: {reason}"));
+                    }
+                }
+            }
+        }
+    }
+}

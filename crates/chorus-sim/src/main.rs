@@ -1,0 +1,142 @@
+//! `chorus-sim`: runs seeded simulations of whole Chorus clusters and reports violations.
+//!
+//! ```text
+//! chorus-sim --seeds 2000 --start 0 --mode piggyback
+//! chorus-sim --seed 1234 -v          # replay one seed
+//! ```
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use chorus_sim::run::{parse_commit_mode, run_batch, RunOptions};
+use chorus_sim::MS;
+
+/// Deterministic cluster simulator for Chorus.
+#[derive(Parser, Debug)]
+#[command(name = "chorus-sim", version)]
+struct Args {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 200)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Run exactly this seed (replay), printing its counters.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Commit-point mode: piggyback, sync or async.
+    #[arg(long, default_value = "piggyback")]
+    mode: String,
+    /// Stop starting new seeds after this many seconds (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    time_budget: u64,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Simulated seconds of faults per seed.
+    #[arg(long, default_value_t = 3)]
+    fault_secs: u64,
+    /// Run without faults (workload only).
+    #[arg(long)]
+    no_faults: bool,
+    /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
+    /// `broken` feature).
+    #[arg(long)]
+    broken: Option<String>,
+    /// Print counters per seed.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let Some(mode) = parse_commit_mode(&args.mode) else {
+        eprintln!(
+            "chorus-sim: --mode {:?} is not one of piggyback, sync, async",
+            args.mode
+        );
+        return ExitCode::from(2);
+    };
+    let mut opts = RunOptions::default();
+    opts.cluster.commit_mode = mode;
+    opts.faults = !args.no_faults;
+    opts.fault_time = args.fault_secs * 1_000 * MS;
+    if let Some(b) = &args.broken {
+        #[cfg(feature = "broken")]
+        {
+            use chorus_core::replica::Broken;
+            opts.cluster.broken = match b.as_str() {
+                "skip-reconfirmation" => Broken::SkipReconfirmation,
+                "ack-before-fsync" => Broken::AckBeforeFsync,
+                _ => {
+                    eprintln!(
+                        "chorus-sim: --broken {b:?} is not skip-reconfirmation or ack-before-fsync"
+                    );
+                    return ExitCode::from(2);
+                }
+            };
+        }
+        #[cfg(not(feature = "broken"))]
+        {
+            eprintln!("chorus-sim: --broken {b:?} needs a build with --features broken");
+            return ExitCode::from(2);
+        }
+    }
+    let (start, count) = match args.seed {
+        Some(s) => (s, 1),
+        None => (args.start, args.seeds),
+    };
+    let deadline =
+        (args.time_budget > 0).then(|| Instant::now() + Duration::from_secs(args.time_budget));
+    let t0 = Instant::now();
+    let reports = run_batch(start, count, &opts, args.threads, deadline);
+    let mut bad = 0;
+    let mut totals = std::collections::BTreeMap::new();
+    for r in &reports {
+        for (k, v) in &r.stats {
+            *totals.entry(*k).or_insert(0u64) += v;
+        }
+        if args.verbose || args.seed.is_some() {
+            println!(
+                "seed {}: committed_end={} {:?}",
+                r.seed, r.committed_end, r.stats
+            );
+        }
+        if !r.violations.is_empty() {
+            bad += 1;
+            println!("seed {} FAILED:", r.seed);
+            for v in &r.violations {
+                println!("  {v}");
+            }
+            let broken = args.broken.as_ref().map_or(String::new(), |b| {
+                format!(" --features broken -- --broken {b}")
+            });
+            let sep = if broken.is_empty() { " --" } else { "" };
+            println!(
+                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}",
+                r.seed, args.mode
+            );
+        }
+    }
+    println!(
+        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={}",
+        args.mode,
+        reports.len(),
+        start,
+        bad,
+        t0.elapsed().as_secs_f64(),
+        totals.get("leader_elections").unwrap_or(&0),
+        totals.get("crashes").unwrap_or(&0),
+        totals.get("appends_accepted").unwrap_or(&0),
+        totals.get("committed").unwrap_or(&0),
+        totals.get("failed").unwrap_or(&0),
+        totals.get("messages_delivered").unwrap_or(&0),
+    );
+    if bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

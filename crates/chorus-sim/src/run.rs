@@ -1,0 +1,418 @@
+//! One seeded run: a workload, a fault schedule drawn from the seed, a healing phase and the
+//! liveness check.
+
+use std::collections::BTreeMap;
+
+use chorus_core::format::meta::NodeId;
+use chorus_core::replica::{CommitMode, MembershipChange, Nanos};
+use chorus_core::rng::Rng;
+use chorus_storage::fs::CrashMode;
+
+use crate::{Cluster, ClusterOptions, NetFaults, MS};
+
+/// Settings of a batch of seeded runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Base cluster settings (voters, commit mode, broken variant).
+    pub cluster: ClusterOptions,
+    /// Vary cluster size (3 or 5), spares and priorities by seed.
+    pub vary_shape: bool,
+    /// Inject faults (otherwise only the workload runs).
+    pub faults: bool,
+    /// Length of the faulty phase.
+    pub fault_time: Nanos,
+    /// Length of the healed phase.
+    pub settle_time: Nanos,
+    /// After healing, an append must commit within this long.
+    pub liveness_bound: Nanos,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            cluster: ClusterOptions::default(),
+            vary_shape: true,
+            faults: true,
+            fault_time: 3_000 * MS,
+            settle_time: 4_000 * MS,
+            liveness_bound: 3_000 * MS,
+        }
+    }
+}
+
+/// What one seed did.
+#[derive(Clone, Debug, Default)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Invariant violations (empty when the run is clean).
+    pub violations: Vec<String>,
+    /// Counters from the run.
+    pub stats: BTreeMap<&'static str, u64>,
+    /// End of the committed history.
+    pub committed_end: u64,
+}
+
+/// Per-seed fault probabilities, in chances per 1000 steps of about a millisecond.
+#[derive(Clone, Copy, Debug)]
+struct Mix {
+    crash: u64,
+    partition: u64,
+    clock: u64,
+    slow_disk: u64,
+    fsync: u64,
+    membership: u64,
+    transfer: u64,
+    priority: u64,
+}
+
+impl Mix {
+    fn draw(rng: &mut Rng) -> Self {
+        let mut p = |max: u64| {
+            if rng.chance(1, 4) {
+                0
+            } else {
+                rng.below(max + 1)
+            }
+        };
+        Self {
+            crash: p(3),
+            partition: p(3),
+            clock: p(2),
+            slow_disk: p(2),
+            fsync: p(1),
+            membership: p(3),
+            transfer: p(2),
+            priority: p(1),
+        }
+    }
+}
+
+/// Runs one seed and checks everything.
+pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
+    let mut rng = Rng::new(seed ^ 0x5EED_FA17_0000_0001);
+    let mut opts = base.cluster.clone();
+    if base.vary_shape {
+        opts.voters = if rng.chance(1, 4) { 5 } else { 3 };
+        opts.spares = rng.below(3) as usize;
+        if rng.chance(1, 2) {
+            for id in 1..=(opts.voters + opts.spares) as NodeId {
+                opts.priorities.insert(id, rng.below(3) as u32);
+            }
+        }
+    }
+    let mut c = Cluster::new(seed, opts.clone());
+    if std::env::var_os("CHORUS_SIM_TRACE").is_some() {
+        c.trace = Some(Vec::new());
+    }
+    let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+    let mix = Mix::draw(&mut rng);
+    if base.faults {
+        c.net = NetFaults {
+            loss_ppm: rng.below(30_000) as u32,
+            dup_ppm: rng.below(10_000) as u32,
+            jitter: rng.range(10_000, 2 * MS),
+            long_delay_ppm: rng.below(5_000) as u32,
+        };
+        for &id in &ids {
+            // Clock rates within the lease assumption (max drift 1%, so +-0.5% each).
+            let ppm = rng.range(0, 10_000) as i64 - 5_000;
+            c.set_clock_skew(id, ppm);
+        }
+    }
+    let mut heal_at: Option<Nanos> = None;
+    let mut slow: BTreeMap<NodeId, Nanos> = BTreeMap::new();
+    let append_gap = rng.range(200_000, 3 * MS);
+    let mut t: Nanos = 0;
+    let rec_max = rng.range(16, 3000);
+    while t < base.fault_time {
+        t += rng.range(append_gap / 2, append_gap * 3 / 2);
+        c.run_until(t);
+        workload_step(&mut c, &mut rng, rec_max);
+        if !base.faults {
+            continue;
+        }
+        if heal_at.is_some_and(|h| t >= h) {
+            c.blocked.clear();
+            heal_at = None;
+        }
+        let due: Vec<NodeId> = slow
+            .iter()
+            .filter(|(_, until)| **until <= t)
+            .map(|(n, _)| *n)
+            .collect();
+        for n in due {
+            slow.remove(&n);
+            c.nodes.get_mut(&n).expect("node").disk = (50_000, 300_000);
+        }
+        let pick = |rng: &mut Rng| ids[rng.below(ids.len() as u64) as usize];
+        if rng.chance(mix.crash, 1000) {
+            let n = pick(&mut rng);
+            // In-order write-back: unsynced writes are lost from some point on and the last
+            // surviving one may be torn. (Out-of-order write-back, `CrashMode::Arbitrary`,
+            // can leave a valid group after a lost one, which recovery must report as
+            // corruption and which needs the peer repair path; see docs/architecture.md.)
+            let mode = CrashMode::Prefix;
+            let _ = rng.chance(1, 2);
+            let down = rng.range(10 * MS, 1_500 * MS);
+            c.crash_for(n, mode, down);
+        }
+        if rng.chance(mix.partition, 1000) {
+            match rng.below(3) {
+                0 => {
+                    let mut a = Vec::new();
+                    let mut b = Vec::new();
+                    for &id in &ids {
+                        if rng.chance(1, 2) {
+                            a.push(id)
+                        } else {
+                            b.push(id)
+                        }
+                    }
+                    c.partition(&[a, b]);
+                }
+                1 => {
+                    let n = pick(&mut rng);
+                    let rest: Vec<NodeId> = ids.iter().copied().filter(|x| *x != n).collect();
+                    c.partition(&[vec![n], rest]);
+                }
+                _ => {
+                    let a = pick(&mut rng);
+                    let b = pick(&mut rng);
+                    if a != b {
+                        c.block(a, b);
+                    }
+                }
+            }
+            heal_at = Some(t + rng.range(20 * MS, 1_500 * MS));
+        }
+        if rng.chance(mix.clock, 1000) {
+            // Forward jumps small enough for the lease margin (2% of 400 ms).
+            let n = pick(&mut rng);
+            let by = rng.below(4 * MS);
+            c.jump_clock(n, by);
+        }
+        if rng.chance(mix.slow_disk, 1000) {
+            let n = pick(&mut rng);
+            c.nodes.get_mut(&n).expect("node").disk = (2 * MS, 120 * MS);
+            slow.insert(n, t + rng.range(50 * MS, 1_000 * MS));
+        }
+        if rng.chance(mix.fsync, 1000) {
+            let n = pick(&mut rng);
+            c.nodes[&n].fs.fail_next_sync(None);
+        }
+        if rng.chance(mix.membership, 1000) {
+            membership_step(&mut c, &mut rng);
+        }
+        if rng.chance(mix.transfer, 1000) {
+            if let Some(l) = c.leader() {
+                let to = pick(&mut rng);
+                let _ = c.transfer(l, to);
+            }
+        }
+        if rng.chance(mix.priority, 1000) {
+            let n = pick(&mut rng);
+            let p = rng.below(3) as u32;
+            c.set_priority(n, p);
+        }
+    }
+    // Heal: no more faults, every node up, and a majority healthy.
+    c.heal();
+    for &id in &ids {
+        c.nodes.get_mut(&id).expect("node").disk = (50_000, 300_000);
+        c.nodes[&id].fs.set_fault_rates(0, 0);
+        c.restart(id);
+    }
+    let healed = t;
+    let mut first_commit: Option<Nanos> = None;
+    let mut probes: Vec<(Nanos, u64)> = Vec::new();
+    let probe_until = healed + base.settle_time.saturating_sub(1_000 * MS);
+    while t < healed + base.settle_time {
+        t += 20 * MS;
+        c.run_until(t);
+        if t < probe_until {
+            if let Some(l) = c.leader() {
+                if let Ok((_, tag)) = c.append(l, b"probe", 0) {
+                    probes.push((t, tag));
+                }
+            }
+        }
+        if first_commit.is_none()
+            && probes
+                .iter()
+                .any(|(_, tag)| c.checker.committed_at(*tag).is_some())
+        {
+            first_commit = Some(t);
+        }
+    }
+    let now = c.now;
+    match first_commit {
+        Some(at) if at - healed <= base.liveness_bound => {}
+        Some(at) => c.checker.report(
+            now,
+            format!(
+                "liveness: first append after healing committed {:.3}s after healing (bound {:.3}s)",
+                (at - healed) as f64 / 1e9,
+                base.liveness_bound as f64 / 1e9
+            ),
+        ),
+        None => c.checker.report(
+            now,
+            "liveness: no append committed after healing".to_string(),
+        ),
+    }
+    // Every append accepted by a live member got exactly one result; nothing committed
+    // was lost.
+    if let Some(l) = c.leader() {
+        let r = c.nodes[&l].replica().expect("up");
+        let members: Vec<NodeId> = r
+            .membership()
+            .voters
+            .iter()
+            .chain(r.membership().learners.iter())
+            .copied()
+            .collect();
+        if r.committed_end() < c.checker.ref_end {
+            let ce = r.committed_end();
+            let re = c.checker.ref_end;
+            c.checker.report(
+                now,
+                format!("leader {l} committed end {ce} is below the committed history end {re}"),
+            );
+        }
+        for id in members {
+            let inc = c.nodes[&id].inc;
+            if !c.nodes[&id].is_up() {
+                continue;
+            }
+            let n = c.checker.unresolved(id, inc);
+            if n > 0 {
+                let role = c.nodes[&id].replica().map(|r| r.role());
+                c.checker.report(
+                    now,
+                    format!("node {id} ({role:?}): {n} appends never got a result"),
+                );
+            }
+        }
+    }
+    if let Some(t) = &c.trace {
+        for l in t {
+            eprintln!("{l}");
+        }
+        for n in c.nodes.values() {
+            if let Some(r) = n.replica() {
+                eprintln!(
+                    "node {}: {:?} pid={} promised={} end={} flushed={} committed={} members={:?} progress={:?} drops={:?}",
+                    n.id,
+                    r.role(),
+                    r.proposal_id(),
+                    r.promised(),
+                    r.end_lsn(),
+                    r.flushed_end(),
+                    r.committed_end(),
+                    r.membership(),
+                    r.follower_progress(),
+                    r.drops()
+                );
+            }
+        }
+    }
+    let mut stats = c.stats.clone();
+    for (k, v) in &c.checker.outcomes {
+        stats.insert(k, *v);
+    }
+    SeedReport {
+        seed,
+        violations: c.checker.violations.clone(),
+        stats,
+        committed_end: c.checker.ref_end,
+    }
+}
+
+fn workload_step(c: &mut Cluster, rng: &mut Rng, rec_max: u64) {
+    let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+    let target = match c.leader() {
+        Some(l) if !rng.chance(1, 20) => l,
+        _ => ids[rng.below(ids.len() as u64) as usize],
+    };
+    let n = rng.range(1, 4);
+    for _ in 0..n {
+        let len = rng.below(rec_max) as usize;
+        let mut extra = vec![0u8; len];
+        rng.fill(&mut extra);
+        let ref_csn = if rng.chance(1, 10) {
+            rng.below(1 << 20)
+        } else {
+            0
+        };
+        if c.append(target, &extra, ref_csn).is_err() {
+            break;
+        }
+    }
+}
+
+fn membership_step(c: &mut Cluster, rng: &mut Rng) {
+    let Some(l) = c.leader() else { return };
+    let r = c.nodes[&l].replica().expect("up");
+    let m = r.membership().clone();
+    let all: Vec<NodeId> = c.nodes.keys().copied().collect();
+    let outside: Vec<NodeId> = all
+        .iter()
+        .copied()
+        .filter(|n| !m.voters.contains(n) && !m.learners.contains(n))
+        .collect();
+    let pick = |v: &[NodeId], rng: &mut Rng| v[rng.below(v.len() as u64) as usize];
+    let change = match rng.below(5) {
+        0 if !outside.is_empty() => MembershipChange::AddLearner(pick(&outside, rng)),
+        1 if !m.learners.is_empty() => MembershipChange::Promote(pick(&m.learners, rng)),
+        2 if m.voters.len() > 3 => MembershipChange::Remove(pick(&m.voters, rng)),
+        3 if !outside.is_empty() => MembershipChange::Replace {
+            old: pick(&m.voters, rng),
+            new: pick(&outside, rng),
+        },
+        4 if !m.learners.is_empty() => MembershipChange::Remove(pick(&m.learners, rng)),
+        _ => return,
+    };
+    let _ = c.change(l, change);
+}
+
+/// Runs seeds `start..start + count` (stopping early when `deadline` passes, if given) on
+/// `threads` threads; returns the reports in seed order.
+pub fn run_batch(
+    start: u64,
+    count: u64,
+    opts: &RunOptions,
+    threads: usize,
+    deadline: Option<std::time::Instant>,
+) -> Vec<SeedReport> {
+    let next = std::sync::atomic::AtomicU64::new(start);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return;
+                }
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed >= start + count {
+                    return;
+                }
+                let r = run_seed(seed, opts);
+                out.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            });
+        }
+    });
+    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    v.sort_by_key(|r| r.seed);
+    v
+}
+
+/// Parses a commit mode name.
+pub fn parse_commit_mode(s: &str) -> Option<CommitMode> {
+    match s {
+        "piggyback" | "piggy" => Some(CommitMode::Piggyback),
+        "sync" => Some(CommitMode::Sync),
+        "async" => Some(CommitMode::Async { interval: 10 * MS }),
+        _ => None,
+    }
+}

@@ -1,0 +1,354 @@
+//! Scenario scripts with golden output (in the style of etcd-raft's `testdata/*.txt`).
+//!
+//! A script is a sequence of commands, each followed by `----` and its expected output up
+//! to a blank line. [`run_script`] executes the commands on a fault-free [`Cluster`] and
+//! returns the script with the actual output filled in; a test compares it with the file.
+//!
+//! Commands:
+//!
+//! | command | effect |
+//! |---|---|
+//! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async]` | new cluster |
+//! | `run MS` | advance time |
+//! | `wait-leader [MS]` | run until a leader serves (at most MS, default 5000) |
+//! | `status` | role, proposal id, leader, log end, flushed, committed, config per node |
+//! | `append NODE TEXT` | append through NODE |
+//! | `results NODE` | results delivered at NODE since the last `results` |
+//! | `log NODE` | NODE's groups: LSN, proposal id, entries, piggybacked committed end |
+//! | `progress NODE` | the leader's view of followers' flushed ends and the commit point |
+//! | `partition A B \| C` · `block A B` · `heal` | network |
+//! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
+//! | `priority NODE P` · `transfer NODE TO` | election |
+//! | `member NODE add-learner\|add-voter\|promote\|remove X` · `member NODE replace OLD NEW` | membership |
+//! | `trace on\|off` | print role changes and crashes during `run` |
+//! | `check` | invariant violations so far (none expected) |
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chorus_core::format::entry::EntryIter;
+use chorus_core::format::meta::NodeId;
+use chorus_core::replica::{MembershipChange, Outcome, Role};
+use chorus_storage::fs::CrashMode;
+
+use crate::run::parse_commit_mode;
+use crate::{Cluster, ClusterOptions, MS};
+
+struct State {
+    cluster: Option<Cluster>,
+    seen_results: BTreeMap<NodeId, usize>,
+    tags: BTreeMap<u64, String>,
+}
+
+/// Runs `script` and returns it with each command's actual output.
+pub fn run_script(script: &str) -> String {
+    let mut st = State {
+        cluster: None,
+        seen_results: BTreeMap::new(),
+        tags: BTreeMap::new(),
+    };
+    let mut out = String::new();
+    let mut lines = script.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // Skip the old expected output.
+        if lines.peek().is_some_and(|l| l.trim() == "----") {
+            lines.next();
+            for l in lines.by_ref() {
+                if l.trim().is_empty() {
+                    break;
+                }
+            }
+        }
+        let result = exec(&mut st, t);
+        let _ = writeln!(out, "{line}\n----");
+        out.push_str(&result);
+        if !result.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    out
+}
+
+fn num(s: Option<&str>) -> Result<u64, String> {
+    s.ok_or("missing number")?
+        .parse()
+        .map_err(|_| format!("not a number: {s:?}"))
+}
+
+fn exec(st: &mut State, line: &str) -> String {
+    match exec_inner(st, line) {
+        Ok(s) => s,
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
+    let mut words = line.split_whitespace();
+    let cmd = words.next().unwrap_or_default();
+    if cmd == "cluster" {
+        let mut opts = ClusterOptions::default();
+        for w in words {
+            let (k, v) = w.split_once('=').ok_or(format!("bad option {w}"))?;
+            match k {
+                "voters" => opts.voters = num(Some(v))? as usize,
+                "spares" => opts.spares = num(Some(v))? as usize,
+                "mode" => opts.commit_mode = parse_commit_mode(v).ok_or("bad mode")?,
+                "prio" => {
+                    for p in v.split(',') {
+                        let (n, p) = p.split_once(':').ok_or("bad prio")?;
+                        opts.priorities.insert(num(Some(n))?, num(Some(p))? as u32);
+                    }
+                }
+                _ => return Err(format!("unknown option {k}")),
+            }
+        }
+        st.cluster = Some(Cluster::new(1, opts));
+        st.seen_results.clear();
+        return Ok("ok".into());
+    }
+    let c = st.cluster.as_mut().ok_or("no cluster")?;
+    let mut out = String::new();
+    match cmd {
+        "trace" => {
+            c.trace = (words.next() == Some("on")).then(Vec::new);
+            out.push_str("ok");
+        }
+        "run" => {
+            let ms = num(words.next())?;
+            let until = c.now + ms * MS;
+            c.run_until(until);
+            out.push_str(&take_trace(c));
+            if out.is_empty() {
+                out.push_str("ok");
+            }
+        }
+        "wait-leader" => {
+            let ms = words.next().map_or(Ok(5000), |w| num(Some(w)))?;
+            let until = c.now + ms * MS;
+            while c.now < until && c.leader().is_none() {
+                let t = c.now + MS;
+                c.run_until(t);
+            }
+            out.push_str(&take_trace(c));
+            match c.leader() {
+                Some(l) => {
+                    let _ = write!(out, "leader {l}");
+                }
+                None => out.push_str("no leader"),
+            }
+        }
+        "status" => {
+            for n in c.nodes.values() {
+                let Some(r) = n.replica() else {
+                    let _ = writeln!(out, "node {}: down", n.id);
+                    continue;
+                };
+                let m = r.membership();
+                let _ = writeln!(
+                    out,
+                    "node {}: {:?} pid={} leader={} end={} flushed={} committed={} config={}.{} voters={:?} learners={:?}",
+                    n.id,
+                    r.role(),
+                    r.proposal_id(),
+                    r.leader().map_or("-".into(), |l| l.to_string()),
+                    r.end_lsn(),
+                    r.flushed_end(),
+                    r.committed_end(),
+                    m.version.proposal_id,
+                    m.version.seq,
+                    m.voters,
+                    m.learners
+                );
+            }
+        }
+        "append" => {
+            let n = num(words.next())?;
+            let text: Vec<&str> = words.collect();
+            let text = text.join(" ");
+            match c.append(n, text.as_bytes(), 0) {
+                Ok((t, tag)) => {
+                    st.tags.insert(tag, text.clone());
+                    let _ = write!(out, "ok id={} lsn={} csn={}", t.id, t.lsn, t.csn);
+                }
+                Err(e) => {
+                    let _ = write!(out, "refused: {e}");
+                }
+            }
+        }
+        "results" => {
+            let n = num(words.next())?;
+            let seen = st.seen_results.entry(n).or_default();
+            let node = &c.nodes[&n];
+            for (id, lsn, o) in &node.results[*seen..] {
+                let text = node
+                    .tags
+                    .get(id)
+                    .and_then(|t| st.tags.get(t))
+                    .cloned()
+                    .unwrap_or_default();
+                let o = match o {
+                    Outcome::Committed => "Committed",
+                    Outcome::Failed => "Failed",
+                };
+                let _ = writeln!(out, "id={id} lsn={lsn} {text:?} {o}");
+            }
+            *seen = node.results.len();
+            if out.is_empty() {
+                out.push_str("none");
+            }
+        }
+        "log" => {
+            let n = num(words.next())?;
+            let log = c.nodes[&n].log().ok_or("node down")?;
+            for g in log.iter_from(log.start_lsn()) {
+                let (h, body) = g.map_err(|e| e.to_string())?;
+                let texts: Vec<String> = EntryIter::new(&body)
+                    .filter_map(|e| e.ok())
+                    .map(|e| {
+                        let tag = u64::from_le_bytes(e.data[..8].try_into().unwrap_or([0; 8]));
+                        st.tags.get(&tag).cloned().unwrap_or_else(|| "?".into())
+                    })
+                    .collect();
+                let kind = if h.is_padding() {
+                    "padding".to_string()
+                } else if h.entry_count == 0 {
+                    "empty".to_string()
+                } else {
+                    format!("{texts:?}")
+                };
+                let _ = writeln!(
+                    out,
+                    "lsn={} end={} pid={} committed_end={} {kind}",
+                    h.lsn,
+                    h.end_lsn(),
+                    h.proposal_id,
+                    h.committed_end_lsn
+                );
+            }
+            if out.is_empty() {
+                out.push_str("empty");
+            }
+        }
+        "progress" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().ok_or("node down")?;
+            let _ = writeln!(out, "node {n} (self): flushed={}", r.flushed_end());
+            for (f, m) in r.follower_progress() {
+                let _ = writeln!(out, "node {f}: matched={m}");
+            }
+            let _ = write!(out, "committed={}", r.committed_end());
+        }
+        "partition" => {
+            let rest: Vec<&str> = words.collect();
+            let mut groups = vec![Vec::new()];
+            for w in rest {
+                if w == "|" {
+                    groups.push(Vec::new());
+                } else {
+                    groups.last_mut().expect("group").push(num(Some(w))?);
+                }
+            }
+            c.partition(&groups);
+            out.push_str("ok");
+        }
+        "block" => {
+            let a = num(words.next())?;
+            let b = num(words.next())?;
+            c.block(a, b);
+            out.push_str("ok");
+        }
+        "heal" => {
+            c.heal();
+            out.push_str("ok");
+        }
+        "crash" => {
+            let n = num(words.next())?;
+            c.crash(n, CrashMode::Prefix);
+            out.push_str("ok");
+        }
+        "restart" => {
+            let n = num(words.next())?;
+            c.restart(n);
+            out.push_str("ok");
+        }
+        "priority" => {
+            let n = num(words.next())?;
+            let p = num(words.next())? as u32;
+            c.set_priority(n, p);
+            out.push_str("ok");
+        }
+        "transfer" => {
+            let n = num(words.next())?;
+            let to = num(words.next())?;
+            match c.transfer(n, to) {
+                Ok(()) => out.push_str("ok"),
+                Err(e) => {
+                    let _ = write!(out, "refused: {e}");
+                }
+            }
+        }
+        "member" => {
+            let n = num(words.next())?;
+            let op = words.next().ok_or("missing op")?;
+            let x = num(words.next())?;
+            let change = match op {
+                "add-learner" => MembershipChange::AddLearner(x),
+                "add-voter" => MembershipChange::AddVoter(x),
+                "promote" => MembershipChange::Promote(x),
+                "remove" => MembershipChange::Remove(x),
+                "replace" => MembershipChange::Replace {
+                    old: x,
+                    new: num(words.next())?,
+                },
+                _ => return Err(format!("unknown op {op}")),
+            };
+            match c.change(n, change) {
+                Ok(v) => {
+                    let _ = write!(out, "ok version={}.{}", v.proposal_id, v.seq);
+                }
+                Err(e) => {
+                    let _ = write!(out, "refused: {e}");
+                }
+            }
+        }
+        "check" => {
+            if c.checker.violations.is_empty() {
+                out.push_str("no violations");
+            } else {
+                out.push_str(&c.checker.violations.join("\n"));
+            }
+        }
+        "role" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().map(|r| r.role());
+            let _ = write!(
+                out,
+                "{}",
+                r.map_or("down".into(), |r: Role| format!("{r:?}"))
+            );
+        }
+        _ => return Err(format!("unknown command {cmd}")),
+    }
+    Ok(out)
+}
+
+fn take_trace(c: &mut Cluster) -> String {
+    match &mut c.trace {
+        Some(t) => {
+            let s = t.join("\n");
+            t.clear();
+            s
+        }
+        None => String::new(),
+    }
+}

@@ -1,0 +1,29 @@
+//! The simulator has teeth: deliberately broken protocol variants (compiled only with the
+//! `broken` feature) must be caught within the CI budget. Run with
+//! `cargo test -p chorus-sim --features broken --test teeth`.
+
+use chorus_core::replica::Broken;
+use chorus_sim::run::{run_seed, RunOptions};
+use chorus_sim::MS;
+
+fn opts() -> RunOptions {
+    RunOptions {
+        fault_time: 3_000 * MS,
+        settle_time: 3_000 * MS,
+        ..RunOptions::default()
+    }
+}
+
+/// Skipping reconfirmation lets a candidate serve a log that lacks committed groups; the
+/// simulator must find that within its budget.
+#[test]
+fn skipping_reconfirmation_is_caught() {
+    let mut o = opts();
+    o.fault_time = 3_000 * MS;
+    o.cluster.broken = Broken::SkipReconfirmation;
+    let found = (0..400u64).find(|s| !run_seed(*s, &o).violations.is_empty());
+    assert!(
+        found.is_some(),
+        "no violation found with reconfirmation skipped"
+    );
+}
