@@ -145,10 +145,10 @@ pub struct Node {
     clock_ppm: i64,
     /// Disk sync latency bounds.
     pub disk: (Nanos, Nanos),
-    /// Results delivered to this node's appenders: (ticket id, lsn, outcome).
-    pub results: Vec<(u64, u64, Outcome)>,
-    /// Tags of this node's appends by ticket id.
-    tags: BTreeMap<u64, u64>,
+    /// Results delivered to this node's appenders: (incarnation, ticket id, lsn, outcome).
+    pub results: Vec<(u32, u64, u64, Outcome)>,
+    /// Tags of this node's appends by (incarnation, ticket id).
+    tags: BTreeMap<(u32, u64), u64>,
 }
 
 impl Node {
@@ -449,7 +449,7 @@ impl Cluster {
         data.extend_from_slice(extra);
         let t = up.replica.append(local, &data, ref_csn)?;
         self.next_tag = self.next_tag.wrapping_add(0x9E37_79B9);
-        node.tags.insert(t.id, tag);
+        node.tags.insert((node.inc, t.id), tag);
         let inc = node.inc;
         self.checker.on_accepted(
             now,
@@ -692,7 +692,7 @@ impl Cluster {
                         outcome,
                         ..
                     } => {
-                        node.results.push((tid, lsn, outcome));
+                        node.results.push((inc, tid, lsn, outcome));
                         self.checker.on_result(now, id, inc, tid, lsn, outcome);
                     }
                     Action::Role { role, pid, leader } => {

@@ -51,7 +51,10 @@ pub fn run_script(script: &str) -> String {
     let mut lines = script.lines().peekable();
     while let Some(line) = lines.next() {
         let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
+        if t.is_empty() {
+            continue;
+        }
+        if t.starts_with('#') {
             out.push_str(line);
             out.push('\n');
             continue;
@@ -189,10 +192,10 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
             let n = num(words.next())?;
             let seen = st.seen_results.entry(n).or_default();
             let node = &c.nodes[&n];
-            for (id, lsn, o) in &node.results[*seen..] {
+            for (inc, id, lsn, o) in &node.results[*seen..] {
                 let text = node
                     .tags
-                    .get(id)
+                    .get(&(*inc, *id))
                     .and_then(|t| st.tags.get(t))
                     .cloned()
                     .unwrap_or_default();
@@ -200,7 +203,7 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
                     Outcome::Committed => "Committed",
                     Outcome::Failed => "Failed",
                 };
-                let _ = writeln!(out, "id={id} lsn={lsn} {text:?} {o}");
+                let _ = writeln!(out, "run={inc} id={id} lsn={lsn} {text:?} {o}");
             }
             *seen = node.results.len();
             if out.is_empty() {

@@ -440,6 +440,7 @@ struct Campaign {
     started: Nanos,
     phase: CampaignPhase,
     acks: BTreeMap<NodeId, MergeCandidate>,
+    rejected: BTreeSet<NodeId>,
     lease_ts: BTreeMap<NodeId, Nanos>,
 }
 
@@ -801,7 +802,13 @@ impl Replica {
             }
         }
         if let Some(c) = &self.campaign {
-            if now > c.started + 2 * self.cfg.lease {
+            // Collecting promises should take a few round trips; learning and confirming the
+            // log may take longer (catch-up).
+            let limit = match c.phase {
+                CampaignPhase::Promising | CampaignPhase::Preparing => self.cfg.lease / 2,
+                _ => 2 * self.cfg.lease,
+            };
+            if now > c.started + limit {
                 self.abandon_campaign();
                 return;
             }
@@ -1246,6 +1253,7 @@ impl Replica {
             started: self.now,
             phase: CampaignPhase::Promising,
             acks: BTreeMap::new(),
+            rejected: BTreeSet::new(),
             lease_ts: BTreeMap::new(),
         });
         self.leader = None;
@@ -1362,7 +1370,12 @@ impl Replica {
             return;
         }
         if !granted {
-            if promised >= pid {
+            c.rejected.insert(from);
+            let voters = &self.meta_want.membership.voters;
+            let refusing = voters.iter().filter(|v| c.rejected.contains(v)).count();
+            // Outbid, or refused by enough voters that no majority is left: back off
+            // rather than wait out the campaign timeout.
+            if promised >= pid || voters.len() - refusing < majority(voters.len()) {
                 self.abandon_campaign();
             }
             return;
