@@ -623,7 +623,20 @@ impl Cluster {
 
     /// Executes the actions a node's replica produced, in order, until none are left.
     fn pump(&mut self, id: NodeId) {
+        let mut rounds = 0u32;
         loop {
+            rounds += 1;
+            if rounds > 100_000 {
+                // A replica that keeps producing work without time passing is a livelock.
+                let now = self.now;
+                self.checker
+                    .report(now, format!("node {id}: livelock, actions keep coming"));
+                let node = self.nodes.get_mut(&id).expect("node");
+                if let Some(up) = &mut node.up {
+                    up.replica.take_actions();
+                }
+                return;
+            }
             let now = self.now;
             let local = self.local_now(id);
             let node = self.nodes.get_mut(&id).expect("node");

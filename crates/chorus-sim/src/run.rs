@@ -25,6 +25,8 @@ pub struct RunOptions {
     pub settle_time: Nanos,
     /// After healing, an append must commit within this long.
     pub liveness_bound: Nanos,
+    /// Normal disk sync latency bounds.
+    pub disk: (Nanos, Nanos),
 }
 
 impl Default for RunOptions {
@@ -36,6 +38,7 @@ impl Default for RunOptions {
             fault_time: 3_000 * MS,
             settle_time: 4_000 * MS,
             liveness_bound: 3_000 * MS,
+            disk: (50_000, 300_000),
         }
     }
 }
@@ -57,6 +60,7 @@ pub struct SeedReport {
 #[derive(Clone, Copy, Debug)]
 struct Mix {
     crash: u64,
+    outage: u64,
     partition: u64,
     clock: u64,
     slow_disk: u64,
@@ -77,6 +81,7 @@ impl Mix {
         };
         Self {
             crash: p(3),
+            outage: p(1),
             partition: p(3),
             clock: p(2),
             slow_disk: p(2),
@@ -106,6 +111,9 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
         c.trace = Some(Vec::new());
     }
     let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+    for &id in &ids {
+        c.nodes.get_mut(&id).expect("node").disk = base.disk;
+    }
     let mix = Mix::draw(&mut rng);
     if base.faults {
         c.net = NetFaults {
@@ -143,7 +151,7 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
             .collect();
         for n in due {
             slow.remove(&n);
-            c.nodes.get_mut(&n).expect("node").disk = (50_000, 300_000);
+            c.nodes.get_mut(&n).expect("node").disk = base.disk;
         }
         let pick = |rng: &mut Rng| ids[rng.below(ids.len() as u64) as usize];
         if rng.chance(mix.crash, 1000) {
@@ -156,6 +164,13 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
             let _ = rng.chance(1, 2);
             let down = rng.range(10 * MS, 1_500 * MS);
             c.crash_for(n, mode, down);
+        }
+        if rng.chance(mix.outage, 1000) {
+            // A power outage: every node loses what it had not synced, at once.
+            for &n in &ids {
+                let down = rng.range(5 * MS, 300 * MS);
+                c.crash_for(n, CrashMode::Prefix, down);
+            }
         }
         if rng.chance(mix.partition, 1000) {
             match rng.below(3) {
@@ -219,7 +234,7 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     // Heal: no more faults, every node up, and a majority healthy.
     c.heal();
     for &id in &ids {
-        c.nodes.get_mut(&id).expect("node").disk = (50_000, 300_000);
+        c.nodes.get_mut(&id).expect("node").disk = base.disk;
         c.nodes[&id].fs.set_fault_rates(0, 0);
         c.restart(id);
     }

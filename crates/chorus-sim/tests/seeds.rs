@@ -61,3 +61,20 @@ fn replay_is_deterministic() {
     assert_eq!(a.committed_end, b.committed_end);
     assert_eq!(a.violations, b.violations);
 }
+
+/// Seeds that once found bugs, kept so the bugs stay fixed: 136 (a follower past a lost
+/// message waited for buffered appends instead of asking for catch-up), 263 (pending appends
+/// past a shorter new log were never decided), 5 (a removed voter's priority blocked every
+/// election), 200174 in async mode (a granted lease protected nobody, so voters refused the
+/// candidate they had just granted).
+#[test]
+fn regression_seeds() {
+    for seed in [136, 263, 5] {
+        let r = run_seed(seed, &RunOptions::default());
+        assert!(r.violations.is_empty(), "seed {seed}: {:#?}", r.violations);
+    }
+    let mut o = RunOptions::default();
+    o.cluster.commit_mode = CommitMode::Async { interval: 10 * MS };
+    let r = run_seed(200_174, &o);
+    assert!(r.violations.is_empty(), "seed 200174: {:#?}", r.violations);
+}

@@ -27,3 +27,15 @@ fn skipping_reconfirmation_is_caught() {
         "no violation found with reconfirmation skipped"
     );
 }
+
+/// Acknowledging written-but-unsynced log lets a power outage lose committed records; the
+/// simulator must find that within its budget.
+#[test]
+fn acknowledging_before_fsync_is_caught() {
+    let mut o = opts();
+    o.cluster.broken = Broken::AckBeforeFsync;
+    // Slower syncs widen the window in which an acknowledged group is not yet durable.
+    o.disk = (2 * MS, 20 * MS);
+    let found = (0..400u64).find(|s| !run_seed(*s, &o).violations.is_empty());
+    assert!(found.is_some(), "no violation found with acks before fsync");
+}

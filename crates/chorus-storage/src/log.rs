@@ -78,6 +78,25 @@ pub struct RecoveryReport {
     pub removed_empty_block: Option<u64>,
     /// The end of the log after recovery.
     pub end_lsn: Lsn,
+    /// A damaged range before the tail, when opened with [`LogStorage::open_damaged`].
+    pub damaged: Option<Damage>,
+}
+
+/// A range of the log that failed its checksums although valid groups follow it: synced
+/// data that went bad, never a torn tail. Protocol-aware recovery (Alagappan et al., FAST
+/// 2018) repairs it from a peer with [`LogStorage::repair`] instead of truncating.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// First LSN of the damaged range (a group boundary).
+    pub lsn: Lsn,
+    /// LSN of the first valid group after it: the range is `lsn..next_valid`.
+    pub next_valid: Lsn,
+    /// The block file holding it.
+    pub path: PathBuf,
+    /// Offset of `lsn` in that file.
+    pub file_offset: u64,
+    /// What was wrong, as found.
+    pub detail: String,
 }
 
 /// The log of one replica. See the module docs.
@@ -96,6 +115,7 @@ pub struct LogStorage {
     /// Everything below is durable. Invariant: `flushed_end <= chain.end_lsn`.
     flushed_end: Lsn,
     failed: Option<String>,
+    damaged: Option<Damage>,
 }
 
 /// The file name of block `id`.
@@ -156,6 +176,7 @@ impl LogStorage {
             chain: ChainPoint::default(),
             flushed_end: 0,
             failed: None,
+            damaged: None,
         };
         s.create_block(0, ChainPoint::default())?;
         if let Some(parent) = s.dir.parent() {
@@ -170,6 +191,30 @@ impl LogStorage {
         dir: &Path,
         opts: LogOptions,
         log_id: u64,
+    ) -> Result<(Self, RecoveryReport)> {
+        Self::open_inner(fs, dir, opts, log_id, false)
+    }
+
+    /// As [`LogStorage::open`], but a damaged range before the tail of the last block (bad
+    /// checksums with valid groups after them) does not fail the open: it is reported in
+    /// [`RecoveryReport::damaged`], reads inside it fail with [`StorageError::Corrupt`], and
+    /// [`LogStorage::repair`] rewrites it with a verified copy from a peer. This is the hook
+    /// for the replica's protocol-aware repair; nothing is truncated.
+    pub fn open_damaged(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        opts: LogOptions,
+        log_id: u64,
+    ) -> Result<(Self, RecoveryReport)> {
+        Self::open_inner(fs, dir, opts, log_id, true)
+    }
+
+    fn open_inner(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        opts: LogOptions,
+        log_id: u64,
+        tolerate_damage: bool,
     ) -> Result<(Self, RecoveryReport)> {
         check_options(&opts)?;
         let log_dir = Self::log_dir(dir);
@@ -214,6 +259,7 @@ impl LogStorage {
             chain: ChainPoint::default(),
             flushed_end: 0,
             failed: None,
+            damaged: None,
         };
         let mut report = RecoveryReport::default();
         let last = *ids.last().expect("non-empty");
@@ -247,23 +293,60 @@ impl LogStorage {
         s.start_lsn = first * s.block_size;
         let header = headers[&tail];
         let file = s.blocks[&tail].clone();
-        let scan = s.scan_block(file.as_ref(), &header, None)?;
+        let mut scan = s.scan_block(file.as_ref(), &header, None)?;
         report.scanned_bytes = scan.data_len;
-        if let Some((bad_lsn, err)) = scan.bad {
+        if let Some((bad_lsn, err)) = scan.bad.take() {
             let off = bad_lsn - header.start_lsn();
             if let Some(next) = find_valid_header(&scan.data, off + 1, header.start_lsn()) {
-                let _ = next;
-                return Err(StorageError::Corrupt {
+                let corrupt = StorageError::Corrupt {
                     path: s.block_path(tail),
                     file_offset: BLOCK_HEADER_SIZE as u64 + off,
                     lsn: bad_lsn,
-                    source: err,
-                });
+                    source: err.clone(),
+                };
+                if !tolerate_damage {
+                    return Err(corrupt);
+                }
+                // Resume after the damage from the next valid group's own header; a second
+                // damaged range, or a torn tail after the damage, is not guessed at.
+                let next_lsn = header.start_lsn() + next;
+                let h = GroupHeader::decode(&scan.data[next as usize..]).expect("found valid");
+                let mut chain = h.chain_after();
+                if h.verify_body(
+                    scan.data
+                        .get(next as usize + GROUP_HEADER_SIZE..(next + h.total_len()) as usize)
+                        .unwrap_or(&[]),
+                )
+                .is_err()
+                {
+                    return Err(corrupt);
+                }
+                loop {
+                    let o = (chain.end_lsn - header.start_lsn()) as usize;
+                    if o >= scan.data.len() {
+                        break;
+                    }
+                    match check_group(&scan.data[o..], &chain, s.block_size, true) {
+                        Ok(g) => chain = g.chain_after(),
+                        Err(_) => return Err(corrupt),
+                    }
+                }
+                scan.chain = chain;
+                let d = Damage {
+                    lsn: bad_lsn,
+                    next_valid: next_lsn,
+                    path: s.block_path(tail),
+                    file_offset: BLOCK_HEADER_SIZE as u64 + off,
+                    detail: err.to_string(),
+                };
+                report.damaged = Some(d.clone());
+                s.damaged = Some(d);
+            } else {
+                let path = s.block_path(tail);
+                file.set_len(BLOCK_HEADER_SIZE as u64 + off)
+                    .ctx(&path, "truncate torn tail")?;
+                report.torn_tail = Some((bad_lsn, scan.data_len - off));
             }
-            let path = s.block_path(tail);
-            file.set_len(BLOCK_HEADER_SIZE as u64 + off)
-                .ctx(&path, "truncate torn tail")?;
-            report.torn_tail = Some((bad_lsn, scan.data_len - off));
         }
         // Bytes that survived a process crash may still be only in the page cache: make
         // them durable before reporting them as the flushed end.
@@ -553,6 +636,65 @@ impl LogStorage {
             .ctx(&path, "read")?;
         h.verify_body(&body).map_err(corrupt)?;
         Ok((h, body))
+    }
+
+    /// The damaged range found at open, if any (see [`LogStorage::open_damaged`]).
+    pub fn damaged(&self) -> Option<&Damage> {
+        self.damaged.as_ref()
+    }
+
+    /// Rewrites the damaged range with `bytes`, whole groups fetched from a peer, durably.
+    /// The copy must start at the damage, continue the checksum chain of the groups before
+    /// it, end exactly where the next valid group starts, and that group must continue the
+    /// copy's chain: together these prove (up to CRC32C) that the copy holds the bytes that
+    /// were there. Anything else is refused with nothing written.
+    pub fn repair(&mut self, bytes: &[u8]) -> Result<()> {
+        self.check_failed()?;
+        let Some(d) = self.damaged.clone() else {
+            return Err(StorageError::InvalidAppend {
+                lsn: 0,
+                detail: "no damaged range to repair".into(),
+            });
+        };
+        let refuse = |detail: String| StorageError::InvalidAppend { lsn: d.lsn, detail };
+        let id = d.lsn / self.block_size;
+        let path = self.block_path(id);
+        let file = self.blocks[&id].clone();
+        let header = self.read_block_header(&path, file.as_ref(), id)?;
+        let mut chain = header.start_chain();
+        while chain.end_lsn < d.lsn {
+            let (h, _) = self.read_group(chain.end_lsn)?;
+            chain = h.chain_after();
+        }
+        let mut off = 0usize;
+        while off < bytes.len() {
+            let g = check_group(&bytes[off..], &chain, self.block_size, true)
+                .map_err(|e| refuse(format!("repair copy at offset {off}: {e}")))?;
+            off += g.total_len() as usize;
+            chain = g.chain_after();
+        }
+        if chain.end_lsn != d.next_valid {
+            return Err(refuse(format!(
+                "repair copy ends at {} but the damage ends at {}",
+                chain.end_lsn, d.next_valid
+            )));
+        }
+        let mut hb = [0u8; GROUP_HEADER_SIZE];
+        let next_off = BLOCK_HEADER_SIZE as u64 + d.next_valid % self.block_size;
+        file.read_exact_at(&mut hb, next_off).ctx(&path, "read")?;
+        let next = GroupHeader::decode(&hb).map_err(|e| refuse(e.to_string()))?;
+        next.verify_chain(&chain).map_err(|e| {
+            refuse(format!(
+                "the group after the damage does not continue the copy: {e}"
+            ))
+        })?;
+        let r = file
+            .write_all_at(bytes, d.file_offset)
+            .ctx(&path, "write repair")
+            .and_then(|_| file.sync_data().ctx(&path, "fdatasync"));
+        self.fail(r)?;
+        self.damaged = None;
+        Ok(())
     }
 
     /// The checksum chain at `lsn`, a group boundary: what a group starting there must

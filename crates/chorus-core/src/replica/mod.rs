@@ -472,6 +472,8 @@ pub struct Replica {
     matched_end: Lsn,
     leader_committed: Lsn,
     lease_until: Nanos,
+    /// Whom `lease_until` protects: the leader heard, or the candidate granted.
+    lease_holder: Option<NodeId>,
     last_leader_ts: Nanos,
     peers: BTreeMap<NodeId, PeerInfo>,
     max_seen_pid: u64,
@@ -533,6 +535,7 @@ impl Replica {
             leader_committed: committed,
             // A restarted replica may have granted a lease before it crashed; honour it.
             lease_until: now + cfg.lease,
+            lease_holder: None,
             last_leader_ts: 0,
             peers: BTreeMap::new(),
             max_seen_pid,
@@ -1307,10 +1310,17 @@ impl Replica {
             self.drop_input(Some(from), "prepare from a non-voter");
             return;
         }
-        let mut grant = pid > self.promised() && prio.config_version >= mine.version;
-        if grant && !transfer {
-            let sticky = self.now < self.lease_until && self.leader != Some(from);
-            let leading = self.leading.as_ref().is_some_and(|l| l.serving);
+        let refusal = if pid <= self.promised() {
+            Some("prepare refused: proposal id not above the promise")
+        } else if prio.config_version < mine.version {
+            Some("prepare refused: older config version")
+        } else if transfer {
+            None
+        } else if self.leading.as_ref().is_some_and(|l| l.serving) {
+            Some("prepare refused: leading")
+        } else if self.now < self.lease_until && self.lease_holder != Some(from) {
+            Some("prepare refused: another lease is live")
+        } else {
             let me = self.cfg.id;
             let better_alive = (self.is_voter(me) && self.prio() > prio)
                 || self.meta_want.membership.voters.iter().any(|v| {
@@ -1319,9 +1329,10 @@ impl Replica {
                         && self.alive(*v)
                         && self.peers[v].prio.is_some_and(|p| p > prio)
                 });
-            grant = !sticky && !leading && !better_alive;
-        }
-        if !grant {
+            better_alive.then_some("prepare refused: a higher priority voter is alive")
+        };
+        if let Some(reason) = refusal {
+            self.drop_input(Some(from), reason);
             self.send_prepare_ack(from, pid, false, ts);
             return;
         }
@@ -1330,6 +1341,7 @@ impl Replica {
         self.leader_pid = 0;
         self.matched_end = self.log.committed;
         self.lease_until = self.now + self.cfg.lease;
+        self.lease_holder = Some(from);
         self.meta_want.vote = Vote {
             promised_proposal_id: pid,
             voted_for: Some(from),
@@ -1714,7 +1726,7 @@ impl Replica {
         self.send(to, Message::TimeoutNow { pid });
         self.step_down();
         self.leader = Some(to);
-        self.lease_until = self.now;
+        self.lease_holder = Some(to);
     }
 
     fn lease_valid(&self) -> bool {
@@ -1948,7 +1960,11 @@ impl Replica {
             } else {
                 committed.min(end)
             };
-            p.next = retry.max(p.matched);
+            // A follower that reports less than it acknowledged lost durable data (a
+            // replaced disk, a broken fsync); believe the report, or we would resend from
+            // past its end forever.
+            p.matched = p.matched.min(retry);
+            p.next = retry;
             p.read_pending = false;
         }
         self.try_commit();
@@ -2097,6 +2113,7 @@ impl Replica {
             });
         }
         self.lease_until = self.now + self.cfg.lease;
+        self.lease_holder = Some(from);
         self.last_leader_ts = self.last_leader_ts.max(ts);
         if prev.lsn > self.log.end() {
             // A gap: either an earlier message is still in flight (reordering; buffer this
