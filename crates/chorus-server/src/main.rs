@@ -128,6 +128,17 @@ fn demo(dir: &Path, records: u64, group_records: u64, output: Output) -> AnyResu
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos() as u64
             ^ ((std::process::id() as u64) << 32);
+        // A single-replica membership, so the meta file beside the log is real too.
+        let meta = chorus_core::format::meta::MetaRecord {
+            log_id: id,
+            block_size: opts.block_size,
+            membership: chorus_core::format::meta::Membership {
+                voters: vec![1],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        chorus_storage::MetaStorage::create(fs.clone(), dir, &meta)?;
         LogStorage::create(fs.clone(), dir, opts, id)?
     };
     let record = vec![0x5Au8; 512];
@@ -239,10 +250,27 @@ struct BlockRow {
 }
 
 #[derive(Serialize)]
+struct MetaSlotRow {
+    slot: usize,
+    seq: Option<u64>,
+    promised_proposal_id: Option<u64>,
+    voted_for: Option<u64>,
+    config_version: Option<String>,
+    voters: Vec<u64>,
+    learners: Vec<u64>,
+    barrier_lsn: Option<u64>,
+    access_mode: Option<String>,
+    base_lsn: Option<u64>,
+    problem: Option<String>,
+}
+
+#[derive(Serialize)]
 struct InspectReport {
     dir: String,
     log_id: Option<u64>,
     block_size: Option<u64>,
+    /// The two meta slots (absent when the directory has no meta file).
+    meta: Vec<MetaSlotRow>,
     blocks: Vec<BlockRow>,
     first_problem: Option<String>,
 }
@@ -260,9 +288,18 @@ fn inspect(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResult<Ex
         dir: dir.display().to_string(),
         log_id: None,
         block_size: None,
+        meta: inspect_meta(dir),
         blocks: Vec::new(),
         first_problem: None,
     };
+    // Both slots bad is a real problem; one stale or torn slot is what a crash mid-save
+    // leaves and the next open repairs.
+    if !report.meta.is_empty() && report.meta.iter().all(|m| m.problem.is_some()) {
+        report.first_problem = Some(format!(
+            "{}: both meta slots are unreadable",
+            dir.join("meta").display()
+        ));
+    }
     let mut prev_chain = None;
     for name in names {
         let path = log_dir.join(&name);
@@ -398,6 +435,56 @@ fn inspect(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResult<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// Decodes both slots of the meta file read-only (opening `MetaStorage` would repair a
+/// stale slot, and inspecting never writes).
+fn inspect_meta(dir: &Path) -> Vec<MetaSlotRow> {
+    let path = dir.join("meta");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    let size = chorus_storage::meta::SLOT_SIZE;
+    (0..2)
+        .map(|i| {
+            let mut row = MetaSlotRow {
+                slot: i,
+                seq: None,
+                promised_proposal_id: None,
+                voted_for: None,
+                config_version: None,
+                voters: Vec::new(),
+                learners: Vec::new(),
+                barrier_lsn: None,
+                access_mode: None,
+                base_lsn: None,
+                problem: None,
+            };
+            let slot = bytes.get(i * size..(i + 1) * size).unwrap_or(&[]);
+            match chorus_storage::meta::decode_slot(slot) {
+                Ok((seq, m)) => {
+                    row.seq = Some(seq);
+                    row.promised_proposal_id = Some(m.vote.promised_proposal_id);
+                    row.voted_for = m.vote.voted_for;
+                    let v = m.membership.version;
+                    row.config_version = Some(format!("{}.{}", v.proposal_id, v.seq));
+                    row.voters = m.membership.voters;
+                    row.learners = m.membership.learners;
+                    row.barrier_lsn = Some(m.membership.barrier_lsn);
+                    row.access_mode = Some(format!("{:?}", m.access_mode));
+                    row.base_lsn = Some(m.base_lsn);
+                }
+                Err(e) => {
+                    row.problem = Some(format!(
+                        "{}: slot {i} at offset {}: {e}",
+                        path.display(),
+                        i * size
+                    ))
+                }
+            }
+            row
+        })
+        .collect()
+}
+
 fn note(first: &mut Option<String>, problem: &Option<String>) {
     if first.is_none() {
         first.clone_from(problem);
@@ -411,6 +498,25 @@ fn print_table(r: &InspectReport) {
         r.log_id.map_or("?".into(), |i| format!("{i:#018x}")),
         r.block_size.map_or("?".into(), |b| b.to_string())
     );
+    for m in &r.meta {
+        match &m.problem {
+            None => println!(
+                "meta slot {}: seq {} promised {} voted {} config {} voters {:?} learners {:?} \
+                 barrier {} mode {} base lsn {}",
+                m.slot,
+                m.seq.unwrap_or_default(),
+                m.promised_proposal_id.unwrap_or_default(),
+                m.voted_for.map_or("-".into(), |v| v.to_string()),
+                m.config_version.as_deref().unwrap_or("?"),
+                m.voters,
+                m.learners,
+                m.barrier_lsn.unwrap_or_default(),
+                m.access_mode.as_deref().unwrap_or("?"),
+                m.base_lsn.unwrap_or_default()
+            ),
+            Some(p) => println!("meta slot {}: {p}", m.slot),
+        }
+    }
     println!(
         "{:<26} {:>14} {:>14} {:>10} {:>12}  status",
         "block file", "start lsn", "end lsn", "groups", "bytes"

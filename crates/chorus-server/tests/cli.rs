@@ -81,3 +81,44 @@ fn inspect_of_a_missing_dir_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/chorus/log"));
 }
+
+#[test]
+fn inspect_shows_meta_and_flags_two_bad_slots() {
+    let dir = temp_dir("meta");
+    let st = chorus()
+        .args(["demo", dir.to_str().unwrap(), "--records", "100"])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let out = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--verify", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["meta"][0]["voters"], serde_json::json!([1]));
+    assert!(v["meta"][1]["problem"].is_null());
+    // One torn slot is what a crash mid-save leaves: reported, not a failure.
+    let meta = dir.join("meta");
+    let mut bytes = std::fs::read(&meta).unwrap();
+    bytes[40] ^= 0xFF;
+    std::fs::write(&meta, &bytes).unwrap();
+    let out = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--verify", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["meta"][0]["problem"].as_str().unwrap().contains("slot 0"));
+    // Both slots bad: exit 1 naming the meta file.
+    bytes[4096 + 40] ^= 0xFF;
+    std::fs::write(&meta, &bytes).unwrap();
+    let out = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("both meta slots are unreadable"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

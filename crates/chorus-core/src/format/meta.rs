@@ -150,6 +150,14 @@ impl MetaRecord {
         let present = r.take(1)?[0];
         let voted = r.u64()?;
         let voted_for = match present {
+            // Canonical form: an absent vote is stored as 0, so that every record has one
+            // encoding (found by the `meta` fuzz target).
+            0 if voted != 0 => {
+                return Err(FormatError::Malformed {
+                    what: WHAT,
+                    detail: format!("voted_for is {voted} but marked absent"),
+                })
+            }
             0 => None,
             1 => Some(voted),
             other => {
@@ -325,5 +333,25 @@ mod tests {
         fn prop_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             fuzz_decode(&bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod fuzz_regressions {
+    use super::*;
+
+    /// Found by `cargo fuzz run meta`: an absent vote with a non-zero id decoded, and
+    /// re-encoded differently.
+    #[test]
+    fn absent_vote_with_an_id_is_refused() {
+        let mut m = MetaRecord::default().encode();
+        // Layout: version(2) flags(2) log_id(8) block_size(8) promised(8) present(1) voted(8).
+        let voted_at = 2 + 2 + 8 + 8 + 8 + 1;
+        m[voted_at] = 7;
+        assert!(matches!(
+            MetaRecord::decode(&m),
+            Err(FormatError::Malformed { .. })
+        ));
+        fuzz_decode(&m);
     }
 }
