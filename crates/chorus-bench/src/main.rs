@@ -175,6 +175,7 @@ fn storage(
         rounds
     );
     let (mut chorus_mbs, mut raw_mbs, mut direct_mbs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut chorus_direct_mbs = Vec::new();
     for round in 0..rounds {
         // Chorus: a fresh log per round, so each round writes the same LSN range.
         let cdir = dir.join("chorus");
@@ -187,6 +188,26 @@ fn storage(
             log.sync()?;
         }
         let c = bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
+        drop(log);
+
+        // Chorus with direct IO (LogOptions::direct_io), the same batches.
+        let _ = std::fs::remove_dir_all(&cdir);
+        let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
+        let dopts = LogOptions {
+            direct_io: true,
+            ..LogOptions::default()
+        };
+        let mut log = LogStorage::create(fs, &cdir, dopts, 1)?;
+        let cd = if log.is_direct() {
+            let t = Instant::now();
+            for b in &batches {
+                log.append(b)?;
+                log.sync()?;
+            }
+            Some(bytes as f64 / t.elapsed().as_secs_f64() / 1e6)
+        } else {
+            None
+        };
         drop(log);
 
         let path = dir.join("raw.log");
@@ -210,10 +231,14 @@ fn storage(
         let _ = std::fs::remove_file(&dpath);
         let d = direct_loop(&dpath, &batches)?;
         println!(
-            "round {round}: chorus {c:.1} MB/s  raw {r:.1} MB/s  raw-direct {} MB/s  chorus/raw {:.3}",
+            "round {round}: chorus {c:.1} MB/s  chorus-direct {} MB/s  raw {r:.1} MB/s  raw-direct {} MB/s  chorus/raw {:.3}",
+            cd.map_or("n/a".into(), |d| format!("{d:.1}")),
             d.map_or("n/a".into(), |d| format!("{d:.1}")),
             c / r
         );
+        if let Some(cd) = cd {
+            chorus_direct_mbs.push(cd);
+        }
         chorus_mbs.push(c);
         raw_mbs.push(r);
         if let Some(d) = d {
@@ -226,6 +251,14 @@ fn storage(
         "median: chorus {c:.1} MB/s ({rec_per_s:.0} records/s)  raw {r:.1} MB/s  chorus/raw {:.3}",
         c / r
     );
+    if !chorus_direct_mbs.is_empty() {
+        let cd = median(&mut chorus_direct_mbs);
+        println!(
+            "median chorus-direct {cd:.1} MB/s  chorus-direct/chorus-buffered {:.3}  chorus-direct/raw {:.3}",
+            cd / c,
+            cd / r
+        );
+    }
     if !direct_mbs.is_empty() {
         let d = median(&mut direct_mbs);
         println!(

@@ -68,6 +68,9 @@ enum Cmd {
         /// List every group, not only the blocks.
         #[arg(long)]
         groups: bool,
+        /// List every entry of every group (implies --groups).
+        #[arg(long)]
+        entries: bool,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -87,8 +90,9 @@ fn main() -> ExitCode {
             dir,
             verify,
             groups,
+            entries,
             output,
-        } => inspect(&dir, verify, groups, output),
+        } => inspect(&dir, verify, groups || entries, entries, output),
     };
     match r {
         Ok(code) => code,
@@ -234,6 +238,17 @@ struct GroupRow {
     csn_last: u64,
     padding: bool,
     checksums_ok: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    entry_list: Vec<EntryRow>,
+}
+
+#[derive(Serialize, Clone)]
+struct EntryRow {
+    lsn: u64,
+    size: u64,
+    csn: u64,
+    checksums_ok: bool,
+    problem: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -277,7 +292,13 @@ struct InspectReport {
 
 /// Walks every block file with the same checks recovery and reads apply, without opening
 /// the log for writing: inspecting never changes a byte.
-fn inspect(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResult<ExitCode> {
+fn inspect(
+    dir: &Path,
+    verify: bool,
+    list: bool,
+    list_entries: bool,
+    output: Output,
+) -> AnyResult<ExitCode> {
     let log_dir = dir.join("log");
     let mut names: Vec<String> = std::fs::read_dir(&log_dir)
         .map_err(|e| format!("{}: {e}", log_dir.display()))?
@@ -401,8 +422,31 @@ fn inspect(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResult<Ex
                 row.problem = Some(at(&why));
             }
             row.groups += 1;
+            let mut entry_rows = Vec::new();
+            if list_entries && end <= data.len() {
+                let body = &data[off + GROUP_HEADER_SIZE..end];
+                for e in entry::EntryIter::new(body) {
+                    match e {
+                        Ok(e) => entry_rows.push(EntryRow {
+                            lsn: group::entry_lsn(g.lsn, e.offset),
+                            size: entry::entry_size(e.data.len()) as u64,
+                            csn: e.csn,
+                            checksums_ok: true,
+                            problem: None,
+                        }),
+                        Err(err) => entry_rows.push(EntryRow {
+                            lsn: g.lsn,
+                            size: 0,
+                            csn: 0,
+                            checksums_ok: false,
+                            problem: Some(err.to_string()),
+                        }),
+                    }
+                }
+            }
             if list {
                 row.group_list.push(GroupRow {
+                    entry_list: entry_rows,
                     lsn: g.lsn,
                     size: g.total_len(),
                     proposal_id: g.proposal_id,
@@ -553,6 +597,15 @@ fn print_table(r: &InspectReport) {
                 csn,
                 if g.checksums_ok { "ok" } else { "BAD" }
             );
+            for e in &g.entry_list {
+                println!(
+                    "        entry lsn {:>14} size {:>8} csn {:>10}  {}",
+                    e.lsn,
+                    e.size,
+                    e.csn,
+                    e.problem.as_deref().unwrap_or("ok")
+                );
+            }
         }
     }
     if let Some(p) = &r.first_problem {

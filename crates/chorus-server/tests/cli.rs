@@ -97,6 +97,21 @@ fn inspect_shows_meta_and_flags_two_bad_slots() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["meta"][0]["voters"], serde_json::json!([1]));
+    // --entries lists every entry with its LSN and CSN.
+    let out = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--entries", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total: usize = e["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["group_list"].as_array().cloned().unwrap_or_default())
+        .map(|g| g["entry_list"].as_array().map_or(0, |l| l.len()))
+        .sum();
+    assert_eq!(total, 100);
     assert!(v["meta"][1]["problem"].is_null());
     // One torn slot is what a crash mid-save leaves: reported, not a failure.
     let meta = dir.join("meta");

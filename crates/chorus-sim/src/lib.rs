@@ -228,6 +228,9 @@ impl Cluster {
                 &dir,
                 LogOptions {
                     block_size: BLOCK_SIZE,
+                    // Odd seeds append with direct IO, even ones buffered: both paths run
+                    // under crashes.
+                    direct_io: seed % 2 == 1,
                 },
                 LOG_ID,
             )
@@ -315,6 +318,7 @@ impl Cluster {
     }
 
     fn start_node(&mut self, id: NodeId) {
+        let seed = self.seed;
         let node = self.nodes.get_mut(&id).expect("node");
         let fs: Arc<dyn FileSystem> = node.fs.clone();
         let opened = (|| {
@@ -323,6 +327,7 @@ impl Cluster {
                 &node.dir,
                 LogOptions {
                     block_size: BLOCK_SIZE,
+                    direct_io: seed % 2 == 1,
                 },
                 LOG_ID,
             )?;

@@ -42,8 +42,9 @@ use chorus_core::format::FormatError;
 use chorus_core::replica::{GroupMeta, RecoveredLog};
 use chorus_core::Lsn;
 
+use crate::align::{round_down, round_up, AlignedBuf};
 use crate::error::{IoContext, Result, StorageError};
-use crate::fs::{FileSystem, FsFile, OpenOptions};
+use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 
 /// Default bytes of log per block file (64 MiB).
 pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 20;
@@ -55,14 +56,32 @@ pub struct LogOptions {
     /// log is created; opening with another value fails with
     /// [`StorageError::BlockSizeMismatch`].
     pub block_size: u64,
+    /// Append with direct IO (`O_DIRECT`): whole aligned pages, the partial last page kept
+    /// in memory and rewritten by the next append. Falls back to buffered IO where the
+    /// file system does not support it ([`LogStorage::is_direct`] tells). On by default:
+    /// measured side by side with buffered appends (docs/benchmarks.md) it was at least as
+    /// fast (median 1.05x over three runs) and steadier, and it keeps the log out of the
+    /// page cache.
+    pub direct_io: bool,
 }
 
 impl Default for LogOptions {
     fn default() -> Self {
         Self {
             block_size: DEFAULT_BLOCK_SIZE,
+            direct_io: true,
         }
     }
+}
+
+/// The direct-IO handle of the tail block and the bytes of its partial last page.
+#[derive(Debug)]
+struct DirectTail {
+    id: u64,
+    file: Arc<dyn FsFile>,
+    /// Bytes of the file from the last page boundary at or below the end to the end.
+    page: Vec<u8>,
+    buf: AlignedBuf,
 }
 
 /// What recovery found when the log was opened.
@@ -116,6 +135,8 @@ pub struct LogStorage {
     flushed_end: Lsn,
     failed: Option<String>,
     damaged: Option<Damage>,
+    want_direct: bool,
+    direct: Option<DirectTail>,
 }
 
 /// The file name of block `id`.
@@ -177,8 +198,11 @@ impl LogStorage {
             flushed_end: 0,
             failed: None,
             damaged: None,
+            want_direct: false,
+            direct: None,
         };
         s.create_block(0, ChainPoint::default())?;
+        s.want_direct = opts.direct_io && s.fs.supports_direct_io(&s.dir);
         if let Some(parent) = s.dir.parent() {
             s.fs.sync_dir(parent).ctx(parent, "fsync directory")?;
         }
@@ -260,6 +284,8 @@ impl LogStorage {
             flushed_end: 0,
             failed: None,
             damaged: None,
+            want_direct: false,
+            direct: None,
         };
         let mut report = RecoveryReport::default();
         let last = *ids.last().expect("non-empty");
@@ -328,6 +354,8 @@ impl LogStorage {
                     }
                     match check_group(&scan.data[o..], &chain, s.block_size, true) {
                         Ok(g) => chain = g.chain_after(),
+                        // Zeros after the last group: direct-IO page padding, the end.
+                        Err(_) if scan.data[o..].iter().all(|b| *b == 0) => break,
                         Err(_) => return Err(corrupt),
                     }
                 }
@@ -345,7 +373,10 @@ impl LogStorage {
                 let path = s.block_path(tail);
                 file.set_len(BLOCK_HEADER_SIZE as u64 + off)
                     .ctx(&path, "truncate torn tail")?;
-                report.torn_tail = Some((bad_lsn, scan.data_len - off));
+                // Zeros after the end are the padding of direct-IO pages, not a torn write.
+                if scan.data[off as usize..].iter().any(|b| *b != 0) {
+                    report.torn_tail = Some((bad_lsn, scan.data_len - off));
+                }
             }
         }
         // Bytes that survived a process crash may still be only in the page cache: make
@@ -354,6 +385,7 @@ impl LogStorage {
         file.sync_data().ctx(&path, "fdatasync")?;
         s.chain = scan.chain;
         s.flushed_end = s.chain.end_lsn;
+        s.want_direct = opts.direct_io && s.fs.supports_direct_io(&s.dir);
         report.blocks = s.blocks.len() as u64;
         report.end_lsn = s.chain.end_lsn;
         Ok((s, report))
@@ -536,9 +568,69 @@ impl LogStorage {
         }
         let path = self.block_path(id);
         let off = BLOCK_HEADER_SIZE as u64 + lsn % self.block_size;
+        if self.want_direct {
+            return self.write_direct(id, off, bytes);
+        }
         self.blocks[&id]
             .write_all_at(bytes, off)
             .ctx(&path, "write")
+    }
+
+    /// Direct-IO append: the partial last page and `bytes`, padded with zeros to whole
+    /// pages, in one aligned write at the page boundary.
+    fn write_direct(&mut self, id: u64, off: u64, bytes: &[u8]) -> Result<()> {
+        let path = self.block_path(id);
+        if self.direct.as_ref().is_none_or(|d| d.id != id) {
+            let file: Arc<dyn FsFile> = Arc::from(
+                self.fs
+                    .open(&path, OpenOptions::read_write().with_direct(true))
+                    .ctx(&path, "open direct")?,
+            );
+            let page = self.read_tail_page(id, off)?;
+            self.direct = Some(DirectTail {
+                id,
+                file,
+                page,
+                buf: AlignedBuf::with_capacity(1 << 20),
+            });
+        }
+        let d = self.direct.as_mut().expect("direct tail");
+        let page_start = round_down(off, DIRECT_IO_ALIGN as u64);
+        debug_assert_eq!(page_start + d.page.len() as u64, off);
+        let len = d.page.len() + bytes.len();
+        let padded = round_up(len, DIRECT_IO_ALIGN);
+        if d.buf.capacity() < padded {
+            d.buf = AlignedBuf::with_capacity(padded);
+        }
+        d.buf.clear();
+        d.buf.extend_from_slice(&d.page);
+        d.buf.extend_from_slice(bytes);
+        d.buf.resize(padded);
+        d.file
+            .write_all_at(&d.buf, page_start)
+            .ctx(&path, "write direct")?;
+        let end = off + bytes.len() as u64;
+        let keep = (end - round_down(end, DIRECT_IO_ALIGN as u64)) as usize;
+        d.page.clear();
+        d.page.extend_from_slice(&d.buf[len - keep..len]);
+        Ok(())
+    }
+
+    /// The bytes of block `id` from the page boundary at or below file offset `off` to
+    /// `off`.
+    fn read_tail_page(&self, id: u64, off: u64) -> Result<Vec<u8>> {
+        let path = self.block_path(id);
+        let page_start = round_down(off, DIRECT_IO_ALIGN as u64);
+        let mut page = vec![0u8; (off - page_start) as usize];
+        let file: &dyn FsFile = self.blocks[&id].as_ref();
+        file.read_exact_at(&mut page, page_start)
+            .ctx(&path, "read tail page")?;
+        Ok(page)
+    }
+
+    /// Whether appends use direct IO (asked for and supported by the file system).
+    pub fn is_direct(&self) -> bool {
+        self.want_direct
     }
 
     /// Makes everything appended durable (one `fdatasync`) and returns the flushed end.
@@ -854,6 +946,8 @@ impl LogStorage {
             }
             return Err(StorageError::NotAGroupBoundary { lsn });
         }
+        // The direct tail's page is reloaded from the file at the next append.
+        self.direct = None;
         let r = self.cut(id, lsn, &file);
         self.fail(r)?;
         self.chain = scan.chain;

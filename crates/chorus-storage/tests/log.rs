@@ -17,7 +17,17 @@ const BS: u64 = 64 << 10;
 const LOG_ID: u64 = 0xC0FFEE;
 
 fn opts() -> LogOptions {
-    LogOptions { block_size: BS }
+    LogOptions {
+        block_size: BS,
+        ..LogOptions::default()
+    }
+}
+
+fn direct() -> LogOptions {
+    LogOptions {
+        block_size: BS,
+        direct_io: true,
+    }
 }
 
 /// Encodes the next group of `n` random records after `chain`, preceded by a padding group
@@ -69,10 +79,10 @@ fn all_bytes(log: &LogStorage) -> Vec<u8> {
     out
 }
 
-fn conformance(fs: Arc<dyn FileSystem>, dir: &Path) {
-    let mut log = LogStorage::create(fs.clone(), dir, opts(), LOG_ID).unwrap();
+fn conformance(fs: Arc<dyn FileSystem>, dir: &Path, o: LogOptions) {
+    let mut log = LogStorage::create(fs.clone(), dir, o, LOG_ID).unwrap();
     assert!(matches!(
-        LogStorage::create(fs.clone(), dir, opts(), LOG_ID),
+        LogStorage::create(fs.clone(), dir, o, LOG_ID),
         Err(StorageError::AlreadyExists { .. })
     ));
     let mut rng = Rng::new(1);
@@ -95,7 +105,7 @@ fn conformance(fs: Arc<dyn FileSystem>, dir: &Path) {
     let end = log.end_lsn();
     drop(log);
 
-    let (mut log, report) = LogStorage::open(fs.clone(), dir, opts(), LOG_ID).unwrap();
+    let (mut log, report) = LogStorage::open(fs.clone(), dir, o, LOG_ID).unwrap();
     assert_eq!(report.end_lsn, end);
     assert_eq!(report.torn_tail, None);
     assert!(report.scanned_bytes <= BS, "recovery scans one block");
@@ -121,7 +131,7 @@ fn conformance(fs: Arc<dyn FileSystem>, dir: &Path) {
     written.extend_from_slice(&g);
     log.sync().unwrap();
     drop(log);
-    let (mut log, _) = LogStorage::open(fs.clone(), dir, opts(), LOG_ID).unwrap();
+    let (mut log, _) = LogStorage::open(fs.clone(), dir, o, LOG_ID).unwrap();
     assert_eq!(all_bytes(&log), written);
 
     // Trim: whole blocks below go away, reads below fail.
@@ -132,14 +142,20 @@ fn conformance(fs: Arc<dyn FileSystem>, dir: &Path) {
         Err(StorageError::Trimmed { .. })
     ));
     drop(log);
-    let (log, _) = LogStorage::open(fs, dir, opts(), LOG_ID).unwrap();
+    let (log, _) = LogStorage::open(fs, dir, o, LOG_ID).unwrap();
     assert_eq!(log.start_lsn(), BS);
 }
 
 #[test]
 fn conformance_sim() {
     let (_, fs, dir) = sim();
-    conformance(fs, &dir);
+    conformance(fs, &dir, opts());
+}
+
+#[test]
+fn conformance_sim_direct_io() {
+    let (_, fs, dir) = sim();
+    conformance(fs, &dir, direct());
 }
 
 #[test]
@@ -147,14 +163,30 @@ fn conformance_real() {
     let dir = std::env::temp_dir().join(format!("chorus-log-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    conformance(Arc::new(RealFs::new()), &dir);
+    conformance(Arc::new(RealFs::new()), &dir, opts());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Direct IO on the real file system (where the temp directory supports it; elsewhere the
+/// log falls back to buffered IO and says so).
+#[test]
+fn conformance_real_direct_io() {
+    let dir = std::env::temp_dir().join(format!("chorus-log-test-d-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
+    let probe = LogStorage::create(fs.clone(), &dir.join("probe"), direct(), LOG_ID).unwrap();
+    assert_eq!(
+        probe.is_direct(),
+        fs.supports_direct_io(&dir.join("probe").join("log"))
+    );
+    conformance(fs, &dir.join("c"), direct());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Thousands of random append/sync/crash/reopen steps: every group synced before a crash
 /// is there byte for byte afterwards, and nothing beyond what was written appears.
-#[test]
-fn crash_recovery_keeps_every_synced_group() {
+fn crash_recovery(o: LogOptions) {
     let mut steps = 0;
     for seed in 0..60u64 {
         let fs = SimFs::new(seed);
@@ -162,7 +194,7 @@ fn crash_recovery_keeps_every_synced_group() {
         let dir = PathBuf::from("/r");
         dyn_fs.create_dir_all(&dir).unwrap();
         let mut rng = Rng::new(seed ^ 0xABCD);
-        let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+        let mut log = LogStorage::create(dyn_fs.clone(), &dir, o, LOG_ID).unwrap();
         let mut written: Vec<u8> = Vec::new();
         let mut synced = 0usize;
         for _ in 0..60 {
@@ -180,8 +212,7 @@ fn crash_recovery_keeps_every_synced_group() {
                 }
                 _ => {
                     fs.crash(CrashMode::Prefix);
-                    let (l, report) =
-                        LogStorage::open(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+                    let (l, report) = LogStorage::open(dyn_fs.clone(), &dir, o, LOG_ID).unwrap();
                     log = l;
                     let got = all_bytes(&log);
                     assert!(got.len() >= synced, "seed {seed}: lost synced data");
@@ -194,6 +225,16 @@ fn crash_recovery_keeps_every_synced_group() {
         }
     }
     assert!(steps >= 3000);
+}
+
+#[test]
+fn crash_recovery_keeps_every_synced_group() {
+    crash_recovery(opts());
+}
+
+#[test]
+fn crash_recovery_keeps_every_synced_group_direct_io() {
+    crash_recovery(direct());
 }
 
 /// A bad group before the tail is corruption: opening fails naming the place, and the
@@ -296,7 +337,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         LogStorage::open(
             dyn_fs.clone(),
             &dir,
-            LogOptions { block_size: 2 * BS },
+            LogOptions {
+                block_size: 2 * BS,
+                ..LogOptions::default()
+            },
             LOG_ID
         ),
         Err(StorageError::BlockSizeMismatch { .. })
@@ -309,7 +353,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         LogStorage::open(
             dyn_fs.clone(),
             &dir,
-            LogOptions { block_size: 1000 },
+            LogOptions {
+                block_size: 1000,
+                ..LogOptions::default()
+            },
             LOG_ID
         ),
         Err(StorageError::InvalidConfig { .. })
