@@ -2063,6 +2063,19 @@ impl Replica {
         else {
             unreachable!("on_append takes appends")
         };
+        // A sender outside our membership is a leader only if it brings a newer membership
+        // naming it a voter (a leader attaches its membership until we acknowledge it).
+        let m = &self.meta_want.membership;
+        let known = m.voters.is_empty()
+            || m.voters.contains(&from)
+            || m.learners.contains(&from)
+            || config
+                .as_ref()
+                .is_some_and(|c| c.version > m.version && c.voters.contains(&from));
+        if !known {
+            self.drop_input(Some(from), "append from a non-member");
+            return;
+        }
         self.max_seen_pid = self.max_seen_pid.max(pid);
         let promised = self.promised();
         if pid < promised {
