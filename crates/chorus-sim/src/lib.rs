@@ -3,7 +3,7 @@
 //! A [`Cluster`] runs the real [`Replica`] and the real [`LogStorage`] and [`MetaStorage`]
 //! of every node over a fault-injecting [`SimFs`], a seeded network and per-node clocks,
 //! all in one thread from one seed: a failing run replays exactly from its seed. After every
-//! step the [`checker::Checker`] verifies the invariants; [`run_seed`] adds a fault
+//! step the [`checker::Checker`] verifies the invariants; [`run::run_seed`] adds a fault
 //! schedule, a healing phase and the liveness check.
 
 pub mod checker;

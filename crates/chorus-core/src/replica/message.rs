@@ -1,8 +1,8 @@
 //! Messages between replicas of one log group.
 //!
 //! These are the protocol's vocabulary; the wire codec lives with the transport (runtime
-//! issue). Every field a receiver acts on is checked by the receiver (see
-//! [`super::DropReason`]): a message is a claim, not a fact.
+//! issue). Every field a receiver acts on is checked by the receiver (drops are
+//! counted in [`super::Replica::drops`]): a message is a claim, not a fact.
 
 use crate::format::meta::{ConfigVersion, Membership, NodeId};
 use crate::Lsn;
