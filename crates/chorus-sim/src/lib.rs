@@ -322,7 +322,8 @@ impl Cluster {
         let node = self.nodes.get_mut(&id).expect("node");
         let fs: Arc<dyn FileSystem> = node.fs.clone();
         let opened = (|| {
-            let (log, _) = LogStorage::open(
+            // Opened tolerating a damaged range, which the replica then repairs from peers.
+            let (log, report) = LogStorage::open_damaged(
                 fs.clone(),
                 &node.dir,
                 LogOptions {
@@ -332,7 +333,10 @@ impl Cluster {
                 LOG_ID,
             )?;
             let (meta, _) = MetaStorage::open(fs, &node.dir)?;
-            let recovered = log.recovered()?;
+            let recovered = match &report.damaged {
+                Some(d) => Err((d.lsn, d.next_valid)),
+                None => Ok(log.recovered()?),
+            };
             Ok::<_, chorus_storage::StorageError>((log, meta, recovered))
         })();
         let (log, meta, recovered) = match opened {
@@ -355,7 +359,14 @@ impl Cluster {
         let cfg = sim_replica_config(id, &self.opts, self.seed ^ (id << 32) ^ node.inc as u64);
         let record = meta.current().clone();
         let local = self.local_now(id);
-        let replica = Replica::new(cfg, record, recovered, local);
+        let replica = match recovered {
+            Ok(recovered) => Replica::new(cfg, record, recovered, local),
+            Err((from, to)) => {
+                self.bump("damaged_opens");
+                self.note(format!("node {id} opened with damaged range {from}..{to}"));
+                Replica::repairing(cfg, record, from, to, local)
+            }
+        };
         let node = self.nodes.get_mut(&id).expect("node");
         node.up = Some(Up {
             replica,
@@ -382,6 +393,65 @@ impl Cluster {
         self.checker.on_crash(id, inc);
         self.bump("crashes");
         self.note(format!("node {id} crashed"));
+    }
+
+    /// Damages one synced group of a crashed node's last block that has valid groups
+    /// after it (so recovery can tell it from a torn tail: a damaged last group is
+    /// indistinguishable from a torn write and is not injected). Returns whether it did.
+    pub fn corrupt_synced_group(&mut self, id: NodeId) -> bool {
+        self.corrupt_group(id, None)
+    }
+
+    /// As [`Cluster::corrupt_synced_group`], choosing the `index`-th group of the last block
+    /// (random if `None`).
+    pub fn corrupt_group(&mut self, id: NodeId, index: Option<usize>) -> bool {
+        let node = &self.nodes[&id];
+        if node.up.is_some() {
+            return false;
+        }
+        let log_dir = node.dir.join("log");
+        let Ok(names) = node.fs.list_dir(&log_dir) else {
+            return false;
+        };
+        let Some(last) = names.iter().filter(|n| n.ends_with(".blk")).max() else {
+            return false;
+        };
+        let path = log_dir.join(last);
+        let Ok(data) = node.fs.durable_content(&path) else {
+            return false;
+        };
+        let header = chorus_core::format::block::BLOCK_HEADER_SIZE;
+        let mut groups = Vec::new();
+        let mut off = header;
+        while off < data.len() {
+            match chorus_core::format::group::decode_group(&data[off..]) {
+                Ok((h, _)) => {
+                    groups.push((off, h.total_len() as usize));
+                    off += h.total_len() as usize;
+                }
+                _ => break,
+            }
+        }
+        // One damaged range per replica at a time (a second one is a double fault this
+        // simulation does not model), and never the last group.
+        if groups.len() < 2 || data[off.min(data.len())..].iter().any(|b| *b != 0) {
+            return false;
+        }
+        let i = match index {
+            Some(i) if i + 1 < groups.len() => i,
+            Some(_) => return false,
+            None => self.rng.below(groups.len() as u64 - 1) as usize,
+        };
+        let (goff, glen) = groups[i];
+        let fs = node.fs.clone();
+        if fs.flip_bits(&path, goff as u64, glen as u64, 1).is_err() {
+            return false;
+        }
+        self.bump("corruptions");
+        self.note(format!(
+            "node {id}: corrupted a synced group at file offset {goff}"
+        ));
+        true
     }
 
     /// Restarts a crashed node (recovery from its storage).
@@ -732,6 +802,43 @@ impl Cluster {
                     Action::ConfigCommitted { version } => {
                         self.bump("config_changes");
                         self.note(format!("node {id}: membership {version:?} accepted"));
+                    }
+                    Action::DiscardDamaged { lsn } => {
+                        if up.log.truncate(lsn).is_err() {
+                            self.storage_failure(id);
+                            return;
+                        }
+                        self.bump("damage_discarded");
+                        self.note(format!(
+                            "node {id} discarded its uncommitted damaged tail at {lsn}"
+                        ));
+                        let node = self.nodes.get_mut(&id).expect("node");
+                        node.up = None;
+                        let inc = node.inc;
+                        node.inc += 1;
+                        self.checker.on_crash(id, inc);
+                        self.start_node(id);
+                        return;
+                    }
+                    Action::Repair { lsn, bytes, peer } => {
+                        match up.log.repair(&bytes) {
+                            Ok(()) => {
+                                // Restart the replica from the repaired storage.
+                                self.bump("repairs");
+                                self.note(format!("node {id} repaired its log at {lsn}"));
+                                let node = self.nodes.get_mut(&id).expect("node");
+                                node.up = None;
+                                let inc = node.inc;
+                                node.inc += 1;
+                                self.checker.on_crash(id, inc);
+                                self.start_node(id);
+                                return;
+                            }
+                            Err(_) => {
+                                up.replica.repair_refused(local, peer);
+                                self.bump("repair_copies_refused");
+                            }
+                        }
                     }
                     Action::Dropped { from, reason } => {
                         self.bump("inputs_dropped");

@@ -61,6 +61,7 @@ pub struct SeedReport {
 struct Mix {
     crash: u64,
     outage: u64,
+    corrupt: u64,
     partition: u64,
     clock: u64,
     slow_disk: u64,
@@ -82,6 +83,7 @@ impl Mix {
         Self {
             crash: p(3),
             outage: p(1),
+            corrupt: p(2),
             partition: p(3),
             clock: p(2),
             slow_disk: p(2),
@@ -129,6 +131,7 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
         }
     }
     let mut heal_at: Option<Nanos> = None;
+    let mut last_corruption: Nanos = 0;
     let mut slow: BTreeMap<NodeId, Nanos> = BTreeMap::new();
     let append_gap = rng.range(200_000, 3 * MS);
     let mut t: Nanos = 0;
@@ -164,6 +167,18 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
             let _ = rng.chance(1, 2);
             let down = rng.range(10 * MS, 1_500 * MS);
             c.crash_for(n, mode, down);
+        }
+        if rng.chance(mix.corrupt, 1000) && t >= last_corruption + 1_000 * MS {
+            // Synced data goes bad on one replica (a minority): it must repair from a peer,
+            // never truncate committed log.
+            let n = pick(&mut rng);
+            if c.nodes[&n].is_up() {
+                let down = rng.range(10 * MS, 500 * MS);
+                c.crash_for(n, CrashMode::Prefix, down);
+                if c.corrupt_synced_group(n) {
+                    last_corruption = t;
+                }
+            }
         }
         if rng.chance(mix.outage, 1000) {
             // A power outage: every node loses what it had not synced, at once.

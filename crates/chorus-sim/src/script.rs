@@ -18,6 +18,7 @@
 //! | `progress NODE` | the leader's view of followers' flushed ends and the commit point |
 //! | `partition A B \| C` · `block A B` · `heal` | network |
 //! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
+//! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
 //! | `member NODE add-learner\|add-voter\|promote\|remove X` · `member NODE replace OLD NEW` | membership |
 //! | `trace on\|off` | print role changes and crashes during `run` |
@@ -157,9 +158,14 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
                     continue;
                 };
                 let m = r.membership();
+                let extra = match (r.halted(), r.repairing_range()) {
+                    (Some(_), _) => " HALTED".to_string(),
+                    (None, Some((f, t))) => format!(" repairing={f}..{t}"),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    "node {}: {:?} pid={} leader={} end={} flushed={} committed={} config={}.{} voters={:?} learners={:?}",
+                    "node {}: {:?}{extra} pid={} leader={} end={} flushed={} committed={} config={}.{} voters={:?} learners={:?}",
                     n.id,
                     r.role(),
                     r.proposal_id(),
@@ -278,6 +284,18 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
             let n = num(words.next())?;
             c.crash(n, CrashMode::Prefix);
             out.push_str("ok");
+        }
+        "corrupt" => {
+            let n = num(words.next())?;
+            let index = match words.next() {
+                Some(w) => Some(num(Some(w))? as usize),
+                None => None,
+            };
+            if c.corrupt_group(n, index) {
+                out.push_str("ok");
+            } else {
+                out.push_str("nothing to corrupt (node up, or too few groups)");
+            }
         }
         "restart" => {
             let n = num(words.next())?;

@@ -41,4 +41,6 @@ scenarios!(
     leader_recovery,
     follower_recovery,
     lease_expiry,
+    repair_from_peer,
+    repair_all_copies_bad,
 );

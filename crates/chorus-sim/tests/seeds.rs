@@ -66,10 +66,11 @@ fn replay_is_deterministic() {
 /// message waited for buffered appends instead of asking for catch-up), 263 (pending appends
 /// past a shorter new log were never decided), 5 (a removed voter's priority blocked every
 /// election), 200174 in async mode (a granted lease protected nobody, so voters refused the
-/// candidate they had just granted).
+/// candidate they had just granted), 1256 (voters added while away never pinged the
+/// members that counted on them, so no majority looked alive and nobody campaigned).
 #[test]
 fn regression_seeds() {
-    for seed in [136, 263, 5] {
+    for seed in [136, 263, 5, 1256] {
         let r = run_seed(seed, &RunOptions::default());
         assert!(r.violations.is_empty(), "seed {seed}: {:#?}", r.violations);
     }

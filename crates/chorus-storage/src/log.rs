@@ -354,8 +354,21 @@ impl LogStorage {
                     }
                     match check_group(&scan.data[o..], &chain, s.block_size, true) {
                         Ok(g) => chain = g.chain_after(),
-                        // Zeros after the last group: direct-IO page padding, the end.
-                        Err(_) if scan.data[o..].iter().all(|b| *b == 0) => break,
+                        // Nothing valid after it: a torn tail (or direct-IO zero padding)
+                        // after the damaged range, cut like any torn tail.
+                        Err(_)
+                            if find_valid_header(&scan.data, o as u64 + 1, header.start_lsn())
+                                .is_none() =>
+                        {
+                            if scan.data[o..].iter().any(|b| *b != 0) {
+                                report.torn_tail =
+                                    Some((chain.end_lsn, (scan.data.len() - o) as u64));
+                            }
+                            let path = s.block_path(tail);
+                            file.set_len(BLOCK_HEADER_SIZE as u64 + o as u64)
+                                .ctx(&path, "truncate torn tail")?;
+                            break;
+                        }
                         Err(_) => return Err(corrupt),
                     }
                 }
@@ -948,6 +961,10 @@ impl LogStorage {
         }
         // The direct tail's page is reloaded from the file at the next append.
         self.direct = None;
+        // Cutting at or before a damaged range removes it.
+        if self.damaged.as_ref().is_some_and(|d| lsn <= d.lsn) {
+            self.damaged = None;
+        }
         let r = self.cut(id, lsn, &file);
         self.fail(r)?;
         self.chain = scan.chain;

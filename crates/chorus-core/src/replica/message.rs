@@ -152,6 +152,26 @@ pub enum Message {
         /// The handing-over leader's proposal id.
         pid: u64,
     },
+    /// Protocol-aware repair: a replica whose log has a damaged range asks for a copy.
+    RepairRequest {
+        /// First LSN of the damaged range (a group boundary).
+        from: Lsn,
+        /// LSN where the next valid group starts.
+        to: Lsn,
+    },
+    /// Answer to [`Message::RepairRequest`]: the exact bytes of `from..to`, or none.
+    RepairResp {
+        /// First LSN, echoed.
+        from: Lsn,
+        /// End LSN, echoed.
+        to: Lsn,
+        /// Whole groups covering exactly `from..to` when `have`.
+        bytes: Vec<u8>,
+        /// Whether the sender holds a copy.
+        have: bool,
+        /// The sender's own copy is damaged too (it is repairing).
+        damaged: bool,
+    },
 }
 
 impl Message {
@@ -166,6 +186,8 @@ impl Message {
             Message::Append { .. } => "append",
             Message::AppendAck { .. } => "append_ack",
             Message::TimeoutNow { .. } => "timeout_now",
+            Message::RepairRequest { .. } => "repair_request",
+            Message::RepairResp { .. } => "repair_resp",
         }
     }
 
@@ -173,6 +195,7 @@ impl Message {
     pub fn payload_len(&self) -> usize {
         match self {
             Message::Append { groups, .. } | Message::FetchResp { groups, .. } => groups.len(),
+            Message::RepairResp { bytes, .. } => bytes.len(),
             _ => 0,
         }
     }

@@ -273,6 +273,13 @@ pub enum ReadPurpose {
         /// The follower.
         peer: NodeId,
     },
+    /// Answering `peer`'s repair request for `from..to` (`from` is the read's start).
+    Repair {
+        /// The damaged replica.
+        peer: NodeId,
+        /// End of the range asked for.
+        to: Lsn,
+    },
     /// Answering candidate `peer`'s fetch under `pid`.
     Fetch {
         /// The candidate.
@@ -353,6 +360,23 @@ pub enum Action {
     ConfigCommitted {
         /// Its version.
         version: ConfigVersion,
+    },
+    /// Rewrite the damaged range starting at `lsn` with `bytes` (a peer's copy; storage
+    /// verifies it against the checksum chain), then restart the replica from storage.
+    Repair {
+        /// Start of the damaged range.
+        lsn: Lsn,
+        /// The copy.
+        bytes: Vec<u8>,
+        /// Who sent it (report a refused copy with [`Replica::repair_refused`]).
+        peer: NodeId,
+    },
+    /// The damaged range was never committed (a majority of voters cleanly lacks it), so
+    /// it and everything after it may go: truncate the log from `lsn`, then restart the
+    /// replica from storage.
+    DiscardDamaged {
+        /// Start of the damaged range.
+        lsn: Lsn,
     },
     /// An input was dropped (counted in [`Replica::drops`]).
     Dropped {
@@ -444,6 +468,19 @@ struct Campaign {
     lease_ts: BTreeMap<NodeId, Nanos>,
 }
 
+/// A damaged range being repaired from peers (protocol-aware recovery).
+#[derive(Clone, Debug)]
+struct RepairState {
+    from: Lsn,
+    to: Lsn,
+    /// Voters that answered they hold no copy (and are not damaged themselves).
+    no_copy: BTreeSet<NodeId>,
+    /// Voters whose own copy is damaged.
+    damaged: BTreeSet<NodeId>,
+    last_request: Option<Nanos>,
+    decided: bool,
+}
+
 #[derive(Clone, Debug)]
 enum Deferred {
     PrepareAck { to: NodeId, pid: u64, ts: Nanos },
@@ -487,6 +524,7 @@ pub struct Replica {
     early: BTreeMap<Lsn, (NodeId, Message)>,
     halted: Option<String>,
     storage_failed: bool,
+    repairing: Option<RepairState>,
     drops: BTreeMap<&'static str, u64>,
     actions: Vec<Action>,
 }
@@ -549,12 +587,38 @@ impl Replica {
             early: BTreeMap::new(),
             halted: None,
             storage_failed: false,
+            repairing: None,
             drops: BTreeMap::new(),
             actions: Vec::new(),
             cfg,
         };
         r.actions.push(Action::Commit { end: committed });
         r
+    }
+
+    /// A replica whose log has the damaged range `from..to` before its tail (storage
+    /// reported checksum failures there with valid groups after them). Protocol-aware
+    /// recovery (Alagappan et al., FAST 2018): it does not truncate and it does not vote
+    /// or acknowledge; it asks its peers for a copy of the range, hands the first one to
+    /// the driver ([`Action::Repair`]), and the driver restarts it from the repaired
+    /// storage. If every other voter reports that it has no copy, it halts.
+    pub fn repairing(cfg: ReplicaConfig, meta: MetaRecord, from: Lsn, to: Lsn, now: Nanos) -> Self {
+        let mut r = Self::new(cfg, meta, RecoveredLog::default(), now);
+        r.actions.clear();
+        r.repairing = Some(RepairState {
+            from,
+            to,
+            no_copy: BTreeSet::new(),
+            damaged: BTreeSet::new(),
+            last_request: None,
+            decided: false,
+        });
+        r
+    }
+
+    /// The damaged range being repaired, if any.
+    pub fn repairing_range(&self) -> Option<(Lsn, Lsn)> {
+        self.repairing.as_ref().map(|r| (r.from, r.to))
     }
 
     // ---------------------------------------------------------------- accessors
@@ -792,6 +856,22 @@ impl Replica {
             return;
         }
         let now = self.now;
+        if let Some(rep) = &mut self.repairing {
+            if rep
+                .last_request
+                .is_none_or(|t| now >= t + self.cfg.resend_interval)
+            {
+                rep.last_request = Some(now);
+                let msg = Message::RepairRequest {
+                    from: rep.from,
+                    to: rep.to,
+                };
+                for m in self.members() {
+                    self.send(m, msg.clone());
+                }
+            }
+            return;
+        }
         if now >= self.last_ping + self.cfg.ping_interval {
             self.last_ping = now;
             let msg = Message::Ping {
@@ -827,6 +907,22 @@ impl Replica {
     pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Message) {
         self.now = self.now.max(now);
         if !self.live() {
+            // A halted replica under repair still tells others its copy is damaged, so
+            // they can decide too.
+            if let (Message::RepairRequest { from: f, to }, Some(_)) = (&msg, &self.repairing) {
+                let (f, to) = (*f, *to);
+                self.send(
+                    from,
+                    Message::RepairResp {
+                        from: f,
+                        to,
+                        bytes: Vec::new(),
+                        have: false,
+                        damaged: true,
+                    },
+                );
+                return;
+            }
             self.drop_input(Some(from), "replica not live");
             return;
         }
@@ -837,7 +933,15 @@ impl Replica {
         let member = self.members().contains(&from);
         let info = self.peers.entry(from).or_default();
         info.last_heard = Some(self.now);
+        if self.repairing.is_some() {
+            self.receive_while_repairing(from, msg);
+            return;
+        }
         match msg {
+            Message::RepairRequest { from: f, to } => self.on_repair_request(from, f, to),
+            Message::RepairResp { .. } => {
+                self.drop_input(Some(from), "repair response while not repairing");
+            }
             Message::Ping {
                 prio,
                 max_pid,
@@ -845,6 +949,19 @@ impl Replica {
                 ..
             } => {
                 if !member {
+                    // A sender with a newer membership may count on us (we may have been
+                    // added while away): answer so it knows we are alive and can campaign
+                    // and replicate to us.
+                    if prio.config_version > self.meta_want.membership.version && prio.id == from {
+                        let msg = Message::Ping {
+                            prio: self.prio(),
+                            max_pid: self.max_seen_pid.max(self.promised()),
+                            leader: self.leader(),
+                            voter: self.is_voter(self.cfg.id),
+                        };
+                        self.send(from, msg);
+                        return;
+                    }
                     self.drop_input(Some(from), "ping from a non-member");
                     return;
                 }
@@ -946,6 +1063,24 @@ impl Replica {
         if !self.live() {
             return;
         }
+        if let ReadPurpose::Repair { peer, to } = purpose {
+            // Only an exact copy of the range is of use; storage verifies it again.
+            let (bytes, have) = match result {
+                Ok((_, b)) if b.len() as u64 == to - from => (b, true),
+                _ => (Vec::new(), false),
+            };
+            self.send(
+                peer,
+                Message::RepairResp {
+                    from,
+                    to,
+                    bytes,
+                    have,
+                    damaged: false,
+                },
+            );
+            return;
+        }
         let (chain, bytes) = match result {
             Ok(r) => r,
             Err(_) => {
@@ -977,6 +1112,7 @@ impl Replica {
                 let msg = self.append_msg(peer, prev, bytes);
                 self.send(peer, msg);
             }
+            ReadPurpose::Repair { .. } => {}
             ReadPurpose::Fetch {
                 peer,
                 pid,
@@ -1203,6 +1339,123 @@ impl Replica {
         self.save_meta();
         self.broadcast(true);
         Ok(version)
+    }
+
+    // ---------------------------------------------------------------- repair
+
+    fn receive_while_repairing(&mut self, from: NodeId, msg: Message) {
+        match msg {
+            Message::RepairResp {
+                from: f,
+                to,
+                bytes,
+                have,
+                damaged,
+            } => {
+                let Some(rep) = &mut self.repairing else {
+                    return;
+                };
+                if (f, to) != (rep.from, rep.to) || rep.decided {
+                    self.drop_input(Some(from), "repair response for another range");
+                    return;
+                }
+                if have && !bytes.is_empty() {
+                    self.actions.push(Action::Repair {
+                        lsn: f,
+                        bytes,
+                        peer: from,
+                    });
+                    return;
+                }
+                if damaged {
+                    rep.damaged.insert(from);
+                } else {
+                    rep.no_copy.insert(from);
+                }
+                self.decide_repair();
+            }
+            Message::Prepare { pid, ts, .. } => {
+                // Not voting: our log cannot be vouched for until repaired.
+                self.drop_input(Some(from), "prepare refused: log under repair");
+                self.send_prepare_ack(from, pid, false, ts);
+            }
+            Message::RepairRequest { from: f, to } => {
+                self.send(
+                    from,
+                    Message::RepairResp {
+                        from: f,
+                        to,
+                        bytes: Vec::new(),
+                        have: false,
+                        damaged: true,
+                    },
+                );
+            }
+            Message::Ping { prio, voter, .. } if prio.id == from => {
+                self.peers.entry(from).or_default().prio = voter.then_some(prio);
+            }
+            _ => self.drop_input(Some(from), "log under repair"),
+        }
+    }
+
+    /// A copy handed out with [`Action::Repair`] was refused by storage (it is not the
+    /// original): `peer` holds no copy of the range.
+    pub fn repair_refused(&mut self, now: Nanos, peer: NodeId) {
+        self.now = self.now.max(now);
+        if let Some(rep) = &mut self.repairing {
+            rep.no_copy.insert(peer);
+            self.decide_repair();
+        }
+    }
+
+    /// A majority of voters cleanly lacking the range proves it was never committed (a
+    /// commit needs a majority holding it); every other voter lacking it or damaged, with
+    /// no such majority, means a committed range has no good copy left: halt.
+    fn decide_repair(&mut self) {
+        let me = self.cfg.id;
+        let voters = self.meta_want.membership.voters.clone();
+        let Some(rep) = &mut self.repairing else {
+            return;
+        };
+        let clean = voters.iter().filter(|v| rep.no_copy.contains(v)).count();
+        if clean >= majority(voters.len()) {
+            rep.decided = true;
+            let lsn = rep.from;
+            self.actions.push(Action::DiscardDamaged { lsn });
+            return;
+        }
+        let others: Vec<NodeId> = voters.into_iter().filter(|v| *v != me).collect();
+        if !others.is_empty()
+            && others
+                .iter()
+                .all(|v| rep.no_copy.contains(v) || rep.damaged.contains(v))
+        {
+            rep.decided = true;
+            let (f, t) = (rep.from, rep.to);
+            self.halt(format!(
+                "every copy of LSN {f}..{t} is damaged or missing and it may be committed: \
+                 refusing to invent or drop log"
+            ));
+        }
+    }
+
+    fn on_repair_request(&mut self, peer: NodeId, from: Lsn, to: Lsn) {
+        let none = Message::RepairResp {
+            from,
+            to,
+            bytes: Vec::new(),
+            have: false,
+            damaged: false,
+        };
+        if from >= to || to > self.log.flushed || to - from > self.cfg.max_message_bytes as u64 {
+            self.send(peer, none);
+            return;
+        }
+        self.actions.push(Action::ReadLog {
+            purpose: ReadPurpose::Repair { peer, to },
+            from,
+            max_bytes: (to - from) as usize,
+        });
     }
 
     // ---------------------------------------------------------------- election
