@@ -380,6 +380,17 @@ impl Cluster {
         self.pump(id);
     }
 
+    /// Restarts a node's replica from its storage without a crash (after a repair): a new
+    /// incarnation, so results of the old one are void.
+    fn restart_replica(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("node");
+        node.up = None;
+        let inc = node.inc;
+        node.inc += 1;
+        self.checker.on_crash(id, inc);
+        self.start_node(id);
+    }
+
     /// Crashes a node: unsynced data is lost per `mode`; its pending results are void.
     pub fn crash(&mut self, id: NodeId, mode: CrashMode) {
         let node = self.nodes.get_mut(&id).expect("node");
@@ -812,12 +823,7 @@ impl Cluster {
                         self.note(format!(
                             "node {id} discarded its uncommitted damaged tail at {lsn}"
                         ));
-                        let node = self.nodes.get_mut(&id).expect("node");
-                        node.up = None;
-                        let inc = node.inc;
-                        node.inc += 1;
-                        self.checker.on_crash(id, inc);
-                        self.start_node(id);
+                        self.restart_replica(id);
                         return;
                     }
                     Action::Repair { lsn, bytes, peer } => {
@@ -826,12 +832,7 @@ impl Cluster {
                                 // Restart the replica from the repaired storage.
                                 self.bump("repairs");
                                 self.note(format!("node {id} repaired its log at {lsn}"));
-                                let node = self.nodes.get_mut(&id).expect("node");
-                                node.up = None;
-                                let inc = node.inc;
-                                node.inc += 1;
-                                self.checker.on_crash(id, inc);
-                                self.start_node(id);
+                                self.restart_replica(id);
                                 return;
                             }
                             Err(_) => {

@@ -911,16 +911,7 @@ impl Replica {
             // they can decide too.
             if let (Message::RepairRequest { from: f, to }, Some(_)) = (&msg, &self.repairing) {
                 let (f, to) = (*f, *to);
-                self.send(
-                    from,
-                    Message::RepairResp {
-                        from: f,
-                        to,
-                        bytes: Vec::new(),
-                        have: false,
-                        damaged: true,
-                    },
-                );
+                self.send_damaged(from, f, to);
                 return;
             }
             self.drop_input(Some(from), "replica not live");
@@ -1379,23 +1370,24 @@ impl Replica {
                 self.drop_input(Some(from), "prepare refused: log under repair");
                 self.send_prepare_ack(from, pid, false, ts);
             }
-            Message::RepairRequest { from: f, to } => {
-                self.send(
-                    from,
-                    Message::RepairResp {
-                        from: f,
-                        to,
-                        bytes: Vec::new(),
-                        have: false,
-                        damaged: true,
-                    },
-                );
-            }
+            Message::RepairRequest { from: f, to } => self.send_damaged(from, f, to),
             Message::Ping { prio, voter, .. } if prio.id == from => {
                 self.peers.entry(from).or_default().prio = voter.then_some(prio);
             }
             _ => self.drop_input(Some(from), "log under repair"),
         }
+    }
+
+    /// Tells `to` that our own copy of `from..end` is damaged.
+    fn send_damaged(&mut self, to: NodeId, from: Lsn, end: Lsn) {
+        let msg = Message::RepairResp {
+            from,
+            to: end,
+            bytes: Vec::new(),
+            have: false,
+            damaged: true,
+        };
+        self.send(to, msg);
     }
 
     /// A copy handed out with [`Action::Repair`] was refused by storage (it is not the
