@@ -173,6 +173,24 @@ impl LogStorage {
         self.dir.join(block_file_name(id))
     }
 
+    /// The in-memory state before any block is created or opened.
+    fn empty(fs: Arc<dyn FileSystem>, dir: PathBuf, log_id: u64, block_size: u64) -> Self {
+        Self {
+            fs,
+            dir,
+            log_id,
+            block_size,
+            blocks: BTreeMap::new(),
+            start_lsn: 0,
+            chain: ChainPoint::default(),
+            flushed_end: 0,
+            failed: None,
+            damaged: None,
+            want_direct: false,
+            direct: None,
+        }
+    }
+
     /// Creates an empty log with identity `log_id` under `dir/log/`.
     pub fn create(
         fs: Arc<dyn FileSystem>,
@@ -187,20 +205,7 @@ impl LogStorage {
         if !fs.list_dir(&log_dir).ctx(&log_dir, "list")?.is_empty() {
             return Err(StorageError::AlreadyExists { dir: log_dir });
         }
-        let mut s = Self {
-            fs,
-            dir: log_dir,
-            log_id,
-            block_size: opts.block_size,
-            blocks: BTreeMap::new(),
-            start_lsn: 0,
-            chain: ChainPoint::default(),
-            flushed_end: 0,
-            failed: None,
-            damaged: None,
-            want_direct: false,
-            direct: None,
-        };
+        let mut s = Self::empty(fs, log_dir, log_id, opts.block_size);
         s.create_block(0, ChainPoint::default())?;
         s.want_direct = opts.direct_io && s.fs.supports_direct_io(&s.dir);
         if let Some(parent) = s.dir.parent() {
@@ -273,20 +278,7 @@ impl LogStorage {
                 });
             }
         }
-        let mut s = Self {
-            fs,
-            dir: log_dir,
-            log_id,
-            block_size: opts.block_size,
-            blocks: BTreeMap::new(),
-            start_lsn: 0,
-            chain: ChainPoint::default(),
-            flushed_end: 0,
-            failed: None,
-            damaged: None,
-            want_direct: false,
-            direct: None,
-        };
+        let mut s = Self::empty(fs, log_dir, log_id, opts.block_size);
         let mut report = RecoveryReport::default();
         let last = *ids.last().expect("non-empty");
         let mut headers = BTreeMap::new();

@@ -114,6 +114,17 @@ impl LogView {
         })
     }
 
+    /// Whether groups sent after `prev` continue this log: `prev` is a boundary with the
+    /// same accumulated checksum, or lies in the committed prefix below the index (committed
+    /// prefixes are identical on every replica).
+    pub fn continues_at(&self, prev: LogPos) -> bool {
+        if prev.lsn < self.floor.end_lsn {
+            prev.lsn <= self.committed
+        } else {
+            self.pos_at(prev.lsn) == Some(prev)
+        }
+    }
+
     /// Proposal id of the group ending at `lsn` (a boundary), if known.
     pub fn pid_ending_at(&self, lsn: Lsn) -> u64 {
         if lsn == self.floor.end_lsn {

@@ -1668,7 +1668,7 @@ impl Replica {
         }
         let mine = c.acks[&me];
         if best.node == me || (best.last_pid, best.end) == (mine.last_pid, mine.end) {
-            self.start_working(None);
+            self.start_working();
             return;
         }
         c.phase = CampaignPhase::Fetching {
@@ -1739,11 +1739,7 @@ impl Replica {
             self.drop_input(Some(from), "fetch response not asked for");
             return;
         }
-        let matches = if prev.lsn < self.log.floor.end_lsn {
-            prev.lsn <= self.log.committed
-        } else {
-            self.log.pos_at(prev.lsn) == Some(prev)
-        };
+        let matches = self.log.continues_at(prev);
         if !matches {
             self.drop_input(Some(from), "fetch response does not continue the log");
             self.abandon_campaign();
@@ -1761,7 +1757,7 @@ impl Replica {
             if self.log.end() > target {
                 self.truncate_log(target);
             }
-            self.start_working(Some(target));
+            self.start_working();
         } else if groups.is_empty() {
             self.abandon_campaign();
         } else {
@@ -1779,7 +1775,7 @@ impl Replica {
 
     /// Reconfirmation done: write StartWorking and act as leader until it commits (PALF
     /// Alg. 1 line 8; the piggyback paper's leader recovery, section 5.1).
-    fn start_working(&mut self, _target: Option<Lsn>) {
+    fn start_working(&mut self) {
         let me = self.cfg.id;
         let Some(c) = &mut self.campaign else { return };
         c.phase = CampaignPhase::Confirming;
@@ -2385,11 +2381,7 @@ impl Replica {
             }
             return;
         }
-        let matches = if prev.lsn < self.log.floor.end_lsn {
-            prev.lsn <= self.log.committed
-        } else {
-            self.log.pos_at(prev.lsn) == Some(prev)
-        };
+        let matches = self.log.continues_at(prev);
         if !matches {
             let hint = self.log.committed;
             self.send_ack(false, hint);
