@@ -1,49 +1,94 @@
 //! The `chorus` command line.
 //!
-//! - `chorus demo DIR` — the main job for now: writes a replica log of 512-byte records with
-//!   group commit into `DIR`, reopens it through recovery, and reports what it did.
-//! - `chorus inspect DIR [--verify] [-o table|json]` — lists the blocks and groups of a
-//!   replica's data directory; `--verify` checks every checksum, every entry and the
-//!   accumulated chain, and exits 1 naming the first bad place.
+//! - `chorus dev` — starts a local 3-replica cluster as three processes on loopback and
+//!   prints how to talk to it.
+//! - `chorus server` — runs one node of a cluster (config file, `CHORUS_*` environment,
+//!   flags; see `docs/operations.md`).
+//! - `chorus append | read | tail | locate | status | member | leader | group | bench` —
+//!   client commands against `--endpoints` (the nodes' gRPC API addresses).
+//! - `chorus demo DIR` and `chorus inspect DIR` — local tools on a data directory.
 //!
-//! Exit codes: 0 success, 1 verification found a problem, 2 bad usage or an error.
+//! Every command takes `-o table|json`. Exit codes (stable): 0 success; 1 a check found a
+//! problem or an append was reported FAILED; 2 bad usage, bad configuration or a local
+//! error; 3 the cluster could not be reached or has no leader; 4 the server refused the
+//! request (the message says why).
 
-use std::path::{Path, PathBuf};
+mod config;
+mod dev;
+mod local;
+mod remote;
+mod server;
+mod service;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Instant;
 
-use chorus_core::format::block::{BlockHeader, BLOCK_HEADER_SIZE};
-use chorus_core::format::group::{
-    block_remaining, encode_padding, fits_in_block, verify_entries, GroupHeader, SealParams,
-    GROUP_HEADER_SIZE,
-};
-use chorus_core::format::{entry, group};
-use chorus_storage::fs::{FileSystem, RealFs};
-use chorus_storage::log::block_file_name;
-use chorus_storage::{LogOptions, LogStorage};
-use clap::{Parser, Subcommand, ValueEnum};
-use serde::Serialize;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
     name = "chorus",
     version,
-    about = "Chorus: a replicated write-ahead log"
+    about = "Chorus: a replicated write-ahead log",
+    after_help = "Start here: `chorus dev` runs a local 3-node cluster and prints what to try next."
 )]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Output {
+/// Output format.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    /// Human-readable table.
     Table,
+    /// JSON.
     Json,
+}
+
+/// Where the cluster is.
+#[derive(Args, Clone, Debug)]
+pub struct Endpoints {
+    /// gRPC API endpoints of the nodes, comma-separated (default: the `chorus dev` cluster).
+    #[arg(
+        long,
+        env = "CHORUS_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
+    )]
+    pub endpoints: Vec<String>,
+    /// Log group.
+    #[arg(short, long, default_value_t = 1)]
+    pub group: u64,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Start a local 3-replica cluster (three processes on loopback) and print how to use it.
+    Dev(dev::DevArgs),
+    /// Run one node of a cluster.
+    Server(server::ServerArgs),
+    /// Append records and wait for each to commit.
+    Append(remote::AppendArgs),
+    /// Read committed records.
+    Read(remote::ReadArgs),
+    /// Print committed records from an LSN; with -f keep following the tail.
+    Tail(remote::TailArgs),
+    /// Find the first committed record with a CSN at least the given one.
+    Locate(remote::LocateArgs),
+    /// Members, roles, LSNs and replication lag of a group on every endpoint.
+    Status(remote::StatusArgs),
+    /// Membership changes: add, remove, learner, promote, replace.
+    Member(remote::MemberArgs),
+    /// Leadership: transfer, priority.
+    Leader(remote::LeaderArgs),
+    /// Groups: create.
+    Group(remote::GroupArgs),
+    /// Closed-loop append benchmark against a running cluster (over gRPC).
+    Bench(remote::BenchArgs),
     /// Write a demo log of 512-byte records into DIR, reopen it, and report.
     Demo {
         /// Data directory (created if missing).
@@ -58,9 +103,10 @@ enum Cmd {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// List and check the blocks and groups in a replica data directory.
+    /// List and check the blocks and groups in a replica directory (a group's directory,
+    /// `DATA_DIR/groups/<id>`, the one holding `log/`).
     Inspect {
-        /// Data directory (the one holding `log/`).
+        /// The replica directory.
         dir: PathBuf,
         /// Check every checksum and the accumulated chain; exit 1 at the first bad place.
         #[arg(long)]
@@ -77,6 +123,17 @@ enum Cmd {
     },
 }
 
+/// Exit code: a check found a problem, or an append FAILED.
+pub const EXIT_PROBLEM: u8 = 1;
+/// Exit code: bad usage, configuration or a local error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: cluster unreachable or without a leader.
+pub const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code: the server refused.
+pub const EXIT_REFUSED: u8 = 4;
+
+type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -85,530 +142,31 @@ fn main() -> ExitCode {
             records,
             group_records,
             output,
-        } => demo(&dir, records, group_records.max(1), output),
+        } => local::demo(&dir, records, group_records.max(1), output),
         Cmd::Inspect {
             dir,
             verify,
             groups,
             entries,
             output,
-        } => inspect(&dir, verify, groups || entries, entries, output),
+        } => local::inspect(&dir, verify, groups || entries, entries, output),
+        Cmd::Server(a) => server::run(a),
+        Cmd::Dev(a) => dev::run(a),
+        Cmd::Append(a) => remote::run(remote::Remote::Append(a)),
+        Cmd::Read(a) => remote::run(remote::Remote::Read(a)),
+        Cmd::Tail(a) => remote::run(remote::Remote::Tail(a)),
+        Cmd::Locate(a) => remote::run(remote::Remote::Locate(a)),
+        Cmd::Status(a) => remote::run(remote::Remote::Status(a)),
+        Cmd::Member(a) => remote::run(remote::Remote::Member(a)),
+        Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
+        Cmd::Group(a) => remote::run(remote::Remote::Group(a)),
+        Cmd::Bench(a) => remote::run(remote::Remote::Bench(a)),
     };
     match r {
         Ok(code) => code,
         Err(e) => {
             eprintln!("chorus: {e}");
-            ExitCode::from(2)
+            ExitCode::from(EXIT_USAGE)
         }
-    }
-}
-
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-#[derive(Serialize)]
-struct DemoReport {
-    dir: String,
-    records: u64,
-    record_bytes: u64,
-    groups: u64,
-    syncs: u64,
-    seconds: f64,
-    records_per_sec: f64,
-    mb_per_sec: f64,
-    end_lsn: u64,
-    reopen_ms: f64,
-    recovered_end_lsn: u64,
-}
-
-fn demo(dir: &Path, records: u64, group_records: u64, output: Output) -> AnyResult<ExitCode> {
-    let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
-    fs.create_dir_all(dir)?;
-    let opts = LogOptions::default();
-    let mut log = if fs.exists(&dir.join("log"))? {
-        let id = first_block_header(dir)?.log_id;
-        LogStorage::open(fs.clone(), dir, opts, id)?.0
-    } else {
-        let id = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos() as u64
-            ^ ((std::process::id() as u64) << 32);
-        // A single-replica membership, so the meta file beside the log is real too.
-        let meta = chorus_core::format::meta::MetaRecord {
-            log_id: id,
-            block_size: opts.block_size,
-            membership: chorus_core::format::meta::Membership {
-                voters: vec![1],
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        chorus_storage::MetaStorage::create(fs.clone(), dir, &meta)?;
-        LogStorage::create(fs.clone(), dir, opts, id)?
-    };
-    let record = vec![0x5Au8; 512];
-    let started = Instant::now();
-    let (mut groups, mut syncs, mut done) = (0u64, 0u64, 0u64);
-    let mut buf = Vec::new();
-    while done < records {
-        let n = group_records.min(records - done);
-        buf.clear();
-        let mut chain = log.chain();
-        let size = GROUP_HEADER_SIZE as u64 + n * entry::entry_size(512) as u64;
-        if !fits_in_block(chain.end_lsn, size, opts.block_size) {
-            let pad = block_remaining(chain.end_lsn, opts.block_size);
-            chain = encode_padding(&mut buf, &chain, 1, chain.end_lsn, pad).chain_after();
-            groups += 1;
-        }
-        let recs: Vec<(u64, &[u8])> = (0..n)
-            .map(|i| (chain.max_csn + 1 + i, &record[..]))
-            .collect();
-        let params = SealParams {
-            proposal_id: 1,
-            committed_end_lsn: log.flushed_end(),
-            flags: 0,
-        };
-        group::encode_group(&mut buf, &chain, params, &recs);
-        log.append(&buf)?;
-        log.sync()?;
-        groups += 1;
-        syncs += 1;
-        done += n;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let end_lsn = log.end_lsn();
-    let log_id = log.log_id();
-    drop(log);
-    let t = Instant::now();
-    let (log, _) = LogStorage::open(fs, dir, opts, log_id)?;
-    let reopen_ms = t.elapsed().as_secs_f64() * 1e3;
-    let r = DemoReport {
-        dir: dir.display().to_string(),
-        records,
-        record_bytes: 512,
-        groups,
-        syncs,
-        seconds,
-        records_per_sec: records as f64 / seconds,
-        mb_per_sec: (records * 512) as f64 / seconds / 1e6,
-        end_lsn,
-        reopen_ms,
-        recovered_end_lsn: log.end_lsn(),
-    };
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        Output::Table => {
-            println!(
-                "appended {} records of 512 B in {} groups ({} fdatasyncs) in {:.2} s: \
-                 {:.0} records/s, {:.1} MB/s of payload",
-                r.records, r.groups, r.syncs, r.seconds, r.records_per_sec, r.mb_per_sec
-            );
-            println!(
-                "reopened through recovery in {:.2} ms; log end lsn {} (recovered {})",
-                r.reopen_ms, r.end_lsn, r.recovered_end_lsn
-            );
-            println!("look inside: chorus inspect {} --verify", r.dir);
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn first_block_header(dir: &Path) -> AnyResult<BlockHeader> {
-    let log_dir = dir.join("log");
-    let mut names: Vec<String> = std::fs::read_dir(&log_dir)?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".blk"))
-        .collect();
-    names.sort();
-    let first = names
-        .first()
-        .ok_or_else(|| format!("no block files in {}", log_dir.display()))?;
-    let bytes = std::fs::read(log_dir.join(first))?;
-    BlockHeader::decode(&bytes)
-        .map_err(|e| format!("{}: {e}", log_dir.join(first).display()).into())
-}
-
-#[derive(Serialize, Clone)]
-struct GroupRow {
-    lsn: u64,
-    size: u64,
-    proposal_id: u64,
-    committed_end_lsn: u64,
-    entries: u32,
-    csn_first: Option<u64>,
-    csn_last: u64,
-    padding: bool,
-    checksums_ok: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    entry_list: Vec<EntryRow>,
-}
-
-#[derive(Serialize, Clone)]
-struct EntryRow {
-    lsn: u64,
-    size: u64,
-    csn: u64,
-    checksums_ok: bool,
-    problem: Option<String>,
-}
-
-#[derive(Serialize)]
-struct BlockRow {
-    file: String,
-    block_id: u64,
-    start_lsn: u64,
-    log_bytes: u64,
-    groups: u64,
-    end_lsn: u64,
-    problem: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    group_list: Vec<GroupRow>,
-}
-
-#[derive(Serialize)]
-struct MetaSlotRow {
-    slot: usize,
-    seq: Option<u64>,
-    promised_proposal_id: Option<u64>,
-    voted_for: Option<u64>,
-    config_version: Option<String>,
-    voters: Vec<u64>,
-    learners: Vec<u64>,
-    barrier_lsn: Option<u64>,
-    access_mode: Option<String>,
-    base_lsn: Option<u64>,
-    problem: Option<String>,
-}
-
-#[derive(Serialize)]
-struct InspectReport {
-    dir: String,
-    log_id: Option<u64>,
-    block_size: Option<u64>,
-    /// The two meta slots (absent when the directory has no meta file).
-    meta: Vec<MetaSlotRow>,
-    blocks: Vec<BlockRow>,
-    first_problem: Option<String>,
-}
-
-/// Walks every block file with the same checks recovery and reads apply, without opening
-/// the log for writing: inspecting never changes a byte.
-fn inspect(
-    dir: &Path,
-    verify: bool,
-    list: bool,
-    list_entries: bool,
-    output: Output,
-) -> AnyResult<ExitCode> {
-    let log_dir = dir.join("log");
-    let mut names: Vec<String> = std::fs::read_dir(&log_dir)
-        .map_err(|e| format!("{}: {e}", log_dir.display()))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    let mut report = InspectReport {
-        dir: dir.display().to_string(),
-        log_id: None,
-        block_size: None,
-        meta: inspect_meta(dir),
-        blocks: Vec::new(),
-        first_problem: None,
-    };
-    // Both slots bad is a real problem; one stale or torn slot is what a crash mid-save
-    // leaves and the next open repairs.
-    if !report.meta.is_empty() && report.meta.iter().all(|m| m.problem.is_some()) {
-        report.first_problem = Some(format!(
-            "{}: both meta slots are unreadable",
-            dir.join("meta").display()
-        ));
-    }
-    let mut prev_chain = None;
-    for name in names {
-        let path = log_dir.join(&name);
-        let bytes = std::fs::read(&path)?;
-        let mut row = BlockRow {
-            file: name.clone(),
-            block_id: 0,
-            start_lsn: 0,
-            log_bytes: bytes.len().saturating_sub(BLOCK_HEADER_SIZE) as u64,
-            groups: 0,
-            end_lsn: 0,
-            problem: None,
-            group_list: Vec::new(),
-        };
-        let h = match BlockHeader::decode(&bytes) {
-            Ok(h) => h,
-            Err(e) => {
-                row.problem = Some(format!("{}: offset 0: {e}", path.display()));
-                note(&mut report.first_problem, &row.problem);
-                report.blocks.push(row);
-                continue;
-            }
-        };
-        if name != block_file_name(h.block_id) {
-            row.problem = Some(format!("{} holds block {}", path.display(), h.block_id));
-        }
-        if *report.log_id.get_or_insert(h.log_id) != h.log_id {
-            row.problem = Some(format!(
-                "{} belongs to log {:#x}, not {:#x}",
-                path.display(),
-                h.log_id,
-                report.log_id.unwrap_or_default()
-            ));
-        }
-        report.block_size.get_or_insert(h.block_size);
-        row.block_id = h.block_id;
-        row.start_lsn = h.start_lsn();
-        let mut chain = h.start_chain();
-        if let Some(prev) = prev_chain {
-            if verify && prev != chain && row.problem.is_none() {
-                row.problem = Some(format!(
-                    "{}: block header chain {:?} does not continue the previous block {:?}",
-                    path.display(),
-                    chain,
-                    prev
-                ));
-            }
-        }
-        let data = &bytes[BLOCK_HEADER_SIZE.min(bytes.len())..];
-        let mut off = 0usize;
-        while off < data.len() && row.problem.is_none() {
-            let at = |e: &dyn std::fmt::Display| {
-                format!(
-                    "{}: file offset {} (lsn {}): {e}",
-                    path.display(),
-                    BLOCK_HEADER_SIZE + off,
-                    h.start_lsn() + off as u64
-                )
-            };
-            let g = match GroupHeader::decode(&data[off..]) {
-                Ok(g) => g,
-                Err(e) if data[off..].iter().all(|b| *b == 0) => {
-                    let _ = e;
-                    break; // unwritten space after the tail
-                }
-                Err(e) => {
-                    row.problem = Some(at(&e));
-                    break;
-                }
-            };
-            let end = off + g.total_len() as usize;
-            let mut ok = end <= data.len()
-                && g.verify_chain(&chain).is_ok()
-                && fits_in_block(g.lsn, g.total_len(), h.block_size);
-            let mut first_csn = None;
-            if ok {
-                let body = &data[off + GROUP_HEADER_SIZE..end];
-                let checked = g.verify_body(body).and_then(|_| {
-                    if verify {
-                        verify_entries(&g, body)
-                    } else {
-                        Ok(())
-                    }
-                });
-                if let Err(e) = checked {
-                    row.problem = Some(at(&e));
-                    ok = false;
-                } else if !g.is_padding() {
-                    first_csn = entry::EntryIter::new(body)
-                        .next()
-                        .and_then(|e| e.ok())
-                        .map(|e| e.csn);
-                }
-            } else {
-                let why = match g.verify_chain(&chain) {
-                    Err(e) => e.to_string(),
-                    Ok(()) => "group runs past the block's data or breaks placement".into(),
-                };
-                row.problem = Some(at(&why));
-            }
-            row.groups += 1;
-            let mut entry_rows = Vec::new();
-            if list_entries && end <= data.len() {
-                let body = &data[off + GROUP_HEADER_SIZE..end];
-                for e in entry::EntryIter::new(body) {
-                    match e {
-                        Ok(e) => entry_rows.push(EntryRow {
-                            lsn: group::entry_lsn(g.lsn, e.offset),
-                            size: entry::entry_size(e.data.len()) as u64,
-                            csn: e.csn,
-                            checksums_ok: true,
-                            problem: None,
-                        }),
-                        Err(err) => entry_rows.push(EntryRow {
-                            lsn: g.lsn,
-                            size: 0,
-                            csn: 0,
-                            checksums_ok: false,
-                            problem: Some(err.to_string()),
-                        }),
-                    }
-                }
-            }
-            if list {
-                row.group_list.push(GroupRow {
-                    entry_list: entry_rows,
-                    lsn: g.lsn,
-                    size: g.total_len(),
-                    proposal_id: g.proposal_id,
-                    committed_end_lsn: g.committed_end_lsn,
-                    entries: g.entry_count,
-                    csn_first: first_csn,
-                    csn_last: g.max_csn,
-                    padding: g.is_padding(),
-                    checksums_ok: ok,
-                });
-            }
-            if !ok {
-                break;
-            }
-            chain = g.chain_after();
-            off = end;
-        }
-        row.end_lsn = chain.end_lsn;
-        prev_chain = Some(chain);
-        note(&mut report.first_problem, &row.problem);
-        report.blocks.push(row);
-    }
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Table => print_table(&report),
-    }
-    if verify && report.first_problem.is_some() {
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Decodes both slots of the meta file read-only (opening `MetaStorage` would repair a
-/// stale slot, and inspecting never writes).
-fn inspect_meta(dir: &Path) -> Vec<MetaSlotRow> {
-    let path = dir.join("meta");
-    let Ok(bytes) = std::fs::read(&path) else {
-        return Vec::new();
-    };
-    let size = chorus_storage::meta::SLOT_SIZE;
-    (0..2)
-        .map(|i| {
-            let mut row = MetaSlotRow {
-                slot: i,
-                seq: None,
-                promised_proposal_id: None,
-                voted_for: None,
-                config_version: None,
-                voters: Vec::new(),
-                learners: Vec::new(),
-                barrier_lsn: None,
-                access_mode: None,
-                base_lsn: None,
-                problem: None,
-            };
-            let slot = bytes.get(i * size..(i + 1) * size).unwrap_or(&[]);
-            match chorus_storage::meta::decode_slot(slot) {
-                Ok((seq, m)) => {
-                    row.seq = Some(seq);
-                    row.promised_proposal_id = Some(m.vote.promised_proposal_id);
-                    row.voted_for = m.vote.voted_for;
-                    let v = m.membership.version;
-                    row.config_version = Some(format!("{}.{}", v.proposal_id, v.seq));
-                    row.voters = m.membership.voters;
-                    row.learners = m.membership.learners;
-                    row.barrier_lsn = Some(m.membership.barrier_lsn);
-                    row.access_mode = Some(format!("{:?}", m.access_mode));
-                    row.base_lsn = Some(m.base_lsn);
-                }
-                Err(e) => {
-                    row.problem = Some(format!(
-                        "{}: slot {i} at offset {}: {e}",
-                        path.display(),
-                        i * size
-                    ))
-                }
-            }
-            row
-        })
-        .collect()
-}
-
-fn note(first: &mut Option<String>, problem: &Option<String>) {
-    if first.is_none() {
-        first.clone_from(problem);
-    }
-}
-
-fn print_table(r: &InspectReport) {
-    println!(
-        "log {}  id {}  block size {}",
-        r.dir,
-        r.log_id.map_or("?".into(), |i| format!("{i:#018x}")),
-        r.block_size.map_or("?".into(), |b| b.to_string())
-    );
-    for m in &r.meta {
-        match &m.problem {
-            None => println!(
-                "meta slot {}: seq {} promised {} voted {} config {} voters {:?} learners {:?} \
-                 barrier {} mode {} base lsn {}",
-                m.slot,
-                m.seq.unwrap_or_default(),
-                m.promised_proposal_id.unwrap_or_default(),
-                m.voted_for.map_or("-".into(), |v| v.to_string()),
-                m.config_version.as_deref().unwrap_or("?"),
-                m.voters,
-                m.learners,
-                m.barrier_lsn.unwrap_or_default(),
-                m.access_mode.as_deref().unwrap_or("?"),
-                m.base_lsn.unwrap_or_default()
-            ),
-            Some(p) => println!("meta slot {}: {p}", m.slot),
-        }
-    }
-    println!(
-        "{:<26} {:>14} {:>14} {:>10} {:>12}  status",
-        "block file", "start lsn", "end lsn", "groups", "bytes"
-    );
-    for b in &r.blocks {
-        println!(
-            "{:<26} {:>14} {:>14} {:>10} {:>12}  {}",
-            b.file,
-            b.start_lsn,
-            b.end_lsn,
-            b.groups,
-            b.log_bytes,
-            b.problem.as_deref().unwrap_or("ok")
-        );
-        if !b.group_list.is_empty() {
-            println!(
-                "    {:>14} {:>9} {:>9} {:>14} {:>7} {:>21}  checksums",
-                "lsn", "size", "proposal", "committed end", "entries", "csn range"
-            );
-        }
-        for g in &b.group_list {
-            let csn = if g.padding {
-                "padding".to_string()
-            } else {
-                format!("{}..={}", g.csn_first.unwrap_or(g.csn_last), g.csn_last)
-            };
-            println!(
-                "    {:>14} {:>9} {:>9} {:>14} {:>7} {:>21}  {}",
-                g.lsn,
-                g.size,
-                g.proposal_id,
-                g.committed_end_lsn,
-                g.entries,
-                csn,
-                if g.checksums_ok { "ok" } else { "BAD" }
-            );
-            for e in &g.entry_list {
-                println!(
-                    "        entry lsn {:>14} size {:>8} csn {:>10}  {}",
-                    e.lsn,
-                    e.size,
-                    e.csn,
-                    e.problem.as_deref().unwrap_or("ok")
-                );
-            }
-        }
-    }
-    if let Some(p) = &r.first_problem {
-        println!("first problem: {p}");
     }
 }

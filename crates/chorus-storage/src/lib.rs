@@ -12,7 +12,7 @@ pub mod fs;
 pub use error::{Result, StorageError};
 pub mod log;
 
-pub use log::{Damage, LogOptions, LogStorage, RecoveryReport};
+pub use log::{Damage, LogOptions, LogStorage, RecoveryReport, SyncPoint};
 pub mod meta;
 
 pub use meta::{MetaRecovery, MetaStorage};

@@ -648,6 +648,53 @@ impl LogStorage {
         self.flushed_end = self.chain.end_lsn;
         Ok(self.flushed_end)
     }
+
+    /// A handle that makes everything appended so far durable without borrowing the log,
+    /// so readers go on while the `fdatasync` runs (the runtime syncs outside its locks).
+    /// Complete earlier blocks were synced when the next block was created, so syncing
+    /// the tail file covers everything up to [`SyncPoint::end`]. Report the outcome with
+    /// [`LogStorage::synced`].
+    pub fn sync_point(&self) -> Result<SyncPoint> {
+        self.check_failed()?;
+        let tail = *self.blocks.keys().next_back().expect("a block");
+        Ok(SyncPoint {
+            file: self.blocks[&tail].clone(),
+            path: self.block_path(tail),
+            end: self.chain.end_lsn,
+        })
+    }
+
+    /// Records the outcome of [`SyncPoint::sync`]: on success everything below the
+    /// point's end is durable; on failure the storage moves to the failed state (after a
+    /// failed fsync the durability of earlier writes is unknown). A point taken before a
+    /// truncation below its end is ignored (its end no longer names this log's bytes).
+    pub fn synced(&mut self, point: &SyncPoint, r: Result<()>) -> Result<Lsn> {
+        self.fail(r)?;
+        if point.end <= self.chain.end_lsn && point.end > self.flushed_end {
+            self.flushed_end = point.end;
+        }
+        Ok(self.flushed_end)
+    }
+}
+
+/// See [`LogStorage::sync_point`].
+#[derive(Debug)]
+pub struct SyncPoint {
+    file: Arc<dyn FsFile>,
+    path: PathBuf,
+    end: Lsn,
+}
+
+impl SyncPoint {
+    /// The LSN below which [`SyncPoint::sync`] makes the log durable.
+    pub fn end(&self) -> Lsn {
+        self.end
+    }
+
+    /// One `fdatasync` of the tail block file.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().ctx(&self.path, "fdatasync")
+    }
 }
 
 impl LogStorage {
@@ -733,6 +780,39 @@ impl LogStorage {
             .ctx(&path, "read")?;
         h.verify_body(&body).map_err(corrupt)?;
         Ok((h, body))
+    }
+
+    /// Reads and checks only the header of the group that starts at `lsn` (one small
+    /// read): enough to walk group boundaries without reading bodies.
+    pub fn read_header(&self, lsn: Lsn) -> Result<GroupHeader> {
+        if lsn < self.start_lsn {
+            return Err(StorageError::Trimmed {
+                lsn,
+                start: self.start_lsn,
+            });
+        }
+        if lsn >= self.chain.end_lsn {
+            return Err(StorageError::BeyondEnd {
+                lsn,
+                end: self.chain.end_lsn,
+            });
+        }
+        let id = lsn / self.block_size;
+        let path = self.block_path(id);
+        let off = BLOCK_HEADER_SIZE as u64 + lsn % self.block_size;
+        let mut hb = [0u8; GROUP_HEADER_SIZE];
+        let file: &dyn FsFile = self.blocks[&id].as_ref();
+        file.read_exact_at(&mut hb, off).ctx(&path, "read")?;
+        let h = GroupHeader::decode(&hb).map_err(|source| StorageError::Corrupt {
+            path: path.clone(),
+            file_offset: off,
+            lsn,
+            source,
+        })?;
+        if h.lsn != lsn {
+            return Err(StorageError::NotAGroupBoundary { lsn });
+        }
+        Ok(h)
     }
 
     /// The damaged range found at open, if any (see [`LogStorage::open_damaged`]).

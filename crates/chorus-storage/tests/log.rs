@@ -73,6 +73,11 @@ fn all_bytes(log: &LogStorage) -> Vec<u8> {
     let mut out = Vec::new();
     for g in log.iter_from(log.start_lsn()) {
         let (h, body) = g.unwrap();
+        assert_eq!(
+            log.read_header(h.lsn).unwrap(),
+            h,
+            "header-only read agrees"
+        );
         out.extend_from_slice(&h.encode());
         out.extend_from_slice(&body);
     }
@@ -206,8 +211,15 @@ fn crash_recovery(o: LogOptions) {
                     log.append(&g).unwrap();
                     written.extend_from_slice(&g);
                 }
-                6..=7 => {
+                6 => {
                     synced = log.sync().unwrap() as usize;
+                    assert_eq!(synced, written.len());
+                }
+                7 => {
+                    // The runtime's path: sync outside the log's borrow, then report.
+                    let point = log.sync_point().unwrap();
+                    let r = point.sync();
+                    synced = log.synced(&point, r).unwrap() as usize;
                     assert_eq!(synced, written.len());
                 }
                 _ => {
@@ -403,4 +415,27 @@ fn failed_fsync_fails_the_storage() {
     fs.crash(CrashMode::Prefix);
     let (log, _) = LogStorage::open(dyn_fs, &dir, opts(), LOG_ID).unwrap();
     assert_eq!(log.end_lsn(), 0, "writes whose fsync failed are gone");
+}
+
+#[test]
+fn failed_sync_point_fails_the_storage() {
+    let (fs, dyn_fs, dir) = sim();
+    let mut log = LogStorage::create(dyn_fs, &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(10);
+    let g = next_groups(&mut rng, &log.chain(), 3);
+    log.append(&g).unwrap();
+    let point = log.sync_point().unwrap();
+    assert_eq!(point.end(), log.end_lsn());
+    fs.fail_next_sync(None);
+    let r = point.sync();
+    assert!(matches!(
+        log.synced(&point, r),
+        Err(StorageError::Io { .. })
+    ));
+    assert_eq!(log.flushed_end(), 0, "nothing reported durable");
+    assert!(matches!(log.sync_point(), Err(StorageError::Failed { .. })));
+    assert!(matches!(
+        log.read_header(log.end_lsn()),
+        Err(StorageError::BeyondEnd { .. })
+    ));
 }

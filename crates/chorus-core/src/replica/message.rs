@@ -1,7 +1,7 @@
 //! Messages between replicas of one log group.
 //!
-//! These are the protocol's vocabulary; the wire codec lives with the transport (runtime
-//! issue). Every field a receiver acts on is checked by the receiver (drops are
+//! These are the protocol's vocabulary; their wire encoding is
+//! [`crate::format::wire`]. Every field a receiver acts on is checked by the receiver (drops are
 //! counted in [`super::Replica::drops`]): a message is a claim, not a fact.
 
 use crate::format::meta::{ConfigVersion, Membership, NodeId};

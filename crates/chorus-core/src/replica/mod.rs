@@ -716,6 +716,11 @@ impl Replica {
         })
     }
 
+    /// Whether actions are waiting to be taken (a driver wakes its worker only then).
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// Takes the actions produced so far, in order.
     pub fn take_actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.actions)

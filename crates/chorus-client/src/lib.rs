@@ -1,0 +1,428 @@
+//! Rust client for the Chorus gRPC API (`proto/chorus.proto`).
+//!
+//! [`Client`] talks to a cluster given the API endpoints of its nodes: leader-only
+//! operations (append, membership, leader transfer) find the leader by trying endpoints
+//! (a follower answers `FAILED_PRECONDITION`) and remember it; reads go to any node.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), chorus_client::ClientError> {
+//! let mut c = chorus_client::Client::new(vec!["http://127.0.0.1:7001".into()]);
+//! let results = c.append(1, vec![b"hello".to_vec()], 0).await?;
+//! println!("committed at LSN {}", results[0].lsn);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Types and stubs generated from `proto/chorus.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("chorus.v1");
+}
+
+use pb::chorus_client::ChorusClient;
+
+/// What went wrong talking to the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// An endpoint string is not a valid URI.
+    #[error("endpoint `{endpoint}` is not valid: {detail} (expected e.g. http://127.0.0.1:7001)")]
+    BadEndpoint {
+        /// The endpoint given.
+        endpoint: String,
+        /// Why.
+        detail: String,
+    },
+    /// No endpoints were given.
+    #[error("no endpoints given")]
+    NoEndpoints,
+    /// No endpoint accepted a leader-only operation before the deadline.
+    #[error("no leader found for group {group} within {waited:?} (last answer: {last})")]
+    NoLeader {
+        /// The group.
+        group: u64,
+        /// How long it tried.
+        waited: Duration,
+        /// The last error seen.
+        last: String,
+    },
+    /// The server answered with an error.
+    #[error("{endpoint}: {code:?}: {message}")]
+    Status {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// gRPC status code.
+        code: Code,
+        /// Message.
+        message: String,
+    },
+    /// The connection broke while a non-idempotent request (an append, a membership
+    /// change) was in flight: it may or may not have taken effect. For an append, read
+    /// the log to find out; never blindly retry it (that could append twice).
+    #[error("{endpoint}: outcome unknown, the connection broke during the request: {detail}")]
+    Indeterminate {
+        /// The endpoint.
+        endpoint: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The endpoint could not be reached.
+    #[error("{endpoint}: unreachable: {detail}")]
+    Unreachable {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        detail: String,
+    },
+}
+
+impl ClientError {
+    fn status(endpoint: &str, s: Status) -> Self {
+        ClientError::Status {
+            endpoint: endpoint.to_string(),
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+/// A connection to a Chorus cluster (see the crate docs).
+#[derive(Debug)]
+pub struct Client {
+    endpoints: Vec<String>,
+    conns: Vec<Option<ChorusClient<Channel>>>,
+    leader: std::collections::HashMap<u64, usize>,
+    /// How long leader-only operations keep looking for a leader.
+    pub leader_timeout: Duration,
+}
+
+impl Client {
+    /// A client for these endpoints (`http://host:port`); connections open lazily.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        let n = endpoints.len();
+        Self {
+            endpoints,
+            conns: vec![None; n],
+            leader: Default::default(),
+            leader_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The gRPC stub for endpoint `i`, connecting if needed.
+    pub async fn conn(&mut self, i: usize) -> Result<ChorusClient<Channel>, ClientError> {
+        if let Some(c) = &self.conns[i] {
+            return Ok(c.clone());
+        }
+        let ep = &self.endpoints[i];
+        let e = Endpoint::from_shared(ep.clone())
+            .map_err(|e| ClientError::BadEndpoint {
+                endpoint: ep.clone(),
+                detail: e.to_string(),
+            })?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true);
+        let ch = e.connect().await.map_err(|e| ClientError::Unreachable {
+            endpoint: ep.clone(),
+            detail: format!("{e}: {}", source_chain(&e)),
+        })?;
+        let c = ChorusClient::new(ch)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        self.conns[i] = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Runs a leader-only call, trying endpoints until one accepts. A call that is not
+    /// `idempotent` is retried elsewhere only when it surely did not take effect: the
+    /// endpoint is not the leader, or the connection could not be made.
+    async fn on_leader<T, F, Fut>(
+        &mut self,
+        group: u64,
+        idempotent: bool,
+        mut call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut(ChorusClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        if self.endpoints.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        let start = tokio::time::Instant::now();
+        let n = self.endpoints.len();
+        let mut i = *self.leader.get(&group).unwrap_or(&0);
+        let mut last = String::new();
+        loop {
+            for _ in 0..n {
+                match self.conn(i).await {
+                    Ok(c) => match call(c).await {
+                        Ok(v) => {
+                            self.leader.insert(group, i);
+                            return Ok(v);
+                        }
+                        Err(s)
+                            if !idempotent
+                                && matches!(
+                                    s.code(),
+                                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                                )
+                                && !not_sent(&s) =>
+                        {
+                            self.conns[i] = None;
+                            return Err(ClientError::Indeterminate {
+                                endpoint: self.endpoints[i].clone(),
+                                detail: s.message().to_string(),
+                            });
+                        }
+                        Err(s)
+                            if matches!(
+                                s.code(),
+                                Code::FailedPrecondition | Code::Unavailable | Code::Unknown
+                            ) =>
+                        {
+                            last = format!("{}: {}", self.endpoints[i], s.message());
+                            if s.code() != Code::FailedPrecondition {
+                                self.conns[i] = None;
+                            }
+                        }
+                        Err(s) => return Err(ClientError::status(&self.endpoints[i], s)),
+                    },
+                    Err(e) => last = e.to_string(),
+                }
+                i = (i + 1) % n;
+            }
+            if start.elapsed() >= self.leader_timeout {
+                return Err(ClientError::NoLeader {
+                    group,
+                    waited: start.elapsed(),
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Appends records (in order, consecutive LSNs) and waits for each final result.
+    pub async fn append(
+        &mut self,
+        group: u64,
+        records: Vec<Vec<u8>>,
+        ref_csn: u64,
+    ) -> Result<Vec<pb::AppendResult>, ClientError> {
+        let req = pb::AppendRequest {
+            group,
+            records,
+            ref_csn,
+        };
+        self.on_leader(group, false, |mut c| {
+            let req = req.clone();
+            async move { c.append(req).await.map(|r| r.into_inner().results) }
+        })
+        .await
+    }
+
+    /// A membership change, sent to the leader.
+    pub async fn change_membership(
+        &mut self,
+        req: pb::ChangeMembershipRequest,
+    ) -> Result<(), ClientError> {
+        let group = req.group;
+        self.on_leader(group, false, |mut c| {
+            let req = req.clone();
+            async move { c.change_membership(req).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// Hands leadership of `group` to `to`.
+    pub async fn transfer_leader(&mut self, group: u64, to: u64) -> Result<(), ClientError> {
+        self.on_leader(group, true, |mut c| async move {
+            c.transfer_leader(pb::TransferLeaderRequest { group, to })
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+
+    /// Runs `call` on the first endpoint that answers (reads work on any replica).
+    async fn on_any<T, F, Fut>(&mut self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(ChorusClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let mut last = ClientError::NoEndpoints;
+        for i in 0..self.endpoints.len() {
+            match self.conn(i).await {
+                Ok(c) => match call(c).await {
+                    Ok(v) => return Ok(v),
+                    Err(s) if s.code() == Code::Unavailable => {
+                        self.conns[i] = None;
+                        last = ClientError::status(&self.endpoints[i], s);
+                    }
+                    Err(s) => return Err(ClientError::status(&self.endpoints[i], s)),
+                },
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Reads committed records of `group` from `from_lsn`.
+    pub async fn read(
+        &mut self,
+        group: u64,
+        from_lsn: u64,
+        max_records: u32,
+    ) -> Result<pb::ReadResponse, ClientError> {
+        self.on_any(|mut c| async move {
+            c.read(pb::ReadRequest {
+                group,
+                from_lsn,
+                max_records,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// Streams committed records of `group` from `from_lsn`, waiting for new ones.
+    pub async fn tail(
+        &mut self,
+        group: u64,
+        from_lsn: u64,
+    ) -> Result<tonic::Streaming<pb::ReadResponse>, ClientError> {
+        self.on_any(|mut c| async move {
+            c.tail(pb::TailRequest {
+                group,
+                from_lsn,
+                max_records: 0,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// Finds the first committed record of `group` with CSN at least `csn`.
+    pub async fn locate(&mut self, group: u64, csn: u64) -> Result<Option<u64>, ClientError> {
+        self.on_any(|mut c| async move {
+            c.locate(pb::LocateRequest { group, csn })
+                .await
+                .map(|r| r.into_inner())
+        })
+        .await
+        .map(|r| r.found.then_some(r.lsn))
+    }
+
+    /// The status of every endpoint (an error for those that do not answer).
+    pub async fn status_all(
+        &mut self,
+        group: u64,
+    ) -> Vec<(String, Result<pb::StatusResponse, ClientError>)> {
+        let mut out = Vec::new();
+        for i in 0..self.endpoints.len() {
+            let ep = self.endpoints[i].clone();
+            let r = match self.conn(i).await {
+                Ok(mut c) => c
+                    .status(pb::StatusRequest { group })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|s| {
+                        self.conns[i] = None;
+                        ClientError::status(&ep, s)
+                    }),
+                Err(e) => Err(e),
+            };
+            out.push((ep, r));
+        }
+        out
+    }
+
+    /// Creates `group` on every endpoint with the initial membership. Endpoints where it
+    /// already exists count as done.
+    pub async fn create_group(
+        &mut self,
+        group: u64,
+        voters: Vec<u64>,
+        learners: Vec<u64>,
+    ) -> Result<(), ClientError> {
+        for i in 0..self.endpoints.len() {
+            let mut c = self.conn(i).await?;
+            let r = c
+                .create_group(pb::CreateGroupRequest {
+                    group,
+                    voters: voters.clone(),
+                    learners: learners.clone(),
+                })
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(s) if s.code() == Code::AlreadyExists => {}
+                Err(s) => return Err(ClientError::status(&self.endpoints[i], s)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the election priority of the replica at endpoint `i`.
+    pub async fn set_priority(
+        &mut self,
+        i: usize,
+        group: u64,
+        priority: u32,
+    ) -> Result<(), ClientError> {
+        let ep = self.endpoints[i].clone();
+        let mut c = self.conn(i).await?;
+        c.set_priority(pb::SetPriorityRequest { group, priority })
+            .await
+            .map(|_| ())
+            .map_err(|s| ClientError::status(&ep, s))
+    }
+
+    /// Trims `group` below `lsn` on every endpoint.
+    pub async fn trim(&mut self, group: u64, lsn: u64) -> Result<(), ClientError> {
+        for i in 0..self.endpoints.len() {
+            let ep = self.endpoints[i].clone();
+            let mut c = self.conn(i).await?;
+            c.trim(pb::TrimRequest { group, lsn })
+                .await
+                .map_err(|s| ClientError::status(&ep, s))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a failed call surely never reached the server (the connection could not be
+/// made), so that retrying it elsewhere cannot apply it twice.
+fn not_sent(s: &Status) -> bool {
+    let m = s.message().to_ascii_lowercase();
+    let mut src = std::error::Error::source(s);
+    let mut chain = m.clone();
+    while let Some(e) = src {
+        chain.push_str(&e.to_string().to_ascii_lowercase());
+        src = e.source();
+    }
+    chain.contains("connection refused") || chain.contains("tcp connect error")
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,785 @@
+//! The environment (PALF's PALFEnv, section 3.3): one per process. It owns the data
+//! directory, the worker pool shared by every log group, the transport and the timer,
+//! and hosts any number of log groups.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use chorus_core::format::meta::NodeId;
+use chorus_core::replica::{MembershipChange, Message, ReplicaConfig};
+use chorus_core::{Csn, Lsn};
+use chorus_storage::LogOptions;
+use tokio::sync::watch;
+
+use crate::error::Error;
+use crate::group::{Appended, EnvShared, Group, GroupId, GroupStatus, Record, RoleInfo};
+use crate::pool::Pool;
+use crate::transport::{Handler, TcpConfig, TcpTransport, TlsFiles, Transport, TransportStats};
+
+/// Settings of an [`Env`].
+#[derive(Clone, Debug)]
+pub struct EnvConfig {
+    /// This node's id (unique in the cluster, never 0).
+    pub node: NodeId,
+    /// Directory holding every group's log and meta (`groups/<id>/`).
+    pub data_dir: PathBuf,
+    /// Cluster identity checked in every connection handshake.
+    pub cluster_id: u64,
+    /// Replication listen address (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Address peers dial to reach this node, if not `listen`.
+    pub advertise: Option<String>,
+    /// Replication addresses of the other nodes.
+    pub peers: HashMap<NodeId, String>,
+    /// Worker threads shared by all groups (they also run the fsyncs).
+    pub io_workers: usize,
+    /// Replica timings and limits (the `id` and `seed` fields are set per group).
+    pub replica: ReplicaConfig,
+    /// Log storage options.
+    pub log: LogOptions,
+    /// Largest replication frame.
+    pub max_frame_bytes: u32,
+    /// Mutual TLS for replication, when set.
+    pub tls: Option<TlsFiles>,
+}
+
+impl EnvConfig {
+    /// Defaults for `node` with data under `data_dir`, listening on `listen`.
+    pub fn new(node: NodeId, data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Self {
+        Self {
+            node,
+            data_dir: data_dir.into(),
+            cluster_id: 1,
+            listen,
+            advertise: None,
+            peers: HashMap::new(),
+            io_workers: 4,
+            replica: ReplicaConfig::default(),
+            log: LogOptions::default(),
+            max_frame_bytes: chorus_core::format::wire::DEFAULT_MAX_FRAME_BYTES,
+            tls: None,
+        }
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let bad = |setting: &str, value: String, accepted: &str| {
+            Err(Error::Config {
+                setting: setting.into(),
+                value,
+                accepted: accepted.into(),
+            })
+        };
+        if self.node == 0 {
+            return bad("node", "0".into(), "a node id from 1 to 2^64-1");
+        }
+        if self.io_workers == 0 || self.io_workers > 256 {
+            return bad("io_workers", self.io_workers.to_string(), "1 to 256");
+        }
+        if let Some(a) = &self.advertise {
+            let max = chorus_core::format::wire::MAX_LISTEN_ADDR_BYTES;
+            if a.is_empty() || a.len() > max {
+                return bad(
+                    "advertise",
+                    a.clone(),
+                    &format!("HOST:PORT of 1 to {max} bytes"),
+                );
+            }
+        }
+        if self.replica.max_group_bytes > self.replica.max_message_bytes {
+            return bad(
+                "replica.max_group_bytes",
+                self.replica.max_group_bytes.to_string(),
+                "at most replica.max_message_bytes (a message carries whole groups)",
+            );
+        }
+        let frame_floor = (self.replica.max_message_bytes as u64) + (1 << 16);
+        if (self.max_frame_bytes as u64) < frame_floor {
+            return bad(
+                "max_frame_bytes",
+                self.max_frame_bytes.to_string(),
+                &format!("at least the replica's max_message_bytes plus 64 KiB ({frame_floor})"),
+            );
+        }
+        Ok(())
+    }
+}
+
+struct Router {
+    groups: RwLock<HashMap<GroupId, Arc<Group>>>,
+    unknown_group: std::sync::atomic::AtomicU64,
+}
+
+impl Handler for Router {
+    fn deliver(&self, from: NodeId, group: u64, msg: Message) {
+        let g = self.groups.read().expect("groups").get(&group).cloned();
+        match g {
+            Some(g) => g.deliver(from, msg),
+            None => {
+                // Counted and logged, never fatal: a group being created or removed on
+                // this node, or a misdirected peer.
+                self.unknown_group.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(from, group, "message for an unknown group dropped");
+            }
+        }
+    }
+}
+
+/// One process's Chorus environment. Cheap to clone (a handle).
+#[derive(Clone)]
+pub struct Env {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: EnvConfig,
+    shared: Arc<EnvShared>,
+    router: Arc<Router>,
+    transport: Arc<TcpTransport>,
+    timer: Mutex<Option<JoinHandle<()>>>,
+    create_lock: Mutex<()>,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Env")
+            .field("node", &self.inner.cfg.node)
+            .field("data_dir", &self.inner.cfg.data_dir)
+            .finish()
+    }
+}
+
+impl Env {
+    /// Opens (or initialises) the data directory, opens every group found in it, and
+    /// starts the transport, the worker pool and the timer.
+    pub fn open(cfg: EnvConfig) -> Result<Env, Error> {
+        cfg.check()?;
+        let groups_dir = cfg.data_dir.join("groups");
+        std::fs::create_dir_all(&groups_dir).map_err(|e| Error::Io {
+            what: format!("create {}", groups_dir.display()),
+            source: e,
+        })?;
+        let shared = Arc::new(EnvShared {
+            node: cfg.node,
+            start: Instant::now(),
+            transport: std::sync::OnceLock::new(),
+            pool: Pool::new(),
+            replica: cfg.replica.clone(),
+            log: cfg.log,
+            fsync_hist: Default::default(),
+        });
+        let router = Arc::new(Router {
+            groups: RwLock::new(HashMap::new()),
+            unknown_group: Default::default(),
+        });
+        // Open existing groups before any message can arrive for them.
+        let mut found = Vec::new();
+        let entries = std::fs::read_dir(&groups_dir).map_err(|e| Error::Io {
+            what: format!("list {}", groups_dir.display()),
+            source: e,
+        })?;
+        for e in entries {
+            let e = e.map_err(|e| Error::Io {
+                what: format!("list {}", groups_dir.display()),
+                source: e,
+            })?;
+            let name = e.file_name();
+            let Some(id) = name.to_str().and_then(|s| s.parse::<u64>().ok()) else {
+                tracing::warn!(entry = ?name, "ignoring a non-group entry in the groups directory");
+                continue;
+            };
+            found.push((id, e.path()));
+        }
+        found.sort();
+        for (id, path) in found {
+            let g = Group::open(shared.clone(), id, &path)?;
+            router.groups.write().expect("groups").insert(id, g);
+        }
+        let mut tcfg = TcpConfig::new(cfg.node, cfg.listen);
+        tcfg.cluster_id = cfg.cluster_id;
+        tcfg.advertise = cfg.advertise.clone();
+        tcfg.peers = cfg.peers.clone();
+        tcfg.max_frame_bytes = cfg.max_frame_bytes;
+        tcfg.tls = cfg.tls.clone();
+        let transport = Arc::new(TcpTransport::start(tcfg, router.clone())?);
+        let t: Arc<dyn Transport> = transport.clone();
+        let _ = shared.transport.set(t);
+        Pool::start(&shared, cfg.io_workers).map_err(|e| Error::Io {
+            what: "start io workers".into(),
+            source: e,
+        })?;
+        let env = Env {
+            inner: Arc::new(Inner {
+                cfg,
+                shared,
+                router,
+                transport,
+                timer: Mutex::new(None),
+                create_lock: Mutex::new(()),
+                stopped: Default::default(),
+            }),
+        };
+        let weak = Arc::downgrade(&env.inner);
+        let timer = std::thread::Builder::new()
+            .name("chorus-timer".into())
+            .spawn(move || timer_loop(weak))
+            .map_err(|e| Error::Io {
+                what: "start timer".into(),
+                source: e,
+            })?;
+        *env.inner.timer.lock().expect("timer") = Some(timer);
+        for g in env.inner.router.groups.read().expect("groups").values() {
+            env.inner.shared.pool.schedule(g);
+        }
+        Ok(env)
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> NodeId {
+        self.inner.cfg.node
+    }
+
+    /// The replication address this node listens on.
+    pub fn replication_addr(&self) -> SocketAddr {
+        self.inner.transport.local_addr()
+    }
+
+    /// Teaches the transport a peer's replication address (for example a new member's).
+    pub fn set_peer_addr(&self, node: NodeId, addr: String) {
+        self.inner.transport.set_peer_addr(node, addr);
+    }
+
+    /// Creates log group `id` on this node with the initial membership. Every initial
+    /// voter must create it with the same membership; a node joining later (as learner
+    /// or voter, added by the leader) creates it with empty `voters` and learns the
+    /// membership from the leader.
+    pub fn create_group(
+        &self,
+        id: GroupId,
+        voters: &[NodeId],
+        learners: &[NodeId],
+    ) -> Result<LogHandle, Error> {
+        self.check_running()?;
+        let _guard = self.inner.create_lock.lock().expect("create");
+        if self
+            .inner
+            .router
+            .groups
+            .read()
+            .expect("groups")
+            .contains_key(&id)
+        {
+            return Err(Error::GroupExists(id));
+        }
+        let dir = self.group_dir(id);
+        if dir.exists() {
+            return Err(Error::GroupExists(id));
+        }
+        let g = Group::create(
+            self.inner.shared.clone(),
+            id,
+            &dir,
+            voters.to_vec(),
+            learners.to_vec(),
+        )?;
+        self.inner
+            .router
+            .groups
+            .write()
+            .expect("groups")
+            .insert(id, g.clone());
+        self.inner.shared.pool.schedule(&g);
+        tracing::info!(group = id, ?voters, ?learners, "group created");
+        Ok(LogHandle { g })
+    }
+
+    /// The group `id`, if this node hosts it.
+    pub fn group(&self, id: GroupId) -> Result<LogHandle, Error> {
+        self.inner
+            .router
+            .groups
+            .read()
+            .expect("groups")
+            .get(&id)
+            .cloned()
+            .map(|g| LogHandle { g })
+            .ok_or(Error::NoSuchGroup(id))
+    }
+
+    /// Ids of the groups this node hosts, ascending.
+    pub fn groups(&self) -> Vec<GroupId> {
+        let mut v: Vec<_> = self
+            .inner
+            .router
+            .groups
+            .read()
+            .expect("groups")
+            .keys()
+            .copied()
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Stops hosting group `id` and deletes its data. Its pending appends resolve as
+    /// stopped. (Remove the node from the group's membership first, or the group loses a
+    /// replica.)
+    pub fn remove_group(&self, id: GroupId) -> Result<(), Error> {
+        let g = self
+            .inner
+            .router
+            .groups
+            .write()
+            .expect("groups")
+            .remove(&id)
+            .ok_or(Error::NoSuchGroup(id))?;
+        g.shutdown();
+        // Wait for a worker that may be running it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.sched.load(Ordering::Acquire) == crate::group::RUNNING && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::fs::remove_dir_all(&g.dir).map_err(|e| Error::Io {
+            what: format!("remove {}", g.dir.display()),
+            source: e,
+        })?;
+        tracing::info!(group = id, "group removed");
+        Ok(())
+    }
+
+    /// Transport counters.
+    pub fn transport_stats(&self) -> TransportStats {
+        self.inner.transport.stats()
+    }
+
+    /// Every metric in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        let mut out = String::new();
+        let node = self.node();
+        let groups: Vec<(GroupId, Arc<Group>)> = {
+            let g = self.inner.router.groups.read().expect("groups");
+            let mut v: Vec<_> = g.iter().map(|(k, v)| (*k, v.clone())).collect();
+            v.sort_by_key(|x| x.0);
+            v
+        };
+        let statuses: Vec<GroupStatus> = groups.iter().map(|(_, g)| g.status()).collect();
+        type Get = fn(&Group) -> u64;
+        let counters: [(&str, &str, Get); 9] = [
+            (
+                "chorus_appends_total",
+                "Appends accepted by this replica as leader.",
+                |g| g.counters.appends.load(Ordering::Relaxed),
+            ),
+            (
+                "chorus_append_bytes_total",
+                "Payload bytes accepted.",
+                |g| g.counters.append_bytes.load(Ordering::Relaxed),
+            ),
+            ("chorus_commits_total", "Appends reported committed.", |g| {
+                g.counters.committed.load(Ordering::Relaxed)
+            }),
+            ("chorus_failures_total", "Appends reported failed.", |g| {
+                g.counters.failed.load(Ordering::Relaxed)
+            }),
+            (
+                "chorus_log_bytes_written_total",
+                "Bytes written to the log (groups, headers included).",
+                |g| g.counters.log_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "chorus_log_writes_total",
+                "Log write calls (each a batch of groups).",
+                |g| g.counters.log_writes.load(Ordering::Relaxed),
+            ),
+            ("chorus_log_fsyncs_total", "Log fdatasync calls.", |g| {
+                g.counters.fsyncs.load(Ordering::Relaxed)
+            }),
+            (
+                "chorus_meta_saves_total",
+                "Meta record saves (each synced).",
+                |g| g.counters.meta_saves.load(Ordering::Relaxed),
+            ),
+            (
+                "chorus_inputs_dropped_total",
+                "Inputs the replica dropped (bad or stale).",
+                |g| g.counters.drops.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, get) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (id, g) in &groups {
+                let _ = writeln!(out, "{name}{{node=\"{node}\",group=\"{id}\"}} {}", get(g));
+            }
+        }
+        type GetS = fn(&GroupStatus) -> u64;
+        let gauges: [(&str, &str, GetS); 6] = [
+            ("chorus_end_lsn", "End of the written log.", |s| s.end_lsn),
+            ("chorus_flushed_lsn", "End of the durable log.", |s| {
+                s.flushed_end
+            }),
+            (
+                "chorus_committed_lsn",
+                "Committed end known to this replica.",
+                |s| s.committed_end,
+            ),
+            (
+                "chorus_proposal_id",
+                "Proposal id (term) of the current role.",
+                |s| s.role.proposal_id,
+            ),
+            (
+                "chorus_is_leader",
+                "1 when this replica leads the group.",
+                |s| (s.role.role == chorus_core::replica::Role::Leader) as u64,
+            ),
+            (
+                "chorus_pending_appends",
+                "Appends waiting for a result.",
+                |s| s.pending_appends as u64,
+            ),
+        ];
+        for (name, help, get) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for s in &statuses {
+                let _ = writeln!(
+                    out,
+                    "{name}{{node=\"{node}\",group=\"{}\"}} {}",
+                    s.group,
+                    get(s)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP chorus_follower_lag_bytes Leader only: log bytes a follower has not yet made durable.\n# TYPE chorus_follower_lag_bytes gauge");
+        for s in &statuses {
+            for (f, matched) in &s.followers {
+                let _ = writeln!(
+                    out,
+                    "chorus_follower_lag_bytes{{node=\"{node}\",group=\"{}\",follower=\"{f}\"}} {}",
+                    s.group,
+                    s.end_lsn.saturating_sub(*matched)
+                );
+            }
+        }
+        self.inner.shared.fsync_hist.render(
+            &mut out,
+            "chorus_log_fsync_seconds",
+            "Latency of log fdatasync.",
+            &format!("node=\"{node}\""),
+        );
+        let t = self.transport_stats();
+        for (name, help, v) in [
+            (
+                "chorus_frames_sent_total",
+                "Replication frames queued to peers.",
+                t.frames_sent,
+            ),
+            (
+                "chorus_frames_received_total",
+                "Replication frames received.",
+                t.frames_received,
+            ),
+            (
+                "chorus_frames_dropped_total",
+                "Replication frames dropped (peer unreachable or too slow).",
+                t.frames_dropped,
+            ),
+            (
+                "chorus_bytes_sent_total",
+                "Replication bytes written to sockets.",
+                t.bytes_sent,
+            ),
+            (
+                "chorus_bad_connections_total",
+                "Inbound connections closed for bad input.",
+                t.bad_connections,
+            ),
+            (
+                "chorus_unknown_group_messages_total",
+                "Messages for groups this node does not host.",
+                self.inner.router.unknown_group.load(Ordering::Relaxed),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {v}"
+            );
+        }
+        out
+    }
+
+    /// Stops the timer, the transport and the workers. Pending appends resolve as
+    /// stopped (outcome unknown). Data on disk is untouched.
+    pub fn shutdown(&self) {
+        if self.inner.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(t) = self.inner.timer.lock().expect("timer").take() {
+            let _ = t.join();
+        }
+        self.inner.transport.shutdown();
+        self.inner.shared.pool.shutdown();
+        let groups: Vec<_> = self
+            .inner
+            .router
+            .groups
+            .write()
+            .expect("groups")
+            .drain()
+            .map(|(_, g)| g)
+            .collect();
+        for g in groups {
+            g.shutdown();
+        }
+    }
+
+    fn check_running(&self) -> Result<(), Error> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    fn group_dir(&self, id: GroupId) -> PathBuf {
+        group_dir(&self.inner.cfg.data_dir, id)
+    }
+}
+
+/// Directory of group `id` under a data directory.
+pub fn group_dir(data_dir: &Path, id: GroupId) -> PathBuf {
+    data_dir.join("groups").join(format!("{id:020}"))
+}
+
+/// Ticks every group: often (1 ms, the freeze interval of PALF section 6) while it has
+/// appends waiting, otherwise every 10 ms (pings, heartbeats and leases are hundreds of
+/// milliseconds).
+fn timer_loop(env: std::sync::Weak<Inner>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(1));
+        let Some(inner) = env.upgrade() else { return };
+        if inner.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = inner.shared.now();
+        let groups: Vec<Arc<Group>> = inner
+            .router
+            .groups
+            .read()
+            .expect("groups")
+            .values()
+            .cloned()
+            .collect();
+        for g in groups {
+            let last = g.last_tick.load(Ordering::Relaxed);
+            let period = if g.busy.load(Ordering::Relaxed) {
+                1_000_000
+            } else {
+                10_000_000
+            };
+            if now.saturating_sub(last) >= period && !g.tick_due.swap(true, Ordering::AcqRel) {
+                inner.shared.pool.schedule(&g);
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.transport.shutdown();
+        self.shared.pool.shutdown();
+        for (_, g) in self.router.groups.write().expect("groups").drain() {
+            g.shutdown();
+        }
+    }
+}
+
+/// A handle on one log group: the file-like API of PALF (Fig. 3). Cheap to clone.
+#[derive(Clone)]
+pub struct LogHandle {
+    g: Arc<Group>,
+}
+
+impl std::fmt::Debug for LogHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogHandle")
+            .field("group", &self.g.id)
+            .finish()
+    }
+}
+
+impl LogHandle {
+    /// The group's id.
+    pub fn id(&self) -> GroupId {
+        self.g.id
+    }
+
+    /// Appends `record` with reference CSN `ref_csn` (the record's CSN will be at least
+    /// that, PALF section 4.2). Returns at once with the LSN and CSN and a future that
+    /// resolves once to Committed or Failed. Refused (with a reason and, when not leader,
+    /// a leader hint) if this replica is not the serving leader, the window of
+    /// uncommitted log is full, or the record is too large.
+    pub fn append(&self, record: &[u8], ref_csn: Csn) -> Result<Appended, Error> {
+        self.g.append(record, ref_csn)
+    }
+
+    /// Reads the committed record at `lsn`.
+    pub fn read(&self, lsn: Lsn) -> Result<Record, Error> {
+        self.g.read(lsn)
+    }
+
+    /// An iterator over committed records from `lsn` (a record's LSN, or any group
+    /// boundary such as 0 or [`LogHandle::committed_end`]).
+    pub fn reader(&self, lsn: Lsn) -> LogReader {
+        LogReader {
+            g: self.g.clone(),
+            pos: lsn,
+            buf: VecDeque::new(),
+            tail: self.g.subscribe_tail(),
+        }
+    }
+
+    /// LSN of the first committed record whose CSN is at least `csn`, if any.
+    pub fn locate(&self, csn: Csn) -> Result<Option<Lsn>, Error> {
+        self.g.locate(csn)
+    }
+
+    /// The committed end LSN known here.
+    pub fn committed_end(&self) -> Lsn {
+        self.g.committed_end()
+    }
+
+    /// Subscribes to the committed end (PALF's monitor_tail).
+    pub fn subscribe_tail(&self) -> watch::Receiver<Lsn> {
+        self.g.subscribe_tail()
+    }
+
+    /// Subscribes to role changes (PALF's monitor_role).
+    pub fn subscribe_role(&self) -> watch::Receiver<RoleInfo> {
+        self.g.subscribe_role()
+    }
+
+    /// The current role.
+    pub fn role(&self) -> RoleInfo {
+        *self.g.subscribe_role().borrow()
+    }
+
+    /// Deletes the log below `lsn` (committed only; block-granular on disk).
+    pub fn trim(&self, lsn: Lsn) -> Result<(), Error> {
+        self.g.trim(lsn)
+    }
+
+    /// Starts a single-member membership change (leader only; PALF section 5.3).
+    pub fn change_membership(&self, change: MembershipChange) -> Result<(), Error> {
+        self.g.change(change)
+    }
+
+    /// Hands leadership to voter `to` (leader only).
+    pub fn transfer_leader(&self, to: NodeId) -> Result<(), Error> {
+        self.g.transfer(to)
+    }
+
+    /// Sets this replica's election priority (higher wins after config version).
+    pub fn set_priority(&self, priority: u32) {
+        self.g.control(|r, _| r.set_priority(priority));
+    }
+
+    /// A snapshot of the group's state here.
+    pub fn status(&self) -> GroupStatus {
+        self.g.status()
+    }
+
+    /// Waits until the committed end passes `lsn` or `timeout` elapses; returns the
+    /// committed end.
+    pub fn wait_committed_past(&self, lsn: Lsn, timeout: Duration) -> Lsn {
+        self.g.wait_committed_past(lsn, timeout)
+    }
+}
+
+/// Iterates over committed records in LSN order, and can follow the committed tail.
+pub struct LogReader {
+    g: Arc<Group>,
+    pos: Lsn,
+    buf: VecDeque<Record>,
+    tail: watch::Receiver<Lsn>,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("group", &self.g.id)
+            .field("pos", &self.pos)
+            .finish()
+    }
+}
+
+impl LogReader {
+    /// The next committed record, or `None` at the committed end (call again later, or
+    /// use [`LogReader::next_wait`] / [`LogReader::next_async`] to wait).
+    pub fn try_next(&mut self) -> Result<Option<Record>, Error> {
+        if self.buf.is_empty() {
+            self.pos = self.g.read_next(self.pos, &mut self.buf)?;
+        }
+        Ok(self.buf.pop_front())
+    }
+
+    /// The next committed record, waiting up to `timeout` for one to commit.
+    pub fn next_wait(&mut self, timeout: Duration) -> Result<Option<Record>, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.try_next()? {
+                return Ok(Some(r));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.g.removed.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            self.g.wait_committed_past(self.pos, left);
+        }
+    }
+
+    /// The next committed record, waiting for it (for async callers).
+    pub async fn next_async(&mut self) -> Result<Record, Error> {
+        loop {
+            if let Some(r) = self.try_next()? {
+                return Ok(r);
+            }
+            if self.tail.changed().await.is_err() {
+                return Err(Error::Shutdown);
+            }
+        }
+    }
+
+    /// Where the reader continues (a group boundary once buffered records are consumed).
+    pub fn position(&self) -> Lsn {
+        self.buf.front().map_or(self.pos, |r| r.lsn)
+    }
+}
+
+impl Iterator for LogReader {
+    type Item = Result<Record, Error>;
+
+    /// Committed records until the committed end (does not wait).
+    fn next(&mut self) -> Option<Self::Item> {
+        self.try_next().transpose()
+    }
+}
+
+/// Per-group metadata visible from the CLI: the groups directory as a map of ids.
+pub fn list_group_dirs(data_dir: &Path) -> BTreeMap<GroupId, PathBuf> {
+    let mut out = BTreeMap::new();
+    if let Ok(rd) = std::fs::read_dir(data_dir.join("groups")) {
+        for e in rd.flatten() {
+            if let Some(id) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+                out.insert(id, e.path());
+            }
+        }
+    }
+    out
+}

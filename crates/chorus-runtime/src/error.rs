@@ -1,0 +1,101 @@
+//! Errors of the runtime and its API.
+
+use chorus_core::replica::{AppendError, ChangeError};
+use chorus_core::Lsn;
+use chorus_storage::StorageError;
+
+/// What went wrong in the runtime. Every variant names what it refers to.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting has a value that is not accepted.
+    #[error("setting `{setting}`: value `{value}` is not accepted; expected {accepted}")]
+    Config {
+        /// The setting.
+        setting: String,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        accepted: String,
+    },
+    /// An operating-system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Storage refused or failed.
+    #[error("group {group}: storage: {source}")]
+    Storage {
+        /// The log group.
+        group: u64,
+        /// The storage error.
+        #[source]
+        source: StorageError,
+    },
+    /// No such log group on this node.
+    #[error("no log group {0} on this node")]
+    NoSuchGroup(u64),
+    /// The group already exists.
+    #[error("log group {0} already exists")]
+    GroupExists(u64),
+    /// The append was refused before it got an LSN.
+    #[error("group {group}: append refused: {source}")]
+    Append {
+        /// The log group.
+        group: u64,
+        /// Why.
+        #[source]
+        source: AppendError,
+    },
+    /// A membership change or leader transfer was refused.
+    #[error("group {group}: change refused: {source}")]
+    Change {
+        /// The log group.
+        group: u64,
+        /// Why.
+        #[source]
+        source: ChangeError,
+    },
+    /// A read asked for log that is not (or not yet) committed.
+    #[error("group {group}: LSN {lsn} is at or beyond the committed end {committed}")]
+    NotCommitted {
+        /// The log group.
+        group: u64,
+        /// The LSN asked for.
+        lsn: Lsn,
+        /// The committed end.
+        committed: Lsn,
+    },
+    /// A read named an LSN that is not the start of a record.
+    #[error("group {group}: LSN {lsn} is not the start of a record")]
+    NotARecord {
+        /// The log group.
+        group: u64,
+        /// The LSN asked for.
+        lsn: Lsn,
+    },
+    /// The group was trimmed past the LSN.
+    #[error("group {group}: LSN {lsn} was trimmed (log starts at {start})")]
+    Trimmed {
+        /// The log group.
+        group: u64,
+        /// The LSN asked for.
+        lsn: Lsn,
+        /// The first LSN still kept.
+        start: Lsn,
+    },
+    /// The group stopped: it halted (no valid copy of committed data) or its storage failed.
+    #[error("group {group} stopped: {reason}")]
+    Stopped {
+        /// The log group.
+        group: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The environment was shut down.
+    #[error("the environment is shut down")]
+    Shutdown,
+}

@@ -1,0 +1,921 @@
+//! One log group hosted by an [`crate::Env`]: the pure replica, its storage, and the
+//! driver that executes the replica's actions.
+//!
+//! # Threads and locks
+//!
+//! - `core` (a mutex) guards the replica and the table of waiting appenders. Appenders,
+//!   transport readers and control calls lock it only to call the replica (microseconds)
+//!   and never do IO under it: PALF section 6's point that the append path must not wait
+//!   on IO. An appender gets its LSN and CSN under this lock and returns at once.
+//! - `io` (a read-write lock) guards the log and meta storage. Only the driver writes;
+//!   readers share it. The `fdatasync` runs with *no* lock held
+//!   ([`chorus_storage::SyncPoint`]), so reads and appends go on during it: the next
+//!   group fills up while the previous one syncs (group commit).
+//! - The driver runs on the environment's bounded worker pool; a group is on at most one
+//!   worker at a time (the pool's scheduling states), so the replica's actions execute in order.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use chorus_core::format::entry::EntryIter;
+use chorus_core::format::group::{entry_lsn, GroupHeader};
+use chorus_core::format::meta::{Membership, MetaRecord, NodeId};
+use chorus_core::replica::{
+    Action, MembershipChange, Message, Nanos, Outcome, ReadPurpose, Replica, ReplicaConfig, Role,
+};
+use chorus_core::{Csn, Lsn};
+use chorus_storage::fs::{FileSystem, RealFs};
+use chorus_storage::{LogOptions, LogStorage, MetaStorage, StorageError};
+use tokio::sync::{oneshot, watch};
+
+use crate::error::Error;
+use crate::pool::Pool;
+use crate::transport::Transport;
+
+/// Identity of a log group within an environment (also the log id in its block headers).
+pub type GroupId = u64;
+
+/// A committed record read back from the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Its LSN (byte offset of the entry in the log).
+    pub lsn: Lsn,
+    /// Its CSN.
+    pub csn: Csn,
+    /// The bytes the appender gave.
+    pub data: Vec<u8>,
+}
+
+/// The final result of an append, delivered once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendResult {
+    /// The record's LSN.
+    pub lsn: Lsn,
+    /// The record's CSN.
+    pub csn: Csn,
+    /// Committed or Failed (PALF section 4.1: explicit results).
+    pub outcome: Outcome,
+}
+
+/// Role of this replica of a group, as published to subscribers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoleInfo {
+    /// The role.
+    pub role: Role,
+    /// The proposal id it holds it under.
+    pub proposal_id: u64,
+    /// The leader this replica follows (itself when leading), if known.
+    pub leader: Option<NodeId>,
+}
+
+/// A snapshot of a group's state for `status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// The group.
+    pub group: GroupId,
+    /// This node.
+    pub node: NodeId,
+    /// Role, proposal id and leader.
+    pub role: RoleInfo,
+    /// First LSN still in the log.
+    pub start_lsn: Lsn,
+    /// End of the log (written).
+    pub end_lsn: Lsn,
+    /// End of the durable log.
+    pub flushed_end: Lsn,
+    /// Committed end known to this replica.
+    pub committed_end: Lsn,
+    /// The membership this replica holds.
+    pub membership: Membership,
+    /// Leader only: each follower's matched (durable and agreeing) end LSN.
+    pub followers: Vec<(NodeId, Lsn)>,
+    /// Appends waiting for a result.
+    pub pending_appends: usize,
+    /// Why the group stopped, if it did.
+    pub stopped: Option<String>,
+    /// Inputs the replica dropped, by reason.
+    pub drops: Vec<(String, u64)>,
+}
+
+/// Counters of one group (monotonic).
+#[derive(Debug, Default)]
+pub struct GroupCounters {
+    /// Appends accepted.
+    pub appends: AtomicU64,
+    /// Payload bytes accepted.
+    pub append_bytes: AtomicU64,
+    /// Appends that committed.
+    pub committed: AtomicU64,
+    /// Appends that failed.
+    pub failed: AtomicU64,
+    /// Bytes written to the log.
+    pub log_bytes: AtomicU64,
+    /// Log writes (one per batch of groups).
+    pub log_writes: AtomicU64,
+    /// Log fdatasyncs.
+    pub fsyncs: AtomicU64,
+    /// Total nanoseconds spent in log fdatasync.
+    pub fsync_nanos: AtomicU64,
+    /// Meta saves.
+    pub meta_saves: AtomicU64,
+    /// Inputs the replica dropped.
+    pub drops: AtomicU64,
+}
+
+pub(crate) struct EnvShared {
+    pub node: NodeId,
+    pub start: Instant,
+    pub transport: std::sync::OnceLock<Arc<dyn Transport>>,
+    pub pool: Pool,
+    pub replica: ReplicaConfig,
+    pub log: LogOptions,
+    pub fsync_hist: crate::metrics::Histogram,
+}
+
+impl EnvShared {
+    pub fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+}
+
+struct Core {
+    replica: Replica,
+    waiters: HashMap<u64, oneshot::Sender<AppendResult>>,
+}
+
+struct Io {
+    log: LogStorage,
+    meta: MetaStorage,
+}
+
+/// Group boundaries of a block, walked from its headers and cached (reads by LSN and
+/// `locate` need them; the replica only keeps recent groups in memory).
+#[derive(Clone, Copy, Debug)]
+struct GroupInfo {
+    lsn: Lsn,
+    end: Lsn,
+    max_csn: Csn,
+    entries: u32,
+}
+
+#[derive(Default)]
+struct ReadIndex {
+    blocks: HashMap<u64, Vec<GroupInfo>>,
+}
+
+enum Feedback {
+    MetaSaved(u64),
+    Flushed(Lsn),
+    Read(
+        ReadPurpose,
+        Lsn,
+        Result<(chorus_core::format::group::ChainPoint, Vec<u8>), String>,
+    ),
+    RepairRefused(NodeId),
+}
+
+pub(crate) const IDLE: u8 = 0;
+pub(crate) const QUEUED: u8 = 1;
+pub(crate) const RUNNING: u8 = 2;
+pub(crate) const DIRTY: u8 = 3;
+
+pub(crate) struct Group {
+    pub id: GroupId,
+    pub dir: PathBuf,
+    env: Arc<EnvShared>,
+    pub sched: AtomicU8,
+    pub tick_due: AtomicBool,
+    pub busy: AtomicBool,
+    pub last_tick: AtomicU64,
+    core: Mutex<Core>,
+    io: RwLock<Io>,
+    index: Mutex<ReadIndex>,
+    commit_tx: watch::Sender<Lsn>,
+    commit_cv: (Mutex<Lsn>, Condvar),
+    role_tx: watch::Sender<RoleInfo>,
+    stopped: Mutex<Option<String>>,
+    pub removed: AtomicBool,
+    pub counters: GroupCounters,
+}
+
+fn storage(group: u64) -> impl Fn(StorageError) -> Error {
+    move |source| Error::Storage { group, source }
+}
+
+impl Group {
+    /// Creates the group's directory, meta and log with the initial membership.
+    pub fn create(
+        env: Arc<EnvShared>,
+        id: GroupId,
+        dir: &Path,
+        voters: Vec<NodeId>,
+        learners: Vec<NodeId>,
+    ) -> Result<Arc<Self>, Error> {
+        let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
+        fs.create_dir_all(dir).map_err(|e| Error::Io {
+            what: format!("create {}", dir.display()),
+            source: e,
+        })?;
+        let record = MetaRecord {
+            log_id: id,
+            block_size: env.log.block_size,
+            membership: Membership {
+                voters,
+                learners,
+                ..Membership::default()
+            },
+            ..MetaRecord::default()
+        };
+        MetaStorage::create(fs.clone(), dir, &record).map_err(storage(id))?;
+        LogStorage::create(fs, dir, env.log, id).map_err(storage(id))?;
+        Self::open(env, id, dir)
+    }
+
+    /// Opens an existing group from its directory (recovery: PALF section 3.4 and the
+    /// piggyback paper's section 5; a damaged range starts the replica in repair mode).
+    pub fn open(env: Arc<EnvShared>, id: GroupId, dir: &Path) -> Result<Arc<Self>, Error> {
+        let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
+        let (log, report) =
+            LogStorage::open_damaged(fs.clone(), dir, env.log, id).map_err(storage(id))?;
+        if let Some((lsn, bytes)) = report.torn_tail {
+            tracing::info!(group = id, lsn, bytes, "cut a torn log tail");
+        }
+        let (meta, _) = MetaStorage::open(fs, dir).map_err(storage(id))?;
+        let replica = build_replica(&env, id, &log, &meta)?;
+        let committed = replica.committed_end();
+        let role = RoleInfo {
+            role: replica.role(),
+            proposal_id: replica.proposal_id(),
+            leader: replica.leader(),
+        };
+        let g = Arc::new(Self {
+            id,
+            dir: dir.to_path_buf(),
+            env,
+            sched: AtomicU8::new(IDLE),
+            tick_due: AtomicBool::new(true),
+            busy: AtomicBool::new(false),
+            last_tick: AtomicU64::new(0),
+            core: Mutex::new(Core {
+                replica,
+                waiters: HashMap::new(),
+            }),
+            io: RwLock::new(Io { log, meta }),
+            index: Mutex::new(ReadIndex::default()),
+            commit_tx: watch::Sender::new(committed),
+            commit_cv: (Mutex::new(committed), Condvar::new()),
+            role_tx: watch::Sender::new(role),
+            stopped: Mutex::new(None),
+            removed: AtomicBool::new(false),
+            counters: GroupCounters::default(),
+        });
+        Ok(g)
+    }
+
+    fn schedule(self: &Arc<Self>) {
+        self.env.pool.schedule(self);
+    }
+
+    /// A message from a peer.
+    pub fn deliver(self: &Arc<Self>, from: NodeId, msg: Message) {
+        let now = self.env.now();
+        let mut c = self.core.lock().expect("core");
+        c.replica.receive(now, from, msg);
+        let wake = c.replica.has_actions();
+        drop(c);
+        if wake {
+            self.schedule();
+        }
+    }
+
+    /// The driver: executes the replica's actions until it has none, on a pool worker.
+    pub fn run(self: &Arc<Self>) {
+        let mut feedback: Vec<Feedback> = Vec::new();
+        let mut rounds = 0u32;
+        loop {
+            rounds += 1;
+            if rounds > 10_000 {
+                // Let other groups have the worker; come back later.
+                self.schedule();
+                return;
+            }
+            let now = self.env.now();
+            let actions = {
+                let mut c = self.core.lock().expect("core");
+                for f in feedback.drain(..) {
+                    match f {
+                        Feedback::MetaSaved(seq) => c.replica.meta_saved(now, seq),
+                        Feedback::Flushed(lsn) => c.replica.log_flushed(now, lsn),
+                        Feedback::Read(p, from, r) => c.replica.log_read(now, p, from, r),
+                        Feedback::RepairRefused(peer) => c.replica.repair_refused(now, peer),
+                    }
+                }
+                if self.tick_due.swap(false, Ordering::AcqRel) {
+                    c.replica.tick(now);
+                    self.last_tick.store(now, Ordering::Relaxed);
+                }
+                let all = c.replica.take_actions();
+                let mut rest = Vec::with_capacity(all.len());
+                for a in all {
+                    match a {
+                        Action::Result {
+                            id,
+                            lsn,
+                            csn,
+                            outcome,
+                        } => {
+                            match outcome {
+                                Outcome::Committed => &self.counters.committed,
+                                Outcome::Failed => &self.counters.failed,
+                            }
+                            .fetch_add(1, Ordering::Relaxed);
+                            if let Some(tx) = c.waiters.remove(&id) {
+                                let _ = tx.send(AppendResult { lsn, csn, outcome });
+                            }
+                        }
+                        other => rest.push(other),
+                    }
+                }
+                self.busy
+                    .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
+                rest
+            };
+            if actions.is_empty() {
+                return;
+            }
+            let mut wrote = false;
+            for a in actions {
+                if let Err(e) = self.execute(a, &mut wrote, &mut feedback) {
+                    self.storage_failed(e);
+                    return;
+                }
+            }
+            if wrote {
+                let t0 = Instant::now();
+                let point = self.io.read().expect("io").log.sync_point();
+                let r = point.and_then(|p| {
+                    let r = p.sync();
+                    self.io.write().expect("io").log.synced(&p, r)
+                });
+                let took = t0.elapsed().as_nanos() as u64;
+                self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+                self.counters.fsync_nanos.fetch_add(took, Ordering::Relaxed);
+                self.env.fsync_hist.record(took);
+                match r {
+                    Ok(end) => feedback.push(Feedback::Flushed(end)),
+                    Err(e) => {
+                        self.storage_failed(Error::Storage {
+                            group: self.id,
+                            source: e,
+                        });
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn execute(
+        self: &Arc<Self>,
+        a: Action,
+        wrote: &mut bool,
+        feedback: &mut Vec<Feedback>,
+    ) -> Result<(), Error> {
+        let st = storage(self.id);
+        match a {
+            Action::Send { to, msg } => {
+                if let Some(t) = self.env.transport.get() {
+                    t.send(to, self.id, &msg);
+                }
+            }
+            Action::Write { lsn, bytes } => {
+                let mut io = self.io.write().expect("io");
+                if io.log.end_lsn() != lsn {
+                    return Err(Error::Stopped {
+                        group: self.id,
+                        reason: format!(
+                            "replica wrote at LSN {lsn} but the log ends at {}",
+                            io.log.end_lsn()
+                        ),
+                    });
+                }
+                io.log.append(&bytes).map_err(&st)?;
+                self.counters
+                    .log_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                self.counters.log_writes.fetch_add(1, Ordering::Relaxed);
+                *wrote = true;
+            }
+            Action::Truncate { lsn } => {
+                self.io
+                    .write()
+                    .expect("io")
+                    .log
+                    .truncate(lsn)
+                    .map_err(&st)?;
+                self.index.lock().expect("index").blocks.clear();
+            }
+            Action::SaveMeta { seq, record } => {
+                self.io
+                    .write()
+                    .expect("io")
+                    .meta
+                    .save(&record)
+                    .map_err(&st)?;
+                self.counters.meta_saves.fetch_add(1, Ordering::Relaxed);
+                feedback.push(Feedback::MetaSaved(seq));
+            }
+            Action::ReadLog {
+                purpose,
+                from,
+                max_bytes,
+            } => {
+                let r = self
+                    .io
+                    .read()
+                    .expect("io")
+                    .log
+                    .read_range(from, max_bytes)
+                    .map_err(|e| e.to_string());
+                feedback.push(Feedback::Read(purpose, from, r));
+            }
+            Action::Role { role, pid, leader } => {
+                tracing::info!(
+                    group = self.id,
+                    node = self.env.node,
+                    ?role,
+                    pid,
+                    ?leader,
+                    "role"
+                );
+                self.role_tx.send_replace(RoleInfo {
+                    role,
+                    proposal_id: pid,
+                    leader,
+                });
+            }
+            Action::Commit { end } => {
+                self.commit_tx.send_if_modified(|c| {
+                    let changed = end > *c;
+                    *c = (*c).max(end);
+                    changed
+                });
+                let (m, cv) = &self.commit_cv;
+                let mut c = m.lock().expect("commit");
+                *c = (*c).max(end);
+                cv.notify_all();
+            }
+            Action::ConfigCommitted { version } => {
+                tracing::info!(
+                    group = self.id,
+                    ?version,
+                    "membership accepted by a majority"
+                );
+            }
+            Action::Repair { lsn, bytes, peer } => {
+                let r = self.io.write().expect("io").log.repair(&bytes);
+                match r {
+                    Ok(()) => {
+                        tracing::warn!(group = self.id, lsn, peer, "repaired damaged log range");
+                        self.restart_replica()?;
+                    }
+                    Err(e) => {
+                        tracing::warn!(group = self.id, lsn, peer, error = %e, "peer's copy refused");
+                        feedback.push(Feedback::RepairRefused(peer));
+                    }
+                }
+            }
+            Action::DiscardDamaged { lsn } => {
+                self.io
+                    .write()
+                    .expect("io")
+                    .log
+                    .truncate(lsn)
+                    .map_err(&st)?;
+                tracing::warn!(
+                    group = self.id,
+                    lsn,
+                    "discarded uncommitted damaged log tail"
+                );
+                self.restart_replica()?;
+            }
+            Action::Dropped { from, reason } => {
+                self.counters.drops.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(group = self.id, ?from, reason, "input dropped");
+            }
+            Action::Halt { reason } => {
+                tracing::error!(group = self.id, %reason, "group halted");
+                *self.stopped.lock().expect("stopped") = Some(reason);
+            }
+            Action::Result { .. } => unreachable!("results are routed under the core lock"),
+        }
+        Ok(())
+    }
+
+    fn restart_replica(&self) -> Result<(), Error> {
+        self.index.lock().expect("index").blocks.clear();
+        let io = self.io.read().expect("io");
+        let replica = build_replica(&self.env, self.id, &io.log, &io.meta)?;
+        drop(io);
+        let mut c = self.core.lock().expect("core");
+        c.replica = replica;
+        // Appends of the old incarnation have no result any more (only a leader has them,
+        // and a repairing replica is never leader); their futures report Unknown.
+        c.waiters.clear();
+        Ok(())
+    }
+
+    fn storage_failed(&self, e: Error) {
+        tracing::error!(group = self.id, error = %e, "storage failed; the group stops");
+        let now = self.env.now();
+        let mut c = self.core.lock().expect("core");
+        c.replica.storage_failed(now);
+        let _ = c.replica.take_actions();
+        c.waiters.clear();
+        *self.stopped.lock().expect("stopped") = Some(e.to_string());
+    }
+
+    // ------------------------------------------------------------------ API
+
+    pub fn append(self: &Arc<Self>, data: &[u8], ref_csn: Csn) -> Result<Appended, Error> {
+        if let Some(r) = self.stopped.lock().expect("stopped").clone() {
+            return Err(Error::Stopped {
+                group: self.id,
+                reason: r,
+            });
+        }
+        let now = self.env.now();
+        let (tx, rx) = oneshot::channel();
+        let mut c = self.core.lock().expect("core");
+        let t = c
+            .replica
+            .append(now, data, ref_csn)
+            .map_err(|source| Error::Append {
+                group: self.id,
+                source,
+            })?;
+        c.waiters.insert(t.id, tx);
+        let wake = c.replica.has_actions();
+        drop(c);
+        self.counters.appends.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .append_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.busy.store(true, Ordering::Relaxed);
+        if wake {
+            self.schedule();
+        }
+        Ok(Appended {
+            lsn: t.lsn,
+            csn: t.csn,
+            result: AppendFuture { rx, group: self.id },
+        })
+    }
+
+    pub fn control<T>(self: &Arc<Self>, f: impl FnOnce(&mut Replica, Nanos) -> T) -> T {
+        let now = self.env.now();
+        let mut c = self.core.lock().expect("core");
+        let r = f(&mut c.replica, now);
+        let wake = c.replica.has_actions();
+        drop(c);
+        if wake {
+            self.schedule();
+        }
+        r
+    }
+
+    pub fn change(self: &Arc<Self>, change: MembershipChange) -> Result<(), Error> {
+        self.control(|r, now| r.change_membership(now, change))
+            .map(|_| ())
+            .map_err(|source| Error::Change {
+                group: self.id,
+                source,
+            })
+    }
+
+    pub fn transfer(self: &Arc<Self>, to: NodeId) -> Result<(), Error> {
+        self.control(|r, now| r.transfer_leader(now, to))
+            .map_err(|source| Error::Change {
+                group: self.id,
+                source,
+            })
+    }
+
+    pub fn committed_end(&self) -> Lsn {
+        *self.commit_tx.borrow()
+    }
+
+    pub fn subscribe_tail(&self) -> watch::Receiver<Lsn> {
+        self.commit_tx.subscribe()
+    }
+
+    pub fn subscribe_role(&self) -> watch::Receiver<RoleInfo> {
+        self.role_tx.subscribe()
+    }
+
+    /// Waits (blocking) until the committed end passes `lsn` or `timeout` elapses.
+    pub fn wait_committed_past(&self, lsn: Lsn, timeout: Duration) -> Lsn {
+        let (m, cv) = &self.commit_cv;
+        let deadline = Instant::now() + timeout;
+        let mut c = m.lock().expect("commit");
+        while *c <= lsn && !self.removed.load(Ordering::Relaxed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            c = cv.wait_timeout(c, left).expect("commit").0;
+        }
+        *c
+    }
+
+    pub fn status(&self) -> GroupStatus {
+        let c = self.core.lock().expect("core");
+        let r = &c.replica;
+        let io = self.io.read().expect("io");
+        GroupStatus {
+            group: self.id,
+            node: self.env.node,
+            role: RoleInfo {
+                role: r.role(),
+                proposal_id: r.proposal_id(),
+                leader: r.leader(),
+            },
+            start_lsn: io.log.start_lsn(),
+            end_lsn: io.log.end_lsn(),
+            flushed_end: io.log.flushed_end(),
+            committed_end: r.committed_end(),
+            membership: r.membership().clone(),
+            followers: r.follower_progress(),
+            pending_appends: r.pending_appends(),
+            stopped: self.stopped.lock().expect("stopped").clone(),
+            drops: r.drops().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        }
+    }
+
+    pub fn wake_all_readers(&self) {
+        let (_, cv) = &self.commit_cv;
+        cv.notify_all();
+    }
+
+    // ------------------------------------------------------------ reads
+
+    /// Walks (and caches) the group boundaries of block `b` up to `upto`.
+    fn group_containing(&self, lsn: Lsn) -> Result<GroupInfo, Error> {
+        let io = self.io.read().expect("io");
+        let log = &io.log;
+        if lsn < log.start_lsn() {
+            return Err(Error::Trimmed {
+                group: self.id,
+                lsn,
+                start: log.start_lsn(),
+            });
+        }
+        let bs = log.block_size();
+        let b = lsn / bs;
+        let mut idx = self.index.lock().expect("index");
+        let list = idx.blocks.entry(b).or_default();
+        if let Some(g) = find(list, lsn) {
+            return Ok(g);
+        }
+        let mut at = list.last().map_or((b * bs).max(log.start_lsn()), |g| g.end);
+        while at <= lsn && at < log.end_lsn() && at < (b + 1) * bs {
+            let h: GroupHeader = log.read_header(at).map_err(storage(self.id))?;
+            list.push(GroupInfo {
+                lsn: at,
+                end: h.end_lsn(),
+                max_csn: h.max_csn,
+                entries: h.entry_count,
+            });
+            at = h.end_lsn();
+        }
+        find(list, lsn).ok_or(Error::NotARecord {
+            group: self.id,
+            lsn,
+        })
+    }
+
+    fn read_group_records(
+        &self,
+        g: &GroupInfo,
+        from: Lsn,
+        out: &mut VecDeque<Record>,
+    ) -> Result<(), Error> {
+        if g.entries == 0 {
+            return Ok(());
+        }
+        let (h, body) = self
+            .io
+            .read()
+            .expect("io")
+            .log
+            .read_group(g.lsn)
+            .map_err(storage(self.id))?;
+        if h.is_padding() {
+            return Ok(());
+        }
+        for e in EntryIter::new(&body) {
+            let e = e.map_err(|source| Error::Storage {
+                group: self.id,
+                source: StorageError::Corrupt {
+                    path: self.dir.clone(),
+                    file_offset: 0,
+                    lsn: g.lsn,
+                    source,
+                },
+            })?;
+            let lsn = entry_lsn(g.lsn, e.offset);
+            if lsn >= from {
+                out.push_back(Record {
+                    lsn,
+                    csn: e.csn,
+                    data: e.data.to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn read(&self, lsn: Lsn) -> Result<Record, Error> {
+        let committed = self.committed_end();
+        if lsn >= committed {
+            return Err(Error::NotCommitted {
+                group: self.id,
+                lsn,
+                committed,
+            });
+        }
+        let g = self.group_containing(lsn)?;
+        let mut out = VecDeque::new();
+        self.read_group_records(&g, lsn, &mut out)?;
+        match out.pop_front() {
+            Some(r) if r.lsn == lsn => Ok(r),
+            _ => Err(Error::NotARecord {
+                group: self.id,
+                lsn,
+            }),
+        }
+    }
+
+    /// LSN of the first committed record whose CSN is at least `csn`, if any.
+    pub fn locate(&self, csn: Csn) -> Result<Option<Lsn>, Error> {
+        let committed = self.committed_end();
+        let (blocks, bs, start) = {
+            let io = self.io.read().expect("io");
+            (io.log.block_ids(), io.log.block_size(), io.log.start_lsn())
+        };
+        // CSN grows with LSN (PALF section 4.2), so binary-search blocks by the CSN of
+        // their first group, then walk one or two blocks.
+        let first_csn = |b: u64| -> Result<Option<Csn>, Error> {
+            let mut at = (b * bs).max(start);
+            while at < committed && at < (b + 1) * bs {
+                let g = self.group_containing(at)?;
+                if g.entries > 0 {
+                    return Ok(Some(g.max_csn));
+                }
+                at = g.end;
+            }
+            Ok(None)
+        };
+        let (mut lo, mut hi) = (0usize, blocks.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match first_csn(blocks[mid])? {
+                Some(c) if c < csn => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        let from_block = lo.saturating_sub(1);
+        for &b in &blocks[from_block..] {
+            let mut at = (b * bs).max(start);
+            while at < committed && at < (b + 1) * bs {
+                let g = self.group_containing(at)?;
+                if g.entries > 0 && g.max_csn >= csn {
+                    let mut out = VecDeque::new();
+                    self.read_group_records(&g, g.lsn, &mut out)?;
+                    if let Some(r) = out.into_iter().find(|r| r.csn >= csn) {
+                        return Ok(Some(r.lsn));
+                    }
+                }
+                at = g.end;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads committed records from `pos` (a record start or group boundary) into `out`,
+    /// at most one group; returns the next position.
+    pub fn read_next(&self, pos: Lsn, out: &mut VecDeque<Record>) -> Result<Lsn, Error> {
+        let committed = self.committed_end();
+        let mut pos = pos;
+        while pos < committed && out.is_empty() {
+            let g = self.group_containing(pos)?;
+            self.read_group_records(&g, pos, out)?;
+            pos = g.end;
+        }
+        Ok(pos)
+    }
+
+    pub fn trim(&self, lsn: Lsn) -> Result<(), Error> {
+        let committed = self.committed_end();
+        if lsn > committed {
+            return Err(Error::NotCommitted {
+                group: self.id,
+                lsn,
+                committed,
+            });
+        }
+        self.io
+            .write()
+            .expect("io")
+            .log
+            .trim(lsn)
+            .map_err(storage(self.id))?;
+        self.index.lock().expect("index").blocks.clear();
+        Ok(())
+    }
+
+    pub fn shutdown(&self) {
+        self.removed.store(true, Ordering::SeqCst);
+        self.core.lock().expect("core").waiters.clear();
+        self.wake_all_readers();
+    }
+}
+
+fn find(list: &[GroupInfo], lsn: Lsn) -> Option<GroupInfo> {
+    let i = list.partition_point(|g| g.end <= lsn);
+    list.get(i).copied().filter(|g| g.lsn <= lsn)
+}
+
+fn build_replica(
+    env: &EnvShared,
+    id: GroupId,
+    log: &LogStorage,
+    meta: &MetaStorage,
+) -> Result<Replica, Error> {
+    let mut cfg = env.replica.clone();
+    cfg.id = env.node;
+    cfg.block_size = log.block_size();
+    cfg.seed = env.node ^ (id << 20) ^ env.start.elapsed().as_nanos() as u64;
+    let record = meta.current().clone();
+    let now = env.now();
+    Ok(match log.damaged() {
+        Some(d) => {
+            tracing::warn!(group = id, from = d.lsn, to = d.next_valid, detail = %d.detail,
+                "log damaged before its tail; repairing from peers");
+            Replica::repairing(cfg, record, d.lsn, d.next_valid, now)
+        }
+        None => Replica::new(cfg, record, log.recovered().map_err(storage(id))?, now),
+    })
+}
+
+/// An accepted append: its LSN and CSN at once, and its result later.
+#[derive(Debug)]
+pub struct Appended {
+    /// The record's LSN.
+    pub lsn: Lsn,
+    /// The record's CSN.
+    pub csn: Csn,
+    /// Resolves once, to Committed or Failed.
+    pub result: AppendFuture,
+}
+
+/// Resolves once to the append's outcome. If this replica stops before it knows (the
+/// process shuts down, the group is removed or its storage fails) it resolves to
+/// [`Error::Shutdown`]/[`Error::Stopped`]: the outcome is then unknown, as after a crash.
+#[derive(Debug)]
+pub struct AppendFuture {
+    rx: oneshot::Receiver<AppendResult>,
+    group: GroupId,
+}
+
+impl AppendFuture {
+    /// Blocks the calling thread until the result arrives. Do not call from inside an
+    /// async runtime (await the future instead).
+    pub fn wait(self) -> Result<AppendResult, Error> {
+        let group = self.group;
+        self.rx.blocking_recv().map_err(|_| Error::Stopped {
+            group,
+            reason: "the replica stopped before the outcome was known".into(),
+        })
+    }
+}
+
+impl Future for AppendFuture {
+    type Output = Result<AppendResult, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let group = self.group;
+        Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.map_err(|_| Error::Stopped {
+                group,
+                reason: "the replica stopped before the outcome was known".into(),
+            })
+        })
+    }
+}

@@ -1,0 +1,505 @@
+//! Server configuration: a TOML file, overridden by `CHORUS_*` environment variables,
+//! overridden by command-line flags. Every setting, its default and what it accepts is
+//! listed in `docs/operations.md`; a bad value is refused naming the setting, the value
+//! and what is accepted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use chorus_core::replica::{CommitMode, ReplicaConfig};
+use chorus_runtime::transport::TlsFiles;
+use chorus_runtime::EnvConfig;
+use chorus_storage::LogOptions;
+use serde::{Deserialize, Serialize};
+
+/// A configuration error naming the setting, the value and what is accepted.
+#[derive(Debug, thiserror::Error)]
+#[error("setting `{setting}`: value `{value}` is not accepted; expected {accepted}")]
+pub struct ConfigError {
+    /// The setting.
+    pub setting: String,
+    /// The value given.
+    pub value: String,
+    /// What is accepted.
+    pub accepted: String,
+}
+
+fn bad(setting: &str, value: impl ToString, accepted: impl ToString) -> ConfigError {
+    ConfigError {
+        setting: setting.into(),
+        value: value.to_string(),
+        accepted: accepted.to_string(),
+    }
+}
+
+/// A group this node creates at start if it does not exist yet.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// Group id (1 or more).
+    pub id: u64,
+    /// Initial voters (every one of them must list the same).
+    pub voters: Vec<u64>,
+    /// Initial learners.
+    #[serde(default)]
+    pub learners: Vec<u64>,
+}
+
+/// Replica timings (milliseconds) and limits.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaSection {
+    /// Leader lease.
+    pub lease_ms: u64,
+    /// Leader heartbeat period.
+    pub heartbeat_ms: u64,
+    /// Election priority ping period.
+    pub ping_ms: u64,
+    /// Resend unacknowledged log after this long.
+    pub resend_ms: u64,
+    /// Bound on clock rate difference, parts per million.
+    pub max_clock_drift_ppm: u32,
+    /// Uncommitted bytes the leader may have in flight.
+    pub window_bytes: u64,
+    /// Largest group.
+    pub max_group_bytes: usize,
+    /// Largest replication message.
+    pub max_message_bytes: usize,
+    /// Freeze interval under high concurrency, microseconds.
+    pub freeze_us: u64,
+    /// Election priority of this node (higher wins after config version).
+    pub priority: u32,
+    /// `piggyback`, `sync`, or `async` (the piggyback paper's three modes).
+    pub commit_mode: String,
+    /// Flush interval of the `async` commit mode.
+    pub async_interval_ms: u64,
+}
+
+impl Default for ReplicaSection {
+    fn default() -> Self {
+        let d = ReplicaConfig::default();
+        Self {
+            lease_ms: d.lease / 1_000_000,
+            heartbeat_ms: d.heartbeat_interval / 1_000_000,
+            ping_ms: d.ping_interval / 1_000_000,
+            resend_ms: d.resend_interval / 1_000_000,
+            max_clock_drift_ppm: d.max_clock_drift_ppm,
+            window_bytes: d.window_bytes,
+            max_group_bytes: d.max_group_bytes,
+            max_message_bytes: d.max_message_bytes,
+            freeze_us: d.freeze_interval / 1000,
+            priority: d.priority,
+            commit_mode: "piggyback".into(),
+            async_interval_ms: 10,
+        }
+    }
+}
+
+/// Log storage settings.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// Bytes per block file.
+    pub block_size: u64,
+    /// Append with O_DIRECT (falls back to buffered where refused).
+    pub direct_io: bool,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        let d = LogOptions::default();
+        Self {
+            block_size: d.block_size,
+            direct_io: d.direct_io,
+        }
+    }
+}
+
+/// Mutual TLS for replication.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// CA certificate (PEM).
+    pub ca: PathBuf,
+    /// This node's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// This node's private key (PEM).
+    pub key: PathBuf,
+    /// Name in every node's certificate.
+    #[serde(default = "default_server_name")]
+    pub server_name: String,
+}
+
+fn default_server_name() -> String {
+    "localhost".into()
+}
+
+/// The whole server configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// This node's id (1 or more, unique in the cluster).
+    pub node: u64,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Cluster id, checked in every replication handshake.
+    pub cluster_id: u64,
+    /// Replication listen address.
+    pub listen: String,
+    /// Address peers dial (defaults to `listen`).
+    pub advertise: Option<String>,
+    /// gRPC API listen address.
+    pub api_listen: String,
+    /// Prometheus metrics listen address (`GET /metrics`); empty disables.
+    pub metrics_listen: String,
+    /// IO worker threads shared by all groups.
+    pub io_workers: usize,
+    /// Replication addresses of the other nodes, by node id.
+    pub peers: BTreeMap<String, String>,
+    /// Groups to create at start if missing.
+    pub groups: Vec<GroupSpec>,
+    /// Replica settings.
+    pub replica: ReplicaSection,
+    /// Log storage settings.
+    pub log: LogSection,
+    /// Mutual TLS for replication.
+    pub tls: Option<TlsSection>,
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `chorus_runtime=debug`.
+    pub log_filter: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            node: 0,
+            data_dir: PathBuf::from("chorus-data"),
+            cluster_id: 1,
+            listen: "127.0.0.1:7100".into(),
+            advertise: None,
+            api_listen: "127.0.0.1:7000".into(),
+            metrics_listen: String::new(),
+            io_workers: 4,
+            peers: BTreeMap::new(),
+            groups: Vec::new(),
+            replica: ReplicaSection::default(),
+            log: LogSection::default(),
+            tls: None,
+            log_filter: "info".into(),
+        }
+    }
+}
+
+/// Parses `a=b` pairs of a `--peer` flag or `CHORUS_PEERS`.
+pub fn parse_peer(s: &str) -> Result<(String, String), ConfigError> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| bad("peers", s, "NODE_ID=HOST:PORT"))?;
+    Ok((id.trim().to_string(), addr.trim().to_string()))
+}
+
+/// Parses `ID:V1,V2,V3` of a `--group` flag or `CHORUS_GROUPS` (`;`-separated).
+pub fn parse_group(s: &str) -> Result<GroupSpec, ConfigError> {
+    let accepted = "GROUP_ID:VOTER,VOTER,... (e.g. 1:1,2,3)";
+    let (id, voters) = s
+        .split_once(':')
+        .ok_or_else(|| bad("groups", s, accepted))?;
+    let id = id.trim().parse().map_err(|_| bad("groups", s, accepted))?;
+    let voters: Result<Vec<u64>, _> = voters.split(',').map(|v| v.trim().parse()).collect();
+    let voters = voters.map_err(|_| bad("groups", s, accepted))?;
+    Ok(GroupSpec {
+        id,
+        voters,
+        learners: vec![],
+    })
+}
+
+impl ServerConfig {
+    /// Reads a TOML file (a missing `path` gives the defaults).
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad("--config", path.display(), format!("a readable file ({e})")))?;
+        toml::from_str(&text).map_err(|e| ConfigError {
+            setting: format!("config file {}", path.display()),
+            value: e.message().to_string(),
+            accepted: format!(
+                "valid TOML with the settings listed in docs/operations.md{}",
+                e.span()
+                    .map(|s| format!(" (at byte {})", s.start))
+                    .unwrap_or_default()
+            ),
+        })
+    }
+
+    /// Applies `CHORUS_*` environment variables from `vars`.
+    pub fn apply_env(
+        &mut self,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        for (k, v) in vars {
+            let Some(key) = k.strip_prefix("CHORUS_") else {
+                continue;
+            };
+            let num = |setting: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| bad(setting, &v, "a non-negative integer"))
+            };
+            match key {
+                "NODE" => self.node = num("CHORUS_NODE")?,
+                "DATA_DIR" => self.data_dir = PathBuf::from(&v),
+                "CLUSTER_ID" => self.cluster_id = num("CHORUS_CLUSTER_ID")?,
+                "LISTEN" => self.listen = v,
+                "ADVERTISE" => self.advertise = Some(v),
+                "API_LISTEN" => self.api_listen = v,
+                "METRICS_LISTEN" => self.metrics_listen = v,
+                "IO_WORKERS" => self.io_workers = num("CHORUS_IO_WORKERS")? as usize,
+                "LOG" => self.log_filter = v,
+                "PEERS" => {
+                    for p in v.split(',').filter(|s| !s.is_empty()) {
+                        let (id, addr) = parse_peer(p)?;
+                        self.peers.insert(id, addr);
+                    }
+                }
+                "GROUPS" => {
+                    for g in v.split(';').filter(|s| !s.is_empty()) {
+                        self.groups.push(parse_group(g)?);
+                    }
+                }
+                _ => {} // Other CHORUS_ variables belong to other tools (e.g. CHORUS_SIM_TRACE).
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every value and builds the runtime configuration.
+    pub fn to_env_config(
+        &self,
+    ) -> Result<(EnvConfig, SocketAddr, Option<SocketAddr>), ConfigError> {
+        if self.node == 0 {
+            return Err(bad("node", self.node, "a node id from 1 to 2^64-1"));
+        }
+        let addr = |setting: &str, v: &str| -> Result<SocketAddr, ConfigError> {
+            v.parse()
+                .map_err(|_| bad(setting, v, "an IP address and port, e.g. 127.0.0.1:7000"))
+        };
+        let listen = addr("listen", &self.listen)?;
+        let api = addr("api_listen", &self.api_listen)?;
+        let metrics = if self.metrics_listen.is_empty() {
+            None
+        } else {
+            Some(addr("metrics_listen", &self.metrics_listen)?)
+        };
+        let mut peers = HashMap::new();
+        for (id, a) in &self.peers {
+            let id: u64 = id
+                .parse()
+                .ok()
+                .filter(|i| *i != 0)
+                .ok_or_else(|| bad("peers", id, "node ids (1 or more) as keys"))?;
+            if a.rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .is_none()
+            {
+                return Err(bad(&format!("peers.{id}"), a, "HOST:PORT"));
+            }
+            peers.insert(id, a.clone());
+        }
+        for g in &self.groups {
+            if g.id == 0 {
+                return Err(bad("groups.id", 0, "a group id from 1"));
+            }
+            if g.voters.is_empty() || g.voters.contains(&0) {
+                return Err(bad(
+                    &format!("groups[{}].voters", g.id),
+                    format!("{:?}", g.voters),
+                    "a non-empty list of node ids (1 or more)",
+                ));
+            }
+        }
+        let r = &self.replica;
+        let ms = 1_000_000u64;
+        if r.lease_ms < 100 || r.lease_ms > 600_000 {
+            return Err(bad("replica.lease_ms", r.lease_ms, "100 to 600000"));
+        }
+        if r.heartbeat_ms == 0 || r.heartbeat_ms * 3 > r.lease_ms {
+            return Err(bad(
+                "replica.heartbeat_ms",
+                r.heartbeat_ms,
+                format!("1 to a third of the lease ({})", r.lease_ms / 3),
+            ));
+        }
+        if r.ping_ms == 0 || r.ping_ms * 3 > r.lease_ms {
+            return Err(bad(
+                "replica.ping_ms",
+                r.ping_ms,
+                format!("1 to a third of the lease ({})", r.lease_ms / 3),
+            ));
+        }
+        if r.resend_ms == 0 {
+            return Err(bad("replica.resend_ms", r.resend_ms, "1 or more"));
+        }
+        if r.max_clock_drift_ppm > 100_000 {
+            return Err(bad(
+                "replica.max_clock_drift_ppm",
+                r.max_clock_drift_ppm,
+                "0 to 100000",
+            ));
+        }
+        if !(1 << 20..=1 << 34).contains(&r.window_bytes) {
+            return Err(bad(
+                "replica.window_bytes",
+                r.window_bytes,
+                "1 MiB to 16 GiB",
+            ));
+        }
+        if !(64 << 10..=16 << 20).contains(&r.max_group_bytes) {
+            return Err(bad(
+                "replica.max_group_bytes",
+                r.max_group_bytes,
+                "64 KiB to 16 MiB",
+            ));
+        }
+        if r.max_message_bytes < r.max_group_bytes || r.max_message_bytes > 64 << 20 {
+            return Err(bad(
+                "replica.max_message_bytes",
+                r.max_message_bytes,
+                "at least replica.max_group_bytes and at most 64 MiB",
+            ));
+        }
+        if r.freeze_us == 0 || r.freeze_us > 1_000_000 {
+            return Err(bad("replica.freeze_us", r.freeze_us, "1 to 1000000"));
+        }
+        let commit_mode = match r.commit_mode.as_str() {
+            "piggyback" => CommitMode::Piggyback,
+            "sync" => CommitMode::Sync,
+            "async" => {
+                if r.async_interval_ms == 0 {
+                    return Err(bad("replica.async_interval_ms", 0, "1 or more"));
+                }
+                CommitMode::Async {
+                    interval: r.async_interval_ms * ms,
+                }
+            }
+            other => {
+                return Err(bad(
+                    "replica.commit_mode",
+                    other,
+                    "piggyback, sync or async",
+                ));
+            }
+        };
+        if !self.log.block_size.is_multiple_of(4096)
+            || !(64 << 10..=4 << 30).contains(&self.log.block_size)
+        {
+            return Err(bad(
+                "log.block_size",
+                self.log.block_size,
+                "a multiple of 4096 from 65536 to 4294967296",
+            ));
+        }
+        if self.log.block_size < r.max_group_bytes as u64 * 2 {
+            return Err(bad(
+                "log.block_size",
+                self.log.block_size,
+                "at least twice replica.max_group_bytes",
+            ));
+        }
+        let replica = ReplicaConfig {
+            priority: r.priority,
+            block_size: self.log.block_size,
+            lease: r.lease_ms * ms,
+            max_clock_drift_ppm: r.max_clock_drift_ppm,
+            heartbeat_interval: r.heartbeat_ms * ms,
+            ping_interval: r.ping_ms * ms,
+            resend_interval: r.resend_ms * ms,
+            window_bytes: r.window_bytes,
+            max_group_bytes: r.max_group_bytes,
+            max_message_bytes: r.max_message_bytes,
+            freeze_interval: r.freeze_us * 1000,
+            commit_mode,
+            ..ReplicaConfig::default()
+        };
+        let mut env = EnvConfig::new(self.node, self.data_dir.clone(), listen);
+        env.cluster_id = self.cluster_id;
+        env.advertise = self.advertise.clone();
+        env.peers = peers;
+        env.io_workers = self.io_workers;
+        env.replica = replica;
+        env.log = LogOptions {
+            block_size: self.log.block_size,
+            direct_io: self.log.direct_io,
+        };
+        env.max_frame_bytes = (r.max_message_bytes as u32).saturating_add(1 << 20);
+        env.tls = self.tls.as_ref().map(|t| TlsFiles {
+            ca: t.ca.clone(),
+            cert: t.cert.clone(),
+            key: t.key.clone(),
+            server_name: t.server_name.clone(),
+        });
+        Ok((env, api, metrics))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(toml: &str) -> Result<EnvConfig, ConfigError> {
+        let c: ServerConfig = toml::from_str(toml).map_err(|e| ConfigError {
+            setting: "toml".into(),
+            value: e.to_string(),
+            accepted: String::new(),
+        })?;
+        c.to_env_config().map(|x| x.0)
+    }
+
+    #[test]
+    fn defaults_need_only_a_node_id() {
+        let e = with("node = 3").unwrap();
+        assert_eq!(e.node, 3);
+        assert_eq!(e.replica.lease, 2_000_000_000);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting_the_value_and_what_is_accepted() {
+        let e = with("node = 1\n[replica]\nlease_ms = 5").unwrap_err();
+        assert_eq!(e.setting, "replica.lease_ms");
+        assert_eq!(e.value, "5");
+        assert!(e.accepted.contains("100"));
+        let e = with("node = 1\nlisten = \"nowhere\"").unwrap_err();
+        assert_eq!(e.setting, "listen");
+        let e = with("node = 1\n[replica]\ncommit_mode = \"fast\"").unwrap_err();
+        assert_eq!(e.setting, "replica.commit_mode");
+        assert!(e.accepted.contains("piggyback"));
+        let e = with("node = 0").unwrap_err();
+        assert_eq!(e.setting, "node");
+        let e = with("node = 1\n[log]\nblock_size = 5000").unwrap_err();
+        assert_eq!(e.setting, "log.block_size");
+        assert!(with("node = 1\nnot_a_setting = 2").is_err());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let mut c: ServerConfig = toml::from_str("node = 1\nlisten = \"127.0.0.1:1\"").unwrap();
+        c.apply_env(
+            [
+                ("CHORUS_NODE".to_string(), "2".to_string()),
+                ("CHORUS_PEERS".into(), "1=127.0.0.1:9,3=127.0.0.1:10".into()),
+                ("CHORUS_GROUPS".into(), "1:1,2,3".into()),
+                ("PATH".into(), "/bin".into()),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.node, 2);
+        assert_eq!(c.peers.len(), 2);
+        assert_eq!(c.groups[0].voters, vec![1, 2, 3]);
+        let e = c
+            .apply_env([("CHORUS_NODE".to_string(), "two".to_string())].into_iter())
+            .unwrap_err();
+        assert_eq!(e.setting, "CHORUS_NODE");
+    }
+}

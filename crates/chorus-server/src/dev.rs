@@ -1,0 +1,208 @@
+//! `chorus dev`: a local cluster of `chorus server` processes on loopback, one command.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use chorus_client::Client;
+use clap::Args;
+
+use crate::config::{GroupSpec, ServerConfig};
+use crate::{AnyResult, EXIT_UNREACHABLE};
+
+/// Flags of `chorus dev`.
+#[derive(Args, Debug)]
+pub struct DevArgs {
+    /// Directory for the nodes' data, configuration files and logs.
+    #[arg(long, default_value = "chorus-dev")]
+    pub dir: PathBuf,
+    /// Number of nodes (replicas of group 1).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
+    pub nodes: u64,
+    /// Node i serves the API on base+i, replication on base+100+i, metrics on base+200+i.
+    #[arg(long, default_value_t = 7000, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    pub base_port: u16,
+    /// Delete data from an earlier run first (otherwise it is reused).
+    #[arg(long)]
+    pub fresh: bool,
+    /// Start the nodes, wait for a leader, print how to use them and exit, leaving them
+    /// running (stop them with `kill $(cat DIR/pids)`).
+    #[arg(long)]
+    pub detach: bool,
+}
+
+fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
+    let p = |off: u64, j: u64| format!("127.0.0.1:{}", a.base_port as u64 + off + j);
+    ServerConfig {
+        node: i,
+        data_dir: dir.join(format!("n{i}")),
+        listen: p(100, i),
+        api_listen: p(0, i),
+        metrics_listen: p(200, i),
+        peers: (1..=a.nodes)
+            .filter(|j| *j != i)
+            .map(|j| (j.to_string(), p(100, j)))
+            .collect(),
+        groups: vec![GroupSpec {
+            id: 1,
+            voters: (1..=a.nodes).collect(),
+            learners: vec![],
+        }],
+        ..ServerConfig::default()
+    }
+}
+
+/// Runs `chorus dev`.
+pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
+    if a.fresh && a.dir.exists() {
+        std::fs::remove_dir_all(&a.dir).map_err(|e| format!("remove {}: {e}", a.dir.display()))?;
+    }
+    std::fs::create_dir_all(&a.dir).map_err(|e| format!("create {}: {e}", a.dir.display()))?;
+    let dir = std::fs::canonicalize(&a.dir)?;
+    let exe = std::env::current_exe()?;
+    let mut children: Vec<(u64, Child)> = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 1..=a.nodes {
+        let cfg = node_config(&a, &dir, i);
+        endpoints.push(format!("http://{}", cfg.api_listen));
+        let cfg_path = dir.join(format!("n{i}.toml"));
+        std::fs::write(&cfg_path, toml::to_string(&cfg)?)?;
+        let log = std::fs::File::create(dir.join(format!("n{i}.log")))?;
+        let child = Command::new(&exe)
+            .arg("server")
+            .arg("--config")
+            .arg(&cfg_path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("start node {i}: {e}"))?;
+        children.push((i, child));
+    }
+    let pids: Vec<String> = children.iter().map(|(_, c)| c.id().to_string()).collect();
+    std::fs::write(dir.join("pids"), pids.join(" ") + "\n")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let exited = children
+            .iter_mut()
+            .find_map(|(i, c)| c.try_wait().ok().flatten().map(|st| (*i, st)));
+        if let Some((i, st)) = exited {
+            {
+                let log = dir.join(format!("n{i}.log"));
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+                stop_all(&mut children);
+                return Err(format!(
+                    "node {i} exited ({st}); last lines of {}:\n{}",
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+                .into());
+            }
+        }
+        let found = rt.block_on(async {
+            let mut c = Client::new(endpoints.clone());
+            for (_, r) in c.status_all(1).await {
+                if let Ok(s) = r {
+                    if s.groups.iter().any(|g| g.role == "leader") {
+                        return Some(s.node);
+                    }
+                }
+            }
+            None
+        });
+        if let Some(l) = found {
+            break l;
+        }
+        if Instant::now() > deadline {
+            stop_all(&mut children);
+            eprintln!(
+                "chorus dev: no leader within 30 s; see the logs in {}",
+                dir.display()
+            );
+            return Ok(ExitCode::from(EXIT_UNREACHABLE));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let eps = endpoints.join(",");
+    println!(
+        "Chorus dev cluster: {} nodes, group 1, node {leader} leads.",
+        a.nodes
+    );
+    println!();
+    for (i, ep) in endpoints.iter().enumerate() {
+        println!(
+            "  node {}  api {ep}  metrics http://127.0.0.1:{}/metrics  data {}",
+            i + 1,
+            a.base_port as usize + 201 + i,
+            dir.join(format!("n{}", i + 1)).display()
+        );
+    }
+    println!();
+    let flag = if a.base_port == 7000 && a.nodes == 3 {
+        String::new()
+    } else {
+        format!(" --endpoints {eps}")
+    };
+    println!("Try, in another terminal:");
+    println!("  chorus status{flag}");
+    println!("  chorus append{flag} hello world");
+    println!("  chorus read{flag}");
+    println!("  chorus tail -f{flag}");
+    println!("  chorus bench{flag} --clients 100");
+    println!("  chorus leader transfer{flag} --to 2");
+    println!();
+    println!("Logs: {}/n*.log", dir.display());
+    if a.detach {
+        println!(
+            "Running in the background; stop with: kill $(cat {}/pids)",
+            dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("Press Ctrl-C to stop the cluster.");
+    let code = rt.block_on(async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+                _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => return ExitCode::SUCCESS,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    for (i, c) in children.iter_mut() {
+                        if let Ok(Some(st)) = c.try_wait() {
+                            eprintln!("chorus dev: node {i} exited ({st}); see {}/n{i}.log", dir.display());
+                        }
+                    }
+                }
+            }
+        }
+    });
+    stop_all(&mut children);
+    println!("stopped");
+    Ok(code)
+}
+
+fn stop_all(children: &mut [(u64, Child)]) {
+    for (_, c) in children.iter() {
+        // SIGTERM: the server shuts down cleanly.
+        // SAFETY: kill(2) with a pid we spawned and a valid signal number.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (_, c) in children.iter_mut() {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

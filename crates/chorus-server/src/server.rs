@@ -1,0 +1,150 @@
+//! `chorus server`: one node of a cluster — the runtime environment, the gRPC service and
+//! the metrics endpoint, until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use chorus_client::pb::chorus_server::ChorusServer;
+use chorus_runtime::{Env, Error};
+use clap::Args;
+
+use crate::config::{parse_group, parse_peer, ServerConfig};
+use crate::service::{serve_metrics, Service};
+use crate::{AnyResult, EXIT_USAGE};
+
+/// Flags of `chorus server` (each overrides the config file and the environment).
+#[derive(Args, Debug, Default)]
+pub struct ServerArgs {
+    /// TOML configuration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// This node's id.
+    #[arg(long)]
+    pub node: Option<u64>,
+    /// Data directory.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Replication listen address.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// gRPC API listen address.
+    #[arg(long)]
+    pub api_listen: Option<String>,
+    /// Prometheus metrics listen address.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// A peer, `ID=HOST:PORT` (repeatable).
+    #[arg(long = "peer")]
+    pub peers: Vec<String>,
+    /// A group to create at start if missing, `ID:VOTER,VOTER,...` (repeatable).
+    #[arg(long = "group")]
+    pub groups: Vec<String>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+fn effective(a: &ServerArgs) -> AnyResult<ServerConfig> {
+    let mut c = ServerConfig::load(a.config.as_deref())?;
+    c.apply_env(std::env::vars())?;
+    if let Some(v) = a.node {
+        c.node = v;
+    }
+    if let Some(v) = &a.data_dir {
+        c.data_dir = v.clone();
+    }
+    if let Some(v) = &a.listen {
+        c.listen = v.clone();
+    }
+    if let Some(v) = &a.api_listen {
+        c.api_listen = v.clone();
+    }
+    if let Some(v) = &a.metrics_listen {
+        c.metrics_listen = v.clone();
+    }
+    for p in &a.peers {
+        let (id, addr) = parse_peer(p)?;
+        c.peers.insert(id, addr);
+    }
+    for g in &a.groups {
+        c.groups.push(parse_group(g)?);
+    }
+    Ok(c)
+}
+
+/// Runs the node until a signal.
+pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
+    let cfg = effective(&a)?;
+    if a.print_config {
+        print!("{}", toml::to_string(&cfg)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (env_cfg, api, metrics) = cfg.to_env_config()?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log_filter))
+        .map_err(|e| crate::config::ConfigError {
+            setting: "log_filter".into(),
+            value: cfg.log_filter.clone(),
+            accepted: format!("a tracing filter such as `info` ({e})"),
+        })?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let env = Env::open(env_cfg)?;
+    for g in &cfg.groups {
+        match env.create_group(g.id, &g.voters, &g.learners) {
+            Ok(_) | Err(Error::GroupExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::info!(
+        node = cfg.node,
+        replication = %env.replication_addr(),
+        api = %api,
+        groups = ?env.groups(),
+        "chorus server started"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let code = rt.block_on(async move {
+        if let Some(m) = metrics {
+            let l = tokio::net::TcpListener::bind(m).await?;
+            tokio::spawn(serve_metrics(env.clone(), l));
+        }
+        let svc = ChorusServer::new(Service::new(env.clone()))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let listener = tokio::net::TcpListener::bind(api).await.map_err(|e| {
+            Box::<dyn std::error::Error>::from(format!("bind api_listen {api}: {e}"))
+        })?;
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("shutting down");
+        };
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await?;
+        let e2 = env.clone();
+        tokio::task::spawn_blocking(move || e2.shutdown()).await?;
+        Ok::<_, Box<dyn std::error::Error>>(ExitCode::SUCCESS)
+    });
+    match code {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            eprintln!("chorus server: {e}");
+            Ok(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}

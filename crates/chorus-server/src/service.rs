@@ -1,0 +1,397 @@
+//! The gRPC service (`proto/chorus.proto`) over a runtime [`Env`], and the Prometheus
+//! metrics endpoint.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use chorus_client::pb;
+use chorus_core::replica::{AppendError, ChangeError, Role};
+use chorus_runtime::{Env, Error, MembershipChange, Outcome};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// Largest batch of records in one `Append` call.
+pub const MAX_APPEND_BATCH: usize = 10_000;
+
+/// The service.
+#[derive(Clone, Debug)]
+pub struct Service {
+    env: Env,
+}
+
+impl Service {
+    /// Serves `env`.
+    pub fn new(env: Env) -> Self {
+        Self { env }
+    }
+}
+
+/// Maps a runtime error to a gRPC status (see the codes in `proto/chorus.proto`).
+pub fn status(e: Error) -> Status {
+    let msg = e.to_string();
+    match &e {
+        Error::NoSuchGroup(_) | Error::NotARecord { .. } => Status::not_found(msg),
+        Error::GroupExists(_) => Status::already_exists(msg),
+        Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
+        Error::Append { source, .. } => match source {
+            AppendError::NotLeader { leader } => {
+                let mut s = Status::failed_precondition(msg);
+                if let Some(l) = leader {
+                    if let Ok(v) = l.to_string().parse() {
+                        s.metadata_mut().insert("chorus-leader", v);
+                    }
+                }
+                s
+            }
+            AppendError::Transferring => Status::failed_precondition(msg),
+            AppendError::WindowFull => Status::resource_exhausted(msg),
+            AppendError::TooLarge { .. } => Status::invalid_argument(msg),
+            AppendError::Halted(_) => Status::unavailable(msg),
+        },
+        Error::Change { source, .. } => match source {
+            ChangeError::NotLeader => Status::failed_precondition(msg),
+            ChangeError::InProgress => Status::aborted(msg),
+            ChangeError::Invalid(_) => Status::invalid_argument(msg),
+        },
+        Error::Config { .. } => Status::invalid_argument(msg),
+        Error::Stopped { .. } | Error::Shutdown => Status::unavailable(msg),
+        Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::PendingFollower => "pending_follower",
+    }
+}
+
+fn group_status(s: chorus_runtime::GroupStatus) -> pb::GroupStatus {
+    pb::GroupStatus {
+        group: s.group,
+        node: s.node,
+        role: role_name(s.role.role).into(),
+        proposal_id: s.role.proposal_id,
+        leader: s.role.leader.unwrap_or(0),
+        has_leader: s.role.leader.is_some(),
+        start_lsn: s.start_lsn,
+        end_lsn: s.end_lsn,
+        flushed_lsn: s.flushed_end,
+        committed_lsn: s.committed_end,
+        voters: s.membership.voters.clone(),
+        learners: s.membership.learners.clone(),
+        config_proposal_id: s.membership.version.proposal_id,
+        config_seq: s.membership.version.seq,
+        followers: s
+            .followers
+            .iter()
+            .map(|(n, m)| pb::Follower {
+                node: *n,
+                matched_lsn: *m,
+            })
+            .collect(),
+        pending_appends: s.pending_appends as u64,
+        stopped: s.stopped.unwrap_or_default(),
+    }
+}
+
+fn read_batch(env: &Env, group: u64, from: u64, max: u32) -> Result<pb::ReadResponse, Status> {
+    let log = env.group(group).map_err(status)?;
+    let max = if max == 0 { 1000 } else { max.min(100_000) } as usize;
+    let mut reader = log.reader(from);
+    let mut records = Vec::new();
+    let mut bytes = 0usize;
+    while records.len() < max && bytes < (32 << 20) {
+        match reader.try_next().map_err(status)? {
+            Some(r) => {
+                bytes += r.data.len();
+                records.push(pb::Record {
+                    lsn: r.lsn,
+                    csn: r.csn,
+                    data: r.data,
+                });
+            }
+            None => break,
+        }
+    }
+    Ok(pb::ReadResponse {
+        records,
+        next_lsn: reader.position(),
+        committed_end: log.committed_end(),
+    })
+}
+
+type TailStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::chorus_server::Chorus for Service {
+    async fn append(
+        &self,
+        req: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        let req = req.into_inner();
+        if req.records.len() > MAX_APPEND_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "{} records in one append; at most {MAX_APPEND_BATCH}",
+                req.records.len()
+            )));
+        }
+        let log = self.env.group(req.group).map_err(status)?;
+        let mut pending = Vec::with_capacity(req.records.len());
+        for (i, r) in req.records.iter().enumerate() {
+            match log.append(r, req.ref_csn) {
+                Ok(a) => pending.push(a),
+                Err(e) if i == 0 => return Err(status(e)),
+                Err(e) => {
+                    // Some records were accepted: report theirs and stop here, so the
+                    // caller knows exactly which records have an outcome.
+                    tracing::debug!(error = %e, accepted = i, "append batch cut short");
+                    break;
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(pending.len());
+        for a in pending {
+            let r = a.result.await.map_err(status)?;
+            results.push(pb::AppendResult {
+                lsn: r.lsn,
+                csn: r.csn,
+                outcome: match r.outcome {
+                    Outcome::Committed => pb::Outcome::Committed,
+                    Outcome::Failed => pb::Outcome::Failed,
+                } as i32,
+            });
+        }
+        Ok(Response::new(pb::AppendResponse { results }))
+    }
+
+    async fn read(
+        &self,
+        req: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let r = req.into_inner();
+        let env = self.env.clone();
+        let resp = tokio::task::spawn_blocking(move || {
+            read_batch(&env, r.group, r.from_lsn, r.max_records)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(resp))
+    }
+
+    type TailStream = TailStream;
+
+    async fn tail(
+        &self,
+        req: Request<pb::TailRequest>,
+    ) -> Result<Response<Self::TailStream>, Status> {
+        let r = req.into_inner();
+        let log = self.env.group(r.group).map_err(status)?;
+        let env = self.env.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut tail = log.subscribe_tail();
+            let mut from = r.from_lsn;
+            loop {
+                let env2 = env.clone();
+                let batch = tokio::task::spawn_blocking(move || {
+                    read_batch(&env2, r.group, from, r.max_records)
+                })
+                .await;
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(e) => Err(Status::internal(e.to_string())),
+                };
+                match batch {
+                    Ok(b) => {
+                        let got = !b.records.is_empty();
+                        from = b.next_lsn;
+                        if got && tx.send(Ok(b)).await.is_err() {
+                            return; // the client went away
+                        }
+                        if !got {
+                            // Long poll: wait for the committed end to move.
+                            tokio::select! {
+                                ch = tail.changed() => if ch.is_err() { return },
+                                _ = tx.closed() => return,
+                                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            }
+                        }
+                    }
+                    Err(s) => {
+                        let _ = tx.send(Err(s)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        let s = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn locate(
+        &self,
+        req: Request<pb::LocateRequest>,
+    ) -> Result<Response<pb::LocateResponse>, Status> {
+        let r = req.into_inner();
+        let log = self.env.group(r.group).map_err(status)?;
+        let found = tokio::task::spawn_blocking(move || log.locate(r.csn))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::LocateResponse {
+            found: found.is_some(),
+            lsn: found.unwrap_or(0),
+        }))
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let g = req.into_inner().group;
+        let ids = if g == 0 { self.env.groups() } else { vec![g] };
+        let mut groups = Vec::new();
+        for id in ids {
+            let log = self.env.group(id).map_err(status)?;
+            groups.push(group_status(log.status()));
+        }
+        Ok(Response::new(pb::StatusResponse {
+            node: self.env.node(),
+            replication_addr: self.env.replication_addr().to_string(),
+            groups,
+        }))
+    }
+
+    async fn create_group(
+        &self,
+        req: Request<pb::CreateGroupRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        if r.group == 0 {
+            return Err(Status::invalid_argument("group id 0 is reserved"));
+        }
+        if r.voters.is_empty() && r.learners.is_empty() {
+            // A joining replica: it learns its membership from the leader.
+            tracing::info!(group = r.group, "creating a joining replica");
+        }
+        let env = self.env.clone();
+        tokio::task::spawn_blocking(move || env.create_group(r.group, &r.voters, &r.learners))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn change_membership(
+        &self,
+        req: Request<pb::ChangeMembershipRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let change = match pb::ChangeKind::try_from(r.kind) {
+            Ok(pb::ChangeKind::AddLearner) => MembershipChange::AddLearner(r.node),
+            Ok(pb::ChangeKind::AddVoter) => MembershipChange::AddVoter(r.node),
+            Ok(pb::ChangeKind::Promote) => MembershipChange::Promote(r.node),
+            Ok(pb::ChangeKind::Remove) => MembershipChange::Remove(r.node),
+            Ok(pb::ChangeKind::Replace) => MembershipChange::Replace {
+                old: r.old_node,
+                new: r.node,
+            },
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown membership change kind {}",
+                    r.kind
+                )))
+            }
+        };
+        if r.node == 0 {
+            return Err(Status::invalid_argument("node id 0 is not valid"));
+        }
+        if !r.node_addr.is_empty() {
+            self.env.set_peer_addr(r.node, r.node_addr.clone());
+        }
+        let log = self.env.group(r.group).map_err(status)?;
+        log.change_membership(change).map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let log = self.env.group(r.group).map_err(status)?;
+        log.transfer_leader(r.to).map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn set_priority(
+        &self,
+        req: Request<pb::SetPriorityRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let log = self.env.group(r.group).map_err(status)?;
+        log.set_priority(r.priority);
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let log = self.env.group(r.group).map_err(status)?;
+        tokio::task::spawn_blocking(move || log.trim(r.lsn))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text format) on `listener` until the process ends.
+/// A deliberately small HTTP/1.1 responder: one request per connection, bounded reads.
+pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let env = env.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    let k = sock.read(&mut buf[n..]).await?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || n == buf.len() {
+                        break;
+                    }
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
+                return;
+            }
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (code, body, ctype) = if req.starts_with("GET /metrics ") {
+                ("200 OK", env.render_metrics(), "text/plain; version=0.0.4")
+            } else {
+                (
+                    "404 Not Found",
+                    "try GET /metrics\n".to_string(),
+                    "text/plain",
+                )
+            };
+            let resp = format!(
+                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}

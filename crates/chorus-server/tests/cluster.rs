@@ -1,0 +1,328 @@
+//! Real processes on loopback: three `chorus server` nodes, 100k records from many
+//! concurrent writers over gRPC, `kill -9` of the leader mid-stream, a new leader, every
+//! record reported committed readable on every surviving replica in the same order,
+//! nothing reported failed in the log, and the killed node restarted and caught up. Also:
+//! bad input over the wire leaves the node serving.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus_client::{pb, Client, ClientError};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    id: u64,
+    api: String,
+    repl: String,
+    cfg: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(["server", "--config"])
+            .arg(&self.cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn cluster(root: &Path, n: u64) -> Vec<Node> {
+    let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+    let mut nodes = Vec::new();
+    for i in 1..=n {
+        let (api, repl) = ports[(i - 1) as usize];
+        let mut peers = String::new();
+        for j in 1..=n {
+            if j != i {
+                peers.push_str(&format!(
+                    "\"{j}\" = \"127.0.0.1:{}\"\n",
+                    ports[(j - 1) as usize].1
+                ));
+            }
+        }
+        let cfg = root.join(format!("n{i}.toml"));
+        let mut f = std::fs::File::create(&cfg).unwrap();
+        write!(
+            f,
+            "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n[[groups]]\nid = 1\nvoters = [{}]\n\n\
+             [replica]\nlease_ms = 1000\nheartbeat_ms = 100\nping_ms = 100\nresend_ms = 200\n\n[log]\nblock_size = 4194304\n",
+            root.join(format!("n{i}")).display(),
+            (1..=n).map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+        )
+        .unwrap();
+        let mut node = Node {
+            id: i,
+            api: format!("http://127.0.0.1:{api}"),
+            repl: format!("127.0.0.1:{repl}"),
+            cfg,
+            log: root.join(format!("n{i}.log")),
+            child: None,
+        };
+        node.start();
+        nodes.push(node);
+    }
+    nodes
+}
+
+async fn leader_of(eps: &[String], timeout: Duration) -> u64 {
+    let end = Instant::now() + timeout;
+    loop {
+        let mut c = Client::new(eps.to_vec());
+        for (_, r) in c.status_all(1).await {
+            if let Ok(s) = r {
+                if s.groups.iter().any(|g| g.role == "leader") {
+                    return s.node;
+                }
+            }
+        }
+        assert!(Instant::now() < end, "no leader within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn read_all(ep: &str) -> Vec<pb::Record> {
+    let mut c = Client::new(vec![ep.to_string()]);
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let r = c.read(1, from, 10_000).await.unwrap();
+        if r.records.is_empty() {
+            return out;
+        }
+        from = r.next_lsn;
+        out.extend(r.records);
+    }
+}
+
+async fn committed_end(ep: &str) -> u64 {
+    let mut c = Client::new(vec![ep.to_string()]);
+    match &c.status_all(1).await[0].1 {
+        Ok(s) => s.groups.first().map_or(0, |g| g.committed_lsn),
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_the_leader_under_load() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let leader = leader_of(&eps, Duration::from_secs(20)).await;
+
+    const WRITERS: usize = 32;
+    const TOTAL: usize = 100_000;
+    const BATCH: usize = 10;
+    let committed: Arc<Mutex<BTreeMap<u64, Vec<u8>>>> = Default::default();
+    let failed: Arc<Mutex<HashSet<Vec<u8>>>> = Default::default();
+    let unknown = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (eps, committed, failed, unknown, done, stop) = (
+            eps.clone(),
+            committed.clone(),
+            failed.clone(),
+            unknown.clone(),
+            done.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::new(eps);
+            c.leader_timeout = Duration::from_secs(30);
+            let per = TOTAL / WRITERS;
+            let mut i = 0;
+            while i < per && !stop.load(Ordering::Relaxed) {
+                let recs: Vec<Vec<u8>> = (i..(i + BATCH).min(per))
+                    .map(|k| format!("w{w}-r{k}").into_bytes())
+                    .collect();
+                i += recs.len();
+                match c.append(1, recs.clone(), 0).await {
+                    Ok(res) => {
+                        for (r, data) in res.iter().zip(&recs) {
+                            if r.outcome == pb::Outcome::Committed as i32 {
+                                committed.lock().unwrap().insert(r.lsn, data.clone());
+                            } else {
+                                failed.lock().unwrap().insert(data.clone());
+                            }
+                        }
+                        // Records past the accepted ones were not appended.
+                        unknown.fetch_add((recs.len() - res.len()) as u64, Ordering::Relaxed);
+                    }
+                    Err(ClientError::Indeterminate { .. }) => {
+                        // The leader died with these in flight: their outcome is unknown
+                        // (as after a crash), so they are neither counted nor retried.
+                        unknown.fetch_add(recs.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("writer {w}: {e}"),
+                }
+                done.fetch_add(BATCH as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Kill the leader a third of the way in.
+    while done.load(Ordering::Relaxed) < (TOTAL / 3) as u64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let li = nodes.iter().position(|n| n.id == leader).unwrap();
+    nodes[li].kill9();
+    let survivors: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.id != leader)
+        .map(|n| n.api.clone())
+        .collect();
+    let new_leader = leader_of(&survivors, Duration::from_secs(20)).await;
+    assert_ne!(new_leader, leader);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let committed = committed.lock().unwrap().clone();
+    let failed = failed.lock().unwrap().clone();
+    eprintln!(
+        "committed {}, failed {}, unknown {}",
+        committed.len(),
+        failed.len(),
+        unknown.load(Ordering::Relaxed)
+    );
+    assert!(
+        committed.len() >= TOTAL * 9 / 10,
+        "too few commits: {}",
+        committed.len()
+    );
+
+    // Every committed record is on every survivor at its LSN, in the same order; nothing
+    // reported failed is in the log; the survivors' logs are identical.
+    let mut logs = Vec::new();
+    let target = {
+        let mut m = 0;
+        for ep in &survivors {
+            m = m.max(committed_end(ep).await);
+        }
+        m
+    };
+    for ep in &survivors {
+        let end = Instant::now() + Duration::from_secs(20);
+        while committed_end(ep).await < target {
+            assert!(Instant::now() < end, "{ep} does not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let recs = read_all(ep).await;
+        let by_lsn: HashMap<u64, &Vec<u8>> = recs.iter().map(|r| (r.lsn, &r.data)).collect();
+        for (lsn, d) in &committed {
+            assert_eq!(by_lsn.get(lsn), Some(&d), "{ep}: committed record at {lsn}");
+        }
+        for r in &recs {
+            assert!(!failed.contains(&r.data), "{ep}: failed record in the log");
+        }
+        logs.push(recs);
+    }
+    let n = logs.iter().map(|l| l.len()).min().unwrap();
+    for l in &logs[1..] {
+        assert_eq!(&l[..n], &logs[0][..n], "survivors' logs differ");
+    }
+
+    // The killed node restarts and catches up.
+    nodes[li].start();
+    let killed = nodes[li].api.clone();
+    let end = Instant::now() + Duration::from_secs(30);
+    while committed_end(&killed).await < target {
+        assert!(Instant::now() < end, "restarted node does not catch up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recs = read_all(&killed).await;
+    assert_eq!(&recs[..n.min(recs.len())], &logs[0][..n.min(recs.len())]);
+    assert!(recs.len() >= n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_over_the_wire_leaves_the_node_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    leader_of(&eps, Duration::from_secs(20)).await;
+    let repl = nodes[0].repl.clone();
+    let api = nodes[0].api.trim_start_matches("http://").to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        use std::net::TcpStream;
+        // Garbage on the replication port, an oversized frame header, a client speaking
+        // HTTP/1 to the replication port, and garbage on the gRPC port.
+        let mut oversized = Vec::new();
+        oversized.extend_from_slice(&0x5752_4843u32.to_le_bytes());
+        oversized.extend_from_slice(&[1, 0, 2, 0]);
+        oversized.extend_from_slice(&u32::MAX.to_le_bytes());
+        oversized.extend_from_slice(&[0u8; 8]);
+        for (addr, bytes) in [
+            (&repl, b"\x00\xffgarbage garbage garbage garbage".to_vec()),
+            (&repl, oversized),
+            (&repl, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+            (&api, b"\x16\x03\x01 definitely not http2".to_vec()),
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(&bytes);
+            let mut buf = [0u8; 64];
+            // The node closes the connection (or answers an error), it does not hang.
+            let _ = s.read(&mut buf);
+        }
+    })
+    .await
+    .unwrap();
+    // An unknown group is a clear NOT_FOUND; the cluster still serves appends.
+    let mut c = Client::new(eps.clone());
+    match c.read(999, 0, 1).await {
+        Err(ClientError::Status { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::NotFound);
+            assert!(message.contains("999"), "{message}");
+        }
+        other => panic!("unknown group: {other:?}"),
+    }
+    let r = c
+        .append(1, vec![b"still serving".to_vec()], 0)
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    // The replication listener counted the bad connections and kept running.
+    let mut st = Client::new(vec![nodes[0].api.clone()]);
+    assert!(st.status_all(1).await[0].1.is_ok());
+}
