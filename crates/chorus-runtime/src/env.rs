@@ -342,8 +342,7 @@ impl Env {
         g.shutdown();
         // Wait for a worker that may be running it.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while g.sched.load(Ordering::Acquire) == crate::group::RUNNING && Instant::now() < deadline
-        {
+        while g.sched.is_running() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
         std::fs::remove_dir_all(&g.dir).map_err(|e| Error::Io {

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -180,16 +180,11 @@ enum Feedback {
     RepairRefused(NodeId),
 }
 
-pub(crate) const IDLE: u8 = 0;
-pub(crate) const QUEUED: u8 = 1;
-pub(crate) const RUNNING: u8 = 2;
-pub(crate) const DIRTY: u8 = 3;
-
 pub(crate) struct Group {
     pub id: GroupId,
     pub dir: PathBuf,
     env: Arc<EnvShared>,
-    pub sched: AtomicU8,
+    pub sched: crate::sched::SchedState,
     pub tick_due: AtomicBool,
     pub busy: AtomicBool,
     pub last_tick: AtomicU64,
@@ -258,7 +253,7 @@ impl Group {
             id,
             dir: dir.to_path_buf(),
             env,
-            sched: AtomicU8::new(IDLE),
+            sched: Default::default(),
             tick_due: AtomicBool::new(true),
             busy: AtomicBool::new(false),
             last_tick: AtomicU64::new(0),
@@ -306,6 +301,7 @@ impl Group {
                 return;
             }
             let now = self.env.now();
+            let mut results = Vec::new();
             let actions = {
                 let mut c = self.core.lock().expect("core");
                 for f in feedback.drain(..) {
@@ -336,7 +332,7 @@ impl Group {
                             }
                             .fetch_add(1, Ordering::Relaxed);
                             if let Some(tx) = c.waiters.remove(&id) {
-                                let _ = tx.send(AppendResult { lsn, csn, outcome });
+                                results.push((tx, AppendResult { lsn, csn, outcome }));
                             }
                         }
                         other => rest.push(other),
@@ -346,15 +342,29 @@ impl Group {
                     .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
                 rest
             };
-            if actions.is_empty() {
+            if actions.is_empty() && results.is_empty() {
                 return;
             }
             let mut wrote = false;
+            let mut commit = None;
             for a in actions {
+                if let Action::Commit { end } = a {
+                    commit = Some(end);
+                }
                 if let Err(e) = self.execute(a, &mut wrote, &mut feedback) {
                     self.storage_failed(e);
                     return;
                 }
+            }
+            // The committed end is published after this batch's writes (a follower may
+            // learn that groups are committed in the same batch that writes them: readers
+            // must find them in the log) and before the results (whoever is told
+            // "Committed" must be able to read the record at once).
+            if let Some(end) = commit {
+                self.publish_commit(end);
+            }
+            for (tx, r) in results {
+                let _ = tx.send(r);
             }
             if wrote {
                 let t0 = Instant::now();
@@ -460,17 +470,7 @@ impl Group {
                     leader,
                 });
             }
-            Action::Commit { end } => {
-                self.commit_tx.send_if_modified(|c| {
-                    let changed = end > *c;
-                    *c = (*c).max(end);
-                    changed
-                });
-                let (m, cv) = &self.commit_cv;
-                let mut c = m.lock().expect("commit");
-                *c = (*c).max(end);
-                cv.notify_all();
-            }
+            Action::Commit { .. } => {} // published after the batch's writes (see `run`)
             Action::ConfigCommitted { version } => {
                 tracing::info!(
                     group = self.id,
@@ -516,6 +516,18 @@ impl Group {
             Action::Result { .. } => unreachable!("results are routed under the core lock"),
         }
         Ok(())
+    }
+
+    fn publish_commit(&self, end: Lsn) {
+        self.commit_tx.send_if_modified(|c| {
+            let changed = end > *c;
+            *c = (*c).max(end);
+            changed
+        });
+        let (m, cv) = &self.commit_cv;
+        let mut c = m.lock().expect("commit");
+        *c = (*c).max(end);
+        cv.notify_all();
     }
 
     fn restart_replica(&self) -> Result<(), Error> {
@@ -741,8 +753,14 @@ impl Group {
         Ok(())
     }
 
+    /// The end of what may be read here: committed, and present in the local log.
+    fn readable_end(&self) -> Lsn {
+        self.committed_end()
+            .min(self.io.read().expect("io").log.end_lsn())
+    }
+
     pub fn read(&self, lsn: Lsn) -> Result<Record, Error> {
-        let committed = self.committed_end();
+        let committed = self.readable_end();
         if lsn >= committed {
             return Err(Error::NotCommitted {
                 group: self.id,
@@ -764,7 +782,7 @@ impl Group {
 
     /// LSN of the first committed record whose CSN is at least `csn`, if any.
     pub fn locate(&self, csn: Csn) -> Result<Option<Lsn>, Error> {
-        let committed = self.committed_end();
+        let committed = self.readable_end();
         let (blocks, bs, start) = {
             let io = self.io.read().expect("io");
             (io.log.block_ids(), io.log.block_size(), io.log.start_lsn())
@@ -811,7 +829,7 @@ impl Group {
     /// Reads committed records from `pos` (a record start or group boundary) into `out`,
     /// at most one group; returns the next position.
     pub fn read_next(&self, pos: Lsn, out: &mut VecDeque<Record>) -> Result<Lsn, Error> {
-        let committed = self.committed_end();
+        let committed = self.readable_end();
         let mut pos = pos;
         while pos < committed && out.is_empty() {
             let g = self.group_containing(pos)?;

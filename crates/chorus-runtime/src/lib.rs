@@ -43,6 +43,7 @@ pub mod error;
 pub mod group;
 pub mod metrics;
 mod pool;
+pub mod sched;
 pub mod transport;
 
 pub use chorus_core::format::meta::{Membership, NodeId};

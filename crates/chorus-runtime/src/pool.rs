@@ -6,16 +6,14 @@
 //! therefore per group and per batch, never per record (on this machine a cross-core
 //! wake-up costs about 100 µs). A group is on at most one worker at a time.
 //!
-//! Group states: `IDLE` → (schedule) `QUEUED` → (worker) `RUNNING` → `IDLE`; scheduling
-//! a running group marks it `DIRTY`, and the worker runs it again before letting go, so
-//! no wake-up is lost.
+//! The per-group state machine is [`crate::sched::SchedState`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::group::{Group, DIRTY, IDLE, QUEUED, RUNNING};
+use crate::group::Group;
 
 pub(crate) struct Pool {
     queue: Mutex<VecDeque<Arc<Group>>>,
@@ -47,28 +45,9 @@ impl Pool {
     }
 
     pub fn schedule(&self, g: &Arc<Group>) {
-        loop {
-            match g.sched.load(Ordering::Acquire) {
-                IDLE => {
-                    if g.sched
-                        .compare_exchange(IDLE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        self.queue.lock().expect("queue").push_back(g.clone());
-                        self.ready.notify_one();
-                        return;
-                    }
-                }
-                RUNNING => {
-                    if g.sched
-                        .compare_exchange(RUNNING, DIRTY, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return;
-                    }
-                }
-                _ => return, // QUEUED or DIRTY: it will run.
-            }
+        if g.sched.schedule() {
+            self.queue.lock().expect("queue").push_back(g.clone());
+            self.ready.notify_one();
         }
     }
 
@@ -87,17 +66,14 @@ impl Pool {
                 }
             };
             loop {
-                g.sched.store(RUNNING, Ordering::Release);
+                g.sched.begin();
                 if !g.removed.load(Ordering::Relaxed) {
                     g.run();
                 }
-                if g.sched
-                    .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
+                if g.sched.finish() {
                     break;
                 }
-                // DIRTY: more work arrived while running.
+                // More work arrived while running: run again.
             }
         }
     }

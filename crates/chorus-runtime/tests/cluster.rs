@@ -139,6 +139,15 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     }
     let (leader, g) = c.leader(1, Duration::from_secs(10));
 
+    // 0. Whoever is told "Committed" can read the record at once (the committed end is
+    //    published before the result).
+    for i in 0..50 {
+        let a = g.append(format!("now-{i}").as_bytes(), 0).unwrap();
+        let lsn = a.lsn;
+        assert_eq!(a.result.wait().unwrap().outcome, Outcome::Committed);
+        assert_eq!(g.read(lsn).unwrap().data, format!("now-{i}").as_bytes());
+    }
+
     // 1. Concurrent appends: every one commits, and every replica holds the same log.
     let committed = append_many(&g, 4000, 4, "a");
     assert_eq!(committed.len(), 4000);

@@ -326,3 +326,175 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
     let mut st = Client::new(vec![nodes[0].api.clone()]);
     assert!(st.status_all(1).await[0].1.is_ok());
 }
+
+/// Membership change under load through the CLI-facing API: node 4 joins as a learner
+/// while writers append, is promoted, and a voter is removed; then that removed node's
+/// data directory is wiped and it rejoins as a new learner and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_change_under_load_and_a_wiped_node_rejoins() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let leader = leader_of(&eps, Duration::from_secs(20)).await;
+
+    // A fourth node, started with no groups: it creates group 1 empty and learns the
+    // membership from the leader once added.
+    let (api4, repl4) = (free_port(), free_port());
+    let peers: String = nodes
+        .iter()
+        .map(|n| format!("\"{}\" = \"{}\"\n", n.id, n.repl))
+        .collect();
+    let cfg4 = root.path().join("n4.toml");
+    std::fs::write(
+        &cfg4,
+        format!(
+            "node = 4\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl4}\"\napi_listen = \"127.0.0.1:{api4}\"\n\
+             io_workers = 2\n\n[peers]\n{peers}\n[replica]\nlease_ms = 1000\nheartbeat_ms = 100\nping_ms = 100\nresend_ms = 200\n\n[log]\nblock_size = 4194304\n",
+            root.path().join("n4").display()
+        ),
+    )
+    .unwrap();
+    let mut n4 = Node {
+        id: 4,
+        api: format!("http://127.0.0.1:{api4}"),
+        repl: format!("127.0.0.1:{repl4}"),
+        cfg: cfg4,
+        log: root.path().join("n4.log"),
+        child: None,
+    };
+    n4.start();
+    let mut c4 = Client::new(vec![n4.api.clone()]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while c4.create_group(1, vec![], vec![]).await.is_err() {
+        assert!(Instant::now() < end, "node 4 does not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Load from 8 writers for the whole change.
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (eps, stop, committed) = (eps.clone(), stop.clone(), committed.clone());
+        writers.push(tokio::spawn(async move {
+            let mut c = Client::new(eps);
+            c.leader_timeout = Duration::from_secs(30);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                match c.append(1, vec![format!("m{w}-{i}").into_bytes()], 0).await {
+                    Ok(r) if r[0].outcome == pb::Outcome::Committed as i32 => {
+                        committed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) | Err(ClientError::Indeterminate { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }));
+    }
+    let all = {
+        let mut v = eps.clone();
+        v.push(n4.api.clone());
+        v
+    };
+    let mut admin = Client::new(all.clone());
+    let change = |kind: pb::ChangeKind, node: u64, addr: &str| pb::ChangeMembershipRequest {
+        group: 1,
+        kind: kind as i32,
+        node,
+        old_node: 0,
+        node_addr: addr.to_string(),
+    };
+    retry_change(&mut admin, change(pb::ChangeKind::AddLearner, 4, &n4.repl)).await;
+    wait_members(&mut admin, |g| g.learners.contains(&4)).await;
+    // Promote once caught up (the leader refuses a learner that lags).
+    retry_change(&mut admin, change(pb::ChangeKind::Promote, 4, "")).await;
+    wait_members(&mut admin, |g| g.voters.contains(&4)).await;
+    let leaving = (1..=3).find(|n| *n != leader).unwrap();
+    retry_change(&mut admin, change(pb::ChangeKind::Remove, leaving, "")).await;
+    wait_members(&mut admin, |g| !g.voters.contains(&leaving)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(
+        committed.load(Ordering::Relaxed) > 100,
+        "load kept committing"
+    );
+
+    // The removed node's directory is wiped; it comes back empty and rejoins as a new
+    // learner (it lost its promises, so it must not return as its old voting self).
+    let li = nodes.iter().position(|n| n.id == leaving).unwrap();
+    nodes[li].kill9();
+    std::fs::remove_dir_all(root.path().join(format!("n{leaving}"))).unwrap();
+    // Restart without the bootstrap group: drop `[[groups]]` from its config.
+    let cfg = std::fs::read_to_string(&nodes[li].cfg).unwrap();
+    let cfg = cfg.split("[[groups]]").next().unwrap().to_string()
+        + &cfg[cfg.find("[replica]").unwrap()..];
+    std::fs::write(&nodes[li].cfg, cfg).unwrap();
+    nodes[li].start();
+    let mut cw = Client::new(vec![nodes[li].api.clone()]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while cw.create_group(1, vec![], vec![]).await.is_err() {
+        assert!(Instant::now() < end, "wiped node does not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    retry_change(
+        &mut admin,
+        change(pb::ChangeKind::AddLearner, leaving, &nodes[li].repl.clone()),
+    )
+    .await;
+    let target = {
+        let mut m = 0;
+        for ep in &all {
+            m = m.max(committed_end(ep).await);
+        }
+        m
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    while committed_end(&nodes[li].api).await < target {
+        assert!(Instant::now() < end, "wiped node does not catch up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lead_ep = {
+        let l = leader_of(&all, Duration::from_secs(10)).await;
+        all.iter()
+            .find(|e| nodes.iter().any(|n| n.id == l && &&n.api == e) || (l == 4 && **e == n4.api))
+            .unwrap()
+            .clone()
+    };
+    let a = read_all(&lead_ep).await;
+    let b = read_all(&nodes[li].api).await;
+    let n = a.len().min(b.len());
+    assert!(n > 0);
+    assert_eq!(&a[..n], &b[..n], "the rejoined node's log differs");
+}
+
+async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.change_membership(req.clone()).await {
+            Ok(()) => return,
+            Err(e) => {
+                assert!(Instant::now() < end, "{req:?}: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn wait_members(c: &mut Client, f: impl Fn(&pb::GroupStatus) -> bool) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        for (_, r) in c.status_all(1).await {
+            if let Ok(s) = r {
+                if s.groups.iter().any(|g| g.role == "leader" && f(g)) {
+                    return;
+                }
+            }
+        }
+        assert!(Instant::now() < end, "membership change not accepted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,68 @@
+//! The scheduling state of one group on the worker pool: the lock-free part of the
+//! runtime, checked exhaustively with `loom` (`tests/loom.rs`, feature `loom`).
+//!
+//! States: `IDLE` → (schedule) `QUEUED` → (a worker takes it) `RUNNING` → `IDLE`.
+//! Scheduling a `RUNNING` group marks it `DIRTY`; the worker then runs it again before
+//! letting go. Guarantees: work announced before `schedule` is seen by a run that starts
+//! after it (no lost wake-up), a group is queued at most once, and it never runs on two
+//! workers at once.
+
+#[cfg(feature = "loom")]
+use loom::sync::atomic::{AtomicU8, Ordering};
+#[cfg(not(feature = "loom"))]
+use std::sync::atomic::{AtomicU8, Ordering};
+
+const IDLE: u8 = 0;
+const QUEUED: u8 = 1;
+const RUNNING: u8 = 2;
+const DIRTY: u8 = 3;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct SchedState(AtomicU8);
+
+impl Default for SchedState {
+    fn default() -> Self {
+        Self(AtomicU8::new(IDLE))
+    }
+}
+
+impl SchedState {
+    /// Announces work. Returns true when the caller must put the group on the run queue
+    /// (it was idle); false when a queued or running instance will see the work.
+    pub fn schedule(&self) -> bool {
+        let mut s = self.0.load(Ordering::Acquire);
+        loop {
+            let next = match s {
+                IDLE => QUEUED,
+                RUNNING => DIRTY,
+                _ => return false, // QUEUED or DIRTY: it will run.
+            };
+            match self
+                .0
+                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return next == QUEUED,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// A worker took the group from the queue (or runs it again): it is running.
+    pub fn begin(&self) {
+        self.0.store(RUNNING, Ordering::Release);
+    }
+
+    /// A run ended. Returns true when the group is idle again; false when work arrived
+    /// during the run and it must run again.
+    pub fn finish(&self) -> bool {
+        self.0
+            .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Whether a worker is running the group now.
+    pub fn is_running(&self) -> bool {
+        matches!(self.0.load(Ordering::Acquire), RUNNING | DIRTY)
+    }
+}
