@@ -35,7 +35,14 @@ use chorus_storage::{LogOptions, LogStorage, MetaStorage, StorageError};
 use tokio::sync::{oneshot, watch};
 
 use crate::error::Error;
+use crate::lane::{LaneBuf, MAX_LANE_ENTRIES};
 use crate::pool::Pool;
+use arc_swap::ArcSwapOption;
+use chorus_core::format::entry;
+use chorus_core::format::group::GROUP_HEADER_SIZE;
+
+/// An entry's result slot in a lane: its LSN, CSN and where its result goes.
+type Slot = (Lsn, Csn, oneshot::Sender<AppendResult>);
 use crate::transport::Transport;
 
 /// Identity of a log group within an environment (also the log id in its block headers).
@@ -188,6 +195,12 @@ pub(crate) struct Group {
     pub tick_due: AtomicBool,
     pub busy: AtomicBool,
     pub last_tick: AtomicU64,
+    /// The log IO is idle (everything written is flushed): small lanes freeze at once.
+    io_idle: AtomicBool,
+    /// The lane appenders fill without locks (PALF section 6), if one is open.
+    lane: ArcSwapOption<LaneBuf<Slot>>,
+    /// Size of the last closed lane, to size the next one's buffers.
+    lane_hint: AtomicU64,
     core: Mutex<Core>,
     io: RwLock<Io>,
     index: Mutex<ReadIndex>,
@@ -257,6 +270,9 @@ impl Group {
             tick_due: AtomicBool::new(true),
             busy: AtomicBool::new(false),
             last_tick: AtomicU64::new(0),
+            io_idle: AtomicBool::new(true),
+            lane: ArcSwapOption::empty(),
+            lane_hint: AtomicU64::new(0),
             core: Mutex::new(Core {
                 replica,
                 waiters: HashMap::new(),
@@ -281,6 +297,7 @@ impl Group {
     pub fn deliver(self: &Arc<Self>, from: NodeId, msg: Message) {
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
+        self.close_lane(&mut c, now);
         c.replica.receive(now, from, msg);
         let wake = c.replica.has_actions();
         drop(c);
@@ -304,6 +321,9 @@ impl Group {
             let mut results = Vec::new();
             let actions = {
                 let mut c = self.core.lock().expect("core");
+                // The group commit point: whatever appenders put in the lane while the
+                // last IO ran becomes one group now.
+                self.close_lane(&mut c, now);
                 for f in feedback.drain(..) {
                     match f {
                         Feedback::MetaSaved(seq) => c.replica.meta_saved(now, seq),
@@ -340,6 +360,10 @@ impl Group {
                 }
                 self.busy
                     .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
+                self.io_idle.store(
+                    c.replica.flushed_end() == c.replica.end_lsn(),
+                    Ordering::Relaxed,
+                );
                 rest
             };
             if actions.is_empty() && results.is_empty() {
@@ -416,6 +440,7 @@ impl Group {
                     });
                 }
                 io.log.append(&bytes).map_err(&st)?;
+                self.io_idle.store(false, Ordering::Relaxed);
                 self.counters
                     .log_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -536,6 +561,8 @@ impl Group {
         let replica = build_replica(&self.env, self.id, &io.log, &io.meta)?;
         drop(io);
         let mut c = self.core.lock().expect("core");
+        let now = self.env.now();
+        self.close_lane(&mut c, now);
         c.replica = replica;
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
@@ -547,6 +574,7 @@ impl Group {
         tracing::error!(group = self.id, error = %e, "storage failed; the group stops");
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
+        self.close_lane(&mut c, now);
         c.replica.storage_failed(now);
         let _ = c.replica.take_actions();
         c.waiters.clear();
@@ -555,6 +583,10 @@ impl Group {
 
     // ------------------------------------------------------------------ API
 
+    /// Appends a record: the lock-free path through the open lane when it can (see
+    /// [`crate::lane`]), otherwise the slow path under the core lock, which closes the
+    /// lane, opens the next, and retries (or appends directly for records a lane cannot
+    /// take).
     pub fn append(self: &Arc<Self>, data: &[u8], ref_csn: Csn) -> Result<Appended, Error> {
         if let Some(r) = self.stopped.lock().expect("stopped").clone() {
             return Err(Error::Stopped {
@@ -562,37 +594,144 @@ impl Group {
                 reason: r,
             });
         }
-        let now = self.env.now();
-        let (tx, rx) = oneshot::channel();
-        let mut c = self.core.lock().expect("core");
-        let t = c
-            .replica
-            .append(now, data, ref_csn)
-            .map_err(|source| Error::Append {
-                group: self.id,
-                source,
-            })?;
-        c.waiters.insert(t.id, tx);
-        let wake = c.replica.has_actions();
-        drop(c);
+        let size = entry::entry_size(data.len());
+        for attempt in 0.. {
+            if let Some(l) = &*self.lane.load() {
+                if data.len() <= l.lane.max_record {
+                    if let Ok(r) = l.state.reserve(size, ref_csn) {
+                        let lsn = l.lane.lsn + GROUP_HEADER_SIZE as u64 + r.offset as u64;
+                        let (tx, rx) = oneshot::channel();
+                        l.fill(
+                            &r,
+                            size,
+                            |dst| entry::write_entry(dst, r.csn, data),
+                            (lsn, r.csn, tx),
+                        );
+                        self.counted(data.len());
+                        // Adaptive group replication (PALF section 6): with the log IO
+                        // idle and few entries waiting, the group goes out now; otherwise
+                        // the driver closes the lane after the IO in progress or at the
+                        // freeze interval.
+                        if r.index + 1 < self.env.replica.group_factor_threshold as usize
+                            && self.io_idle.load(Ordering::Relaxed)
+                        {
+                            self.schedule();
+                        }
+                        return Ok(Appended {
+                            lsn,
+                            csn: r.csn,
+                            result: AppendFuture { rx, group: self.id },
+                        });
+                    }
+                }
+            }
+            // Slow path: close the lane (full, sealed, or absent) and open the next.
+            let now = self.env.now();
+            let mut c = self.core.lock().expect("core");
+            self.close_lane(&mut c, now);
+            if attempt < 3 {
+                let lane = c.replica.open_lane(now).map_err(|source| Error::Append {
+                    group: self.id,
+                    source,
+                })?;
+                if data.len() <= lane.max_record {
+                    let hint = self.lane_hint.load(Ordering::Relaxed);
+                    let (bytes, entries) = ((hint >> 20) as usize, (hint & 0xF_FFFF) as usize);
+                    let buf = LaneBuf::new(
+                        lane,
+                        (2 * bytes).max(64 << 10).max(size),
+                        (2 * entries).clamp(64, MAX_LANE_ENTRIES),
+                    );
+                    self.lane.store(Some(Arc::new(buf)));
+                    let wake = c.replica.has_actions();
+                    drop(c);
+                    if wake {
+                        self.schedule();
+                    }
+                    continue;
+                }
+                // Too large for a lane: close it empty and append directly.
+                let _ = c.replica.close_lane(now, &lane, Vec::new(), &[]);
+            }
+            let (tx, rx) = oneshot::channel();
+            let t = c
+                .replica
+                .append(now, data, ref_csn)
+                .map_err(|source| Error::Append {
+                    group: self.id,
+                    source,
+                })?;
+            c.waiters.insert(t.id, tx);
+            let wake = c.replica.has_actions();
+            drop(c);
+            self.counted(data.len());
+            if wake {
+                self.schedule();
+            }
+            return Ok(Appended {
+                lsn: t.lsn,
+                csn: t.csn,
+                result: AppendFuture { rx, group: self.id },
+            });
+        }
+        unreachable!("the loop returns")
+    }
+
+    fn counted(&self, bytes: usize) {
         self.counters.appends.fetch_add(1, Ordering::Relaxed);
         self.counters
             .append_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(bytes as u64, Ordering::Relaxed);
         self.busy.store(true, Ordering::Relaxed);
-        if wake {
-            self.schedule();
+    }
+
+    /// Seals the open lane, waits for the copies in flight, and hands its entries to the
+    /// replica as one group (their results then come as usual). If the replica refuses
+    /// (leadership changed since the lane opened), nothing was written: they failed.
+    fn close_lane(&self, c: &mut Core, now: Nanos) {
+        let Some(l) = self.lane.swap(None) else {
+            return;
+        };
+        let (n, bytes) = l.state.seal();
+        let mut spins = 0u32;
+        while !l.state.all_copied(bytes) {
+            // An appender between its reservation and the end of its copy: microseconds,
+            // unless it was preempted.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
-        Ok(Appended {
-            lsn: t.lsn,
-            csn: t.csn,
-            result: AppendFuture { rx, group: self.id },
-        })
+        let (body, slots) = l.take(n, bytes).expect("sealed, copied, taken once");
+        self.lane_hint
+            .store(((bytes as u64) << 20) | n as u64, Ordering::Relaxed);
+        let records: Vec<(Lsn, Csn)> = slots.iter().map(|(l, c, _)| (*l, *c)).collect();
+        match c.replica.close_lane(now, &l.lane, body, &records) {
+            Ok(first) => {
+                for (i, (_, _, tx)) in slots.into_iter().enumerate() {
+                    c.waiters.insert(first + i as u64, tx);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(group = self.id, entries = n, error = %e, "lane closed unwritten: its appends failed");
+                for (lsn, csn, tx) in slots {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = tx.send(AppendResult {
+                        lsn,
+                        csn,
+                        outcome: Outcome::Failed,
+                    });
+                }
+            }
+        }
     }
 
     pub fn control<T>(self: &Arc<Self>, f: impl FnOnce(&mut Replica, Nanos) -> T) -> T {
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
+        self.close_lane(&mut c, now);
         let r = f(&mut c.replica, now);
         let wake = c.replica.has_actions();
         drop(c);

@@ -41,6 +41,7 @@
 pub mod env;
 pub mod error;
 pub mod group;
+pub mod lane;
 pub mod metrics;
 mod pool;
 pub mod sched;

@@ -231,6 +231,31 @@ pub struct Ticket {
     pub csn: Csn,
 }
 
+/// The log tail reserved for lock-free appends (PALF section 6).
+///
+/// The driver opens a lane with [`Replica::open_lane`]; appenders then take their LSN and
+/// CSN with an atomic compare-and-swap on the driver's side and copy their entries into
+/// the group body at that offset with no lock and no call into the replica; the driver
+/// hands the filled body back with [`Replica::close_lane`], and the replica seals and
+/// replicates it as one group. While a lane is open the replica writes nothing else, so
+/// the driver must close it before any other input: an input that finds a lane open
+/// abandons it (counted as a drop), and its entries then fail — they were never written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// LSN of the group the entries form; the first entry is at `lsn + GROUP_HEADER_SIZE`.
+    pub lsn: Lsn,
+    /// Proposal id of the leader that opened it.
+    pub pid: u64,
+    /// Most bytes of entries (headers included) the group body may hold.
+    pub capacity: usize,
+    /// Largest record one entry may carry.
+    pub max_record: usize,
+    /// CSN of the last record before the lane: the entries' CSNs must exceed it and grow.
+    pub last_csn: Csn,
+    /// When it was opened (the group's age for the freeze interval).
+    pub opened: Nanos,
+}
+
 /// A single-member membership change (PALF section 5.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MembershipChange {
@@ -525,6 +550,8 @@ pub struct Replica {
     halted: Option<String>,
     storage_failed: bool,
     repairing: Option<RepairState>,
+    /// The tail reserved for lock-free appends, if any (see [`Lane`]).
+    lane: Option<Lane>,
     drops: BTreeMap<&'static str, u64>,
     actions: Vec<Action>,
 }
@@ -588,6 +615,7 @@ impl Replica {
             halted: None,
             storage_failed: false,
             repairing: None,
+            lane: None,
             drops: BTreeMap::new(),
             actions: Vec::new(),
             cfg,
@@ -797,6 +825,7 @@ impl Replica {
 
     /// The meta record of save `seq` is durable.
     pub fn meta_saved(&mut self, now: Nanos, seq: u64) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if self.meta_inflight != Some(seq) {
             self.drop_input(None, "meta_saved for an unknown save");
@@ -843,12 +872,14 @@ impl Replica {
 
     /// The user-set priority changed (takes effect in the next ping).
     pub fn set_priority(&mut self, priority: u32) {
+        self.abandon_lane();
         self.cfg.priority = priority;
     }
 
     /// Storage failed (for example a failed `fdatasync`): stop acknowledging and voting.
     /// The driver must reopen the replica from what is on disk (DESIGN.md principle 4).
     pub fn storage_failed(&mut self, now: Nanos) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         self.storage_failed = true;
         self.step_down();
@@ -856,6 +887,7 @@ impl Replica {
 
     /// Advances time: pings, elections, leases, heartbeats, freezing, resends.
     pub fn tick(&mut self, now: Nanos) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {
             return;
@@ -910,6 +942,7 @@ impl Replica {
 
     /// Handles a message from `from`.
     pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {
             // A halted replica under repair still tells others its copy is damaged, so
@@ -1029,6 +1062,7 @@ impl Replica {
 
     /// Storage reports everything below `lsn` durable.
     pub fn log_flushed(&mut self, now: Nanos, lsn: Lsn) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {
             return;
@@ -1055,6 +1089,7 @@ impl Replica {
         from: Lsn,
         result: Result<(ChainPoint, Vec<u8>), String>,
     ) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {
             return;
@@ -1135,6 +1170,7 @@ impl Replica {
     /// Appends a record with reference CSN `ref_csn` (PALF section 4.2: the record's CSN is
     /// at least `ref_csn` and grows with the LSN). Only the serving leader accepts.
     pub fn append(&mut self, now: Nanos, data: &[u8], ref_csn: Csn) -> Result<Ticket, AppendError> {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if self.halted.is_some() {
             return Err(AppendError::Halted("halted"));
@@ -1210,9 +1246,165 @@ impl Replica {
         Ok(Ticket { id, lsn, csn })
     }
 
+    /// Opens a [`Lane`]: reserves the log tail for one group of lock-free appends. Refused
+    /// like [`Replica::append`] (not the serving leader, transferring, window full,
+    /// halted). Any open group of slow-path appends is frozen first; a block tail too
+    /// small for a useful group is padded.
+    pub fn open_lane(&mut self, now: Nanos) -> Result<Lane, AppendError> {
+        self.now = self.now.max(now);
+        if let Some(l) = self.lane {
+            return Ok(l);
+        }
+        if self.halted.is_some() {
+            return Err(AppendError::Halted("halted"));
+        }
+        let leader_hint = self.leader;
+        let Some(l) = &self.leading else {
+            return Err(AppendError::NotLeader {
+                leader: leader_hint,
+            });
+        };
+        if !l.serving || self.storage_failed {
+            return Err(AppendError::NotLeader { leader: None });
+        }
+        if l.transfer.is_some() {
+            return Err(AppendError::Transferring);
+        }
+        self.freeze();
+        if let Some(l) = &mut self.leading {
+            if l.open.as_ref().is_some_and(|o| o.entries == 0) {
+                l.open = None;
+            }
+        }
+        let bs = self.cfg.block_size;
+        let want = self.cfg.max_group_bytes.min(64 << 10) as u64;
+        if block_remaining(self.log.end(), bs) < 2 * GROUP_HEADER_SIZE as u64 + want {
+            self.write_padding();
+        }
+        let end = self.log.end();
+        let inflight = end - self.log.committed;
+        let window_left = self.cfg.window_bytes.saturating_sub(inflight) as usize;
+        // A group never straddles a block: its length plus a header's worth must fit
+        // (fits_in_block), so the body gets what is left after two headers.
+        let rem = block_remaining(end, bs) as usize;
+        let group = self
+            .cfg
+            .max_group_bytes
+            .min(rem - GROUP_HEADER_SIZE)
+            .min(window_left);
+        if group < GROUP_HEADER_SIZE + entry::entry_size(1) {
+            return Err(AppendError::WindowFull);
+        }
+        let capacity = group - GROUP_HEADER_SIZE;
+        let max_record =
+            (capacity - entry::ENTRY_HEADER_SIZE).min(entry::MAX_RECORD_BYTES as usize);
+        let lane = Lane {
+            lsn: end,
+            pid: self.leading.as_ref().expect("leading").pid,
+            capacity,
+            max_record,
+            last_csn: self.last_csn,
+            opened: self.now,
+        };
+        self.lane = Some(lane);
+        Ok(lane)
+    }
+
+    /// Closes the open lane with the entries appended into it: `body` holds `records`
+    /// entries back to back (`(lsn, csn)` of each, in order). On success they become one
+    /// group, sealed and replicated like any other, and the result is the ticket id of the
+    /// first record (the others follow consecutively); their results arrive as
+    /// [`Action::Result`]. If the lane was abandoned, or leadership changed since it
+    /// opened, nothing is written and the records have failed.
+    pub fn close_lane(
+        &mut self,
+        now: Nanos,
+        lane: &Lane,
+        body: Vec<u8>,
+        records: &[(Lsn, Csn)],
+    ) -> Result<u64, AppendError> {
+        self.now = self.now.max(now);
+        let open = self.lane.take();
+        if open != Some(*lane) {
+            return Err(AppendError::NotLeader { leader: None });
+        }
+        let valid = self.halted.is_none()
+            && !self.storage_failed
+            && self.log.end() == lane.lsn
+            && self
+                .leading
+                .as_ref()
+                .is_some_and(|l| l.pid == lane.pid && l.serving && l.open.is_none());
+        if !valid {
+            return Err(AppendError::NotLeader {
+                leader: self.leader,
+            });
+        }
+        let first = self.next_ticket;
+        if records.is_empty() {
+            return Ok(first);
+        }
+        // The runtime built the body; check it is exactly what it says before it becomes
+        // part of the log (a bug here must not become a bad group).
+        let mut prev_csn = lane.last_csn;
+        let mut n = 0usize;
+        let mut ok = body.len() <= lane.capacity;
+        for e in entry::EntryIter::new(&body) {
+            let Ok(e) = e else {
+                ok = false;
+                break;
+            };
+            let lsn = lane.lsn + GROUP_HEADER_SIZE as u64 + e.offset as u64;
+            if records.get(n) != Some(&(lsn, e.csn)) || e.csn <= prev_csn {
+                ok = false;
+                break;
+            }
+            prev_csn = e.csn;
+            n += 1;
+        }
+        if !ok || n != records.len() {
+            self.drop_input(None, "lane body does not match its records");
+            return Err(AppendError::Halted("lane body does not match its records"));
+        }
+        let mut buf = Vec::with_capacity(GROUP_HEADER_SIZE + body.len());
+        buf.resize(GROUP_HEADER_SIZE, 0);
+        buf.extend_from_slice(&body);
+        let ids: Vec<(u64, Lsn, Csn)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (lsn, csn))| (first + i as u64, *lsn, *csn))
+            .collect();
+        self.next_ticket += records.len() as u64;
+        self.last_csn = self.last_csn.max(prev_csn);
+        self.leading.as_mut().expect("leading").open = Some(OpenGroup {
+            lsn: lane.lsn,
+            buf,
+            entries: records.len() as u32,
+            max_csn: prev_csn,
+            records: ids,
+            opened: lane.opened,
+        });
+        self.freeze();
+        Ok(first)
+    }
+
+    /// The open lane, if any.
+    pub fn lane(&self) -> Option<&Lane> {
+        self.lane.as_ref()
+    }
+
+    /// Any input other than the lane calls finds the lane closed; if the driver forgot,
+    /// the lane is abandoned (its appends fail, never written).
+    fn abandon_lane(&mut self) {
+        if self.lane.take().is_some() {
+            self.drop_input(None, "lane abandoned: input while a lane was open");
+        }
+    }
+
     /// Starts handing leadership to `to` (PALF leader transfer): appends are refused, the
     /// target is brought up to date and told to campaign at once.
     pub fn transfer_leader(&mut self, now: Nanos, to: NodeId) -> Result<(), ChangeError> {
+        self.abandon_lane();
         self.now = self.now.max(now);
         let is_voter = self.is_voter(to);
         let lease = self.cfg.lease;
@@ -1238,6 +1430,7 @@ impl Replica {
         now: Nanos,
         change: MembershipChange,
     ) -> Result<ConfigVersion, ChangeError> {
+        self.abandon_lane();
         self.now = self.now.max(now);
         let me = self.cfg.id;
         let cur = self.meta_want.membership.clone();
@@ -1398,6 +1591,7 @@ impl Replica {
     /// A copy handed out with [`Action::Repair`] was refused by storage (it is not the
     /// original): `peer` holds no copy of the range.
     pub fn repair_refused(&mut self, now: Nanos, peer: NodeId) {
+        self.abandon_lane();
         self.now = self.now.max(now);
         if let Some(rep) = &mut self.repairing {
             rep.no_copy.insert(peer);
