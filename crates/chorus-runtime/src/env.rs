@@ -649,6 +649,39 @@ impl LogHandle {
         self.g.locate(csn)
     }
 
+    /// Replays committed records from `lsn` to `apply`, in LSN order, on a thread of its
+    /// own, following the committed tail until [`Replayer::stop`] (PALF's replay service
+    /// for followers and standbys). A read error stops the replay and is returned by
+    /// `stop`.
+    pub fn replay(
+        &self,
+        lsn: Lsn,
+        mut apply: impl FnMut(Record) + Send + 'static,
+    ) -> Result<Replayer, Error> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut reader = self.reader(lsn);
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("chorus-replay-{}", self.g.id))
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    match reader.next_wait(Duration::from_millis(100))? {
+                        Some(r) => apply(r),
+                        None => continue,
+                    }
+                }
+                Ok(reader.position())
+            })
+            .map_err(|e| Error::Io {
+                what: "start replay thread".into(),
+                source: e,
+            })?;
+        Ok(Replayer {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
     /// The committed end LSN known here.
     pub fn committed_end(&self) -> Lsn {
         self.g.committed_end()
@@ -781,4 +814,29 @@ pub fn list_group_dirs(data_dir: &Path) -> BTreeMap<GroupId, PathBuf> {
         }
     }
     out
+}
+
+/// A running replay (see [`LogHandle::replay`]).
+#[derive(Debug)]
+pub struct Replayer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<JoinHandle<Result<Lsn, Error>>>,
+}
+
+impl Replayer {
+    /// Stops the replay and returns where it stood (the next LSN to replay), or the read
+    /// error that stopped it.
+    pub fn stop(mut self) -> Result<Lsn, Error> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(r)) => r,
+            _ => Err(Error::Shutdown),
+        }
+    }
+}
+
+impl Drop for Replayer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }

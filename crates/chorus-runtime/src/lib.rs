@@ -50,6 +50,6 @@ pub mod transport;
 pub use chorus_core::format::meta::{Membership, NodeId};
 pub use chorus_core::replica::{MembershipChange, Outcome, Role};
 pub use chorus_core::{Csn, Lsn};
-pub use env::{Env, EnvConfig, LogHandle, LogReader};
+pub use env::{Env, EnvConfig, LogHandle, LogReader, Replayer};
 pub use error::Error;
 pub use group::{AppendFuture, AppendResult, Appended, GroupId, GroupStatus, Record, RoleInfo};

@@ -150,6 +150,18 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     }
     let (leader, g) = c.leader(1, Duration::from_secs(10));
 
+    // A follower replays the committed log to a callback, in LSN order.
+    let follower = c.envs.keys().copied().find(|n| *n != leader).unwrap();
+    let replayed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let replayer = {
+        let r = replayed.clone();
+        c.envs[&follower]
+            .group(1)
+            .unwrap()
+            .replay(0, move |rec| r.lock().unwrap().push(rec))
+            .unwrap()
+    };
+
     // 0. Whoever is told "Committed" can read the record at once (the committed end is
     //    published before the result).
     for i in 0..50 {
@@ -181,6 +193,24 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
             .windows(2)
             .all(|w| w[0].lsn < w[1].lsn && w[0].csn < w[1].csn));
     }
+    // The replay saw the same records, in order.
+    let fend = c.envs[&follower].group(1).unwrap().committed_end();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replayed
+        .lock()
+        .unwrap()
+        .last()
+        .is_none_or(|r| r.lsn < fend.saturating_sub(600))
+    {
+        assert!(Instant::now() < deadline, "replay does not keep up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pos = replayer.stop().unwrap();
+    let seen = replayed.lock().unwrap().clone();
+    let fol = all_records(&c.envs[&follower].group(1).unwrap());
+    assert_eq!(&fol[..seen.len()], &seen[..]);
+    assert!(pos > seen.last().unwrap().lsn);
+
     // Point reads and locate agree with the iterator.
     let recs = all_records(&g);
     let mid = &recs[recs.len() / 2];

@@ -142,18 +142,27 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         );
     }
     println!();
+    // Name the binary as the user can type it from here.
+    let me = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            exe.strip_prefix(&cwd)
+                .ok()
+                .map(|p| format!("./{}", p.display()))
+        })
+        .unwrap_or_else(|| exe.display().to_string());
     let flag = if a.base_port == 7000 && a.nodes == 3 {
         String::new()
     } else {
         format!(" --endpoints {eps}")
     };
     println!("Try, in another terminal:");
-    println!("  chorus status{flag}");
-    println!("  chorus append{flag} hello world");
-    println!("  chorus read{flag}");
-    println!("  chorus tail -f{flag}");
-    println!("  chorus bench{flag} --clients 100");
-    println!("  chorus leader transfer{flag} --to 2");
+    println!("  {me} status{flag}");
+    println!("  {me} append{flag} hello world");
+    println!("  {me} read{flag}");
+    println!("  {me} tail -f{flag}");
+    println!("  {me} bench{flag} --clients 100");
+    println!("  {me} leader transfer{flag} --to 2");
     println!();
     println!("Logs: {}/n*.log", dir.display());
     if a.detach {

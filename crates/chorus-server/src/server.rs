@@ -120,7 +120,18 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         let listener = tokio::net::TcpListener::bind(api).await.map_err(|e| {
             Box::<dyn std::error::Error>::from(format!("bind api_listen {api}: {e}"))
         })?;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Nagle on the answers would add a delayed-ACK stall (40 ms) to some appends:
+        // every accepted API connection gets TCP_NODELAY (the builder's setting does not
+        // reach a custom listener).
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| {
+                if let Ok(s) = &s {
+                    let _ = s.set_nodelay(true);
+                }
+                s
+            },
+        );
         let shutdown = async {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
