@@ -60,7 +60,16 @@ impl EnvConfig {
             advertise: None,
             peers: HashMap::new(),
             io_workers: 4,
-            replica: ReplicaConfig::default(),
+            replica: ReplicaConfig {
+                // Adaptive group replication (PALF section 6): with the log IO idle, a group
+                // of fewer entries than there are cores ships at once — that many appenders
+                // can be running at the same moment, so waiting would only add latency;
+                // beyond that, the group fills while the IO runs. Derived from the machine,
+                // not hand-tuned.
+                group_factor_threshold: std::thread::available_parallelism()
+                    .map_or(2, |n| n.get() as u32),
+                ..ReplicaConfig::default()
+            },
             log: LogOptions::default(),
             max_frame_bytes: chorus_core::format::wire::DEFAULT_MAX_FRAME_BYTES,
             tls: None,

@@ -308,6 +308,14 @@ impl Group {
 
     /// The driver: executes the replica's actions until it has none, on a pool worker.
     pub fn run(self: &Arc<Self>) {
+        // Everything the driver logs carries the group, the node and the proposal id.
+        let span = tracing::debug_span!(
+            "group",
+            group = self.id,
+            node = self.env.node,
+            pid = tracing::field::Empty
+        );
+        let _entered = span.enter();
         let mut feedback: Vec<Feedback> = Vec::new();
         let mut rounds = 0u32;
         loop {
@@ -332,6 +340,7 @@ impl Group {
                         Feedback::RepairRefused(peer) => c.replica.repair_refused(now, peer),
                     }
                 }
+                span.record("pid", c.replica.proposal_id());
                 if self.tick_due.swap(false, Ordering::AcqRel) {
                     c.replica.tick(now);
                     self.last_tick.store(now, Ordering::Relaxed);

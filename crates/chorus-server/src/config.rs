@@ -420,7 +420,7 @@ impl ServerConfig {
             max_message_bytes: r.max_message_bytes,
             freeze_interval: r.freeze_us * 1000,
             commit_mode,
-            ..ReplicaConfig::default()
+            ..EnvConfig::new(1, "", "127.0.0.1:0".parse().expect("address")).replica
         };
         let mut env = EnvConfig::new(self.node, self.data_dir.clone(), listen);
         env.cluster_id = self.cluster_id;
