@@ -54,6 +54,24 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// Replication transport vs the same messages in a tonic bidirectional stream.
+    Transport {
+        /// Append messages per run.
+        #[arg(long, default_value_t = 20_000)]
+        appends: usize,
+        /// Group bytes per append message.
+        #[arg(long, default_value_t = 16 << 10)]
+        payload: usize,
+        /// Ack messages per run.
+        #[arg(long, default_value_t = 200_000)]
+        acks: usize,
+        /// Messages in flight at most.
+        #[arg(long, default_value_t = 256)]
+        window: u64,
+        /// Rounds per system (alternating).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Reopen time of a small and a large log.
     Recovery {
         /// Directory on the disk to measure.
@@ -71,6 +89,8 @@ enum Cmd {
         reopens: usize,
     },
 }
+
+mod transport;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -97,6 +117,13 @@ fn main() -> AnyResult<()> {
             large_mib,
             reopens,
         } => recovery(&dir, small_mib, large_mib, reopens),
+        Cmd::Transport {
+            appends,
+            payload,
+            acks,
+            window,
+            rounds,
+        } => transport::run(appends, payload, acks, window, rounds),
     }
 }
 
