@@ -1178,18 +1178,8 @@ impl Replica {
         let max_record = (self.cfg.max_group_bytes - GROUP_HEADER_SIZE - entry::ENTRY_HEADER_SIZE)
             .min(entry::MAX_RECORD_BYTES as usize)
             .min(self.cfg.block_size as usize - GROUP_HEADER_SIZE - entry::ENTRY_HEADER_SIZE);
-        let leader_hint = self.leader;
-        let Some(l) = &self.leading else {
-            return Err(AppendError::NotLeader {
-                leader: leader_hint,
-            });
-        };
-        if !l.serving || self.storage_failed {
-            return Err(AppendError::NotLeader { leader: None });
-        }
-        if l.transfer.is_some() {
-            return Err(AppendError::Transferring);
-        }
+        self.check_serving()?;
+        let l = self.leading.as_ref().expect("a serving leader");
         if data.len() > max_record {
             return Err(AppendError::TooLarge {
                 len: data.len(),
@@ -1258,18 +1248,7 @@ impl Replica {
         if self.halted.is_some() {
             return Err(AppendError::Halted("halted"));
         }
-        let leader_hint = self.leader;
-        let Some(l) = &self.leading else {
-            return Err(AppendError::NotLeader {
-                leader: leader_hint,
-            });
-        };
-        if !l.serving || self.storage_failed {
-            return Err(AppendError::NotLeader { leader: None });
-        }
-        if l.transfer.is_some() {
-            return Err(AppendError::Transferring);
-        }
+        self.check_serving()?;
         self.freeze();
         if let Some(l) = &mut self.leading {
             if l.open.as_ref().is_some_and(|o| o.entries == 0) {
@@ -1386,6 +1365,22 @@ impl Replica {
         });
         self.freeze();
         Ok(first)
+    }
+
+    /// Appends are accepted only by the serving leader, outside a leader transfer.
+    fn check_serving(&self) -> Result<(), AppendError> {
+        let Some(l) = &self.leading else {
+            return Err(AppendError::NotLeader {
+                leader: self.leader,
+            });
+        };
+        if !l.serving || self.storage_failed {
+            return Err(AppendError::NotLeader { leader: None });
+        }
+        if l.transfer.is_some() {
+            return Err(AppendError::Transferring);
+        }
+        Ok(())
     }
 
     /// The open lane, if any.
