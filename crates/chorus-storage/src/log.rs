@@ -737,6 +737,26 @@ impl LogStorage {
     /// Reads and checks the group that starts at `lsn`: its header and body checksums,
     /// and that it names `lsn` (a misdirected write or a non-boundary LSN is caught).
     pub fn read_group(&self, lsn: Lsn) -> Result<(GroupHeader, Vec<u8>)> {
+        let h = self.read_header(lsn)?;
+        let (path, off) = self.place(lsn);
+        let mut body = vec![0u8; h.body_len as usize];
+        let file: &dyn FsFile = self.blocks[&(lsn / self.block_size)].as_ref();
+        file.read_exact_at(&mut body, off + GROUP_HEADER_SIZE as u64)
+            .ctx(&path, "read")?;
+        h.verify_body(&body)
+            .map_err(|source| StorageError::Corrupt {
+                path,
+                file_offset: off,
+                lsn,
+                source,
+            })?;
+        Ok((h, body))
+    }
+
+    /// Reads and checks only the header of the group that starts at `lsn` (one small
+    /// read): its checksum, that it names `lsn`, and that its body ends within the log —
+    /// enough to walk group boundaries without reading bodies.
+    pub fn read_header(&self, lsn: Lsn) -> Result<GroupHeader> {
         if lsn < self.start_lsn {
             return Err(StorageError::Trimmed {
                 lsn,
@@ -749,10 +769,7 @@ impl LogStorage {
                 end: self.chain.end_lsn,
             });
         }
-        let id = lsn / self.block_size;
-        let path = self.block_path(id);
-        let file = &self.blocks[&id];
-        let off = BLOCK_HEADER_SIZE as u64 + lsn % self.block_size;
+        let (path, off) = self.place(lsn);
         let corrupt = |source| StorageError::Corrupt {
             path: path.clone(),
             file_offset: off,
@@ -760,7 +777,7 @@ impl LogStorage {
             source,
         };
         let mut hb = [0u8; GROUP_HEADER_SIZE];
-        let file: &dyn FsFile = file.as_ref();
+        let file: &dyn FsFile = self.blocks[&(lsn / self.block_size)].as_ref();
         file.read_exact_at(&mut hb, off).ctx(&path, "read")?;
         let h = GroupHeader::decode(&hb).map_err(corrupt)?;
         if h.lsn != lsn {
@@ -775,44 +792,16 @@ impl LogStorage {
                 max: self.chain.end_lsn - lsn - GROUP_HEADER_SIZE as u64,
             }));
         }
-        let mut body = vec![0u8; h.body_len as usize];
-        file.read_exact_at(&mut body, off + GROUP_HEADER_SIZE as u64)
-            .ctx(&path, "read")?;
-        h.verify_body(&body).map_err(corrupt)?;
-        Ok((h, body))
+        Ok(h)
     }
 
-    /// Reads and checks only the header of the group that starts at `lsn` (one small
-    /// read): enough to walk group boundaries without reading bodies.
-    pub fn read_header(&self, lsn: Lsn) -> Result<GroupHeader> {
-        if lsn < self.start_lsn {
-            return Err(StorageError::Trimmed {
-                lsn,
-                start: self.start_lsn,
-            });
-        }
-        if lsn >= self.chain.end_lsn {
-            return Err(StorageError::BeyondEnd {
-                lsn,
-                end: self.chain.end_lsn,
-            });
-        }
+    /// The block file holding `lsn` and the offset of `lsn` in it.
+    fn place(&self, lsn: Lsn) -> (PathBuf, u64) {
         let id = lsn / self.block_size;
-        let path = self.block_path(id);
-        let off = BLOCK_HEADER_SIZE as u64 + lsn % self.block_size;
-        let mut hb = [0u8; GROUP_HEADER_SIZE];
-        let file: &dyn FsFile = self.blocks[&id].as_ref();
-        file.read_exact_at(&mut hb, off).ctx(&path, "read")?;
-        let h = GroupHeader::decode(&hb).map_err(|source| StorageError::Corrupt {
-            path: path.clone(),
-            file_offset: off,
-            lsn,
-            source,
-        })?;
-        if h.lsn != lsn {
-            return Err(StorageError::NotAGroupBoundary { lsn });
-        }
-        Ok(h)
+        (
+            self.block_path(id),
+            BLOCK_HEADER_SIZE as u64 + lsn % self.block_size,
+        )
     }
 
     /// The damaged range found at open, if any (see [`LogStorage::open_damaged`]).
