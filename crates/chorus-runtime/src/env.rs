@@ -2,7 +2,7 @@
 //! directory, the worker pool shared by every log group, the transport and the timer,
 //! and hosts any number of log groups.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -810,19 +810,6 @@ impl Iterator for LogReader {
     fn next(&mut self) -> Option<Self::Item> {
         self.try_next().transpose()
     }
-}
-
-/// Per-group metadata visible from the CLI: the groups directory as a map of ids.
-pub fn list_group_dirs(data_dir: &Path) -> BTreeMap<GroupId, PathBuf> {
-    let mut out = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir(data_dir.join("groups")) {
-        for e in rd.flatten() {
-            if let Some(id) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
-                out.insert(id, e.path());
-            }
-        }
-    }
-    out
 }
 
 /// A running replay (see [`LogHandle::replay`]).

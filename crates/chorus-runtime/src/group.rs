@@ -207,7 +207,8 @@ pub(crate) struct Group {
     commit_tx: watch::Sender<Lsn>,
     commit_cv: (Mutex<Lsn>, Condvar),
     role_tx: watch::Sender<RoleInfo>,
-    stopped: Mutex<Option<String>>,
+    /// Why the group stopped (the first reason wins); read on every append without a lock.
+    stopped: std::sync::OnceLock<String>,
     pub removed: AtomicBool,
     pub counters: GroupCounters,
 }
@@ -282,7 +283,7 @@ impl Group {
             commit_tx: watch::Sender::new(committed),
             commit_cv: (Mutex::new(committed), Condvar::new()),
             role_tx: watch::Sender::new(role),
-            stopped: Mutex::new(None),
+            stopped: std::sync::OnceLock::new(),
             removed: AtomicBool::new(false),
             counters: GroupCounters::default(),
         });
@@ -545,7 +546,7 @@ impl Group {
             }
             Action::Halt { reason } => {
                 tracing::error!(group = self.id, %reason, "group halted");
-                *self.stopped.lock().expect("stopped") = Some(reason);
+                let _ = self.stopped.set(reason);
             }
             Action::Result { .. } => unreachable!("results are routed under the core lock"),
         }
@@ -587,7 +588,7 @@ impl Group {
         c.replica.storage_failed(now);
         let _ = c.replica.take_actions();
         c.waiters.clear();
-        *self.stopped.lock().expect("stopped") = Some(e.to_string());
+        let _ = self.stopped.set(e.to_string());
     }
 
     // ------------------------------------------------------------------ API
@@ -597,10 +598,10 @@ impl Group {
     /// lane, opens the next, and retries (or appends directly for records a lane cannot
     /// take).
     pub fn append(self: &Arc<Self>, data: &[u8], ref_csn: Csn) -> Result<Appended, Error> {
-        if let Some(r) = self.stopped.lock().expect("stopped").clone() {
+        if let Some(r) = self.stopped.get() {
             return Err(Error::Stopped {
                 group: self.id,
-                reason: r,
+                reason: r.clone(),
             });
         }
         let size = entry::entry_size(data.len());
@@ -813,7 +814,7 @@ impl Group {
             membership: r.membership().clone(),
             followers: r.follower_progress(),
             pending_appends: r.pending_appends(),
-            stopped: self.stopped.lock().expect("stopped").clone(),
+            stopped: self.stopped.get().cloned(),
             drops: r.drops().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         }
     }

@@ -141,11 +141,6 @@ impl LaneState {
     pub fn all_copied(&self, bytes: usize) -> bool {
         self.written.load(Ordering::Acquire) >= bytes
     }
-
-    /// Entries reserved so far.
-    pub fn entries(&self) -> usize {
-        unpack(self.state.load(Ordering::Acquire)).1
-    }
 }
 
 /// A lane with its body buffer and one result slot per entry.

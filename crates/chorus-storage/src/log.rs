@@ -757,18 +757,7 @@ impl LogStorage {
     /// read): its checksum, that it names `lsn`, and that its body ends within the log —
     /// enough to walk group boundaries without reading bodies.
     pub fn read_header(&self, lsn: Lsn) -> Result<GroupHeader> {
-        if lsn < self.start_lsn {
-            return Err(StorageError::Trimmed {
-                lsn,
-                start: self.start_lsn,
-            });
-        }
-        if lsn >= self.chain.end_lsn {
-            return Err(StorageError::BeyondEnd {
-                lsn,
-                end: self.chain.end_lsn,
-            });
-        }
+        self.check_in_log(lsn, false)?;
         let (path, off) = self.place(lsn);
         let corrupt = |source| StorageError::Corrupt {
             path: path.clone(),
@@ -793,6 +782,24 @@ impl LogStorage {
             }));
         }
         Ok(h)
+    }
+
+    /// `lsn` is in the kept log: not trimmed, and before the end (or at it, when
+    /// `end_ok`).
+    fn check_in_log(&self, lsn: Lsn, end_ok: bool) -> Result<()> {
+        if lsn < self.start_lsn {
+            return Err(StorageError::Trimmed {
+                lsn,
+                start: self.start_lsn,
+            });
+        }
+        if lsn > self.chain.end_lsn || (lsn == self.chain.end_lsn && !end_ok) {
+            return Err(StorageError::BeyondEnd {
+                lsn,
+                end: self.chain.end_lsn,
+            });
+        }
+        Ok(())
     }
 
     /// The block file holding `lsn` and the offset of `lsn` in it.
@@ -871,18 +878,7 @@ impl LogStorage {
         if lsn == self.chain.end_lsn {
             return Ok(self.chain);
         }
-        if lsn < self.start_lsn {
-            return Err(StorageError::Trimmed {
-                lsn,
-                start: self.start_lsn,
-            });
-        }
-        if lsn > self.chain.end_lsn {
-            return Err(StorageError::BeyondEnd {
-                lsn,
-                end: self.chain.end_lsn,
-            });
-        }
+        self.check_in_log(lsn, true)?;
         let id = lsn / self.block_size;
         let path = self.block_path(id);
         let file = self.blocks[&id].clone();
@@ -979,18 +975,7 @@ impl LogStorage {
     /// and its file is cut at `lsn`, so recovery can never resurrect the removed groups.
     pub fn truncate(&mut self, lsn: Lsn) -> Result<()> {
         self.check_failed()?;
-        if lsn < self.start_lsn {
-            return Err(StorageError::Trimmed {
-                lsn,
-                start: self.start_lsn,
-            });
-        }
-        if lsn > self.chain.end_lsn {
-            return Err(StorageError::BeyondEnd {
-                lsn,
-                end: self.chain.end_lsn,
-            });
-        }
+        self.check_in_log(lsn, true)?;
         if lsn == self.chain.end_lsn {
             return Ok(());
         }
