@@ -9,7 +9,7 @@
 //!
 //! offset size field
 //!  0     2    magic             u16 = 0x4743 ("CG" on disk)
-//!  2     1    version           u8  = 1
+//!  2     1    version           u8  = 2 (1 chained bodies only; refused)
 //!  3     1    flags             u8: bit 0 PADDING, bit 1 MIRRORED; other bits must be 0
 //!  4     4    body_len          u32, 0 ..= MAX_GROUP_BODY_BYTES
 //!  8     8    lsn               u64, LSN of header byte 0 (guards misplaced groups)
@@ -18,13 +18,15 @@
 //! 32     8    max_csn           u64, CSN of the last entry (padding: the previous max)
 //! 40     8    group_seq         u64, 0 for the first group of the log, +1 per group
 //! 48     4    data_crc          u32, CRC32C of the body
-//! 52     4    acc_crc           u32, CRC32C(prev acc_crc as u32 LE ‖ data_crc as u32 LE)
+//! 52     4    acc_crc           u32, CRC32C(prev acc_crc as u32 LE ‖ proposal_id as u64 LE
+//!                                   ‖ data_crc as u32 LE)
 //! 56     4    entry_count       u32, entries in the body (0 for padding)
 //! 60     4    header_crc        u32, CRC32C of header bytes 0..60
 //! ```
 //!
-//! The accumulated checksum chains every group to all groups before it, so two replicas
-//! whose last groups have the same `(lsn, acc_crc)` hold the same log; the chain starts
+//! The accumulated checksum chains every group (its proposal id and body) to all groups
+//! before it, so two replicas whose last groups have the same `(lsn, acc_crc)` hold the
+//! same log — the same bodies sealed by the same leaders; the chain starts
 //! from `0` before group 0 and, for a block whose predecessors were trimmed, from the
 //! block header's `start_acc_crc` (see [`super::block`]).
 //!
@@ -42,7 +44,7 @@ pub const GROUP_HEADER_SIZE: usize = 64;
 /// The magic number of a group header.
 pub const GROUP_MAGIC: u16 = 0x4743;
 /// The group format version this build writes and reads.
-pub const GROUP_VERSION: u8 = 1;
+pub const GROUP_VERSION: u8 = 2;
 /// Flag: the group is padding that fills the tail of a block; its body is zeros.
 pub const FLAG_PADDING: u8 = 1;
 /// Flag: the group was copied from another log group by a mirror (PALF section 5.4).
@@ -237,7 +239,7 @@ impl GroupHeader {
                 found: self.group_seq,
             });
         }
-        let acc = chain_acc(prev.acc_crc, self.data_crc);
+        let acc = chain_acc(prev.acc_crc, self.proposal_id, self.data_crc);
         if acc != self.acc_crc {
             return Err(FormatError::AccumulatedChecksum {
                 what: WHAT,
@@ -273,11 +275,21 @@ pub struct ChainPoint {
     pub max_csn: Csn,
 }
 
-/// The accumulated checksum after a group whose body checksum is `data_crc`.
-pub fn chain_acc(prev_acc: u32, data_crc: u32) -> u32 {
-    let mut b = [0u8; 8];
+/// The accumulated checksum after a group sealed under `proposal_id` whose body checksum
+/// is `data_crc`.
+///
+/// The proposal id is chained as well as the body because log matching compares
+/// `(lsn, acc_crc)`: two leaders can seal groups with identical bodies at the same LSN (an
+/// empty StartWorking group is the usual case), and if the chain covered bodies only, a
+/// follower holding the older leader's copy would "match" the newer leader and keep a
+/// header that differs from the committed one (found by the simulator, seeds 2960 and
+/// 4573). With the proposal id chained, equal `(lsn, acc_crc)` means equal headers'
+/// proposal ids and bodies all the way back, as Raft's `(index, term)` does.
+pub fn chain_acc(prev_acc: u32, proposal_id: u64, data_crc: u32) -> u32 {
+    let mut b = [0u8; 16];
     b[..4].copy_from_slice(&prev_acc.to_le_bytes());
-    b[4..].copy_from_slice(&data_crc.to_le_bytes());
+    b[4..12].copy_from_slice(&proposal_id.to_le_bytes());
+    b[12..].copy_from_slice(&data_crc.to_le_bytes());
     crc32c(&b)
 }
 
@@ -330,7 +342,7 @@ pub fn seal_group(
         max_csn,
         group_seq: prev.next_group_seq,
         data_crc,
-        acc_crc: chain_acc(prev.acc_crc, data_crc),
+        acc_crc: chain_acc(prev.acc_crc, params.proposal_id, data_crc),
         entry_count,
     };
     buf[..GROUP_HEADER_SIZE].copy_from_slice(&h.encode());
@@ -383,7 +395,7 @@ pub fn encode_padding(
         max_csn: prev.max_csn,
         group_seq: prev.next_group_seq,
         data_crc,
-        acc_crc: chain_acc(prev.acc_crc, data_crc),
+        acc_crc: chain_acc(prev.acc_crc, proposal_id, data_crc),
         entry_count: 0,
     };
     out[start..start + GROUP_HEADER_SIZE].copy_from_slice(&h.encode());
