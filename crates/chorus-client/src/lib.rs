@@ -90,7 +90,7 @@ impl ClientError {
 }
 
 /// A connection to a Chorus cluster (see the crate docs).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Client {
     endpoints: Vec<String>,
     conns: Vec<Option<ChorusClient<Channel>>>,

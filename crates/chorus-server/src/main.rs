@@ -13,6 +13,7 @@
 //! error; 3 the cluster could not be reached or has no leader; 4 the server refused the
 //! request (the message says why).
 
+mod bench;
 mod config;
 mod dev;
 mod local;
@@ -87,8 +88,9 @@ enum Cmd {
     Leader(remote::LeaderArgs),
     /// Groups: create.
     Group(remote::GroupArgs),
-    /// Closed-loop append benchmark against a running cluster (over gRPC).
-    Bench(remote::BenchArgs),
+    /// Closed-loop append benchmark: against a running cluster over gRPC, or `--local DIR`
+    /// to start three replica processes and drive them from the leader's process.
+    Bench(bench::BenchArgs),
     /// Write a demo log of 512-byte records into DIR, reopen it, and report.
     Demo {
         /// Data directory (created if missing).
@@ -160,7 +162,7 @@ fn main() -> ExitCode {
         Cmd::Member(a) => remote::run(remote::Remote::Member(a)),
         Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
         Cmd::Group(a) => remote::run(remote::Remote::Group(a)),
-        Cmd::Bench(a) => remote::run(remote::Remote::Bench(a)),
+        Cmd::Bench(a) => bench::run(a),
     };
     match r {
         Ok(code) => code,

@@ -2,7 +2,6 @@
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use chorus_client::{pb, Client, ClientError};
 use clap::{Args, Subcommand};
@@ -155,26 +154,6 @@ enum GroupOp {
     },
 }
 
-/// `chorus bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(flatten)]
-    ep: Endpoints,
-    /// Concurrent closed-loop clients (each appends its next record after the previous
-    /// committed).
-    #[arg(long, default_value_t = 10)]
-    clients: usize,
-    /// Record size in bytes.
-    #[arg(long, default_value_t = 512)]
-    size: usize,
-    /// Warm-up seconds (not measured).
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    /// Measured seconds.
-    #[arg(long, default_value_t = 5.0)]
-    duration: f64,
-}
-
 /// A client command.
 pub enum Remote {
     /// append
@@ -193,8 +172,6 @@ pub enum Remote {
     Leader(LeaderArgs),
     /// group
     Group(GroupArgs),
-    /// bench
-    Bench(BenchArgs),
 }
 
 /// Runs a client command on a small async runtime, mapping errors to exit codes.
@@ -212,7 +189,6 @@ pub fn run(cmd: Remote) -> AnyResult<ExitCode> {
             Remote::Member(a) => member(a).await,
             Remote::Leader(a) => leader(a).await,
             Remote::Group(a) => group(a).await,
-            Remote::Bench(a) => bench(a).await,
         }
     });
     match r {
@@ -224,7 +200,7 @@ pub fn run(cmd: Remote) -> AnyResult<ExitCode> {
     }
 }
 
-fn exit_code(e: &ClientError) -> u8 {
+pub(crate) fn exit_code(e: &ClientError) -> u8 {
     match e {
         ClientError::NoLeader { .. }
         | ClientError::Unreachable { .. }
@@ -554,123 +530,4 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             ))
         }
     }
-}
-
-async fn bench(a: BenchArgs) -> Result<ExitCode, ClientError> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
-    let group = a.ep.group;
-    // Find the leader once, then give each client its own connection to it.
-    let mut probe = Client::new(a.ep.endpoints.clone());
-    probe.append(group, vec![vec![0u8; a.size]], 0).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let hist = Arc::new(Mutex::new(
-        hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-    ));
-    let mut tasks = Vec::new();
-    for i in 0..a.clients {
-        let mut c = Client::new(a.ep.endpoints.clone());
-        let (stop, measuring, count, failed, hist) = (
-            stop.clone(),
-            measuring.clone(),
-            count.clone(),
-            failed.clone(),
-            hist.clone(),
-        );
-        let size = a.size;
-        tasks.push(tokio::spawn(async move {
-            let mut local = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                .expect("histogram");
-            let mut rec = vec![0u8; size];
-            let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let tag = ((i as u64) << 40) | seq;
-                let n = rec.len().min(8);
-                rec[..n].copy_from_slice(&tag.to_le_bytes()[..n]);
-                let t0 = Instant::now();
-                let m = measuring.load(Ordering::Relaxed);
-                match c.append(group, vec![rec.clone()], 0).await {
-                    Ok(r)
-                        if r.first()
-                            .is_some_and(|r| r.outcome == pb::Outcome::Committed as i32) =>
-                    {
-                        if m && measuring.load(Ordering::Relaxed) {
-                            let _ = local.record(t0.elapsed().as_micros() as u64);
-                            count.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    _ => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-            let _ = hist.lock().map(|mut h| h.add(&local));
-        }));
-    }
-    let pb = indicatif::ProgressBar::new((a.warmup + a.duration).ceil() as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len}s")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    if a.ep.output == Output::Json {
-        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    pb.set_message("warming up");
-    let warm = Duration::from_secs_f64(a.warmup);
-    let t0 = Instant::now();
-    while t0.elapsed() < warm {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pb.set_position(t0.elapsed().as_secs());
-    }
-    measuring.store(true, Ordering::Relaxed);
-    pb.set_message("measuring");
-    let m0 = Instant::now();
-    while m0.elapsed() < Duration::from_secs_f64(a.duration) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pb.set_position(t0.elapsed().as_secs());
-    }
-    measuring.store(false, Ordering::Relaxed);
-    let secs = m0.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
-    pb.finish_and_clear();
-    let n = count.load(Ordering::Relaxed);
-    let h = hist.lock().expect("histogram");
-    let rate = n as f64 / secs;
-    let v = json!({
-        "system": "chorus-grpc",
-        "clients": a.clients,
-        "size": a.size,
-        "appends": n,
-        "seconds": secs,
-        "appends_per_sec": rate,
-        "mb_per_sec": rate * a.size as f64 / 1e6,
-        "p50_us": h.value_at_quantile(0.5),
-        "p99_us": h.value_at_quantile(0.99),
-        "p999_us": h.value_at_quantile(0.999),
-        "max_us": h.max(),
-        "errors": failed.load(Ordering::Relaxed),
-    });
-    match a.ep.output {
-        Output::Json => println!("{v}"),
-        Output::Table => println!(
-            "{} clients, {} B records: {:.0} appends/s, {:.2} MB/s, p50 {} µs, p99 {} µs, p99.9 {} µs ({} errors)",
-            a.clients,
-            a.size,
-            rate,
-            rate * a.size as f64 / 1e6,
-            h.value_at_quantile(0.5),
-            h.value_at_quantile(0.99),
-            h.value_at_quantile(0.999),
-            failed.load(Ordering::Relaxed)
-        ),
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -72,7 +72,10 @@ fn replay_is_deterministic() {
 /// majority, beyond the fault model — and the group rightly halted), 2960 and 4573 (two
 /// leaders sealed groups with the same body at one LSN; the accumulated checksum chained
 /// bodies only, so a follower holding the older copy "matched" and kept a header whose
-/// proposal id differed from the committed one — the chain now covers proposal ids).
+/// proposal id differed from the committed one — the chain now covers proposal ids),
+/// 101006 in sync mode (a restarted replica whose log held more than a block of groups that
+/// all piggybacked committed 0 recovered an index that did not reach its committed point,
+/// and its next campaign panicked naming that point).
 #[test]
 fn regression_seeds() {
     for seed in [136, 263, 5, 1256, 604, 986, 2960, 4573] {
@@ -83,4 +86,8 @@ fn regression_seeds() {
     o.cluster.commit_mode = CommitMode::Async { interval: 10 * MS };
     let r = run_seed(200_174, &o);
     assert!(r.violations.is_empty(), "seed 200174: {:#?}", r.violations);
+    let mut o = RunOptions::default();
+    o.cluster.commit_mode = CommitMode::Sync;
+    let r = run_seed(101_006, &o);
+    assert!(r.violations.is_empty(), "seed 101006: {:#?}", r.violations);
 }

@@ -944,10 +944,20 @@ impl LogStorage {
         };
         collect(tail_block_start, &mut groups, &mut committed)?;
         let mut floor_lsn = tail_block_start;
-        // The index must reach back before the committed point so the replica knows the
-        // proposal id of the group ending there.
-        if committed <= tail_block_start && committed > self.start_lsn {
-            floor_lsn = ((committed - 1) / bs * bs).max(self.start_lsn);
+        // The index must reach back to the committed point (and before it, to the group
+        // ending there) so the replica knows that group's proposal id and can name the
+        // committed point as a log position. That includes a log in which nothing was
+        // committed yet (committed == start): a leader cut off from its followers fills its
+        // whole window, possibly past a block, with groups that piggyback committed 0 (found
+        // by the simulator, seed 101006 in sync mode). The span read stays bounded: the
+        // committed point piggybacked in the tail trails the end by at most the leader's
+        // window.
+        if committed <= tail_block_start && tail_block_start > self.start_lsn {
+            floor_lsn = if committed > self.start_lsn {
+                ((committed - 1) / bs * bs).max(self.start_lsn)
+            } else {
+                self.start_lsn
+            };
             groups.clear();
             let mut ignored = committed;
             collect(floor_lsn, &mut groups, &mut ignored)?;

@@ -439,3 +439,38 @@ fn failed_sync_point_fails_the_storage() {
         Err(StorageError::BeyondEnd { .. })
     ));
 }
+
+/// A log in which nothing was ever committed (every group piggybacks committed 0) that
+/// spans several blocks — a leader cut off from its followers filled its window — must
+/// recover with an index reaching back to the start, so the replica can name its committed
+/// point as a log position (simulator seed 101006 in sync mode panicked on this).
+#[test]
+fn recovered_index_reaches_the_committed_point_when_nothing_was_committed() {
+    let (_, fs, dir) = sim();
+    let mut log = LogStorage::create(fs, &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(3);
+    while log.end_lsn() < 2 * BS + 1000 {
+        let mut chain = log.chain();
+        let mut out = Vec::new();
+        let size = 64 + 24 + 500;
+        if !fits_in_block(chain.end_lsn, size, BS) {
+            let pad = block_remaining(chain.end_lsn, BS);
+            chain = encode_padding(&mut out, &chain, 1, 0, pad).chain_after();
+        }
+        let mut rec = vec![0u8; 500];
+        rng.fill(&mut rec);
+        let params = SealParams {
+            proposal_id: 1,
+            committed_end_lsn: 0,
+            flags: 0,
+        };
+        encode_group(&mut out, &chain, params, &[(chain.max_csn + 1, &rec[..])]);
+        log.append(&out).unwrap();
+    }
+    log.sync().unwrap();
+    let r = log.recovered().unwrap();
+    assert_eq!(r.committed, 0);
+    assert_eq!(r.floor.end_lsn, 0, "the index starts at the committed point");
+    assert_eq!(r.groups.first().map(|g| g.lsn), Some(0));
+    assert_eq!(r.groups.last().map(|g| g.end()), Some(log.end_lsn()));
+}

@@ -1,0 +1,699 @@
+//! `chorus bench`: closed-loop append benchmark.
+//!
+//! Two ways to run it:
+//! - against a running cluster (`--endpoints`, gRPC clients in this process), or
+//! - `--local DIR`: start a 3-replica cluster of **separate processes** on loopback, each
+//!   with its own data directory, fsync on, node 1 given the highest election priority so
+//!   it leads, and drive it with closed-loop clients **co-located with the leader**, as the
+//!   PALF paper measured (section 8.1): `--path embedded` runs node 1 inside this process
+//!   and the clients call its embedded API; `--path grpc` runs all three nodes as
+//!   `chorus server` children and the clients use the gRPC service from this process.
+//!
+//! Every client appends its next record only after the previous one committed. After the
+//! warm-up, a fixed interval is measured: commit latency into an HDR histogram, and OS
+//! accounting of all processes of the system under test (`chorus_bench::procstat`: disk
+//! bytes written per replica, CPU time, the data disk's write requests and flushes) plus
+//! the replicas' own counters from their metrics (fdatasyncs and meta saves, frames a
+//! follower received). The result is one JSON line in the schema shared with the baseline
+//! peers (docs/benchmarks.md, "Result fields").
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus_bench::procstat::{usage, Sampler, Usage};
+use chorus_client::{pb, Client, ClientError};
+use chorus_runtime::{Env, LogHandle};
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::config::{GroupSpec, ServerConfig};
+use crate::{AnyResult, Endpoints, Output, EXIT_UNREACHABLE};
+
+/// Where the benchmark clients run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ClientPath {
+    /// In the leader's process, through the embedded API (`--local` only).
+    Embedded,
+    /// In this process, through the gRPC service.
+    Grpc,
+}
+
+impl ClientPath {
+    fn name(self) -> &'static str {
+        match self {
+            ClientPath::Embedded => "embedded",
+            ClientPath::Grpc => "grpc",
+        }
+    }
+}
+
+/// Flags of `chorus bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    ep: Endpoints,
+    /// Concurrent closed-loop clients (each appends its next record after the previous
+    /// committed).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    clients: u64,
+    /// Record size in bytes.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=(16 << 20)))]
+    size: u64,
+    /// Warm-up seconds (not measured).
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Start a local 3-process cluster with its data under DIR (wiped first) and benchmark
+    /// it instead of `--endpoints`.
+    #[arg(long, value_name = "DIR")]
+    local: Option<PathBuf>,
+    /// With `--local`: clients in the leader's process (embedded API) or in this process
+    /// over gRPC.
+    #[arg(long, value_enum, default_value_t = ClientPath::Embedded)]
+    path: ClientPath,
+    /// With `--local`: commit-point mode of the cluster (`piggyback`, `sync`, `async`).
+    #[arg(long, default_value = "piggyback")]
+    commit_mode: String,
+    /// With `--local`: first port; node i uses API base+i, replication base+10+i, metrics
+    /// base+20+i.
+    #[arg(long, default_value_t = 7300, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    base_port: u16,
+    /// gRPC connections the clients share (default: one per client up to 32).
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Also write the result JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Runs `chorus bench`.
+pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
+    if !((0.0..=3600.0).contains(&a.warmup) && a.duration > 0.0 && a.duration <= 3600.0) {
+        return Err(format!(
+            "--warmup {} / --duration {}: expected 0 ≤ warm-up ≤ 3600 and 0 < duration ≤ 3600 seconds",
+            a.warmup, a.duration
+        )
+        .into());
+    }
+    if !["piggyback", "sync", "async"].contains(&a.commit_mode.as_str()) {
+        return Err(format!(
+            "--commit-mode {:?}: expected piggyback, sync or async",
+            a.commit_mode
+        )
+        .into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let v = match &a.local {
+        Some(dir) => {
+            let mut cluster = LocalCluster::start(&a, dir)?;
+            let r = rt.block_on(cluster.bench(&a));
+            cluster.stop();
+            match r {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("chorus bench: {e}; node logs are in {}", dir.display());
+                    return Ok(ExitCode::from(EXIT_UNREACHABLE));
+                }
+            }
+        }
+        // Against a remote cluster only the gRPC path exists; `--path` is for `--local`.
+        None => match rt.block_on(remote(&a)) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("chorus bench: {e}");
+                return Ok(ExitCode::from(crate::remote::exit_code(&e)));
+            }
+        },
+    };
+    if let Some(p) = &a.json {
+        std::fs::write(p, format!("{v}\n")).map_err(|e| format!("write {}: {e}", p.display()))?;
+    }
+    match a.ep.output {
+        Output::Json => println!("{v}"),
+        Output::Table => print_table(&v),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(v: &Value) {
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{} ({}): {} clients, {} B records: {:.0} appends/s, {:.2} MB/s, p50 {} µs, p99 {} µs, p99.9 {} µs, {} errors",
+        v["system"].as_str().unwrap_or("?"),
+        v["path"].as_str().unwrap_or("?"),
+        v["clients"],
+        v["size"],
+        f("appends_per_sec"),
+        f("mb_per_sec"),
+        v["p50_us"],
+        v["p99_us"],
+        v["p999_us"],
+        v["errors"],
+    );
+    if !v["write_amp"].is_null() {
+        println!(
+            "  write amplification {:.3} per replica, {:.0} fsyncs/s, {:.0} device flushes/s, {:.1} CPU s per million appends, follower {:.0} msgs/s",
+            f("write_amp"),
+            f("fsyncs_per_sec"),
+            f("dev_flushes_per_sec"),
+            f("cpu_sec_per_million"),
+            f("follower_msgs_per_sec"),
+        );
+    }
+}
+
+/// What a finished closed-loop run measured.
+struct Measured {
+    appends: u64,
+    errors: u64,
+    seconds: f64,
+    hist: Histogram<u64>,
+}
+
+/// One client's way to append.
+#[derive(Clone)]
+enum Conn {
+    Embedded(LogHandle),
+    Grpc(Client, u64),
+}
+
+impl Conn {
+    /// Appends one record and waits for its result: Ok(true) committed, Ok(false) failed.
+    async fn append(&mut self, rec: &[u8]) -> Result<bool, String> {
+        match self {
+            Conn::Embedded(h) => {
+                let a = h.append(rec, 0).map_err(|e| e.to_string())?;
+                let r = a.result.await.map_err(|e| e.to_string())?;
+                Ok(r.outcome == chorus_core::replica::Outcome::Committed)
+            }
+            Conn::Grpc(c, group) => {
+                let r = c
+                    .append(*group, vec![rec.to_vec()], 0)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(r.first()
+                    .is_some_and(|r| r.outcome == pb::Outcome::Committed as i32))
+            }
+        }
+    }
+}
+
+/// Hooks called at the start and at the end of the measured interval.
+type Hook<'a> = &'a mut dyn FnMut();
+
+/// Runs `clients` closed-loop clients over `conns` (client i uses `conns[i % len]`):
+/// warm-up, then the measured interval, bracketed by `at_start` and `at_end`.
+async fn closed_loop(
+    a: &BenchArgs,
+    conns: Vec<Conn>,
+    quiet: bool,
+    at_start: Hook<'_>,
+    at_end: Hook<'_>,
+) -> Measured {
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let hist = Arc::new(Mutex::new(new_hist()));
+    let mut tasks = Vec::new();
+    for i in 0..a.clients {
+        let mut c = conns[i as usize % conns.len()].clone();
+        let (stop, measuring, count, errors, hist) = (
+            stop.clone(),
+            measuring.clone(),
+            count.clone(),
+            errors.clone(),
+            hist.clone(),
+        );
+        let size = a.size as usize;
+        tasks.push(tokio::spawn(async move {
+            let mut local = new_hist();
+            let mut rec = vec![0u8; size];
+            let mut seq = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                // A distinct record per append, so nothing downstream can deduplicate.
+                let tag = (i << 40) | seq;
+                let n = rec.len().min(8);
+                rec[..n].copy_from_slice(&tag.to_le_bytes()[..n]);
+                let t0 = Instant::now();
+                let started_measuring = measuring.load(Ordering::Relaxed);
+                match c.append(&rec).await {
+                    Ok(true) => {
+                        // Only appends that started and ended inside the interval count.
+                        if started_measuring && measuring.load(Ordering::Relaxed) {
+                            let _ = local.record(t0.elapsed().as_micros() as u64);
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    _ => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            let _ = hist.lock().map(|mut h| h.add(&local));
+        }));
+    }
+    let pb = indicatif::ProgressBar::new((a.warmup + a.duration).ceil() as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len}s")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    if quiet {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    pb.set_message("warming up");
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs_f64(a.warmup) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pb.set_position(t0.elapsed().as_secs());
+    }
+    at_start();
+    measuring.store(true, Ordering::Relaxed);
+    pb.set_message("measuring");
+    let m0 = Instant::now();
+    while m0.elapsed() < Duration::from_secs_f64(a.duration) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pb.set_position(t0.elapsed().as_secs());
+    }
+    measuring.store(false, Ordering::Relaxed);
+    let seconds = m0.elapsed().as_secs_f64();
+    at_end();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    pb.finish_and_clear();
+    let hist = std::mem::replace(&mut *hist.lock().expect("histogram"), new_hist());
+    Measured {
+        appends: count.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        seconds,
+        hist,
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+/// The schema fields every run has.
+fn base_result(a: &BenchArgs, m: &Measured, path: &str, commit_mode: Option<&str>) -> Value {
+    let rate = m.appends as f64 / m.seconds;
+    json!({
+        "system": "chorus",
+        "path": path,
+        "commit_mode": commit_mode,
+        "clients": a.clients,
+        "size": a.size,
+        "replicas": 3,
+        "appends": m.appends,
+        "seconds": m.seconds,
+        "appends_per_sec": rate,
+        "mb_per_sec": rate * a.size as f64 / 1e6,
+        "p50_us": m.hist.value_at_quantile(0.5),
+        "p99_us": m.hist.value_at_quantile(0.99),
+        "p999_us": m.hist.value_at_quantile(0.999),
+        "max_us": m.hist.max(),
+        "errors": m.errors,
+        "proc_write_bytes": null,
+        "write_amp": null,
+        "cpu_seconds": null,
+        "cpu_sec_per_million": null,
+        "dev_write_bytes": null,
+        "dev_write_reqs_per_sec": null,
+        "dev_flushes_per_sec": null,
+        "dev_write_mb_per_sec": null,
+        "fsyncs_per_sec": null,
+        "follower_msgs_per_sec": null,
+    })
+}
+
+/// Fills the OS accounting fields from a [`Usage`] over the measured interval.
+fn add_usage(v: &mut Value, u: &Usage, appends: u64, size: u64) {
+    let payload = (appends * size) as f64;
+    let mean_written =
+        u.proc_write_bytes.iter().sum::<u64>() as f64 / u.proc_write_bytes.len().max(1) as f64;
+    v["proc_write_bytes"] = json!(u.proc_write_bytes);
+    v["write_amp"] = if appends > 0 {
+        json!(mean_written / payload)
+    } else {
+        Value::Null
+    };
+    v["cpu_seconds"] = json!(u.cpu_seconds);
+    v["cpu_sec_per_million"] = if appends > 0 {
+        json!(u.cpu_seconds / appends as f64 * 1e6)
+    } else {
+        Value::Null
+    };
+    v["dev_write_bytes"] = json!(u.dev_write_bytes);
+    v["dev_write_reqs_per_sec"] = json!(u.dev_write_reqs as f64 / u.seconds);
+    v["dev_flushes_per_sec"] = json!(u.dev_flushes.map(|f| f as f64 / u.seconds));
+    v["dev_write_mb_per_sec"] = json!(u.dev_write_bytes as f64 / u.seconds / 1e6);
+}
+
+/// Against a running cluster: gRPC clients, no OS accounting (the processes may be
+/// anywhere).
+async fn remote(a: &BenchArgs) -> Result<Value, ClientError> {
+    let conns = grpc_conns(a, a.ep.endpoints.clone(), a.ep.group).await?;
+    let m = closed_loop(
+        a,
+        conns,
+        a.ep.output == Output::Json,
+        &mut || {},
+        &mut || {},
+    )
+    .await;
+    let mut v = base_result(a, &m, "grpc", None);
+    v["system"] = json!("chorus");
+    Ok(v)
+}
+
+/// Opens the shared gRPC connections; one probe append on each finds the leader and
+/// connects it before the clock starts.
+async fn grpc_conns(
+    a: &BenchArgs,
+    endpoints: Vec<String>,
+    group: u64,
+) -> Result<Vec<Conn>, ClientError> {
+    let n = a
+        .connections
+        .unwrap_or((a.clients as usize).min(32))
+        .clamp(1, a.clients as usize);
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut c = Client::new(endpoints.clone());
+        c.append(group, vec![vec![0u8; a.size as usize]], 0).await?;
+        conns.push(Conn::Grpc(c, group));
+    }
+    Ok(conns)
+}
+
+/// A local 3-process cluster for `--local`.
+struct LocalCluster {
+    dir: PathBuf,
+    configs: Vec<ServerConfig>,
+    /// Children by node id (node 1 is absent on the embedded path: it is this process).
+    children: Vec<(u64, Child)>,
+    /// Node 1 when it runs in this process.
+    env: Option<Env>,
+}
+
+const NODES: u64 = 3;
+
+fn node_config(a: &BenchArgs, dir: &Path, i: u64) -> ServerConfig {
+    let p = |off: u64, j: u64| format!("127.0.0.1:{}", a.base_port as u64 + off + j);
+    let mut c = ServerConfig {
+        node: i,
+        data_dir: dir.join(format!("n{i}")),
+        listen: p(10, i),
+        api_listen: p(0, i),
+        metrics_listen: p(20, i),
+        peers: (1..=NODES)
+            .filter(|j| *j != i)
+            .map(|j| (j.to_string(), p(10, j)))
+            .collect(),
+        groups: vec![GroupSpec {
+            id: 1,
+            voters: (1..=NODES).collect(),
+            learners: vec![],
+        }],
+        log_filter: "warn".into(),
+        ..ServerConfig::default()
+    };
+    c.replica.commit_mode = a.commit_mode.clone();
+    // Node 1 leads: the clients are co-located with it (PALF section 8.1).
+    if i == 1 {
+        c.replica.priority = 100;
+    }
+    c
+}
+
+impl LocalCluster {
+    fn start(a: &BenchArgs, dir: &Path) -> AnyResult<Self> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| format!("wipe {}: {e}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let dir = std::fs::canonicalize(dir)?;
+        let exe = std::env::current_exe()?;
+        let configs: Vec<ServerConfig> = (1..=NODES).map(|i| node_config(a, &dir, i)).collect();
+        let mut me = LocalCluster {
+            dir: dir.clone(),
+            configs,
+            children: Vec::new(),
+            env: None,
+        };
+        for cfg in me.configs.clone() {
+            let i = cfg.node;
+            if i == 1 && a.path == ClientPath::Embedded {
+                let (env_cfg, _, _) = cfg.to_env_config()?;
+                let env = Env::open(env_cfg)?;
+                env.create_group(1, &[1, 2, 3], &[])?;
+                me.env = Some(env);
+                continue;
+            }
+            let cfg_path = dir.join(format!("n{i}.toml"));
+            std::fs::write(&cfg_path, toml::to_string(&cfg)?)?;
+            let log = std::fs::File::create(dir.join(format!("n{i}.log")))?;
+            let child = Command::new(&exe)
+                .arg("server")
+                .arg("--config")
+                .arg(&cfg_path)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .map_err(|e| format!("start node {i}: {e}"))?;
+            me.children.push((i, child));
+        }
+        Ok(me)
+    }
+
+    fn pid(&self, node: u64) -> u32 {
+        self.children
+            .iter()
+            .find(|(i, _)| *i == node)
+            .map_or(std::process::id(), |(_, c)| c.id())
+    }
+
+    fn check_children(&mut self) -> Result<(), String> {
+        for (i, c) in self.children.iter_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                let log = self.dir.join(format!("n{i}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(10).collect();
+                return Err(format!(
+                    "node {i} exited ({st}); last lines of {}:\n{}",
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until node 1 leads and has committed an append.
+    async fn wait_leader(&mut self, a: &BenchArgs) -> Result<Vec<Conn>, String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.check_children()?;
+            if Instant::now() > deadline {
+                return Err("node 1 did not become leader within 30 s".into());
+            }
+            match &self.env {
+                Some(env) => {
+                    let h = env.group(1).map_err(|e| e.to_string())?;
+                    if h.role().role == chorus_core::replica::Role::Leader {
+                        let mut c = Conn::Embedded(h.clone());
+                        if c.append(&vec![0u8; a.size as usize]).await == Ok(true) {
+                            return Ok(vec![c]);
+                        }
+                    }
+                }
+                None => {
+                    let ep = format!("http://{}", self.configs[0].api_listen);
+                    let mut c = Client::new(vec![ep.clone()]);
+                    let leads =
+                        c.status_all(1).await.into_iter().any(|(_, r)| {
+                            r.is_ok_and(|s| s.groups.iter().any(|g| g.role == "leader"))
+                        });
+                    if leads {
+                        // Only node 1's endpoint: the clients talk to the leader.
+                        return grpc_conns(a, vec![ep], 1).await.map_err(|e| e.to_string());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The sum of the named counters of every node, from its metrics.
+    fn counters(&self, names: &[&str]) -> Result<Vec<u64>, String> {
+        let mut total = vec![0u64; names.len()];
+        for cfg in &self.configs {
+            let text = match (&self.env, cfg.node) {
+                (Some(env), 1) => env.render_metrics(),
+                _ => scrape(&cfg.metrics_listen)?,
+            };
+            for (t, n) in total.iter_mut().zip(names) {
+                *t += metric_sum(&text, n);
+            }
+        }
+        Ok(total)
+    }
+
+    async fn bench(&mut self, a: &BenchArgs) -> Result<Value, String> {
+        let conns = self.wait_leader(a).await?;
+        let replicas: Vec<u32> = (1..=NODES).map(|i| self.pid(i)).collect();
+        // On the gRPC path the clients' process (this one) is part of what runs; its CPU
+        // counts too.
+        let extra: Vec<u32> = match a.path {
+            ClientPath::Grpc => vec![std::process::id()],
+            ClientPath::Embedded => vec![],
+        };
+        let sampler = Sampler::new(&replicas, &extra, &self.dir).map_err(|e| e.to_string())?;
+        let follower_metrics = self.configs[1].metrics_listen.clone();
+        let names = ["chorus_log_fsyncs_total", "chorus_meta_saves_total"];
+        let mut start = None;
+        let mut end = None;
+        let m = closed_loop(
+            a,
+            conns,
+            a.ep.output == Output::Json,
+            &mut || {
+                start = Some((
+                    sampler.sample(),
+                    self.counters(&names),
+                    scrape(&follower_metrics)
+                        .map(|t| metric_sum(&t, "chorus_frames_received_total")),
+                ))
+            },
+            &mut || {
+                end = Some((
+                    sampler.sample(),
+                    self.counters(&names),
+                    scrape(&follower_metrics)
+                        .map(|t| metric_sum(&t, "chorus_frames_received_total")),
+                ))
+            },
+        )
+        .await;
+        self.check_children()?;
+        let mut v = base_result(a, &m, a.path.name(), Some(&a.commit_mode));
+        let (Some((s0, c0, f0)), Some((s1, c1, f1))) = (start, end) else {
+            return Err("the measured interval did not run".into());
+        };
+        match (s0, s1) {
+            (Ok(s0), Ok(s1)) => add_usage(&mut v, &usage(&s0, &s1), m.appends, a.size),
+            (Err(e), _) | (_, Err(e)) => eprintln!("chorus bench: OS accounting failed: {e}"),
+        }
+        if let (Ok(c0), Ok(c1)) = (c0, c1) {
+            // Both are fdatasyncs: the log's, and the meta record's (SYNC mode persists
+            // the commit point there).
+            let syncs = (c1[0] - c0[0]) + (c1[1] - c0[1]);
+            v["fsyncs_per_sec"] = json!(syncs as f64 / m.seconds);
+        }
+        if let (Ok(f0), Ok(f1)) = (f0, f1) {
+            v["follower_msgs_per_sec"] = json!(f1.saturating_sub(f0) as f64 / m.seconds);
+        }
+        Ok(v)
+    }
+
+    fn stop(&mut self) {
+        if let Some(env) = self.env.take() {
+            env.shutdown();
+        }
+        for (_, c) in self.children.iter() {
+            // SIGTERM: the server shuts down cleanly.
+            // SAFETY: kill(2) with a pid we spawned and a valid signal number.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (_, c) in self.children.iter_mut() {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `GET /metrics` from a node's metrics address (plain HTTP/1.0, bounded by timeouts).
+fn scrape(addr: &str) -> Result<String, String> {
+    let sa: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("metrics address {addr:?}: {e}"))?;
+    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(2))
+        .map_err(|e| format!("metrics {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .and_then(|_| s.set_write_timeout(Some(Duration::from_secs(2))))
+        .and_then(|_| s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n"))
+        .map_err(|e| format!("metrics {addr}: {e}"))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("metrics {addr}: {e}"))?;
+    match out.split_once("\r\n\r\n") {
+        Some((head, body))
+            if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") =>
+        {
+            Ok(body.to_string())
+        }
+        _ => Err(format!(
+            "metrics {addr}: unexpected answer {:?}",
+            out.lines().next().unwrap_or("")
+        )),
+    }
+}
+
+/// The sum of every sample of metric `name` (all label sets) in Prometheus text.
+fn metric_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, val) = l.rsplit_once(' ')?;
+            let metric = key.split('{').next()?;
+            (metric == name).then(|| val.parse::<f64>().ok())?
+        })
+        .sum::<f64>() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sum_adds_label_sets_and_ignores_others() {
+        let t = "# HELP chorus_log_fsyncs_total x\n# TYPE chorus_log_fsyncs_total counter\n\
+                 chorus_log_fsyncs_total{group=\"1\"} 10\nchorus_log_fsyncs_total{group=\"2\"} 5\n\
+                 chorus_log_fsyncs_total_other 99\nchorus_frames_received_total 7\n";
+        assert_eq!(metric_sum(t, "chorus_log_fsyncs_total"), 15);
+        assert_eq!(metric_sum(t, "chorus_frames_received_total"), 7);
+        assert_eq!(metric_sum(t, "missing"), 0);
+    }
+}

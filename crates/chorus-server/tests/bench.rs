@@ -1,0 +1,103 @@
+//! `chorus bench --local`: three replica processes, closed-loop clients on both paths, and
+//! a result in the schema the benchmark matrix reads (docs/benchmarks.md).
+
+use std::process::Command;
+
+fn run(path: &str, mode: &str, base_port: u16) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!(
+        "chorus-bench-test-{path}-{mode}-{}",
+        std::process::id()
+    ));
+    let json = dir.with_extension("json");
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["bench", "--local"])
+        .arg(&dir)
+        .args(["--path", path, "--commit-mode", mode])
+        .args([
+            "--clients",
+            "4",
+            "--size",
+            "256",
+            "--warmup",
+            "0.5",
+            "--duration",
+            "1.5",
+        ])
+        .args([
+            "--base-port",
+            &base_port.to_string(),
+            "-o",
+            "json",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v, file, "stdout and --json agree");
+    v
+}
+
+fn check(v: &serde_json::Value, path: &str, mode: &str) {
+    assert_eq!(v["system"], "chorus");
+    assert_eq!(v["path"], path);
+    assert_eq!(v["commit_mode"], mode);
+    assert_eq!(v["replicas"], 3);
+    let appends = v["appends"].as_u64().unwrap();
+    assert!(appends > 0, "{v}");
+    let rate = v["appends_per_sec"].as_f64().unwrap();
+    let secs = v["seconds"].as_f64().unwrap();
+    assert!((rate * secs - appends as f64).abs() < 1.0, "{v}");
+    assert!(v["p50_us"].as_u64().unwrap() <= v["p99_us"].as_u64().unwrap());
+    // Every replica wrote at least the payload: the log is durable on all three.
+    let written = v["proc_write_bytes"].as_array().unwrap();
+    assert_eq!(written.len(), 3, "{v}");
+    for w in written {
+        assert!(w.as_u64().unwrap() >= appends * 256 * 9 / 10, "{v}");
+    }
+    assert!(v["write_amp"].as_f64().unwrap() >= 0.9, "{v}");
+    assert!(v["cpu_seconds"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["fsyncs_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["follower_msgs_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
+fn bench_local_embedded_and_grpc_report_the_schema() {
+    let base = 20_000 + (std::process::id() % 1000) as u16 * 40;
+    let v = run("embedded", "piggyback", base);
+    check(&v, "embedded", "piggyback");
+    let v = run("grpc", "sync", base);
+    check(&v, "grpc", "sync");
+}
+
+#[test]
+fn bench_refuses_bad_flags_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args([
+            "bench",
+            "--local",
+            "/tmp/never-made",
+            "--commit-mode",
+            "eventually",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--commit-mode") && err.contains("eventually"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/tmp/never-made").exists());
+}
