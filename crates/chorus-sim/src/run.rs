@@ -430,22 +430,21 @@ pub fn run_batch(
                 }
                 // A panic in the replica or storage under some seed is a finding like any
                 // violation: report it with the seed instead of losing the whole batch.
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_seed(seed, opts)
-                }))
-                .unwrap_or_else(|p| {
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-string panic payload".into());
-                    SeedReport {
-                        seed,
-                        violations: vec![format!("panicked: {msg}")],
-                        stats: BTreeMap::new(),
-                        committed_end: 0,
-                    }
-                });
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, opts)))
+                        .unwrap_or_else(|p| {
+                            let msg = p
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "non-string panic payload".into());
+                            SeedReport {
+                                seed,
+                                violations: vec![format!("panicked: {msg}")],
+                                stats: BTreeMap::new(),
+                                committed_end: 0,
+                            }
+                        });
                 out.lock().unwrap_or_else(|e| e.into_inner()).push(r);
             });
         }

@@ -470,7 +470,10 @@ fn recovered_index_reaches_the_committed_point_when_nothing_was_committed() {
     log.sync().unwrap();
     let r = log.recovered().unwrap();
     assert_eq!(r.committed, 0);
-    assert_eq!(r.floor.end_lsn, 0, "the index starts at the committed point");
+    assert_eq!(
+        r.floor.end_lsn, 0,
+        "the index starts at the committed point"
+    );
     assert_eq!(r.groups.first().map(|g| g.lsn), Some(0));
     assert_eq!(r.groups.last().map(|g| g.end()), Some(log.end_lsn()));
 }
