@@ -25,6 +25,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,15 +73,16 @@ type peer struct {
 
 func main() {
 	var (
-		id       = flag.Uint64("id", 0, "this node's raft id (1-based index into --peers)")
-		peersArg = flag.String("peers", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated peer addresses; node i listens on the i-th")
-		dataDir  = flag.String("data", "", "data directory (WAL lives in DIR/wal)")
-		clients  = flag.Int("clients", 0, "closed-loop clients (leader/node 1 only)")
-		size     = flag.Int("size", 512, "record size in bytes (includes the 8-byte proposal id prefix)")
-		warmup   = flag.Duration("warmup", 2*time.Second, "warm-up interval, not measured")
-		duration = flag.Duration("duration", 10*time.Second, "measured interval")
-		out      = flag.String("out", "", "write result JSON here (also printed to stdout)")
-		quiet    = flag.Bool("quiet", true, "silence raft's info logging")
+		id         = flag.Uint64("id", 0, "this node's raft id (1-based index into --peers)")
+		peersArg   = flag.String("peers", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated peer addresses; node i listens on the i-th")
+		dataDir    = flag.String("data", "", "data directory (WAL lives in DIR/wal)")
+		clients    = flag.Int("clients", 0, "closed-loop clients (leader/node 1 only)")
+		size       = flag.Int("size", 512, "record size in bytes (includes the 8-byte proposal id prefix)")
+		warmup     = flag.Duration("warmup", 2*time.Second, "warm-up interval, not measured")
+		duration   = flag.Duration("duration", 10*time.Second, "measured interval")
+		out        = flag.String("out", "", "write result JSON here (also printed to stdout)")
+		quiet      = flag.Bool("quiet", true, "silence raft's info logging")
+		samplePids = flag.String("sample-pids", "", "comma-separated pids of the other replicas, for OS accounting (leader only)")
 	)
 	flag.Parse()
 	log.SetPrefix(fmt.Sprintf("[node %d] ", *id))
@@ -159,7 +161,22 @@ func main() {
 	}
 
 	if p.id == 1 && *clients > 0 {
-		res := p.runLoad(*clients, *size, *warmup, *duration)
+		pids := []int{os.Getpid()}
+		for _, f := range strings.Split(*samplePids, ",") {
+			if f == "" {
+				continue
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil {
+				log.Fatalf("--sample-pids %q: %q is not a pid", *samplePids, f)
+			}
+			pids = append(pids, pid)
+		}
+		smp, err := newSampler(pids, *dataDir)
+		if err != nil {
+			log.Printf("OS accounting unavailable: %v", err)
+		}
+		res := p.runLoad(*clients, *size, *warmup, *duration, smp)
 		b, _ := json.Marshal(res)
 		fmt.Println(string(b))
 		if *out != "" {
@@ -353,13 +370,27 @@ type result struct {
 	P999us        int64   `json:"p999_us"`
 	MaxUs         int64   `json:"max_us"`
 	Retries       int64   `json:"retries"`
+	// The shared result schema (docs/benchmarks.md "Result fields"); null when unknown.
+	Path               string   `json:"path"`
+	CommitMode         *string  `json:"commit_mode"`
+	Replicas           int      `json:"replicas"`
+	ProcWriteBytes     []uint64 `json:"proc_write_bytes"`
+	WriteAmp           *float64 `json:"write_amp"`
+	CPUSeconds         *float64 `json:"cpu_seconds"`
+	CPUSecPerMillion   *float64 `json:"cpu_sec_per_million"`
+	DevWriteBytes      *uint64  `json:"dev_write_bytes"`
+	DevWriteReqsPerSec *float64 `json:"dev_write_reqs_per_sec"`
+	DevFlushesPerSec   *float64 `json:"dev_flushes_per_sec"`
+	DevWriteMBPerSec   *float64 `json:"dev_write_mb_per_sec"`
+	FsyncsPerSec       *float64 `json:"fsyncs_per_sec"`
+	FollowerMsgsPerSec *float64 `json:"follower_msgs_per_sec"`
 }
 
 // runLoad runs C closed-loop clients on the leader. A client proposes one
 // record, waits until the apply loop sees that entry committed, then proposes
 // the next. Only appends that both start and finish inside the measured window
 // are counted.
-func (p *peer) runLoad(clients, size int, warmup, duration time.Duration) result {
+func (p *peer) runLoad(clients, size int, warmup, duration time.Duration, smp *sampler) result {
 	for !(p.isLeader() && p.transport.allConnected()) {
 		select {
 		case <-p.stopc:
@@ -432,8 +463,25 @@ func (p *peer) runLoad(clients, size int, warmup, duration time.Duration) result
 		}(c)
 	}
 
+	var s0, s1 sample
+	var sampleErr error
+	if smp == nil {
+		sampleErr = errors.New("no sampler")
+	}
+	select {
+	case <-time.After(time.Until(measureStart)):
+		if smp != nil {
+			s0, sampleErr = smp.sample()
+		}
+	case <-p.stopc:
+		log.Printf("stopped during the run; no result")
+		os.Exit(1)
+	}
 	select {
 	case <-time.After(time.Until(measureEnd)):
+		if sampleErr == nil {
+			s1, sampleErr = smp.sample()
+		}
 	case <-p.stopc:
 		log.Printf("stopped during the run; no result")
 		os.Exit(1)
@@ -453,7 +501,9 @@ func (p *peer) runLoad(clients, size int, warmup, duration time.Duration) result
 	}
 	secs := duration.Seconds()
 	n := all.count()
-	return result{
+	res := result{
+		Path:          "embedded",
+		Replicas:      3,
 		System:        "etcd-raft",
 		Clients:       clients,
 		Size:          size,
@@ -467,6 +517,12 @@ func (p *peer) runLoad(clients, size int, warmup, duration time.Duration) result
 		MaxUs:         all.maxUs(),
 		Retries:       retries.Load(),
 	}
+	if sampleErr == nil {
+		res.fill(s0, s1, n, size)
+	} else {
+		log.Printf("OS accounting failed: %v", sampleErr)
+	}
+	return res
 }
 
 func fillRandom(rng *rand.Rand, b []byte) {

@@ -64,7 +64,7 @@ for id in 2 3; do
 done
 wrap 1 "$BIN" --id 1 --peers "$PEERS" --data "$DATA_ROOT/n1" \
   --clients "$CLIENTS" --size "$SIZE" --warmup "$WARMUP" --duration "$DURATION" \
-  --out "$OUT" "${@:6}" >"$DATA_ROOT/n1.log" 2>&1 &
+  --sample-pids "${PIDS[0]},${PIDS[1]}" --out "$OUT" "${@:6}" >"$DATA_ROOT/n1.log" 2>&1 &
 LEADER=$!
 PIDS+=("$LEADER")
 

@@ -72,6 +72,44 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// The disk's ceiling for durable appends: one file, O_DIRECT, one fdatasync per batch,
+    /// no replication. Prints one JSON line in the benchmark matrix's result schema.
+    Ceiling {
+        /// Directory on the disk to measure (the file is removed afterwards).
+        #[arg(long, default_value = "/tmp/chorus-bench-ceiling")]
+        dir: PathBuf,
+        /// Payload bytes per record.
+        #[arg(long, default_value_t = 512)]
+        size: usize,
+        /// Bytes per batch (one pwrite + fdatasync each).
+        #[arg(long, default_value_t = 1 << 20)]
+        batch_bytes: usize,
+        /// Warm-up seconds.
+        #[arg(long, default_value_t = 1.0)]
+        warmup: f64,
+        /// Measured seconds.
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+        /// Also write the JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The latency floor of one replicated append here: a 4 KiB write + fdatasync and a
+    /// loopback TCP round trip (JSON).
+    Floor {
+        /// Directory on the disk to measure.
+        #[arg(long, default_value = "/tmp/chorus-bench-floor")]
+        dir: PathBuf,
+        /// fdatasyncs to time.
+        #[arg(long, default_value_t = 300)]
+        syncs: usize,
+        /// Round trips to time.
+        #[arg(long, default_value_t = 5000)]
+        trips: usize,
+        /// Also write the JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Reopen time of a small and a large log.
     Recovery {
         /// Directory on the disk to measure.
@@ -124,7 +162,96 @@ fn main() -> AnyResult<()> {
             window,
             rounds,
         } => transport::run(appends, payload, acks, window, rounds),
+        Cmd::Ceiling {
+            dir,
+            size,
+            batch_bytes,
+            warmup,
+            duration,
+            json,
+        } => ceiling(&dir, size, batch_bytes, warmup, duration, json.as_deref()),
+        Cmd::Floor {
+            dir,
+            syncs,
+            trips,
+            json,
+        } => {
+            let f = chorus_bench::floor::measure(&dir, syncs, trips)?;
+            let _ = std::fs::remove_dir(&dir);
+            emit(&serde_json::to_value(&f)?, json.as_deref())
+        }
     }
+}
+
+/// Prints `v` as one JSON line and writes it to `file` if given.
+fn emit(v: &serde_json::Value, file: Option<&Path>) -> AnyResult<()> {
+    if let Some(p) = file {
+        std::fs::write(p, format!("{v}\n")).map_err(|e| format!("write {}: {e}", p.display()))?;
+    }
+    println!("{v}");
+    Ok(())
+}
+
+fn ceiling(
+    dir: &Path,
+    size: usize,
+    batch_bytes: usize,
+    warmup: f64,
+    duration: f64,
+    json: Option<&Path>,
+) -> AnyResult<()> {
+    if size == 0 || size > 16 << 20 || batch_bytes == 0 || batch_bytes > 1 << 30 {
+        return Err(format!(
+            "--size {size} / --batch-bytes {batch_bytes}: expected 1..=16 MiB records and 1 B..=1 GiB batches"
+        )
+        .into());
+    }
+    if !((0.0..=3600.0).contains(&warmup) && duration > 0.0 && duration <= 3600.0) {
+        return Err(format!(
+            "--warmup {warmup} / --duration {duration}: expected 0 ≤ warm-up ≤ 3600 and 0 < duration ≤ 3600 seconds"
+        )
+        .into());
+    }
+    let r = chorus_bench::ceiling::run(
+        dir,
+        size,
+        batch_bytes,
+        std::time::Duration::from_secs_f64(warmup),
+        std::time::Duration::from_secs_f64(duration),
+    )?;
+    let _ = std::fs::remove_dir(dir);
+    let rate = r.records as f64 / r.seconds;
+    let mut v = serde_json::json!({
+        "system": "ceiling",
+        "path": "direct",
+        "commit_mode": null,
+        "clients": 1,
+        "size": size,
+        "replicas": 1,
+        "appends": r.records,
+        "seconds": r.seconds,
+        "appends_per_sec": rate,
+        "mb_per_sec": rate * size as f64 / 1e6,
+        "p50_us": r.hist.value_at_quantile(0.5),
+        "p99_us": r.hist.value_at_quantile(0.99),
+        "p999_us": r.hist.value_at_quantile(0.999),
+        "max_us": r.hist.max(),
+        "direct": r.direct,
+        "fsyncs_per_sec": r.batches as f64 / r.seconds,
+        "follower_msgs_per_sec": null,
+    });
+    if let Some(u) = &r.usage {
+        let payload = (r.records * size as u64) as f64;
+        v["proc_write_bytes"] = serde_json::json!(u.proc_write_bytes);
+        v["write_amp"] = serde_json::json!(u.proc_write_bytes[0] as f64 / payload);
+        v["cpu_seconds"] = serde_json::json!(u.cpu_seconds);
+        v["cpu_sec_per_million"] = serde_json::json!(u.cpu_seconds / r.records as f64 * 1e6);
+        v["dev_write_bytes"] = serde_json::json!(u.dev_write_bytes);
+        v["dev_write_reqs_per_sec"] = serde_json::json!(u.dev_write_reqs as f64 / u.seconds);
+        v["dev_flushes_per_sec"] = serde_json::json!(u.dev_flushes.map(|f| f as f64 / u.seconds));
+        v["dev_write_mb_per_sec"] = serde_json::json!(u.dev_write_bytes as f64 / u.seconds / 1e6);
+    }
+    emit(&v, json)
 }
 
 const BLOCK: u64 = 64 << 20;

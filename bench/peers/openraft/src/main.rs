@@ -2,6 +2,7 @@
 //! log, plus (on node 1) closed-loop clients. See README.md.
 
 mod net;
+mod procstat;
 mod store;
 
 use std::collections::BTreeMap;
@@ -71,6 +72,9 @@ struct Args {
     /// With --batch: how many batched `client_write`s may be in flight at once.
     #[arg(long, default_value_t = 4)]
     batch_inflight: usize,
+    /// Pids of the other replicas, for OS accounting over the measured interval (node 1).
+    #[arg(long, value_delimiter = ',')]
+    sample_pids: Vec<u32>,
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -86,7 +90,10 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
     } else {
         (s, 1.0)
     };
-    let v: f64 = num.trim().parse().map_err(|e| format!("bad duration {s:?}: {e}"))?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad duration {s:?}: {e}"))?;
     if !(v >= 0.0) {
         return Err(format!("bad duration {s:?}"));
     }
@@ -110,6 +117,14 @@ struct Output {
     #[serde(skip_serializing_if = "Option::is_none")]
     batch: Option<usize>,
     openraft_version: &'static str,
+    // The shared result schema (docs/benchmarks.md "Result fields"); null when unknown.
+    path: &'static str,
+    commit_mode: Option<&'static str>,
+    replicas: u32,
+    #[serde(flatten)]
+    os: procstat::OsFields,
+    fsyncs_per_sec: Option<f64>,
+    follower_msgs_per_sec: Option<f64>,
 }
 
 fn main() {
@@ -121,7 +136,10 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let code = rt.block_on(run(args));
     std::process::exit(code);
 }
@@ -148,15 +166,20 @@ async fn run(args: Args) -> i32 {
     let log = store::LogStore::open(&args.data).expect("open log store");
     let sm = store::StateMachine::default();
     let network = net::Network::new(args.id);
-    let raft = Raft::new(args.id, config, network, log, sm).await.expect("raft");
+    let raft = Raft::new(args.id, config, network, log, sm)
+        .await
+        .expect("raft");
 
-    let listener = TcpListener::bind(&my_addr).await.unwrap_or_else(|e| panic!("bind {my_addr}: {e}"));
+    let listener = TcpListener::bind(&my_addr)
+        .await
+        .unwrap_or_else(|e| panic!("bind {my_addr}: {e}"));
     let exit_from = if args.id != 1 { Some(1) } else { None };
     tokio::spawn(net::serve(listener, raft.clone(), exit_from));
 
     // Exit on SIGTERM / SIGINT.
     tokio::spawn(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         tokio::select! {
             _ = term.recv() => {},
             _ = tokio::signal::ctrl_c() => {},
@@ -192,7 +215,11 @@ async fn run(args: Args) -> i32 {
     if let Err(e) = raft.initialize(members).await {
         eprintln!("initialize: {e} (continuing)");
     }
-    if let Err(e) = raft.wait(Some(Duration::from_secs(60))).current_leader(1, "node 1 leader").await {
+    if let Err(e) = raft
+        .wait(Some(Duration::from_secs(60)))
+        .current_leader(1, "node 1 leader")
+        .await
+    {
         eprintln!("node 1 did not become leader: {e}");
         return 1;
     }
@@ -242,7 +269,11 @@ async fn batcher(
         }
         let raft = raft.clone();
         tokio::spawn(async move {
-            let res = raft.client_write(Record(recs)).await.map(|_| ()).map_err(|e| e.to_string());
+            let res = raft
+                .client_write(Record(recs))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
             drop(permit);
             for w in waiters {
                 let _ = w.send(res.clone());
@@ -262,6 +293,31 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
     let start = Instant::now();
     let measure_start = start + args.warmup;
     let measure_end = measure_start + args.duration;
+    // OS accounting: this process and the followers (--sample-pids), sampled at both ends
+    // of the measured interval.
+    let mut pids = vec![std::process::id()];
+    pids.extend(args.sample_pids.iter().copied());
+    let sampler = match procstat::Sampler::new(pids, &args.data) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("OS accounting unavailable: {e}");
+            None
+        }
+    };
+    let sampling = tokio::spawn(async move {
+        let s = sampler?;
+        tokio::time::sleep_until(measure_start.into()).await;
+        let a = s
+            .sample()
+            .map_err(|e| eprintln!("OS accounting failed: {e}"))
+            .ok()?;
+        tokio::time::sleep_until(measure_end.into()).await;
+        let b = s
+            .sample()
+            .map_err(|e| eprintln!("OS accounting failed: {e}"))
+            .ok()?;
+        Some((a, b))
+    });
     let mut tasks = Vec::new();
     for _ in 0..args.clients {
         let raft = raft.clone();
@@ -279,7 +335,11 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
                 let mut buf = vec![0u8; size];
                 rng.fill_bytes(&mut buf);
                 let res = match &batch_tx {
-                    None => raft.client_write(Record(vec![serde_bytes::ByteBuf::from(buf)])).await.map(|_| ()).map_err(|e| e.to_string()),
+                    None => raft
+                        .client_write(Record(vec![serde_bytes::ByteBuf::from(buf)]))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
                     Some(tx) => {
                         let (wtx, wrx) = tokio::sync::oneshot::channel();
                         let _ = tx.send((buf, wtx));
@@ -314,6 +374,10 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
     }
     let secs = args.duration.as_secs_f64();
     let appends = hist.len();
+    let os = match sampling.await {
+        Ok(Some((a, b))) => procstat::OsFields::from(&a, &b, appends, args.size),
+        _ => procstat::OsFields::default(),
+    };
     Output {
         system: "openraft",
         clients: args.clients,
@@ -329,5 +393,11 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
         errors,
         batch: (args.batch > 0).then_some(args.batch),
         openraft_version: "0.9.25",
+        path: "embedded",
+        commit_mode: None,
+        replicas: 3,
+        os,
+        fsyncs_per_sec: None,
+        follower_msgs_per_sec: None,
     }
 }

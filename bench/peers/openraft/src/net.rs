@@ -19,7 +19,9 @@ use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, OptionalSend, Raft, RaftNetwork, RaftNetworkFactory, Snapshot, SnapshotMeta, Vote};
+use openraft::{
+    BasicNode, OptionalSend, Raft, RaftNetwork, RaftNetworkFactory, Snapshot, SnapshotMeta, Vote,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -72,10 +74,16 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     b
 }
 
-async fn read_frame<T: DeserializeOwned>(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> io::Result<T> {
+async fn read_frame<T: DeserializeOwned>(
+    r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+) -> io::Result<T> {
     let len = r.read_u32_le().await? as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     buf.resize(len, 0);
     r.read_exact(buf).await?;
@@ -83,7 +91,10 @@ async fn read_frame<T: DeserializeOwned>(r: &mut BufReader<OwnedReadHalf>, buf: 
 }
 
 /// Writes queued frames; everything queued since the last write goes out with one flush.
-async fn writer_loop(w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) -> io::Result<()> {
+async fn writer_loop(
+    w: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(256 * 1024, w);
     while let Some(f) = rx.recv().await {
         w.write_all(&f).await?;
@@ -126,7 +137,12 @@ enum CallErr {
 
 impl PeerConn {
     fn new(my_id: NodeId, addr: String) -> Self {
-        PeerConn { my_id, addr, conn: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) }
+        PeerConn {
+            my_id,
+            addr,
+            conn: tokio::sync::Mutex::new(None),
+            next_id: AtomicU64::new(1),
+        }
     }
 
     async fn get(&self) -> Result<Arc<Conn>, CallErr> {
@@ -139,13 +155,21 @@ impl PeerConn {
         *g = None;
         let s = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&self.addr))
             .await
-            .map_err(|_| CallErr::Unreachable(io::Error::new(io::ErrorKind::TimedOut, "connect timeout")))?
+            .map_err(|_| {
+                CallErr::Unreachable(io::Error::new(io::ErrorKind::TimedOut, "connect timeout"))
+            })?
             .map_err(CallErr::Unreachable)?;
         s.set_nodelay(true).map_err(CallErr::Unreachable)?;
         let (r, mut w) = s.into_split();
-        w.write_all(&self.my_id.to_le_bytes()).await.map_err(CallErr::Unreachable)?;
+        w.write_all(&self.my_id.to_le_bytes())
+            .await
+            .map_err(CallErr::Unreachable)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), dead: AtomicBool::new(false) });
+        let conn = Arc::new(Conn {
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+        });
         {
             let conn = conn.clone();
             tokio::spawn(async move {
@@ -183,14 +207,23 @@ impl PeerConn {
         conn.pending.lock().unwrap().insert(id, tx);
         if conn.dead.load(Ordering::SeqCst) || conn.tx.send(encode(&Req { id, msg })).is_err() {
             conn.pending.lock().unwrap().remove(&id);
-            return Err(CallErr::Network(io::Error::new(io::ErrorKind::BrokenPipe, "connection closed")));
+            return Err(CallErr::Network(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "connection closed",
+            )));
         }
         match tokio::time::timeout(ttl, rx).await {
             Ok(Ok(body)) => Ok(body),
-            Ok(Err(_)) => Err(CallErr::Network(io::Error::new(io::ErrorKind::ConnectionReset, "connection lost"))),
+            Ok(Err(_)) => Err(CallErr::Network(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "connection lost",
+            ))),
             Err(_) => {
                 conn.pending.lock().unwrap().remove(&id);
-                Err(CallErr::Network(io::Error::new(io::ErrorKind::TimedOut, "rpc timeout")))
+                Err(CallErr::Network(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "rpc timeout",
+                )))
             }
         }
     }
@@ -204,7 +237,10 @@ pub struct Network {
 
 impl Network {
     pub fn new(my_id: NodeId) -> Self {
-        Network { my_id, peers: HashMap::new() }
+        Network {
+            my_id,
+            peers: HashMap::new(),
+        }
     }
 }
 
@@ -249,15 +285,31 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
-        match self.peer.call(Msg::Append(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+        match self
+            .peer
+            .call(Msg::Append(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
             Body::Append(r) => Ok(r),
-            Body::Err(s) => Err(RPCError::Network(NetworkError::new(&remote_err("append", s)))),
+            Body::Err(s) => Err(RPCError::Network(NetworkError::new(&remote_err(
+                "append", s,
+            )))),
             _ => Err(RPCError::Network(NetworkError::new(&unexpected()))),
         }
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
-        match self.peer.call(Msg::Vote(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
+        match self
+            .peer
+            .call(Msg::Vote(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
             Body::Vote(r) => Ok(r),
             Body::Err(s) => Err(RPCError::Network(NetworkError::new(&remote_err("vote", s)))),
             _ => Err(RPCError::Network(NetworkError::new(&unexpected()))),
@@ -271,11 +323,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
-        let msg = Msg::Snapshot { vote, meta: snapshot.meta, data: snapshot.snapshot.into_inner() };
+        let msg = Msg::Snapshot {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot.into_inner(),
+        };
         let ttl = option.hard_ttl().max(Duration::from_secs(10));
         match self.peer.call(msg, ttl).await {
             Ok(Body::Snapshot(r)) => Ok(r),
-            Ok(Body::Err(s)) => Err(StreamingError::Network(NetworkError::new(&remote_err("snapshot", s)))),
+            Ok(Body::Err(s)) => Err(StreamingError::Network(NetworkError::new(&remote_err(
+                "snapshot", s,
+            )))),
             Ok(_) => Err(StreamingError::Network(NetworkError::new(&unexpected()))),
             Err(CallErr::Unreachable(e)) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
             Err(CallErr::Network(e)) => Err(StreamingError::Network(NetworkError::new(&e))),
@@ -288,7 +346,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
 /// Accepts peer connections and serves their RPCs against `raft`. If `exit_on_close_from` is
 /// set, the process exits once an established connection from that node closes.
-pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>, exit_on_close_from: Option<NodeId>) {
+pub async fn serve(
+    listener: TcpListener,
+    raft: Raft<TypeConfig>,
+    exit_on_close_from: Option<NodeId>,
+) {
     loop {
         let (s, _) = match listener.accept().await {
             Ok(x) => x,
@@ -324,7 +386,10 @@ pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>, exit_on_close_
                             Err(e) => Body::Err(e.to_string()),
                         },
                         Msg::Snapshot { vote, meta, data } => {
-                            let snap = Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
+                            let snap = Snapshot {
+                                meta,
+                                snapshot: Box::new(std::io::Cursor::new(data)),
+                            };
                             match raft.install_full_snapshot(vote, snap).await {
                                 Ok(x) => Body::Snapshot(x),
                                 Err(e) => Body::Err(e.to_string()),

@@ -23,8 +23,9 @@ use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
-    AnyError, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot,
-    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+    AnyError, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader,
+    RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    Vote,
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,8 +52,14 @@ struct LogInner {
 }
 
 enum FlushOp {
-    Append { buf: Vec<u8>, cb: LogFlushed<TypeConfig> },
-    Truncate { len: u64, done: tokio::sync::oneshot::Sender<io::Result<()>> },
+    Append {
+        buf: Vec<u8>,
+        cb: LogFlushed<TypeConfig>,
+    },
+    Truncate {
+        len: u64,
+        done: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
 }
 
 /// Log store handle; clones share state (the clone is also the `LogReader`).
@@ -69,12 +76,18 @@ impl LogStore {
     pub fn open(dir: &Path) -> io::Result<LogStore> {
         std::fs::create_dir_all(dir)?;
         let meta: Meta = match std::fs::read(dir.join("meta")) {
-            Ok(b) => bincode::deserialize(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+            Ok(b) => bincode::deserialize(&b)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
         };
         let path = dir.join("log");
-        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
         let mut data = Vec::new();
         file.read_to_end(&mut data)?;
         let mut entries = BTreeMap::new();
@@ -110,7 +123,11 @@ impl LogStore {
             .spawn(move || flusher(file, rx))?;
 
         Ok(LogStore {
-            inner: Arc::new(Mutex::new(LogInner { entries, meta, file_end: off as u64 })),
+            inner: Arc::new(Mutex::new(LogInner {
+                entries,
+                meta,
+                file_end: off as u64,
+            })),
             flusher: tx,
             dir: dir.to_path_buf(),
             meta_lock: Arc::new(tokio::sync::Mutex::new(())),
@@ -123,7 +140,9 @@ impl LogStore {
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             let tmp = dir.join("meta.tmp");
             let mut f = File::create(&tmp)?;
-            f.write_all(&bincode::serialize(&meta).map_err(|e| io::Error::new(io::ErrorKind::Other, e))?)?;
+            f.write_all(
+                &bincode::serialize(&meta).map_err(|e| io::Error::new(io::ErrorKind::Other, e))?,
+            )?;
             f.sync_data()?;
             std::fs::rename(&tmp, dir.join("meta"))?;
             sync_dir(&dir)
@@ -163,7 +182,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, SErr> {
         let g = self.inner.lock().unwrap();
-        Ok(g.entries.range(range).map(|(_, (_, e))| e.clone()).collect())
+        Ok(g.entries
+            .range(range)
+            .map(|(_, (_, e))| e.clone())
+            .collect())
     }
 }
 
@@ -172,8 +194,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, SErr> {
         let g = self.inner.lock().unwrap();
-        let last = g.entries.iter().next_back().map(|(_, (_, e))| e.log_id).or(g.meta.last_purged);
-        Ok(LogState { last_purged_log_id: g.meta.last_purged, last_log_id: last })
+        let last = g
+            .entries
+            .iter()
+            .next_back()
+            .map(|(_, (_, e))| e.log_id)
+            .or(g.meta.last_purged);
+        Ok(LogState {
+            last_purged_log_id: g.meta.last_purged,
+            last_log_id: last,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -208,13 +238,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 bincode::serialize_into(&mut buf, &ent).map_err(werr)?;
                 let len = (buf.len() - start - 4) as u32;
                 buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-                g.entries.insert(ent.log_id.index, (base + start as u64, ent));
+                g.entries
+                    .insert(ent.log_id.index, (base + start as u64, ent));
             }
             g.file_end = base + buf.len() as u64;
         }
         self.flusher
             .send(FlushOp::Append { buf, cb: callback })
-            .map_err(|_| werr(io::Error::new(io::ErrorKind::BrokenPipe, "flusher thread gone")))?;
+            .map_err(|_| {
+                werr(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "flusher thread gone",
+                ))
+            })?;
         Ok(())
     }
 
@@ -233,10 +269,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.flusher
             .send(FlushOp::Truncate { len, done: tx })
-            .map_err(|_| werr(io::Error::new(io::ErrorKind::BrokenPipe, "flusher thread gone")))?;
-        rx.await
-            .map_err(werr)?
-            .map_err(werr)
+            .map_err(|_| {
+                werr(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "flusher thread gone",
+                ))
+            })?;
+        rx.await.map_err(werr)?.map_err(werr)
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
@@ -282,10 +321,17 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let meta = SnapshotMeta {
             last_log_id: g.data.last_applied,
             last_membership: g.data.last_membership.clone(),
-            snapshot_id: format!("{:?}-{}", g.data.last_applied.map(|l| l.index), g.snapshot_idx),
+            snapshot_id: format!(
+                "{:?}-{}",
+                g.data.last_applied.map(|l| l.index),
+                g.snapshot_idx
+            ),
         };
         g.current = Some((meta.clone(), bytes.clone()));
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
     }
 }
 
@@ -294,7 +340,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, openraft::BasicNode>), SErr> {
+    ) -> Result<
+        (
+            Option<LogId<NodeId>>,
+            StoredMembership<NodeId, openraft::BasicNode>,
+        ),
+        SErr,
+    > {
         let g = self.inner.lock().unwrap();
         Ok((g.data.last_applied, g.data.last_membership.clone()))
     }

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Plots of a benchmark matrix run: `plot.py RESULTS_DIR` reads summary.json there and
+writes throughput.png, latency.png, write_amp.png and commit_modes.png next to it.
+Missing points (failed runs) leave gaps."""
+
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {
+    "chorus-embedded": dict(color="#d62728", marker="o"),
+    "chorus-grpc": dict(color="#ff7f0e", marker="s"),
+    "etcd-raft": dict(color="#1f77b4", marker="^"),
+    "openraft": dict(color="#2ca02c", marker="v"),
+    "chorus-embedded-sync": dict(color="#9467bd", marker="D"),
+    "chorus-embedded-async": dict(color="#8c564b", marker="P"),
+}
+LINES = ["chorus-embedded", "chorus-grpc", "etcd-raft", "openraft"]
+
+
+def series(points, lbl, field, size=512):
+    xs = sorted((p["clients"], p[field]) for p in points
+                if p["label"] == lbl and p["size"] == size and p.get(field) is not None)
+    return [x for x, _ in xs], [y for _, y in xs]
+
+
+def main(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    pts = s["points"]
+    when = (s.get("machine") or {}).get("date", "")[:16]
+    foot = f"3 replicas as processes on one 2-core machine, loopback, fsync on · {when} UTC"
+
+    # Throughput vs clients.
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for lbl in LINES:
+        x, y = series(pts, lbl, "appends_per_sec")
+        if x:
+            ax.plot(x, y, label=lbl, **STYLE[lbl])
+    ceil = next((p for p in pts if p["label"] == "ceiling" and p["size"] == 512 and p["appends_per_sec"]), None)
+    if ceil:
+        ax.axhline(ceil["appends_per_sec"] / 3, color="gray", ls="--",
+                   label="disk ceiling ÷ 3 replicas (512 B)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("closed-loop clients")
+    ax.set_ylabel("appends/s (512-byte records)")
+    ax.set_title("Throughput vs clients")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, foot, fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(os.path.join(out, "throughput.png"), dpi=110)
+    plt.close(fig)
+
+    # Latency vs clients.
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    for ax, field, name in ((axes[0], "p50_us", "p50"), (axes[1], "p99_us", "p99")):
+        for lbl in LINES:
+            x, y = series(pts, lbl, field)
+            if x:
+                ax.plot(x, [v / 1000 for v in y], label=lbl, **STYLE[lbl])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("closed-loop clients")
+        ax.set_title(f"commit latency {name} (512 B)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("ms")
+    fl = s.get("floor")
+    if fl:
+        axes[0].axhline(fl["floor_us"] / 1000, color="gray", ls="--", label="fdatasync + 2 RTT")
+    axes[0].legend(fontsize=8)
+    fig.text(0.01, 0.01, foot, fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(os.path.join(out, "latency.png"), dpi=110)
+    plt.close(fig)
+
+    # Write amplification vs record size (at the size sweep's client count).
+    sizes = sorted({p["size"] for p in pts})
+    size_clients = (s.get("args") or {}).get("size_clients", 1000)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    labels = LINES + ["ceiling"]
+    width = 0.8 / len(labels)
+    for i, lbl in enumerate(labels):
+        ys = []
+        for sz in sizes:
+            p = next((p for p in pts if p["label"] == lbl and p["size"] == sz and
+                      (lbl == "ceiling" or p["clients"] == size_clients)), None)
+            ys.append(p["write_amp"] if p and p.get("write_amp") is not None else 0)
+        ax.bar([j + i * width for j in range(len(sizes))], ys, width,
+               label=lbl, color=STYLE.get(lbl, {}).get("color", "gray"))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))])
+    ax.set_xticklabels([f"{sz} B" for sz in sizes])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("bytes written per payload byte, per replica")
+    ax.set_title(f"Write amplification ({size_clients} clients; ceiling: 1 writer)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.text(0.01, 0.01, foot, fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(os.path.join(out, "write_amp.png"), dpi=110)
+    plt.close(fig)
+
+    # Commit-point modes (piggyback paper section 6).
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [("appends_per_sec", "transactions (appends)/s"),
+              ("dev_write_reqs_per_sec", "disk write requests/s"),
+              ("dev_write_mb_per_sec", "disk MB/s written"),
+              ("follower_msgs_per_sec", "messages/s received by a follower")]
+    for ax, (field, title) in zip(axes.flat, panels):
+        for lbl, name in (("chorus-embedded", "PIGGY"), ("chorus-embedded-sync", "SYNC"),
+                          ("chorus-embedded-async", "ASYNC")):
+            x, y = series(pts, lbl, field)
+            if x:
+                ax.plot(x, y, label=name, **STYLE[lbl])
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("clients")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Commit-point modes: PIGGY vs SYNC vs ASYNC (512 B, embedded clients)")
+    fig.text(0.01, 0.01, foot, fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.97))
+    fig.savefig(os.path.join(out, "commit_modes.png"), dpi=110)
+    plt.close(fig)
+    print(f"plots written to {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: plot.py RESULTS_DIR")
+    main(sys.argv[1])
