@@ -6,6 +6,9 @@
 //! - fdatasync: a 4 KiB page written with `pwrite` at the next offset of a file opened with
 //!   `O_DIRECT` (buffered if the filesystem refuses it), then `fdatasync` — what a replica
 //!   pays to make one small group durable.
+//! - the same fdatasync while a second thread flushes another file at once: the three
+//!   replicas here share one disk, so a leader's and a follower's flushes meet at the device
+//!   (reported beside the floor, not in it — the target's formula assumes its own disk).
 //! - round trip: a 600-byte message (a 512-byte record with its framing) sent over a
 //!   loopback TCP connection with `TCP_NODELAY` to an echo thread and read back.
 
@@ -22,6 +25,10 @@ pub struct Floor {
     pub fdatasync_p50_us: f64,
     /// 99th percentile of a 4 KiB write + fdatasync.
     pub fdatasync_p99_us: f64,
+    /// Median of the same write + fdatasync while a second thread does the same on another
+    /// file at the same time: what a leader and a follower pay when, as here, the three
+    /// replicas share one disk and their flushes meet at the device.
+    pub fdatasync_pair_p50_us: f64,
     /// Whether the file was opened with O_DIRECT.
     pub direct: bool,
     /// Median loopback TCP round trip of 600 bytes.
@@ -39,12 +46,27 @@ pub fn measure(dir: &Path, syncs: usize, trips: usize) -> std::io::Result<Floor>
     let r = sync_latencies(&path, syncs.max(1));
     let _ = std::fs::remove_file(&path);
     let (mut sync_us, direct) = r?;
+    let other = dir.join(format!("chorus-floor-{}-b.dat", std::process::id()));
+    let pair = std::thread::scope(|sc| {
+        let b = sc.spawn(|| sync_latencies(&other, syncs.max(1)));
+        let a = sync_latencies(&path, syncs.max(1));
+        (a, b.join())
+    });
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&other);
+    let mut pair_us = pair.0?.0;
+    match pair.1 {
+        Ok(r) => drop(r?),
+        Err(_) => return Err(std::io::Error::other("fdatasync thread panicked")),
+    }
     let mut rtt_us = round_trips(trips.max(1))?;
     let fs = percentiles(&mut sync_us);
+    let fs_pair = percentiles(&mut pair_us);
     let rt = percentiles(&mut rtt_us);
     Ok(Floor {
         fdatasync_p50_us: fs.0,
         fdatasync_p99_us: fs.1,
+        fdatasync_pair_p50_us: fs_pair.0,
         direct,
         rtt_p50_us: rt.0,
         rtt_p99_us: rt.1,
@@ -132,6 +154,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert!(f.fdatasync_p50_us > 0.0 && f.rtt_p50_us > 0.0, "{f:?}");
         assert!(f.fdatasync_p99_us >= f.fdatasync_p50_us);
+        assert!(f.fdatasync_pair_p50_us > 0.0);
         assert!(f.rtt_p99_us >= f.rtt_p50_us);
         assert_eq!(f.floor_us, f.fdatasync_p50_us + 2.0 * f.rtt_p50_us);
     }

@@ -5,10 +5,14 @@
 //! (`write_bytes` in `/proc/<pid>/io`) and its CPU time (`utime + stime` in
 //! `/proc/<pid>/stat`); for the disk holding the data, the write requests, sectors written
 //! and flushes the block device completed (`/proc/diskstats`). A benchmark samples once at
-//! the start of its measured interval and once at its end; [`usage`] gives the deltas.
+//! the start of its measured interval and once at its end; [`usage`] gives the deltas, and
+//! [`BenchResult`] is the one JSON object every system prints (the matrix's result schema).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
 
 /// What went wrong reading the OS accounting, naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +34,10 @@ pub enum ProcStatError {
         what: String,
     },
     /// No line of `/proc/diskstats` names the device holding the data directory.
-    #[error("no /proc/diskstats line for device {major}:{minor} (holding {dir})")]
+    #[error(
+        "no /proc/diskstats line for device {major}:{minor} (holding {dir}); \
+         is it on a file system without a block device, such as tmpfs or overlayfs?"
+    )]
     NoDevice {
         /// Major number.
         major: u32,
@@ -106,13 +113,10 @@ impl Sampler {
             path: data_dir.to_path_buf(),
             source,
         })?;
-        let dev = md.dev();
-        let major = libc::major(dev);
-        let minor = libc::minor(dev);
         let s = Sampler {
             replicas: replicas.to_vec(),
             extra: extra.to_vec(),
-            dev: (major, minor),
+            dev: device_of(md.dev(), data_dir)?,
             dir: data_dir.to_path_buf(),
         };
         s.sample()?;
@@ -124,7 +128,10 @@ impl Sampler {
         let procs = |pids: &[u32]| -> Result<Vec<ProcCounters>, ProcStatError> {
             pids.iter().map(|p| read_proc(*p)).collect()
         };
-        let path = PathBuf::from("/proc/diskstats");
+        // The instant first: reading the files takes microseconds, and the interval is
+        // measured between instants, so both samples place it the same way.
+        let at = Instant::now();
+        let path = PathBuf::from(DISKSTATS);
         let text = read(&path)?;
         let dev = parse_diskstats(&text, self.dev.0, self.dev.1, &path)?.ok_or_else(|| {
             ProcStatError::NoDevice {
@@ -134,7 +141,7 @@ impl Sampler {
             }
         })?;
         Ok(Sample {
-            at: Instant::now(),
+            at,
             replicas: procs(&self.replicas)?,
             extra: procs(&self.extra)?,
             dev,
@@ -176,6 +183,62 @@ pub fn usage_with_ticks(before: &Sample, after: &Sample, ticks_per_sec: f64) -> 
             _ => None,
         },
     }
+}
+
+const DISKSTATS: &str = "/proc/diskstats";
+
+/// The `major:minor` whose `/proc/diskstats` line counts the writes to a file system with
+/// device number `st_dev`. Usually `st_dev` itself (a disk, a partition or a device-mapper
+/// volume). Some file systems (btrfs) report an anonymous device instead; then the mount
+/// source named in `/proc/self/mountinfo` for that device, if it is a block device node,
+/// is the disk that really takes the writes.
+fn device_of(st_dev: u64, dir: &Path) -> Result<(u32, u32), ProcStatError> {
+    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+    let path = PathBuf::from(DISKSTATS);
+    let stats = read(&path)?;
+    if parse_diskstats(&stats, major, minor, &path)?.is_some() {
+        return Ok((major, minor));
+    }
+    let no_device = || ProcStatError::NoDevice {
+        major,
+        minor,
+        dir: dir.to_path_buf(),
+    };
+    let mi = PathBuf::from("/proc/self/mountinfo");
+    let Ok(mounts) = std::fs::read_to_string(&mi) else {
+        return Err(no_device());
+    };
+    let Some(source) = parse_mountinfo_source(&mounts, major, minor) else {
+        return Err(no_device());
+    };
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::metadata(&source) {
+        Ok(md) if md.file_type().is_block_device() => {
+            let (ma, mi) = (libc::major(md.rdev()), libc::minor(md.rdev()));
+            if parse_diskstats(&stats, ma, mi, &path)?.is_some() {
+                Ok((ma, mi))
+            } else {
+                Err(no_device())
+            }
+        }
+        _ => Err(no_device()),
+    }
+}
+
+/// The mount source (field after the file system type) of the first `/proc/self/mountinfo`
+/// line whose device is `major:minor`, if it names a path.
+pub fn parse_mountinfo_source(text: &str, major: u32, minor: u32) -> Option<PathBuf> {
+    let want = format!("{major}:{minor}");
+    text.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        if f.nth(2)? != want {
+            return None;
+        }
+        // Optional fields end at a lone "-"; then the type, the source, the options.
+        let mut after = line.split(" - ").nth(1)?.split_whitespace();
+        let source = after.nth(1)?;
+        source.starts_with('/').then(|| PathBuf::from(source))
+    })
 }
 
 fn read(path: &Path) -> Result<String, ProcStatError> {
@@ -257,6 +320,210 @@ pub fn parse_diskstats(
     Ok(None)
 }
 
+/// The fields of the result schema that name a run: which system, how it was driven.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunPoint {
+    /// `"chorus"`, `"etcd-raft"`, `"openraft"` or `"ceiling"`.
+    pub system: String,
+    /// Client path: `"embedded"`, `"grpc"` or `"direct"` (the ceiling).
+    pub path: String,
+    /// Chorus's commit-point mode (`"piggyback"`, `"sync"`, `"async"`); `None` for others.
+    pub commit_mode: Option<String>,
+    /// Closed-loop clients (the ceiling: 1).
+    pub clients: u64,
+    /// Payload bytes per record.
+    pub size: u64,
+    /// Replicas (the ceiling: 1).
+    pub replicas: u64,
+}
+
+/// A [`BenchResult`] could not take an extra field.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultError {
+    /// The name is one of the schema's own fields, which extra fields must not shadow.
+    #[error("extra result field {0:?} is a field of the result schema itself")]
+    ReservedField(String),
+}
+
+/// The schema's field names, in order (`/tmp/chorus-shared/bench-schema.md`,
+/// docs/benchmarks.md "Result fields").
+pub const RESULT_FIELDS: [&str; 24] = [
+    "system",
+    "path",
+    "commit_mode",
+    "clients",
+    "size",
+    "replicas",
+    "appends",
+    "seconds",
+    "appends_per_sec",
+    "mb_per_sec",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "proc_write_bytes",
+    "write_amp",
+    "cpu_seconds",
+    "cpu_sec_per_million",
+    "dev_write_bytes",
+    "dev_write_reqs_per_sec",
+    "dev_flushes_per_sec",
+    "dev_write_mb_per_sec",
+    "fsyncs_per_sec",
+    "follower_msgs_per_sec",
+];
+
+/// One run's result in the benchmark matrix's shared schema: serialize it with
+/// `serde_json` to get the one JSON line every system prints. Values that are unknown
+/// (no appends to take a latency from, no OS accounting) serialize as `null`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchResult {
+    /// See [`RunPoint::system`].
+    pub system: String,
+    /// See [`RunPoint::path`].
+    pub path: String,
+    /// See [`RunPoint::commit_mode`].
+    pub commit_mode: Option<String>,
+    /// See [`RunPoint::clients`].
+    pub clients: u64,
+    /// See [`RunPoint::size`].
+    pub size: u64,
+    /// See [`RunPoint::replicas`].
+    pub replicas: u64,
+    /// Records committed inside the measured interval.
+    pub appends: u64,
+    /// Length of the measured interval.
+    pub seconds: f64,
+    /// `appends / seconds` (0 for an empty interval).
+    pub appends_per_sec: f64,
+    /// Payload MB/s: `appends * size / seconds / 1e6`.
+    pub mb_per_sec: f64,
+    /// Median commit latency, µs.
+    pub p50_us: Option<u64>,
+    /// 99th percentile commit latency, µs.
+    pub p99_us: Option<u64>,
+    /// 99.9th percentile commit latency, µs.
+    pub p999_us: Option<u64>,
+    /// Largest commit latency, µs.
+    pub max_us: Option<u64>,
+    /// Δ `write_bytes` per replica process, leader first.
+    pub proc_write_bytes: Option<Vec<u64>>,
+    /// Mean of `proc_write_bytes` per payload byte.
+    pub write_amp: Option<f64>,
+    /// Δ CPU seconds of all processes of the system under test.
+    pub cpu_seconds: Option<f64>,
+    /// `cpu_seconds` per million appends.
+    pub cpu_sec_per_million: Option<f64>,
+    /// Δ bytes the data disk wrote.
+    pub dev_write_bytes: Option<u64>,
+    /// Write requests the data disk completed per second.
+    pub dev_write_reqs_per_sec: Option<f64>,
+    /// Flushes the data disk completed per second (`None` on kernels that do not say).
+    pub dev_flushes_per_sec: Option<f64>,
+    /// MB the data disk wrote per second.
+    pub dev_write_mb_per_sec: Option<f64>,
+    /// The system's own count of fsync/fdatasync calls per second, where it counts them.
+    pub fsyncs_per_sec: Option<f64>,
+    /// Messages received by one follower per second, where the system counts them.
+    pub follower_msgs_per_sec: Option<f64>,
+    /// System-specific fields printed after the schema's (e.g. the ceiling's `"direct"`).
+    /// Private so that [`BenchResult::insert_extra`] can keep them from shadowing a
+    /// schema field, which would print the key twice.
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `a / b`, or `None` when `b` is not a positive number (nothing to divide by).
+fn per(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0 && b.is_finite()).then(|| a / b)
+}
+
+impl BenchResult {
+    /// A result at `point` of `appends` committed in `seconds`, with commit latencies (µs)
+    /// taken from `latency_us`. The OS accounting fields stay `None` until
+    /// [`BenchResult::fill_usage`]; `fsyncs_per_sec` and `follower_msgs_per_sec` are set
+    /// by systems that count them.
+    pub fn new(point: RunPoint, appends: u64, seconds: f64, latency_us: &Histogram<u64>) -> Self {
+        let rate = per(appends as f64, seconds).unwrap_or(0.0);
+        // An empty histogram has no percentiles; 0 would read as "instant".
+        let q = |q: f64| (!latency_us.is_empty()).then(|| latency_us.value_at_quantile(q));
+        BenchResult {
+            appends,
+            seconds,
+            appends_per_sec: rate,
+            mb_per_sec: rate * point.size as f64 / 1e6,
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: (!latency_us.is_empty()).then(|| latency_us.max()),
+            system: point.system,
+            path: point.path,
+            commit_mode: point.commit_mode,
+            clients: point.clients,
+            size: point.size,
+            replicas: point.replicas,
+            proc_write_bytes: None,
+            write_amp: None,
+            cpu_seconds: None,
+            cpu_sec_per_million: None,
+            dev_write_bytes: None,
+            dev_write_reqs_per_sec: None,
+            dev_flushes_per_sec: None,
+            dev_write_mb_per_sec: None,
+            fsyncs_per_sec: None,
+            follower_msgs_per_sec: None,
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    /// Fills the OS accounting fields (`proc_write_bytes`, `write_amp`, `cpu_*`, `dev_*`)
+    /// from `u`, the [`usage`] over the measured interval. Rates of the device are per
+    /// second of `u`'s own interval (between the two samples), which is the interval the
+    /// deltas were counted over.
+    pub fn fill_usage(&mut self, u: &Usage) {
+        let payload = self.appends as f64 * self.size as f64;
+        let mean_written = if u.proc_write_bytes.is_empty() {
+            None
+        } else {
+            Some(u.proc_write_bytes.iter().sum::<u64>() as f64 / u.proc_write_bytes.len() as f64)
+        };
+        self.proc_write_bytes = Some(u.proc_write_bytes.clone());
+        self.write_amp = mean_written.and_then(|m| per(m, payload));
+        self.cpu_seconds = Some(u.cpu_seconds);
+        self.cpu_sec_per_million = per(u.cpu_seconds * 1e6, self.appends as f64);
+        self.dev_write_bytes = Some(u.dev_write_bytes);
+        self.dev_write_reqs_per_sec = per(u.dev_write_reqs as f64, u.seconds);
+        self.dev_flushes_per_sec = u.dev_flushes.and_then(|f| per(f as f64, u.seconds));
+        self.dev_write_mb_per_sec = per(u.dev_write_bytes as f64 / 1e6, u.seconds);
+    }
+
+    /// Adds a system-specific field after the schema's; refuses a schema field's name.
+    pub fn insert_extra(
+        &mut self,
+        name: &str,
+        value: impl Into<serde_json::Value>,
+    ) -> Result<(), ResultError> {
+        if RESULT_FIELDS.contains(&name) {
+            return Err(ResultError::ReservedField(name.to_string()));
+        }
+        self.extra.insert(name.to_string(), value.into());
+        Ok(())
+    }
+
+    /// The system-specific fields added with [`BenchResult::insert_extra`].
+    pub fn extra(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.extra
+    }
+
+    /// The result as one line of JSON (no trailing newline).
+    pub fn to_json_line(&self) -> String {
+        // Serializing plain numbers, strings and a JSON map cannot fail; NaN, were one to
+        // slip in, prints as null.
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,7 +543,11 @@ mod tests {
     fn stat_cpu_with_awkward_command_name() {
         let t = "1234 (my (odd) prog) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 99 1000 10 18446744073709551615\n";
         assert_eq!(parse_stat_cpu_ticks(t, &p()).unwrap(), 300);
+        // A name that itself looks like the start of the fields: only the last ')' counts.
+        let t = "77 (evil) S 1 2 3) R 1 77 77 0 -1 0 0 0 0 0 7 8 0 0 20 0 1 0 5 0 0\n";
+        assert_eq!(parse_stat_cpu_ticks(t, &p()).unwrap(), 15);
         assert!(parse_stat_cpu_ticks("1234 (x) S 1 2", &p()).is_err());
+        assert!(parse_stat_cpu_ticks("1 (x) S 1 1 1 0 -1 0 0 0 0 0 abc 1", &p()).is_err());
         assert!(parse_stat_cpu_ticks("garbage", &p()).is_err());
     }
 
@@ -306,6 +577,118 @@ mod tests {
     }
 
     #[test]
+    fn mountinfo_source_of_a_device() {
+        let t = "22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
+                 29 1 0:33 / / rw,relatime shared:1 - btrfs /dev/nvme0n1p2 rw,ssd\n\
+                 30 29 254:0 / /data rw master:7 - ext4 /dev/vda rw\n\
+                 31 29 0:40 / /tmp rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            parse_mountinfo_source(t, 0, 33),
+            Some(PathBuf::from("/dev/nvme0n1p2"))
+        );
+        assert_eq!(
+            parse_mountinfo_source(t, 254, 0),
+            Some(PathBuf::from("/dev/vda"))
+        );
+        assert_eq!(
+            parse_mountinfo_source(t, 0, 40),
+            None,
+            "tmpfs has no device path"
+        );
+        assert_eq!(parse_mountinfo_source(t, 9, 9), None);
+        assert_eq!(parse_mountinfo_source("garbage\n1 2\n", 0, 33), None);
+    }
+
+    fn point() -> RunPoint {
+        RunPoint {
+            system: "chorus".into(),
+            path: "embedded".into(),
+            commit_mode: Some("piggyback".into()),
+            clients: 10,
+            size: 512,
+            replicas: 3,
+        }
+    }
+
+    #[test]
+    fn result_has_exactly_the_schema_fields_in_order() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        for v in 1..=1000u64 {
+            h.record(v).unwrap();
+        }
+        let mut r = BenchResult::new(point(), 2000, 2.0, &h);
+        r.fill_usage(&Usage {
+            seconds: 2.0,
+            proc_write_bytes: vec![1_024_000, 2_048_000, 3_072_000],
+            cpu_seconds: 0.5,
+            dev_write_bytes: 8_000_000,
+            dev_write_reqs: 100,
+            dev_flushes: Some(40),
+        });
+        r.fsyncs_per_sec = Some(10.0);
+        r.insert_extra("direct", true).unwrap();
+        let line = r.to_json_line();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let mut want: Vec<&str> = RESULT_FIELDS.to_vec();
+        want.push("direct");
+        // The parsed map forgets the order, so the line itself shows it: every key appears
+        // after the one before it.
+        let at: Vec<usize> = want
+            .iter()
+            .map(|k| line.find(&format!("\"{k}\":")).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{line}");
+        keys.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        assert_eq!(v["appends_per_sec"], 1000.0);
+        assert_eq!(v["mb_per_sec"], 0.512);
+        assert_eq!(v["p50_us"], 500);
+        assert_eq!(v["max_us"], 1000);
+        // mean written 2,048,000 B per replica / 1,024,000 B payload.
+        assert_eq!(v["write_amp"], 2.0);
+        assert_eq!(v["cpu_sec_per_million"], 250.0);
+        assert_eq!(v["dev_write_reqs_per_sec"], 50.0);
+        assert_eq!(v["dev_flushes_per_sec"], 20.0);
+        assert_eq!(v["dev_write_mb_per_sec"], 4.0);
+        assert_eq!(v["follower_msgs_per_sec"], serde_json::Value::Null);
+        assert_eq!(v["commit_mode"], "piggyback");
+    }
+
+    #[test]
+    fn an_empty_run_prints_nulls_not_zeros_or_nan() {
+        let h = Histogram::<u64>::new(3).unwrap();
+        let mut r = BenchResult::new(point(), 0, 0.0, &h);
+        r.fill_usage(&Usage {
+            seconds: 0.0,
+            proc_write_bytes: vec![],
+            cpu_seconds: 0.0,
+            dev_write_bytes: 0,
+            dev_write_reqs: 0,
+            dev_flushes: None,
+        });
+        let v: serde_json::Value = serde_json::from_str(&r.to_json_line()).unwrap();
+        assert_eq!(v["appends_per_sec"], 0.0);
+        for k in ["p50_us", "max_us", "write_amp", "cpu_sec_per_million"] {
+            assert!(v[k].is_null(), "{k}: {}", v[k]);
+        }
+        for k in ["dev_write_reqs_per_sec", "dev_flushes_per_sec"] {
+            assert!(v[k].is_null(), "{k}: {}", v[k]);
+        }
+    }
+
+    #[test]
+    fn extra_fields_cannot_shadow_the_schema() {
+        let h = Histogram::<u64>::new(3).unwrap();
+        let mut r = BenchResult::new(point(), 1, 1.0, &h);
+        let e = r.insert_extra("appends", 5).unwrap_err();
+        assert!(e.to_string().contains("\"appends\""), "{e}");
+        r.insert_extra("batch_bytes", 4096).unwrap();
+        assert_eq!(r.extra()["batch_bytes"], 4096);
+    }
+
+    #[test]
     fn sampling_this_process_sees_its_cpu() {
         let me = std::process::id();
         let s = Sampler::new(&[me], &[], Path::new("/tmp")).unwrap();
@@ -321,5 +704,13 @@ mod tests {
         assert!(u.cpu_seconds > 0.05, "{u:?}");
         assert!(u.seconds >= 0.3);
         assert_eq!(u.proc_write_bytes.len(), 1);
+        // A pid that is gone is an error naming its file, not a panic.
+        let e = Sampler::new(&[u32::MAX], &[], Path::new("/tmp")).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("/proc/{}/", u32::MAX)),
+            "{e}"
+        );
+        let e = Sampler::new(&[me], &[], Path::new("/nonexistent/chorus")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/chorus"), "{e}");
     }
 }

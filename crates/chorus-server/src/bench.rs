@@ -83,8 +83,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "piggyback")]
     commit_mode: String,
     /// With `--local`: first port; node i uses API base+i, replication base+10+i, metrics
-    /// base+20+i.
-    #[arg(long, default_value_t = 7300, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    /// base+20+i. 0 (the default) lets the OS choose free ports, and a start that loses a
+    /// port to another process between choosing and binding is retried with fresh ones.
+    #[arg(long, default_value_t = 0, value_parser = parse_base_port)]
     base_port: u16,
     /// gRPC connections the clients share (default: one per client up to 32).
     #[arg(long)]
@@ -93,6 +94,40 @@ pub struct BenchArgs {
     #[arg(long)]
     json: Option<PathBuf>,
 }
+
+fn parse_base_port(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(p) if p == 0 || (1024..=65000).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "{s:?}: expected 0 (free ports chosen by the OS) or a port in 1024..=65000"
+        )),
+    }
+}
+
+/// The ports of a local cluster: `[api, replication, metrics]` per node.
+type Ports = Vec<[u16; 3]>;
+
+/// Ports for `--local`: fixed from `--base-port`, or free ones the OS hands out (all nine
+/// listeners are held at once so they are distinct, then released for the nodes to bind).
+fn local_ports(base: u16) -> std::io::Result<Ports> {
+    if base != 0 {
+        return Ok((1..=NODES as u16)
+            .map(|j| [base + j, base + 10 + j, base + 20 + j])
+            .collect());
+    }
+    let held: Vec<std::net::TcpListener> = (0..NODES * 3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?;
+    Ok(ports.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
+}
+
+/// Start attempts with OS-chosen ports: another process may take a port between the
+/// choice and the node's bind; that attempt fails with "Address already in use".
+const PORT_ATTEMPTS: usize = 4;
 
 /// Runs `chorus bench`.
 pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
@@ -116,14 +151,34 @@ pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
         .build()?;
     let v = match &a.local {
         Some(dir) => {
-            let mut cluster = LocalCluster::start(&a, dir)?;
-            let r = rt.block_on(cluster.bench(&a));
-            cluster.stop();
-            match r {
-                Ok(v) => v,
-                Err(e) => {
-                    eprintln!("chorus bench: {e}; node logs are in {}", dir.display());
-                    return Ok(ExitCode::from(EXIT_UNREACHABLE));
+            let mut attempt = 1;
+            loop {
+                let ports = local_ports(a.base_port)?;
+                let r = match LocalCluster::start(&a, dir, &ports) {
+                    Ok(mut cluster) => {
+                        let r = rt.block_on(cluster.bench(&a));
+                        cluster.stop();
+                        r
+                    }
+                    Err(e) => Err(format!("start the local cluster: {e}")),
+                };
+                match r {
+                    Ok(v) => break v,
+                    Err(e)
+                        if a.base_port == 0
+                            && attempt < PORT_ATTEMPTS
+                            && e.contains("Address already in use") =>
+                    {
+                        eprintln!(
+                            "chorus bench: attempt {attempt} lost a port ({}); retrying with fresh ports",
+                            e.lines().last().unwrap_or("")
+                        );
+                        attempt += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("chorus bench: {e}; node logs are in {}", dir.display());
+                        return Ok(ExitCode::from(EXIT_UNREACHABLE));
+                    }
                 }
             }
         }
@@ -413,17 +468,17 @@ struct LocalCluster {
 
 const NODES: u64 = 3;
 
-fn node_config(a: &BenchArgs, dir: &Path, i: u64) -> ServerConfig {
-    let p = |off: u64, j: u64| format!("127.0.0.1:{}", a.base_port as u64 + off + j);
+fn node_config(a: &BenchArgs, dir: &Path, i: u64, ports: &Ports) -> ServerConfig {
+    let p = |kind: usize, j: u64| format!("127.0.0.1:{}", ports[j as usize - 1][kind]);
     let mut c = ServerConfig {
         node: i,
         data_dir: dir.join(format!("n{i}")),
-        listen: p(10, i),
+        listen: p(1, i),
         api_listen: p(0, i),
-        metrics_listen: p(20, i),
+        metrics_listen: p(2, i),
         peers: (1..=NODES)
             .filter(|j| *j != i)
-            .map(|j| (j.to_string(), p(10, j)))
+            .map(|j| (j.to_string(), p(1, j)))
             .collect(),
         groups: vec![GroupSpec {
             id: 1,
@@ -442,14 +497,16 @@ fn node_config(a: &BenchArgs, dir: &Path, i: u64) -> ServerConfig {
 }
 
 impl LocalCluster {
-    fn start(a: &BenchArgs, dir: &Path) -> AnyResult<Self> {
+    fn start(a: &BenchArgs, dir: &Path, ports: &Ports) -> AnyResult<Self> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| format!("wipe {}: {e}", dir.display()))?;
         }
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let dir = std::fs::canonicalize(dir)?;
         let exe = std::env::current_exe()?;
-        let configs: Vec<ServerConfig> = (1..=NODES).map(|i| node_config(a, &dir, i)).collect();
+        let configs: Vec<ServerConfig> = (1..=NODES)
+            .map(|i| node_config(a, &dir, i, ports))
+            .collect();
         let mut me = LocalCluster {
             dir: dir.clone(),
             configs,
@@ -695,5 +752,37 @@ mod tests {
         assert_eq!(metric_sum(t, "chorus_log_fsyncs_total"), 15);
         assert_eq!(metric_sum(t, "chorus_frames_received_total"), 7);
         assert_eq!(metric_sum(t, "missing"), 0);
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn fixed_ports_follow_the_documented_layout() {
+        assert_eq!(
+            local_ports(7300).unwrap(),
+            vec![[7301, 7311, 7321], [7302, 7312, 7322], [7303, 7313, 7323]]
+        );
+    }
+
+    #[test]
+    fn os_chosen_ports_are_nine_distinct_ports() {
+        let p: Vec<u16> = local_ports(0).unwrap().into_iter().flatten().collect();
+        let mut d = p.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), 9, "{p:?}");
+        assert!(!p.contains(&0));
+    }
+
+    #[test]
+    fn base_port_parser_names_what_is_accepted() {
+        assert_eq!(parse_base_port("0"), Ok(0));
+        assert_eq!(parse_base_port("7300"), Ok(7300));
+        for bad in ["80", "65001", "-1", "x"] {
+            assert!(parse_base_port(bad).unwrap_err().contains("1024..=65000"));
+        }
     }
 }

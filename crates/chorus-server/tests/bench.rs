@@ -3,7 +3,9 @@
 
 use std::process::Command;
 
-fn run(path: &str, mode: &str, base_port: u16) -> serde_json::Value {
+/// Runs `chorus bench --local` with OS-chosen ports (the default `--base-port 0`): fixed
+/// ports collide with whatever else the machine runs.
+fn run(path: &str, mode: &str) -> serde_json::Value {
     let dir = std::env::temp_dir().join(format!(
         "chorus-bench-test-{path}-{mode}-{}",
         std::process::id()
@@ -23,13 +25,7 @@ fn run(path: &str, mode: &str, base_port: u16) -> serde_json::Value {
             "--duration",
             "1.5",
         ])
-        .args([
-            "--base-port",
-            &base_port.to_string(),
-            "-o",
-            "json",
-            "--json",
-        ])
+        .args(["-o", "json", "--json"])
         .arg(&json)
         .output()
         .unwrap();
@@ -74,10 +70,9 @@ fn check(v: &serde_json::Value, path: &str, mode: &str) {
 
 #[test]
 fn bench_local_embedded_and_grpc_report_the_schema() {
-    let base = 20_000 + (std::process::id() % 1000) as u16 * 40;
-    let v = run("embedded", "piggyback", base);
+    let v = run("embedded", "piggyback");
     check(&v, "embedded", "piggyback");
-    let v = run("grpc", "sync", base);
+    let v = run("grpc", "sync");
     check(&v, "grpc", "sync");
 }
 
@@ -99,5 +94,22 @@ fn bench_refuses_bad_flags_by_name() {
         err.contains("--commit-mode") && err.contains("eventually"),
         "{err}"
     );
+    assert!(!std::path::Path::new("/tmp/never-made").exists());
+}
+
+#[test]
+fn bench_refuses_a_privileged_or_out_of_range_base_port() {
+    for bad in ["80", "65001", "x"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(["bench", "--local", "/tmp/never-made", "--base-port", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--base-port") && err.contains("1024..=65000"),
+            "{err}"
+        );
+    }
     assert!(!std::path::Path::new("/tmp/never-made").exists());
 }

@@ -94,7 +94,7 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|e| format!("bad duration {s:?}: {e}"))?;
-    if !(v >= 0.0) {
+    if !v.is_finite() || v < 0.0 {
         return Err(format!("bad duration {s:?}"));
     }
     Ok(Duration::from_secs_f64(v * mul))
@@ -117,7 +117,7 @@ struct Output {
     #[serde(skip_serializing_if = "Option::is_none")]
     batch: Option<usize>,
     openraft_version: &'static str,
-    // The shared result schema (docs/benchmarks.md "Result fields"); null when unknown.
+    // The shared benchmark result schema; null when unknown.
     path: &'static str,
     commit_mode: Option<&'static str>,
     replicas: u32,
@@ -297,26 +297,13 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
     // of the measured interval.
     let mut pids = vec![std::process::id()];
     pids.extend(args.sample_pids.iter().copied());
-    let sampler = match procstat::Sampler::new(pids, &args.data) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            eprintln!("OS accounting unavailable: {e}");
-            None
-        }
-    };
+    let sampler = procstat::Sampler::new(pids, &args.data);
     let sampling = tokio::spawn(async move {
-        let s = sampler?;
-        tokio::time::sleep_until(measure_start.into()).await;
-        let a = s
-            .sample()
-            .map_err(|e| eprintln!("OS accounting failed: {e}"))
-            .ok()?;
-        tokio::time::sleep_until(measure_end.into()).await;
-        let b = s
-            .sample()
-            .map_err(|e| eprintln!("OS accounting failed: {e}"))
-            .ok()?;
-        Some((a, b))
+        tokio::time::sleep_until(measure_start).await;
+        let a = sampler.sample();
+        tokio::time::sleep_until(measure_end).await;
+        let b = sampler.sample();
+        (a, b)
     });
     let mut tasks = Vec::new();
     for _ in 0..args.clients {
@@ -375,8 +362,11 @@ async fn load(raft: &Raft<TypeConfig>, args: &Args) -> Output {
     let secs = args.duration.as_secs_f64();
     let appends = hist.len();
     let os = match sampling.await {
-        Ok(Some((a, b))) => procstat::OsFields::from(&a, &b, appends, args.size),
-        _ => procstat::OsFields::default(),
+        Ok((a, b)) => procstat::OsFields::from(&a, &b, appends, args.size),
+        Err(e) => {
+            eprintln!("warning: OS accounting: sampler task: {e}");
+            procstat::OsFields::default()
+        }
     };
     Output {
         system: "openraft",

@@ -182,15 +182,10 @@ impl PeerConn {
             tokio::spawn(async move {
                 let mut r = BufReader::with_capacity(256 * 1024, r);
                 let mut buf = Vec::new();
-                loop {
-                    match read_frame::<Resp>(&mut r, &mut buf).await {
-                        Ok(resp) => {
-                            let tx = conn.pending.lock().unwrap().remove(&resp.id);
-                            if let Some(tx) = tx {
-                                let _ = tx.send(resp.body);
-                            }
-                        }
-                        Err(_) => break,
+                while let Ok(resp) = read_frame::<Resp>(&mut r, &mut buf).await {
+                    let tx = conn.pending.lock().unwrap().remove(&resp.id);
+                    if let Some(tx) = tx {
+                        let _ = tx.send(resp.body);
                     }
                 }
                 conn.fail_all();
@@ -272,7 +267,7 @@ fn rpc_err(e: CallErr) -> RpcErr {
 }
 
 fn remote_err(kind: &str, s: String) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, format!("remote {kind} error: {s}"))
+    io::Error::other(format!("remote {kind} error: {s}"))
 }
 
 fn unexpected() -> io::Error {

@@ -104,7 +104,7 @@ impl LogStore {
             let idx = ent.log_id.index;
             // A later record for an index replaces it and everything after it.
             let _ = entries.split_off(&idx);
-            if meta.last_purged.map_or(true, |p| idx > p.index) {
+            if meta.last_purged.is_none_or(|p| idx > p.index) {
                 entries.insert(idx, (off as u64, ent));
             }
             off += 4 + len;
@@ -140,9 +140,7 @@ impl LogStore {
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             let tmp = dir.join("meta.tmp");
             let mut f = File::create(&tmp)?;
-            f.write_all(
-                &bincode::serialize(&meta).map_err(|e| io::Error::new(io::ErrorKind::Other, e))?,
-            )?;
+            f.write_all(&bincode::serialize(&meta).map_err(io::Error::other)?)?;
             f.sync_data()?;
             std::fs::rename(&tmp, dir.join("meta"))?;
             sync_dir(&dir)
