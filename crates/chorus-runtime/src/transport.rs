@@ -9,15 +9,20 @@
 //!
 //! Connections are one-way: each node dials every peer it sends to and only writes on
 //! that connection; it only reads on connections others dialled. A one-way stream has a
-//! single user, so neither side needs a lock around the socket or the TLS session, and a
-//! broken connection is simply redialled by its writer.
+//! single reader and one writer at a time, and a broken connection is simply redialled
+//! by the writer thread.
 //!
 //! Frames for one peer are encoded straight into that peer's output buffer by the
-//! sending thread (no per-message allocation or hand-off), and the peer's writer thread
-//! takes the whole buffer at once: everything queued for a peer — from any number of log
-//! groups — leaves in one `write` (batching across groups on one connection). On this
-//! 2-core machine waking another thread costs about 100 µs, so the hand-off is per batch,
-//! never per message.
+//! sending thread (no per-message allocation or hand-off). When the buffer was empty and
+//! nobody is writing to the connection, the sender writes it itself with a non-blocking
+//! `send` (plain TCP): no thread is woken, which on this 2-core VM saves a wake-up of tens
+//! to a hundred µs on each hop of a replicated append (docs/benchmarks.md, 1 client).
+//! Otherwise — a write in progress, a full socket buffer, a connection to (re)dial, TLS —
+//! the peer's writer thread takes the whole buffer at once: everything queued for a peer,
+//! from any number of log groups, leaves in one `write` (batching across groups on one
+//! connection). Whoever writes holds the peer's connection lock from taking the buffer to
+//! the end of the write, and a partly sent buffer goes back to the front of the queue, so
+//! the byte stream keeps the order in which frames were queued.
 //!
 //! A framed codec over plain TCP was chosen over gRPC streaming for replication by
 //! measurement (`chorus-bench transport`, `docs/benchmarks.md`): log payload moves 1.3×
@@ -144,6 +149,25 @@ struct Peer {
     id: NodeId,
     out: Mutex<Outbox>,
     ready: Condvar,
+    /// The outbound connection, held by whoever writes to it (lock order: `conn`, then
+    /// `out`).
+    conn: Mutex<Option<Conn>>,
+}
+
+/// An outbound connection.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Conn {
+    /// Writes all of `buf`, blocking (bounded by the socket's write timeout).
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Plain(t) => t.write_all(buf),
+            Conn::Tls(t) => t.write_all(buf).and_then(|_| t.flush()),
+        }
+    }
 }
 
 struct Tls {
@@ -305,7 +329,8 @@ impl Transport for TcpTransport {
             .frames_sent
             .fetch_add(1, Ordering::Relaxed);
         drop(out);
-        if was_empty {
+        // A non-empty buffer already has a wake-up (or an inline write) coming.
+        if was_empty && !self.shared.write_inline(&peer) {
             peer.ready.notify_one();
         }
     }
@@ -329,6 +354,53 @@ impl Transport for TcpTransport {
 }
 
 impl Shared {
+    /// Sends the peer's queued bytes from the calling thread if that needs no waiting:
+    /// nobody else is writing, the connection is up and plain TCP, and the socket takes
+    /// the bytes without blocking. Returns false when the writer thread must take over
+    /// (what was not sent is back at the front of the queue).
+    fn write_inline(&self, peer: &Peer) -> bool {
+        let Ok(mut guard) = peer.conn.try_lock() else {
+            return false;
+        };
+        let Some(Conn::Plain(tcp)) = guard.as_mut() else {
+            return false;
+        };
+        let mut batch = {
+            let mut out = peer.out.lock().expect("outbox");
+            if out.closed {
+                return true;
+            }
+            std::mem::take(&mut out.buf)
+        };
+        if batch.is_empty() {
+            return true;
+        }
+        // An error (a full socket buffer, a broken connection) sent nothing: the writer
+        // thread waits, or redials.
+        let sent = socket2::SockRef::from(&*tcp)
+            .send_with_flags(&batch, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            .unwrap_or(0);
+        self.counters
+            .bytes_sent
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        if sent == batch.len() {
+            batch.clear();
+            let mut out = peer.out.lock().expect("outbox");
+            if out.buf.is_empty() && out.buf.capacity() < batch.capacity() {
+                // Keep the larger allocation for the next frames.
+                out.buf = batch;
+            }
+            return out.buf.is_empty();
+        }
+        // The unsent rest goes first, then whatever was queued meanwhile: the stream
+        // continues exactly where this write stopped.
+        batch.drain(..sent);
+        let mut out = peer.out.lock().expect("outbox");
+        batch.extend_from_slice(&out.buf);
+        out.buf = batch;
+        false
+    }
+
     /// The peer's outbox, created (with its writer thread) on first use.
     fn peer(self: &Arc<Self>, id: NodeId, addr: Option<String>) -> Arc<Peer> {
         if let Some(p) = self.peers.read().expect("peers").get(&id) {
@@ -354,6 +426,7 @@ impl Shared {
                 closed: self.stop.load(Ordering::SeqCst),
             }),
             ready: Condvar::new(),
+            conn: Mutex::new(None),
         });
         peers.insert(id, p.clone());
         let s = self.clone();
@@ -369,10 +442,8 @@ impl Shared {
     }
 }
 
-type Stream = Box<dyn Write + Send>;
-
 /// Dials the peer (with TLS if configured) and sends the handshake.
-fn dial(s: &Shared, addr: &str) -> io::Result<Stream> {
+fn dial(s: &Shared, addr: &str) -> io::Result<Conn> {
     let sa = addr
         .to_socket_addrs()?
         .next()
@@ -389,7 +460,7 @@ fn dial(s: &Shared, addr: &str) -> io::Result<Stream> {
         },
         &mut hello,
     );
-    let mut stream: Stream = match &s.tls {
+    let mut stream = match &s.tls {
         Some(t) => {
             let conn = rustls::ClientConnection::new(t.client.clone(), t.name.clone())
                 .map_err(io::Error::other)?;
@@ -398,31 +469,42 @@ fn dial(s: &Shared, addr: &str) -> io::Result<Stream> {
             while st.conn.is_handshaking() {
                 st.conn.complete_io(&mut st.sock)?;
             }
-            Box::new(st)
+            Conn::Tls(Box::new(st))
         }
-        None => Box::new(tcp),
+        None => Conn::Plain(tcp),
     };
     stream.write_all(&hello)?;
-    stream.flush()?;
     Ok(stream)
 }
 
 fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
-    let mut conn: Option<Stream> = None;
     let mut backoff = Duration::from_millis(10);
     let mut spare = Vec::new();
     loop {
-        let (batch, addr) = {
+        let closed = {
             let mut out = p.out.lock().expect("outbox");
             while out.buf.is_empty() && !out.closed {
                 out = p.ready.wait(out).expect("outbox");
             }
-            if out.closed {
-                return;
-            }
+            out.closed
+        };
+        if closed {
+            *p.conn.lock().expect("connection") = None;
+            return;
+        }
+        // Hold the connection from taking the buffer to the end of the write, so an
+        // inline sender cannot write between (see `Shared::write_inline`).
+        let mut conn = p.conn.lock().expect("connection");
+        let (batch, addr) = {
+            let mut out = p.out.lock().expect("outbox");
             std::mem::swap(&mut out.buf, &mut spare);
             (std::mem::take(&mut spare), out.addr.clone())
         };
+        if batch.is_empty() {
+            // An inline sender took it.
+            spare = batch;
+            continue;
+        }
         let Some(addr) = addr else {
             s.counters.frames_dropped.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -431,7 +513,7 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
             match dial(&s, &addr) {
                 Ok(c) => {
                     tracing::info!(peer = p.id, addr = %addr, "connected");
-                    conn = Some(c);
+                    *conn = Some(c);
                     backoff = Duration::from_millis(10);
                 }
                 Err(e) => {
@@ -439,16 +521,17 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
                     // The batch is lost; the protocol resends. Back off so a dead peer costs
                     // little (bounded exponential backoff).
                     s.counters.frames_dropped.fetch_add(1, Ordering::Relaxed);
-                    sleep_unless_stopped(&s, backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     spare = batch;
                     spare.clear();
+                    drop(conn);
+                    sleep_unless_stopped(&s, backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             }
         }
         let c = conn.as_mut().expect("connected");
-        match c.write_all(&batch).and_then(|_| c.flush()) {
+        match c.write_all(&batch) {
             Ok(()) => {
                 s.counters
                     .bytes_sent
@@ -456,9 +539,10 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
             }
             Err(e) => {
                 tracing::info!(peer = p.id, error = %e, "connection lost");
-                conn = None;
+                *conn = None;
             }
         }
+        drop(conn);
         spare = batch;
         spare.clear();
         if spare.capacity() > 16 << 20 {

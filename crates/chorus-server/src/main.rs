@@ -26,6 +26,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// mimalloc instead of the system allocator: the gRPC path allocates per request (tonic,
+/// h2, prost) on several threads, and glibc's malloc/free showed up at ~11% of CPU in
+/// `perf` of a 1,000-client gRPC benchmark (docs/benchmarks.md has the before/after).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "chorus",
