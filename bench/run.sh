@@ -2,7 +2,7 @@
 # The benchmark matrix: Chorus (embedded and gRPC clients), etcd-raft, openraft and the
 # disk's ceiling, side by side, alternating, with medians; then the commit-point modes.
 #
-#   bench/run.sh                 # the whole matrix (about an hour)
+#   bench/run.sh                 # the whole matrix (129 runs: about 35 minutes, 30 with --duration 8)
 #   bench/run.sh --smoke         # one short point per system (about 2 minutes after builds)
 #   bench/run.sh --help          # every option (bench/matrix.py)
 #

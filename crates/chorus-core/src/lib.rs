@@ -4,6 +4,7 @@
 //! deterministic simulator.
 
 pub mod format;
+pub mod ooo;
 pub mod replica;
 pub mod rng;
 

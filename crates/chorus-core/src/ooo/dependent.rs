@@ -1,0 +1,546 @@
+//! Dependent mode (DP-Raft, DASFAA 2020 sections 3–4): read and write sets, the RAW and
+//! WAW predecessors of each entry, the leader's commit rule and a replica's apply rule.
+//!
+//! Section 3 of the paper: only two dependencies order anything. An entry that **reads**
+//! what an earlier entry wrote (RAW) must not commit before it — if the earlier one then
+//! failed, the later one would have read data that never existed. An entry that **writes**
+//! what an earlier entry wrote (WAW) must not apply before it — the older value would
+//! overwrite the newer. Everything else commits and applies in any order.
+//!
+//! What each entry records, and why this differs slightly from the paper:
+//! - `raw`: the last writer of each key it reads, if that writer was not yet committed
+//!   when it was admitted. The last writer is the one whose value was read; if it fails,
+//!   this entry must fail too (the merge cascades that, see [`super::merge`]).
+//! - `waw`: **every** writer of a key it writes that is inside the window (at or above
+//!   `base`, the leader's window head when it was admitted), not only the last one. The
+//!   paper's "last writer" relies on a chain through that writer; if that writer is later
+//!   merged away (never committed), the chain breaks and an older writer could apply
+//!   after this entry. Listing all in-window writers keeps the order without the chain.
+//! - `base`: writers below it were committed at admission and are not listed. A replica
+//!   may still not have applied them, so for predecessors below `base` it compares write
+//!   sets itself, and a missing one blocks until catch-up brings it (the paper: missing
+//!   entries before the window head are fetched from the leader).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+
+use super::{CommitWindow, OooError, Seq};
+use crate::format::meta::NodeId;
+
+/// The predecessors an entry must wait for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deps {
+    /// Commit only after these committed (ascending).
+    pub raw: Vec<Seq>,
+    /// Apply only after these applied (ascending).
+    pub waw: Vec<Seq>,
+}
+
+/// An entry as the dependent mode replicates it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DepEntry<K> {
+    /// Sequence number.
+    pub seq: Seq,
+    /// The leader's window head when it admitted the entry.
+    pub base: Seq,
+    /// Its predecessors.
+    pub deps: Deps,
+    /// The keys it writes (a replica needs them to apply, and to order itself after
+    /// writers below `base`).
+    pub write_set: Vec<K>,
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    acks: BTreeSet<NodeId>,
+    raw: Vec<Seq>,
+}
+
+/// The leader's side: admits entries (finding their predecessors) and commits them by
+/// Algorithm 1 — a majority has the entry and every RAW predecessor is committed.
+#[derive(Clone, Debug)]
+pub struct DepLeader<K> {
+    quorum: usize,
+    window: u64,
+    next: Seq,
+    commits: CommitWindow,
+    /// Admitted, not committed.
+    pending: BTreeMap<Seq, Pending>,
+    /// Writers of each key at or above the window head (ascending).
+    writers: HashMap<K, Vec<Seq>>,
+}
+
+impl<K: Clone + Eq + Hash> DepLeader<K> {
+    /// A leader whose next entry is `next` (everything before committed), committing with
+    /// `quorum` acknowledgements, at most `window` entries in flight.
+    pub fn new(quorum: usize, window: u64, next: Seq) -> Self {
+        Self {
+            quorum,
+            window,
+            next,
+            commits: CommitWindow::new(next),
+            pending: BTreeMap::new(),
+            writers: HashMap::new(),
+        }
+    }
+
+    /// The commit state to piggyback on the next append or heartbeat.
+    pub fn commit_window(&self) -> &CommitWindow {
+        &self.commits
+    }
+
+    /// Admits a transaction's entry: assigns its sequence number and records its
+    /// predecessors. Refused when `window` entries are in flight.
+    pub fn admit(&mut self, read_set: &[K], write_set: &[K]) -> Result<DepEntry<K>, OooError> {
+        let head = self.commits.head();
+        if self.next - head >= self.window {
+            return Err(OooError::WindowFull {
+                head,
+                next: self.next,
+                window: self.window,
+            });
+        }
+        let seq = self.next;
+        let mut raw = BTreeSet::new();
+        for k in read_set {
+            if let Some(&w) = self.writers.get(k).and_then(|v| v.last()) {
+                if w >= head && !self.commits.is_committed(w) {
+                    raw.insert(w);
+                }
+            }
+        }
+        let mut waw = BTreeSet::new();
+        for k in write_set {
+            if let Some(v) = self.writers.get(k) {
+                waw.extend(v.iter().copied().filter(|&w| w >= head));
+            }
+        }
+        for k in write_set {
+            let v = self.writers.entry(k.clone()).or_default();
+            if v.last() != Some(&seq) {
+                v.push(seq);
+            }
+        }
+        self.next += 1;
+        let raw: Vec<Seq> = raw.into_iter().collect();
+        self.pending.insert(
+            seq,
+            Pending {
+                acks: BTreeSet::new(),
+                raw: raw.clone(),
+            },
+        );
+        Ok(DepEntry {
+            seq,
+            base: head,
+            deps: Deps {
+                raw,
+                waw: waw.into_iter().collect(),
+            },
+            write_set: write_set.to_vec(),
+        })
+    }
+
+    /// `node` (the leader included) has `seq` durable. Returns the entries this commits,
+    /// ascending: possibly `seq` and entries that were waiting for it as a RAW
+    /// predecessor.
+    pub fn ack(&mut self, seq: Seq, node: NodeId) -> Vec<Seq> {
+        match self.pending.get_mut(&seq) {
+            Some(p) => {
+                p.acks.insert(node);
+            }
+            None => return Vec::new(), // committed already, or never admitted
+        }
+        let mut out = Vec::new();
+        // Commits can cascade forward only (RAW predecessors precede their entries), so
+        // one pass in ascending order from `seq` finds them all.
+        let candidates: Vec<Seq> = self.pending.range(seq..).map(|(&s, _)| s).collect();
+        for s in candidates {
+            let p = &self.pending[&s];
+            if p.acks.len() >= self.quorum && p.raw.iter().all(|&r| self.commits.is_committed(r)) {
+                self.pending.remove(&s);
+                self.commits.commit(s);
+                out.push(s);
+            }
+        }
+        self.prune();
+        out
+    }
+
+    /// Whether `seq` is committed.
+    pub fn is_committed(&self, seq: Seq) -> bool {
+        self.commits.is_committed(seq)
+    }
+
+    fn prune(&mut self) {
+        let head = self.commits.head();
+        if self.writers.len() as u64 > 4 * self.window + 64 {
+            self.writers.retain(|_, v| {
+                v.retain(|&w| w >= head);
+                !v.is_empty()
+            });
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Held<K> {
+    entry: DepEntry<K>,
+    applied: bool,
+}
+
+/// A replica's apply side: an entry applies once committed and every WAW predecessor
+/// applied (Algorithm 1, ParallelApply), with holes.
+#[derive(Clone, Debug)]
+pub struct DepApplier<K> {
+    head: Seq,
+    commits: CommitWindow,
+    held: BTreeMap<Seq, Held<K>>,
+    limit: u64,
+}
+
+impl<K: Clone + Eq + Hash> DepApplier<K> {
+    /// Everything below `head` applied; at most `limit` entries tracked past the head.
+    pub fn new(head: Seq, limit: u64) -> Self {
+        Self {
+            head,
+            commits: CommitWindow::new(head),
+            held: BTreeMap::new(),
+            limit,
+        }
+    }
+
+    /// The first entry not applied.
+    pub fn head(&self) -> Seq {
+        self.head
+    }
+
+    /// A durable entry, in any order. Duplicates with the same contents are ignored; with
+    /// different contents, refused.
+    pub fn insert(&mut self, e: DepEntry<K>) -> Result<(), OooError> {
+        if e.seq < self.head {
+            return Ok(());
+        }
+        let limit = self.head.saturating_add(self.limit);
+        if e.seq >= limit {
+            return Err(OooError::OutOfRange {
+                seq: e.seq,
+                head: self.head,
+                limit,
+            });
+        }
+        let bad = |detail: &str| OooError::Malformed {
+            seq: e.seq,
+            detail: detail.to_string(),
+        };
+        if e.base > e.seq {
+            return Err(bad("window base after the entry"));
+        }
+        for d in [&e.deps.raw, &e.deps.waw] {
+            if d.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(bad("dependencies not strictly ascending"));
+            }
+            if d.iter().any(|&p| p >= e.seq || p < e.base) {
+                return Err(bad("a dependency outside base..seq"));
+            }
+        }
+        if let Some(h) = self.held.get(&e.seq) {
+            if h.entry != e {
+                return Err(OooError::Conflict { seq: e.seq });
+            }
+            return Ok(());
+        }
+        self.held.insert(
+            e.seq,
+            Held {
+                entry: e,
+                applied: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Learns the leader's commit window.
+    pub fn absorb(&mut self, w: &CommitWindow) {
+        self.commits.absorb(w);
+    }
+
+    /// Committed entries that may apply now, ascending.
+    pub fn ready(&self) -> Vec<Seq> {
+        let mut out = Vec::new();
+        for (&seq, h) in &self.held {
+            if h.applied || !self.commits.is_committed(seq) {
+                continue;
+            }
+            let e = &h.entry;
+            let blocked = (self.head..seq).any(|p| {
+                let held = self.held.get(&p);
+                if held.is_some_and(|x| x.applied) {
+                    return false;
+                }
+                if p >= e.base {
+                    // The leader listed every writer of our keys in the window.
+                    e.deps.waw.binary_search(&p).is_ok()
+                } else {
+                    // Committed before we were admitted: compare write sets ourselves; a
+                    // missing one could write anything.
+                    held.is_none_or(|x| x.entry.write_set.iter().any(|k| e.write_set.contains(k)))
+                }
+            });
+            if !blocked {
+                out.push(seq);
+            }
+        }
+        out
+    }
+
+    /// Records that `seq` (one of [`DepApplier::ready`]) was applied.
+    pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
+        let committed = self.commits.is_committed(seq);
+        match self.held.get_mut(&seq) {
+            Some(h) if committed => h.applied = true,
+            _ => {
+                return Err(OooError::Malformed {
+                    seq,
+                    detail: "applied an entry that is not held and committed".into(),
+                })
+            }
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// The merge decided no entry exists at `seq`: nothing to apply.
+    pub fn skip(&mut self, seq: Seq) {
+        if seq < self.head {
+            return;
+        }
+        self.commits.commit(seq);
+        self.held.insert(
+            seq,
+            Held {
+                entry: DepEntry {
+                    seq,
+                    base: seq,
+                    deps: Deps::default(),
+                    write_set: Vec::new(),
+                },
+                applied: true,
+            },
+        );
+        self.advance();
+    }
+
+    /// Entries at or above the head, up to the highest held or committed, that are not
+    /// held: what catch-up must fetch.
+    pub fn holes(&self) -> Vec<Seq> {
+        let top = self
+            .held
+            .keys()
+            .next_back()
+            .copied()
+            .max(self.commits.committed_above_head().last());
+        match top {
+            Some(top) => (self.head..=top)
+                .filter(|s| !self.held.contains_key(s))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn advance(&mut self) {
+        while self.held.get(&self.head).is_some_and(|h| h.applied) {
+            self.held.remove(&self.head);
+            self.head += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn section_4_2_example() {
+        // The example of DP-Raft section 4.2 as far as its text gives it: L1 and L2 both
+        // write a; L4 reads b and c; L5 reads b, "last modified by L2", and writes d, last
+        // written by L4; L3 touches nothing of theirs. For b to be last modified by L2, L2
+        // writes b as well, so the value of b that L4 read is L2's too.
+        let mut l = DepLeader::<&str>::new(2, 64, 1);
+        let e1 = l.admit(&[], &["a", "b"]).unwrap();
+        let e2 = l.admit(&[], &["a", "c", "b"]).unwrap();
+        let e3 = l.admit(&["x"], &["y"]).unwrap();
+        let e4 = l.admit(&["b", "c"], &["d"]).unwrap();
+        let e5 = l.admit(&["b"], &["d"]).unwrap();
+        assert_eq!(e1.seq, 1);
+        assert_eq!(e2.deps.waw, vec![1], "L2 writes a after L1");
+        assert_eq!(e3.deps, Deps::default());
+        assert_eq!(e4.deps.raw, vec![2], "L4 read b and c, last written by L2");
+        assert_eq!(e5.deps.raw, vec![2]);
+        assert_eq!(e5.deps.waw, vec![4], "L5 writes d after L4");
+    }
+
+    #[test]
+    fn a_raw_dependent_waits_for_its_predecessor_to_commit() {
+        let mut l = DepLeader::<u32>::new(2, 64, 0);
+        let w = l.admit(&[], &[7]).unwrap();
+        let r = l.admit(&[7], &[8]).unwrap();
+        assert_eq!(r.deps.raw, vec![w.seq]);
+        assert!(l.ack(r.seq, 1).is_empty());
+        assert!(
+            l.ack(r.seq, 2).is_empty(),
+            "majority, but its RAW predecessor is not committed"
+        );
+        assert_eq!(l.ack(w.seq, 1), Vec::<Seq>::new());
+        assert_eq!(
+            l.ack(w.seq, 3),
+            vec![0, 1],
+            "the predecessor commits, then the dependent"
+        );
+        assert_eq!(l.commit_window().head(), 2);
+    }
+
+    #[test]
+    fn independent_entries_commit_out_of_order() {
+        let mut l = DepLeader::<u32>::new(2, 64, 0);
+        for k in 0..3 {
+            l.admit(&[k], &[k]).unwrap();
+        }
+        assert_eq!(l.ack(2, 1), Vec::<Seq>::new());
+        assert_eq!(l.ack(2, 2), vec![2]);
+        assert_eq!(l.commit_window().head(), 0);
+        assert!(l.is_committed(2) && !l.is_committed(0));
+    }
+
+    #[test]
+    fn the_window_bounds_entries_in_flight() {
+        let mut l = DepLeader::<u32>::new(1, 2, 0);
+        l.admit(&[], &[1]).unwrap();
+        l.admit(&[], &[1]).unwrap();
+        assert!(matches!(
+            l.admit(&[], &[1]),
+            Err(OooError::WindowFull { .. })
+        ));
+        l.ack(0, 1);
+        assert!(l.admit(&[], &[1]).is_ok());
+    }
+
+    #[test]
+    fn malformed_entries_are_refused() {
+        let mut a = DepApplier::<u32>::new(0, 16);
+        let e = |seq, base, raw: Vec<Seq>, waw: Vec<Seq>| DepEntry {
+            seq,
+            base,
+            deps: Deps { raw, waw },
+            write_set: vec![1],
+        };
+        assert!(a.insert(e(3, 4, vec![], vec![])).is_err());
+        assert!(a.insert(e(3, 0, vec![3], vec![])).is_err());
+        assert!(a.insert(e(3, 1, vec![], vec![0])).is_err());
+        assert!(a.insert(e(3, 0, vec![], vec![2, 1])).is_err());
+        assert!(a.insert(e(99, 0, vec![], vec![])).is_err());
+        a.insert(e(3, 0, vec![], vec![1])).unwrap();
+        assert_eq!(
+            a.insert(e(3, 0, vec![], vec![2])),
+            Err(OooError::Conflict { seq: 3 })
+        );
+        assert_eq!(a.holes(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_broken_waw_chain_still_orders_writers() {
+        // q and p write k, e writes k; p is merged away (never committed). e must still
+        // apply after q.
+        let mut l = DepLeader::<u32>::new(1, 16, 0);
+        let q = l.admit(&[], &[5]).unwrap();
+        let p = l.admit(&[], &[5]).unwrap();
+        let e = l.admit(&[], &[5]).unwrap();
+        assert_eq!(e.deps.waw, vec![q.seq, p.seq]);
+        let mut a = DepApplier::new(0, 16);
+        a.insert(e.clone()).unwrap();
+        let mut w = CommitWindow::new(0);
+        w.commit(0);
+        w.commit(2);
+        a.absorb(&w);
+        a.skip(p.seq);
+        assert!(a.ready().is_empty(), "q (missing) must apply first");
+        a.insert(q).unwrap();
+        assert_eq!(a.ready(), vec![0]);
+        a.applied(0).unwrap();
+        assert_eq!(a.ready(), vec![2]);
+    }
+
+    proptest! {
+        /// Leader and replica together: whatever the order of acknowledgements, arrivals,
+        /// commit-window updates and applies, (1) no entry commits before a RAW
+        /// predecessor, (2) everything commits and applies in the end, and (3) the
+        /// replica's key-value state equals applying every entry serially in sequence
+        /// order.
+        #[test]
+        fn any_allowed_order_equals_serial_order(
+            txns in proptest::collection::vec(
+                (proptest::collection::vec(0u8..6, 0..3), proptest::collection::vec(0u8..6, 1..3)),
+                1..40),
+            acks in proptest::collection::vec(any::<u16>(), 120),
+            arrival in proptest::collection::vec(any::<u16>(), 40),
+            picks in proptest::collection::vec(any::<u16>(), 300),
+        ) {
+            let n = txns.len();
+            let mut l = DepLeader::<u8>::new(2, 64, 0);
+            let entries: Vec<DepEntry<u8>> = txns
+                .iter()
+                .map(|(r, w)| l.admit(r, w).unwrap())
+                .collect();
+            let mut serial = BTreeMap::new();
+            for e in &entries {
+                for k in &e.write_set {
+                    serial.insert(*k, e.seq);
+                }
+            }
+            // Acknowledgements from nodes 1..=3 in a random order.
+            let mut ackv: Vec<(Seq, NodeId)> =
+                (0..n as u64).flat_map(|s| (1..=3).map(move |nd| (s, nd))).collect();
+            ackv.sort_by_key(|&(s, nd)| acks[(s as usize * 3 + nd as usize - 1) % acks.len()]);
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by_key(|&i| arrival[i]);
+            let mut a = DepApplier::new(0, 64);
+            let mut state = BTreeMap::new();
+            let mut pick = picks.iter().cycle();
+            let mut step = |a: &mut DepApplier<u8>, state: &mut BTreeMap<u8, Seq>| {
+                let ready = a.ready();
+                if ready.is_empty() {
+                    return false;
+                }
+                let s = ready[*pick.next().unwrap() as usize % ready.len()];
+                for k in &entries[s as usize].write_set {
+                    state.insert(*k, s);
+                }
+                a.applied(s).unwrap();
+                true
+            };
+            for (i, (s, nd)) in ackv.iter().enumerate() {
+                for c in l.ack(*s, *nd) {
+                    for &r in &entries[c as usize].deps.raw {
+                        prop_assert!(l.is_committed(r), "entry {} committed before RAW {}", c, r);
+                    }
+                }
+                if i % 3 == 0 && i / 3 < n {
+                    a.insert(entries[order[i / 3]].clone()).unwrap();
+                }
+                if i % 2 == 0 {
+                    a.absorb(l.commit_window());
+                }
+                let _ = step(&mut a, &mut state);
+            }
+            for e in &entries {
+                a.insert(e.clone()).unwrap();
+            }
+            a.absorb(l.commit_window());
+            while step(&mut a, &mut state) {}
+            prop_assert_eq!(l.commit_window().head(), n as u64);
+            prop_assert_eq!(a.head(), n as u64);
+            prop_assert_eq!(state, serial);
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! What a new leader does with the quorum's versions of each slot before it serves: the
+//! merge stage of ParallelRaft (PolarFS section 5.3) and the pre-leader merge of DP-Raft
+//! (section 4.4, Fig. 4).
+//!
+//! For every slot from the first one the candidate has not seen committed up to the
+//! highest one any answering replica holds, each answering replica reports its version
+//! (or a hole). The decision follows DP-Raft's Fig. 4, which is ParallelRaft's three
+//! conditions spelled out per case:
+//!
+//! | candidate holds it? | committed? | other replicas | decision | case |
+//! |---|---|---|---|---|
+//! | yes | yes, here | – | keep ours | 1 |
+//! | yes | yes, elsewhere | – | take the committed version | 2 |
+//! | yes | no | all hold nothing | keep ours | 3 |
+//! | yes | no | some hold a version | the version with the highest term | 4 |
+//! | no | yes, elsewhere | – | take the committed version | 5 |
+//! | no | no | all hold nothing | NULL: no entry here | 6 |
+//! | no | no | some hold a version | the version with the highest term | 7 |
+//!
+//! Two rules beyond the papers' tables:
+//!
+//! - **The ghost guard.** A NULL decision is not a gap left in the log: the new leader
+//!   writes a NULL entry stamped with *its own* term into the slot and commits it (with
+//!   every kept entry) before serving. Gu et al. ("Raft with out-of-order executions")
+//!   show what happens otherwise: a slot left empty can later meet, in another quorum, an
+//!   old uncommitted version held by a replica that missed this merge; case 7 then
+//!   resurrects it — a *ghost entry* — after its appender was told it failed and after
+//!   later entries to the same blocks applied. A committed NULL at a higher term wins
+//!   every later merge (cases 2/5, or the highest term in 4/7). [`MergeOptions`] can turn
+//!   the guard off only in the test-only `broken` build, to show the anomaly.
+//! - **Dependent mode cascades NULLs.** An entry kept uncommitted (cases 3, 4, 7) whose
+//!   RAW predecessor became NULL read a value that never existed: it becomes NULL too
+//!   (DP-Raft section 3: committing it would be a dirty read). A committed entry never has
+//!   a NULL RAW predecessor, because it committed only after its predecessors did.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::Seq;
+use crate::format::meta::NodeId;
+
+/// One replica's version of a slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// The term (proposal id) of the leader that wrote it.
+    pub term: u64,
+    /// Identity of the contents (e.g. their checksum); versions with the same term and
+    /// slot always have the same contents.
+    pub id: u64,
+    /// A NULL entry: a merge decided no entry exists here.
+    pub null: bool,
+    /// Whether this replica knows the slot committed.
+    pub committed: bool,
+    /// RAW predecessors (dependent mode; empty in parallel mode).
+    pub raw: Vec<Seq>,
+}
+
+/// Which row of the table in the module docs decided a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Case {
+    /// Held and committed here.
+    LocalCommitted = 1,
+    /// Held here uncommitted, committed elsewhere.
+    CommittedElsewhere = 2,
+    /// Held here uncommitted, nobody else holds it.
+    OnlyLocal = 3,
+    /// Held here uncommitted, others hold versions: highest term.
+    HighestTermWithLocal = 4,
+    /// Not held here, committed elsewhere.
+    MissingCommittedElsewhere = 5,
+    /// Nobody holds it.
+    Nowhere = 6,
+    /// Not held here, others hold uncommitted versions: highest term.
+    HighestTermElsewhere = 7,
+}
+
+/// What the merge decided for a slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This version, as held by `from`.
+    Entry {
+        /// A replica that holds it (the candidate itself when it does).
+        from: NodeId,
+        /// The version.
+        version: Version,
+    },
+    /// No entry: `written` is the NULL entry the leader writes (stamped with its term),
+    /// or `None` when the ghost guard is off (`broken` builds only).
+    Null {
+        /// The NULL entry to write and commit.
+        written: Option<Version>,
+    },
+}
+
+/// One slot's decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotDecision {
+    /// The slot.
+    pub seq: Seq,
+    /// The row of the table that applied.
+    pub case: Case,
+    /// Dependent mode: the version was kept by cases 3/4/7 but a RAW predecessor became
+    /// NULL, so it became NULL as well.
+    pub cascaded: bool,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// How to merge.
+#[derive(Clone, Copy, Debug)]
+pub struct MergeOptions {
+    /// The merging leader's term: NULL entries are stamped with it.
+    pub term: u64,
+    /// Apply the dependent mode's NULL cascade.
+    pub dependent: bool,
+    /// Write NULL entries (the ghost guard). Only the `broken` build can turn it off.
+    ghost_guard: bool,
+}
+
+impl MergeOptions {
+    /// Options for a leader of `term`.
+    pub fn new(term: u64, dependent: bool) -> Self {
+        Self {
+            term,
+            dependent,
+            ghost_guard: true,
+        }
+    }
+
+    /// Turns the ghost guard off, to show the anomaly it prevents. Test-only.
+    #[cfg(feature = "broken")]
+    pub fn without_ghost_guard(mut self) -> Self {
+        self.ghost_guard = false;
+        self
+    }
+}
+
+/// Decides one slot. `local` is the candidate's version; `others` the versions (or holes)
+/// of the other answering replicas.
+pub fn merge_slot(
+    me: NodeId,
+    local: Option<&Version>,
+    others: &[(NodeId, Option<Version>)],
+    opts: &MergeOptions,
+) -> (Case, Outcome) {
+    let committed_elsewhere = others
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().map(|v| (*n, v)))
+        .find(|(_, v)| v.committed);
+    let null = || Outcome::Null {
+        written: opts.ghost_guard.then(|| Version {
+            term: opts.term,
+            id: 0,
+            null: true,
+            committed: false,
+            raw: Vec::new(),
+        }),
+    };
+    let any_other = others.iter().any(|(_, v)| v.is_some());
+    match local {
+        Some(l) if l.committed => (
+            Case::LocalCommitted,
+            Outcome::Entry {
+                from: me,
+                version: l.clone(),
+            },
+        ),
+        Some(_) | None if committed_elsewhere.is_some() => {
+            let (n, v) = committed_elsewhere.expect("checked");
+            let case = if local.is_some() {
+                Case::CommittedElsewhere
+            } else {
+                Case::MissingCommittedElsewhere
+            };
+            (
+                case,
+                Outcome::Entry {
+                    from: n,
+                    version: v.clone(),
+                },
+            )
+        }
+        Some(l) if !any_other => (
+            Case::OnlyLocal,
+            Outcome::Entry {
+                from: me,
+                version: l.clone(),
+            },
+        ),
+        Some(l) => {
+            let it = std::iter::once((me, l)).chain(
+                others
+                    .iter()
+                    .filter_map(|(n, v)| v.as_ref().map(|v| (*n, v))),
+            );
+            (
+                Case::HighestTermWithLocal,
+                highest(it).expect("the local version"),
+            )
+        }
+        None if !any_other => (Case::Nowhere, null()),
+        None => {
+            let it = others
+                .iter()
+                .filter_map(|(n, v)| v.as_ref().map(|v| (*n, v)));
+            (
+                Case::HighestTermElsewhere,
+                highest(it).expect("some version"),
+            )
+        }
+    }
+}
+
+/// The version with the highest term; on a tie (the same term means the same entry) the
+/// first one, which is the candidate's own when it holds one.
+fn highest<'a>(cands: impl Iterator<Item = (NodeId, &'a Version)>) -> Option<Outcome> {
+    let mut best: Option<(NodeId, &Version)> = None;
+    for (n, v) in cands {
+        if best.is_none_or(|(_, b)| v.term > b.term) {
+            best = Some((n, v));
+        }
+    }
+    best.map(|(n, v)| Outcome::Entry {
+        from: n,
+        version: v.clone(),
+    })
+}
+
+/// The answers of a quorum: for each slot, each answering replica's version or hole.
+/// Every replica that answered appears in every slot (a hole is `None`).
+pub type Answers = BTreeMap<Seq, Vec<(NodeId, Option<Version>)>>;
+
+/// Merges every slot of `answers` for candidate `me`, ascending, applying the dependent
+/// mode's NULL cascade when asked.
+pub fn merge(me: NodeId, answers: &Answers, opts: &MergeOptions) -> Vec<SlotDecision> {
+    let mut out: Vec<SlotDecision> = Vec::with_capacity(answers.len());
+    let mut nulls = std::collections::BTreeSet::new();
+    for (&seq, views) in answers {
+        let local = views
+            .iter()
+            .find(|(n, _)| *n == me)
+            .and_then(|(_, v)| v.as_ref());
+        let others: Vec<(NodeId, Option<Version>)> =
+            views.iter().filter(|(n, _)| *n != me).cloned().collect();
+        let (case, mut outcome) = merge_slot(me, local, &others, opts);
+        let mut cascaded = false;
+        if opts.dependent {
+            if let Outcome::Entry { version, .. } = &outcome {
+                let kept_uncommitted = matches!(
+                    case,
+                    Case::OnlyLocal | Case::HighestTermWithLocal | Case::HighestTermElsewhere
+                ) && !version.committed;
+                if kept_uncommitted && version.raw.iter().any(|r| nulls.contains(r)) {
+                    cascaded = true;
+                    outcome = Outcome::Null {
+                        written: opts.ghost_guard.then(|| Version {
+                            term: opts.term,
+                            id: 0,
+                            null: true,
+                            committed: false,
+                            raw: Vec::new(),
+                        }),
+                    };
+                }
+            }
+        }
+        let is_null = match &outcome {
+            Outcome::Null { .. } => true,
+            Outcome::Entry { version, .. } => version.null,
+        };
+        if is_null {
+            nulls.insert(seq);
+        }
+        out.push(SlotDecision {
+            seq,
+            case,
+            cascaded,
+            outcome,
+        });
+    }
+    out
+}
+
+/// The decisions as a table, one line per slot (for golden scenario tests and logs).
+pub fn render(decisions: &[SlotDecision]) -> String {
+    let mut s = String::new();
+    for d in decisions {
+        let what = match &d.outcome {
+            Outcome::Entry { from, version } => format!(
+                "entry of term {} from S{}{}{}",
+                version.term,
+                from,
+                if version.committed { ", committed" } else { "" },
+                if version.null { " (NULL)" } else { "" }
+            ),
+            Outcome::Null { written: Some(v) } => {
+                format!("NULL, written at term {}", v.term)
+            }
+            Outcome::Null { written: None } => "NULL, left empty (no ghost guard)".into(),
+        };
+        let _ = writeln!(
+            s,
+            "entry {}: case {} -> {}{}",
+            d.seq,
+            d.case as u8,
+            what,
+            if d.cascaded {
+                " (its RAW predecessor became NULL)"
+            } else {
+                ""
+            }
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(term: u64, committed: bool) -> Option<Version> {
+        Some(Version {
+            term,
+            id: term * 1000,
+            null: false,
+            committed,
+            raw: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn every_case_of_fig4() {
+        let o = MergeOptions::new(9, false);
+        let case = |local: Option<Version>, others: Vec<Option<Version>>| {
+            let others: Vec<_> = others
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (i as NodeId + 2, v))
+                .collect();
+            merge_slot(1, local.as_ref(), &others, &o)
+        };
+        assert_eq!(
+            case(v(2, true), vec![None, v(3, false)]).0,
+            Case::LocalCommitted
+        );
+        let (c, out) = case(v(2, false), vec![v(3, true), None]);
+        assert_eq!(c, Case::CommittedElsewhere);
+        assert!(matches!(out, Outcome::Entry { from: 2, ref version } if version.term == 3));
+        assert_eq!(case(v(2, false), vec![None, None]).0, Case::OnlyLocal);
+        let (c, out) = case(v(2, false), vec![v(4, false), v(3, false)]);
+        assert_eq!(c, Case::HighestTermWithLocal);
+        assert!(matches!(out, Outcome::Entry { from: 2, ref version } if version.term == 4));
+        let (c, out) = case(v(3, false), vec![v(3, false), v(2, false)]);
+        assert_eq!(c, Case::HighestTermWithLocal);
+        assert!(
+            matches!(out, Outcome::Entry { from: 1, .. }),
+            "a tie keeps ours"
+        );
+        assert_eq!(
+            case(None, vec![v(2, true), None]).0,
+            Case::MissingCommittedElsewhere
+        );
+        let (c, out) = case(None, vec![None, None]);
+        assert_eq!(c, Case::Nowhere);
+        assert!(matches!(out, Outcome::Null { written: Some(ref w) } if w.term == 9 && w.null));
+        let (c, out) = case(None, vec![v(2, false), v(5, false)]);
+        assert_eq!(c, Case::HighestTermElsewhere);
+        assert!(matches!(out, Outcome::Entry { from: 3, .. }));
+    }
+
+    #[test]
+    fn dependent_mode_cascades_nulls_to_raw_dependents() {
+        let mut answers = Answers::new();
+        // Slot 1: nobody holds it -> NULL. Slot 2: only we hold it, it read slot 1.
+        answers.insert(1, vec![(1, None), (2, None)]);
+        let mut dep = v(3, false);
+        dep.as_mut().unwrap().raw = vec![1];
+        answers.insert(2, vec![(1, dep.clone()), (2, None)]);
+        // Slot 3: committed elsewhere, reads slot 2 — cannot happen with a NULL
+        // predecessor, but a committed entry is never touched by the cascade.
+        let d = merge(1, &answers, &MergeOptions::new(4, true));
+        assert_eq!(d[1].case, Case::OnlyLocal);
+        assert!(d[1].cascaded);
+        assert!(matches!(d[1].outcome, Outcome::Null { .. }));
+        let d = merge(1, &answers, &MergeOptions::new(4, false));
+        assert!(!d[1].cascaded, "parallel mode has no RAW dependencies");
+    }
+}

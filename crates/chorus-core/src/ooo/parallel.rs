@@ -1,0 +1,458 @@
+//! Parallel mode (ParallelRaft, PolarFS VLDB 2018 section 5.2): block ranges, the
+//! look-behind buffer, and which committed entries a replica may apply while earlier ones
+//! are missing.
+//!
+//! The rule: two entries whose block ranges do not overlap may apply in any order; entries
+//! that overlap apply in sequence order, so newer data is never overwritten by older. A
+//! replica applies entry `e` once it is committed and every unapplied entry before it has
+//! *known* ranges disjoint from `e`'s. The ranges of an entry the replica holds are in the
+//! entry; the ranges of a missing one are known from the look-behind buffer of any later
+//! entry within `span` of it. A hole longer than `span` has unknown ranges and blocks
+//! everything after it until it is filled (the paper: "the maximum size of a log hole
+//! permitted").
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::{OooError, Seq};
+
+/// The blocks `start..end` (logical block addresses) written by an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockRange {
+    /// First block.
+    pub start: u64,
+    /// One past the last block.
+    pub end: u64,
+}
+
+impl BlockRange {
+    /// `len` blocks from `start`; `None` when empty or past `u64::MAX`.
+    pub fn new(start: u64, len: u64) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (len > 0).then_some(Self { start, end })
+    }
+
+    /// Whether the two ranges share a block.
+    pub fn overlaps(&self, other: &BlockRange) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+}
+
+/// Whether any range of `a` overlaps any range of `b`.
+pub fn overlap(a: &[BlockRange], b: &[BlockRange]) -> bool {
+    a.iter().any(|x| b.iter().any(|y| x.overlaps(y)))
+}
+
+fn check_ranges(seq: Seq, ranges: &[BlockRange]) -> Result<(), OooError> {
+    if let Some(r) = ranges.iter().find(|r| r.start >= r.end) {
+        return Err(OooError::Malformed {
+            seq,
+            detail: format!("empty block range {}..{}", r.start, r.end),
+        });
+    }
+    Ok(())
+}
+
+/// The leader's side: numbers entries and stamps each with the look-behind buffer, the
+/// ranges of the `span` entries before it (nearest first).
+#[derive(Clone, Debug)]
+pub struct LookBehind {
+    span: usize,
+    next: Seq,
+    recent: VecDeque<Vec<BlockRange>>,
+}
+
+/// An entry as the parallel mode replicates it: its ranges and its look-behind buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamped {
+    /// Sequence number.
+    pub seq: Seq,
+    /// Blocks this entry writes.
+    pub ranges: Vec<BlockRange>,
+    /// `look_behind[i]` holds the ranges of entry `seq - 1 - i`.
+    pub look_behind: Vec<Vec<BlockRange>>,
+}
+
+impl LookBehind {
+    /// A leader whose next entry is `next`, carrying `span` entries back (the paper's N,
+    /// default 2). A new leader starts with an empty buffer at its first new entry: the
+    /// entries it merged are committed before it serves, so no follower needs a bridge
+    /// over them.
+    pub fn new(span: usize, next: Seq) -> Self {
+        Self {
+            span,
+            next,
+            recent: VecDeque::with_capacity(span + 1),
+        }
+    }
+
+    /// Admits an entry writing `ranges`.
+    pub fn stamp(&mut self, ranges: Vec<BlockRange>) -> Result<Stamped, OooError> {
+        check_ranges(self.next, &ranges)?;
+        let look_behind: Vec<_> = self.recent.iter().rev().cloned().collect();
+        let seq = self.next;
+        self.next += 1;
+        if self.span > 0 {
+            if self.recent.len() == self.span {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(ranges.clone());
+        }
+        Ok(Stamped {
+            seq,
+            ranges,
+            look_behind,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    ranges: Vec<BlockRange>,
+    committed: bool,
+    applied: bool,
+}
+
+/// A replica's apply side: which committed entries may apply now, with holes.
+#[derive(Clone, Debug)]
+pub struct ParallelApplier {
+    span: usize,
+    /// Every entry below is applied (or was merged away).
+    head: Seq,
+    /// Entries held, at or above `head`.
+    held: BTreeMap<Seq, Slot>,
+    /// Ranges of entries at or above `head` learned from look-behind buffers.
+    known: BTreeMap<Seq, Vec<BlockRange>>,
+    /// Entries the leader marked committed that are not held yet.
+    committed_missing: BTreeSet<Seq>,
+    /// Safety valve: entries held beyond `head + limit` are refused.
+    limit: u64,
+}
+
+impl ParallelApplier {
+    /// Everything below `head` applied; look-behind span `span`; at most `limit` entries
+    /// tracked past the head (the replication window).
+    pub fn new(span: usize, head: Seq, limit: u64) -> Self {
+        Self {
+            span,
+            head,
+            held: BTreeMap::new(),
+            known: BTreeMap::new(),
+            committed_missing: BTreeSet::new(),
+            limit,
+        }
+    }
+
+    /// The first entry not applied.
+    pub fn head(&self) -> Seq {
+        self.head
+    }
+
+    fn in_range(&self, seq: Seq) -> Result<(), OooError> {
+        let limit = self.head.saturating_add(self.limit);
+        if seq < self.head || seq >= limit {
+            return Err(OooError::OutOfRange {
+                seq,
+                head: self.head,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// A durable entry, in any order. A duplicate with the same contents is ignored; one
+    /// with different contents is refused.
+    pub fn insert(&mut self, e: &Stamped) -> Result<(), OooError> {
+        if e.seq < self.head {
+            return Ok(()); // applied long ago: a retransmission
+        }
+        self.in_range(e.seq)?;
+        check_ranges(e.seq, &e.ranges)?;
+        if e.look_behind.len() > self.span {
+            return Err(OooError::Malformed {
+                seq: e.seq,
+                detail: format!(
+                    "look-behind buffer of {} entries, span is {}",
+                    e.look_behind.len(),
+                    self.span
+                ),
+            });
+        }
+        if e.look_behind.len() as u64 > e.seq {
+            return Err(OooError::Malformed {
+                seq: e.seq,
+                detail: "look-behind buffer reaches before entry 0".into(),
+            });
+        }
+        for (i, r) in e.look_behind.iter().enumerate() {
+            check_ranges(e.seq - 1 - i as u64, r)?;
+        }
+        if let Some(s) = self.held.get(&e.seq) {
+            if s.ranges != e.ranges {
+                return Err(OooError::Conflict { seq: e.seq });
+            }
+            return Ok(());
+        }
+        for (i, r) in e.look_behind.iter().enumerate() {
+            let p = e.seq - 1 - i as u64;
+            if p >= self.head && !self.held.contains_key(&p) {
+                self.known.insert(p, r.clone());
+            }
+        }
+        self.known.remove(&e.seq);
+        let committed = self.committed_missing.remove(&e.seq);
+        self.held.insert(
+            e.seq,
+            Slot {
+                ranges: e.ranges.clone(),
+                committed,
+                applied: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// The leader says `seq` is committed (from its commit window).
+    pub fn commit(&mut self, seq: Seq) {
+        if seq < self.head {
+            return;
+        }
+        match self.held.get_mut(&seq) {
+            Some(s) => s.committed = true,
+            None => {
+                self.committed_missing.insert(seq);
+            }
+        }
+    }
+
+    /// The ranges of `seq` if known (held, or from a look-behind buffer).
+    fn ranges_of(&self, seq: Seq) -> Option<&[BlockRange]> {
+        self.held
+            .get(&seq)
+            .map(|s| s.ranges.as_slice())
+            .or_else(|| self.known.get(&seq).map(|r| r.as_slice()))
+    }
+
+    /// Committed entries that may apply now, ascending: every unapplied entry before each
+    /// has known ranges disjoint from its own.
+    pub fn ready(&self) -> Vec<Seq> {
+        let mut out = Vec::new();
+        for (&seq, slot) in &self.held {
+            if !slot.committed || slot.applied {
+                continue;
+            }
+            let blocked = (self.head..seq).any(|p| match self.held.get(&p) {
+                Some(s) if s.applied => false,
+                _ => self.ranges_of(p).is_none_or(|r| overlap(r, &slot.ranges)),
+            });
+            if !blocked {
+                out.push(seq);
+            }
+        }
+        out
+    }
+
+    /// Records that `seq` (one of [`ParallelApplier::ready`]) was applied.
+    pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
+        match self.held.get_mut(&seq) {
+            Some(s) if s.committed => s.applied = true,
+            _ => {
+                return Err(OooError::Malformed {
+                    seq,
+                    detail: "applied an entry that is not held and committed".into(),
+                })
+            }
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// The merge decided no entry exists at `seq` (a slot nobody held): it applies as
+    /// nothing, writing no blocks.
+    pub fn skip(&mut self, seq: Seq) -> Result<(), OooError> {
+        if seq < self.head {
+            return Ok(());
+        }
+        self.in_range(seq)?;
+        self.held.insert(
+            seq,
+            Slot {
+                ranges: Vec::new(),
+                committed: true,
+                applied: true,
+            },
+        );
+        self.known.remove(&seq);
+        self.committed_missing.remove(&seq);
+        self.advance();
+        Ok(())
+    }
+
+    /// Entries at or above the head that are neither held nor skipped: what catch-up must
+    /// fetch (ascending, up to the highest entry known).
+    pub fn holes(&self) -> Vec<Seq> {
+        let top = self
+            .held
+            .keys()
+            .next_back()
+            .copied()
+            .max(self.committed_missing.iter().next_back().copied());
+        match top {
+            Some(top) => (self.head..=top)
+                .filter(|s| !self.held.contains_key(s))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn advance(&mut self) {
+        while self.held.get(&self.head).is_some_and(|s| s.applied) {
+            self.held.remove(&self.head);
+            self.known.remove(&self.head);
+            self.head += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn r(start: u64, len: u64) -> BlockRange {
+        BlockRange::new(start, len).expect("range")
+    }
+
+    #[test]
+    fn look_behind_carries_the_previous_span_entries() {
+        let mut lb = LookBehind::new(2, 0);
+        let a = lb.stamp(vec![r(0, 1)]).unwrap();
+        let b = lb.stamp(vec![r(1, 1)]).unwrap();
+        let c = lb.stamp(vec![r(2, 1)]).unwrap();
+        assert_eq!(a.look_behind, Vec::<Vec<BlockRange>>::new());
+        assert_eq!(b.look_behind, vec![vec![r(0, 1)]]);
+        assert_eq!(c.look_behind, vec![vec![r(1, 1)], vec![r(0, 1)]]);
+        assert_eq!(c.seq, 2);
+        assert!(lb.stamp(vec![BlockRange { start: 4, end: 4 }]).is_err());
+    }
+
+    #[test]
+    fn a_disjoint_entry_applies_over_a_hole_and_a_conflicting_one_waits() {
+        let mut lb = LookBehind::new(2, 0);
+        let e0 = lb.stamp(vec![r(0, 8)]).unwrap();
+        let e1 = lb.stamp(vec![r(100, 8)]).unwrap(); // disjoint from e0
+        let e2 = lb.stamp(vec![r(4, 2)]).unwrap(); // overlaps e0
+        let mut ap = ParallelApplier::new(2, 0, 64);
+        ap.insert(&e1).unwrap();
+        ap.insert(&e2).unwrap();
+        for s in 0..3 {
+            ap.commit(s);
+        }
+        // e0 is a hole; its ranges are known from e1's and e2's look-behind buffers.
+        assert_eq!(ap.ready(), vec![1]);
+        ap.applied(1).unwrap();
+        assert_eq!(ap.ready(), Vec::<Seq>::new(), "e2 overlaps the missing e0");
+        assert_eq!(ap.holes(), vec![0]);
+        ap.insert(&e0).unwrap();
+        assert_eq!(ap.ready(), vec![0]);
+        ap.applied(0).unwrap();
+        assert_eq!(ap.ready(), vec![2]);
+        ap.applied(2).unwrap();
+        assert_eq!(ap.head(), 3);
+    }
+
+    #[test]
+    fn a_hole_longer_than_the_span_blocks_until_filled() {
+        let mut lb = LookBehind::new(2, 0);
+        let es: Vec<_> = (0..4)
+            .map(|i| lb.stamp(vec![r(i * 10, 1)]).unwrap())
+            .collect();
+        let mut ap = ParallelApplier::new(2, 0, 64);
+        ap.insert(&es[3]).unwrap();
+        for s in 0..4 {
+            ap.commit(s);
+        }
+        // Entry 0 is three back from entry 3: nobody told us its ranges.
+        assert!(ap.ready().is_empty());
+        ap.insert(&es[1]).unwrap(); // its buffer covers entry 0
+        assert_eq!(ap.ready(), vec![1, 3]);
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_and_change_nothing() {
+        let mut lb = LookBehind::new(1, 0);
+        let e0 = lb.stamp(vec![r(0, 1)]).unwrap();
+        let e1 = lb.stamp(vec![r(1, 1)]).unwrap();
+        let mut ap = ParallelApplier::new(1, 0, 4);
+        ap.insert(&e0).unwrap();
+        let mut other = e0.clone();
+        other.ranges = vec![r(7, 1)];
+        assert_eq!(ap.insert(&other), Err(OooError::Conflict { seq: 0 }));
+        let mut long = e1.clone();
+        long.look_behind.push(vec![r(3, 1)]);
+        assert!(matches!(ap.insert(&long), Err(OooError::Malformed { .. })));
+        let far = Stamped {
+            seq: 9,
+            ranges: vec![r(0, 1)],
+            look_behind: vec![],
+        };
+        assert!(matches!(ap.insert(&far), Err(OooError::OutOfRange { .. })));
+        assert!(ap.applied(0).is_err(), "not committed yet");
+        assert_eq!(ap.holes(), Vec::<Seq>::new());
+    }
+
+    proptest! {
+        /// Whatever order entries arrive, commit and apply in, as long as every applied
+        /// entry was `ready`, the blocks end up exactly as a serial application in
+        /// sequence order leaves them; and every entry applies once all have arrived.
+        #[test]
+        fn any_allowed_order_equals_serial_order(
+            writes in proptest::collection::vec((0u64..24, 1u64..4), 1..40),
+            arrival in proptest::collection::vec(any::<u16>(), 40),
+            commits in proptest::collection::vec(any::<u16>(), 40),
+            picks in proptest::collection::vec(any::<u16>(), 200),
+            span in 1usize..4,
+        ) {
+            let mut lb = LookBehind::new(span, 0);
+            let entries: Vec<Stamped> = writes
+                .iter()
+                .map(|&(s, l)| lb.stamp(vec![r(s, l)]).unwrap())
+                .collect();
+            let n = entries.len();
+            // Serial: each block holds the last writer in sequence order.
+            let mut serial = std::collections::BTreeMap::new();
+            for e in &entries {
+                for b in e.ranges[0].start..e.ranges[0].end {
+                    serial.insert(b, e.seq);
+                }
+            }
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by_key(|&i| arrival[i]);
+            let mut corder: Vec<usize> = (0..n).collect();
+            corder.sort_by_key(|&i| commits[i]);
+            let mut ap = ParallelApplier::new(span, 0, 64);
+            let mut state = std::collections::BTreeMap::new();
+            let mut pick = picks.iter().cycle();
+            let step = |ap: &mut ParallelApplier, state: &mut BTreeMap<u64, Seq>, p: u16| {
+                let ready = ap.ready();
+                if ready.is_empty() {
+                    return false;
+                }
+                let s = ready[p as usize % ready.len()];
+                let e = &entries[s as usize];
+                for b in e.ranges[0].start..e.ranges[0].end {
+                    state.insert(b, s);
+                }
+                ap.applied(s).unwrap();
+                true
+            };
+            for k in 0..n {
+                ap.insert(&entries[order[k]]).unwrap();
+                ap.commit(entries[corder[k]].seq);
+                let _ = step(&mut ap, &mut state, *pick.next().unwrap());
+            }
+            while step(&mut ap, &mut state, *pick.next().unwrap()) {}
+            prop_assert_eq!(ap.head(), n as u64, "everything applies once all arrived");
+            prop_assert_eq!(state, serial);
+        }
+    }
+}
