@@ -340,12 +340,7 @@ impl<K: Clone + Eq + Hash> DepApplier<K> {
             .next_back()
             .copied()
             .max(self.commits.committed_above_head().last());
-        match top {
-            Some(top) => (self.head..=top)
-                .filter(|s| !self.held.contains_key(s))
-                .collect(),
-            None => Vec::new(),
-        }
+        super::holes(self.head, top, &self.held)
     }
 
     fn advance(&mut self) {

@@ -147,15 +147,6 @@ pub fn merge_slot(
         .iter()
         .filter_map(|(n, v)| v.as_ref().map(|v| (*n, v)))
         .find(|(_, v)| v.committed);
-    let null = || Outcome::Null {
-        written: opts.ghost_guard.then(|| Version {
-            term: opts.term,
-            id: 0,
-            null: true,
-            committed: false,
-            raw: Vec::new(),
-        }),
-    };
     let any_other = others.iter().any(|(_, v)| v.is_some());
     match local {
         Some(l) if l.committed => (
@@ -198,7 +189,7 @@ pub fn merge_slot(
                 highest(it).expect("the local version"),
             )
         }
-        None if !any_other => (Case::Nowhere, null()),
+        None if !any_other => (Case::Nowhere, null_outcome(opts)),
         None => {
             let it = others
                 .iter()
@@ -208,6 +199,20 @@ pub fn merge_slot(
                 highest(it).expect("some version"),
             )
         }
+    }
+}
+
+/// A NULL decision: with the ghost guard, the NULL entry stamped with the merging
+/// leader's term that it writes and commits before serving.
+fn null_outcome(opts: &MergeOptions) -> Outcome {
+    Outcome::Null {
+        written: opts.ghost_guard.then(|| Version {
+            term: opts.term,
+            id: 0,
+            null: true,
+            committed: false,
+            raw: Vec::new(),
+        }),
     }
 }
 
@@ -252,15 +257,7 @@ pub fn merge(me: NodeId, answers: &Answers, opts: &MergeOptions) -> Vec<SlotDeci
                 ) && !version.committed;
                 if kept_uncommitted && version.raw.iter().any(|r| nulls.contains(r)) {
                     cascaded = true;
-                    outcome = Outcome::Null {
-                        written: opts.ghost_guard.then(|| Version {
-                            term: opts.term,
-                            id: 0,
-                            null: true,
-                            committed: false,
-                            raw: Vec::new(),
-                        }),
-                    };
+                    outcome = null_outcome(opts);
                 }
             }
         }

@@ -76,6 +76,15 @@ pub enum OooError {
     },
 }
 
+/// The entries from `head` up to the highest of `top` that `held` does not hold: the
+/// holes catch-up must fill.
+fn holes<V>(head: Seq, top: Option<Seq>, held: &std::collections::BTreeMap<Seq, V>) -> Vec<Seq> {
+    match top {
+        Some(top) => (head..=top).filter(|s| !held.contains_key(s)).collect(),
+        None => Vec::new(),
+    }
+}
+
 /// Which entries of a window are committed: every entry below `head`, and entry
 /// `head + i` when bit `i` is set. This is what the leader piggybacks on its next append or
 /// heartbeat instead of a single committed index (DP-Raft section 4.3, *commitFlag* and

@@ -296,12 +296,7 @@ impl ParallelApplier {
             .next_back()
             .copied()
             .max(self.committed_missing.iter().next_back().copied());
-        match top {
-            Some(top) => (self.head..=top)
-                .filter(|s| !self.held.contains_key(s))
-                .collect(),
-            None => Vec::new(),
-        }
+        super::holes(self.head, top, &self.held)
     }
 
     fn advance(&mut self) {
