@@ -351,6 +351,33 @@ impl<K: Clone + Eq + Hash> DepApplier<K> {
     }
 }
 
+/// What a candidate's vote request says about its log, in dependent mode (DP-Raft
+/// section 4.4): the term and sequence number of its last entry, and its first
+/// uncommitted entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VoteLog {
+    /// Term of the last entry held.
+    pub last_term: u64,
+    /// Sequence number of the last entry held.
+    pub last_seq: Seq,
+    /// First entry not known committed (the window head).
+    pub first_uncommitted: Seq,
+}
+
+/// Whether a replica whose log is `mine` grants its vote to a candidate whose log is
+/// `theirs` (DP-Raft section 4.4): (1) the candidate's last entry must be at least as new
+/// (higher term, or the same term and at least as far); (2) when both are equally new, the
+/// candidate's first uncommitted entry must not be behind ours, so that the pre-leader's
+/// merge range (from its first uncommitted entry on) stays as short as the quorum allows.
+pub fn grants_vote(mine: &VoteLog, theirs: &VoteLog) -> bool {
+    let newer = (theirs.last_term, theirs.last_seq).cmp(&(mine.last_term, mine.last_seq));
+    match newer {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => theirs.first_uncommitted >= mine.first_uncommitted,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +468,29 @@ mod tests {
             Err(OooError::Conflict { seq: 3 })
         );
         assert_eq!(a.holes(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn votes_follow_section_4_4() {
+        let v = |last_term, last_seq, first_uncommitted| VoteLog {
+            last_term,
+            last_seq,
+            first_uncommitted,
+        };
+        let mine = v(3, 10, 6);
+        assert!(grants_vote(&mine, &v(4, 2, 0)), "a higher last term wins");
+        assert!(grants_vote(&mine, &v(3, 11, 0)), "same term, longer");
+        assert!(
+            !grants_vote(&mine, &v(2, 20, 20)),
+            "an older last term loses"
+        );
+        assert!(!grants_vote(&mine, &v(3, 9, 9)), "same term, shorter");
+        assert!(grants_vote(&mine, &v(3, 10, 6)), "equal logs");
+        assert!(grants_vote(&mine, &v(3, 10, 8)));
+        assert!(
+            !grants_vote(&mine, &v(3, 10, 4)),
+            "equally new, but the candidate would merge more than we would"
+        );
     }
 
     #[test]
