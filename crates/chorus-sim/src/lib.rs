@@ -7,6 +7,7 @@
 //! schedule, a healing phase and the liveness check.
 
 pub mod checker;
+pub mod ooo;
 pub mod run;
 pub mod script;
 

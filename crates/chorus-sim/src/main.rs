@@ -3,6 +3,7 @@
 //! ```text
 //! chorus-sim --seeds 2000 --start 0 --mode piggyback
 //! chorus-sim --seed 1234 -v          # replay one seed
+//! chorus-sim --ooo parallel --seeds 500   # an out-of-order group mode
 //! ```
 
 use std::process::ExitCode;
@@ -45,6 +46,9 @@ struct Args {
     /// `broken` feature).
     #[arg(long)]
     broken: Option<String>,
+    /// Simulate an out-of-order group instead: parallel or dependent.
+    #[arg(long)]
+    ooo: Option<String>,
     /// Print counters per seed.
     #[arg(short, long)]
     verbose: bool,
@@ -52,6 +56,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(m) = &args.ooo {
+        return run_ooo(&args, m);
+    }
     let Some(mode) = parse_commit_mode(&args.mode) else {
         eprintln!(
             "chorus-sim: --mode {:?} is not one of piggyback, sync, async",
@@ -133,6 +140,83 @@ fn main() -> ExitCode {
         totals.get("committed").unwrap_or(&0),
         totals.get("failed").unwrap_or(&0),
         totals.get("messages_delivered").unwrap_or(&0),
+    );
+    if bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_ooo(args: &Args, mode: &str) -> ExitCode {
+    use chorus_sim::ooo::{parse_mode, run_batch, OooOptions};
+    let Some(m) = parse_mode(mode) else {
+        eprintln!("chorus-sim: --ooo {mode:?} is not one of parallel, dependent");
+        return ExitCode::from(2);
+    };
+    let mut o = OooOptions {
+        mode: m,
+        faults: !args.no_faults,
+        fault_time: args.fault_secs * 1_000 * MS,
+        ..OooOptions::default()
+    };
+    let mut broken_flag = String::new();
+    if let Some(b) = &args.broken {
+        if b != "no-ghost-guard" {
+            eprintln!("chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard");
+            return ExitCode::from(2);
+        }
+        if !cfg!(feature = "broken") {
+            eprintln!("chorus-sim: --broken {b:?} needs a build with --features broken");
+            return ExitCode::from(2);
+        }
+        o.ghost_guard = false;
+        broken_flag = format!(" --broken {b}");
+    }
+    let (start, count) = match args.seed {
+        Some(s) => (s, 1),
+        None => (args.start, args.seeds),
+    };
+    let t0 = Instant::now();
+    let reports = run_batch(start, count, &o, args.threads);
+    let mut bad = 0;
+    let mut totals = std::collections::BTreeMap::new();
+    for r in &reports {
+        for (k, v) in &r.stats {
+            *totals.entry(*k).or_insert(0u64) += v;
+        }
+        if args.verbose || args.seed.is_some() {
+            println!("seed {}: {:?}", r.seed, r.stats);
+        }
+        if !r.violations.is_empty() {
+            bad += 1;
+            println!("seed {} FAILED:", r.seed);
+            for v in &r.violations {
+                println!("  {v}");
+            }
+            let features = if broken_flag.is_empty() {
+                ""
+            } else {
+                " --features broken"
+            };
+            println!(
+                "  replay: cargo run --release -p chorus-sim{features} -- --ooo {mode} --seed {}{broken_flag}",
+                r.seed
+            );
+        }
+    }
+    let t = |k: &str| totals.get(k).copied().unwrap_or(0);
+    println!(
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} committed={} failed={} crashes={} terms_served={} applied={} messages={}",
+        reports.len(),
+        t0.elapsed().as_secs_f64(),
+        t("appends"),
+        t("committed"),
+        t("failed"),
+        t("crashes"),
+        t("terms_served"),
+        t("applied"),
+        t("messages"),
     );
     if bad > 0 {
         ExitCode::from(1)

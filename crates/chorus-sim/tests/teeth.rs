@@ -39,3 +39,23 @@ fn acknowledging_before_fsync_is_caught() {
     let found = (0..400u64).find(|s| !run_seed(*s, &o).violations.is_empty());
     assert!(found.is_some(), "no violation found with acks before fsync");
 }
+
+/// Without the ghost guard (NULL slots left unstamped, superseded versions kept), the
+/// out-of-order merge resurrects entries: the simulator must see it in both modes.
+#[test]
+fn the_ghost_entry_is_caught_without_the_guard() {
+    use chorus_core::ooo::replica::Mode;
+    use chorus_sim::ooo::{run_seed, OooOptions};
+    for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
+        let o = OooOptions {
+            mode,
+            ghost_guard: false,
+            ..OooOptions::default()
+        };
+        let found = (0..100u64).find(|s| !run_seed(*s, &o).violations.is_empty());
+        assert!(
+            found.is_some(),
+            "{mode:?}: no ghost found without the guard"
+        );
+    }
+}

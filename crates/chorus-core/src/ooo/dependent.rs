@@ -267,31 +267,53 @@ impl<K: Clone + Eq + Hash> DepApplier<K> {
 
     /// Committed entries that may apply now, ascending.
     pub fn ready(&self) -> Vec<Seq> {
+        // One ascending walk: the first missing entry and, per key, the first unapplied
+        // writer passed so far answer the check below `base`; the WAW list answers the
+        // rest. Linear in the entries held (times their sets), however long the tail.
         let mut out = Vec::new();
-        for (&seq, h) in &self.held {
-            if h.applied || !self.commits.is_committed(seq) {
+        let Some(&top) = self.held.keys().next_back() else {
+            return out;
+        };
+        let mut first_missing: Option<Seq> = None;
+        let mut first_writer: HashMap<&K, Seq> = HashMap::new();
+        for p in self.head..=top {
+            let Some(h) = self.held.get(&p) else {
+                first_missing.get_or_insert(p);
+                continue;
+            };
+            if h.applied {
                 continue;
             }
             let e = &h.entry;
-            let blocked = (self.head..seq).any(|p| {
-                let held = self.held.get(&p);
-                if held.is_some_and(|x| x.applied) {
-                    return false;
+            if self.commits.is_committed(p) {
+                // The leader listed every writer of our keys in the window.
+                let waw = e
+                    .deps
+                    .waw
+                    .iter()
+                    .any(|&w| w >= self.head && self.held.get(&w).is_none_or(|x| !x.applied));
+                // Committed before we were admitted: compare write sets ourselves; a
+                // missing one could write anything.
+                let below = first_missing.is_some_and(|m| m < e.base)
+                    || e.write_set
+                        .iter()
+                        .any(|k| first_writer.get(k).is_some_and(|&w| w < e.base));
+                if !waw && !below {
+                    out.push(p);
                 }
-                if p >= e.base {
-                    // The leader listed every writer of our keys in the window.
-                    e.deps.waw.binary_search(&p).is_ok()
-                } else {
-                    // Committed before we were admitted: compare write sets ourselves; a
-                    // missing one could write anything.
-                    held.is_none_or(|x| x.entry.write_set.iter().any(|k| e.write_set.contains(k)))
-                }
-            });
-            if !blocked {
-                out.push(seq);
+            }
+            for k in &e.write_set {
+                first_writer.entry(k).or_insert(p);
             }
         }
         out
+    }
+
+    /// `seq` is committed (one entry of the leader's window).
+    pub fn commit(&mut self, seq: Seq) {
+        if seq >= self.head {
+            self.commits.commit(seq);
+        }
     }
 
     /// Records that `seq` (one of [`DepApplier::ready`]) was applied.

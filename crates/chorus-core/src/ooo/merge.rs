@@ -135,6 +135,52 @@ impl MergeOptions {
     }
 }
 
+/// The second half of the ghost guard: drops versions that a later leader has already
+/// superseded, before the table is applied.
+///
+/// A leader of term `T` decides every slot below `starts[T]` (the first slot after its
+/// merge) by its merge, and writes its own entries from `starts[T]` on. An uncommitted
+/// version of an older term at a slot `p >= starts[T]` was not held by any replica of
+/// `T`'s merge quorum, so it was never committed and never can be under its own term; and
+/// it was admitted against its own leader's versions of the slots before it (block ranges
+/// in its look-behind buffer, predecessors in its dependencies), which `T` may have
+/// decided differently. Case 7 would resurrect it anyway — Gu et al.'s ghost, here with
+/// the dependencies of later entries broken rather than a failed entry revived. So every
+/// such version is dropped, as Raft's new leader truncates a follower's conflicting
+/// suffix. A version kept therefore has every predecessor decided as its own leader saw
+/// it or NULL (NULLs then cascade to RAW dependents in dependent mode).
+///
+/// Committed versions are never dropped: a version committed at `p` under term `L` was
+/// held by a majority in term `L`, so the merge quorum of any later `T` saw it and
+/// `starts[T] > p`.
+///
+/// `starts` maps the terms the answering replicas know of (from the entries they hold and
+/// the newest leader each accepted) to their leaders' starts. Returns how many versions
+/// were dropped.
+pub fn drop_superseded(answers: &mut Answers, starts: &BTreeMap<u64, Seq>) -> usize {
+    let mut dropped = 0;
+    for (&p, views) in answers.iter_mut() {
+        // The newest term whose leader wrote from a slot at or before `p`.
+        let Some(cover) = starts
+            .iter()
+            .filter(|(_, &start)| start <= p)
+            .map(|(&t, _)| t)
+            .max()
+        else {
+            continue;
+        };
+        for (_, v) in views.iter_mut() {
+            if v.as_ref()
+                .is_some_and(|ver| ver.term < cover && !ver.committed)
+            {
+                *v = None;
+                dropped += 1;
+            }
+        }
+    }
+    dropped
+}
+
 /// Decides one slot. `local` is the candidate's version; `others` the versions (or holes)
 /// of the other answering replicas.
 pub fn merge_slot(
@@ -363,6 +409,24 @@ mod tests {
         let (c, out) = case(None, vec![v(2, false), v(5, false)]);
         assert_eq!(c, Case::HighestTermElsewhere);
         assert!(matches!(out, Outcome::Entry { from: 3, .. }));
+    }
+
+    #[test]
+    fn versions_a_newer_leader_replaced_are_dropped_unless_committed() {
+        // Term 3's leader wrote its own entries from slot 5 on. An uncommitted term-2
+        // version at slot 7 is dead; a committed one at 7 and anything below 5 stay.
+        let mut a = Answers::new();
+        a.insert(4, vec![(1, v(2, false)), (2, None)]);
+        a.insert(7, vec![(1, v(2, false)), (2, v(2, true))]);
+        a.insert(8, vec![(1, v(3, false)), (2, v(2, false))]);
+        let starts = BTreeMap::from([(2, 0), (3, 5)]);
+        assert_eq!(drop_superseded(&mut a, &starts), 2);
+        assert!(a[&4][0].1.is_some(), "below term 3's start");
+        assert!(
+            a[&7][0].1.is_none() && a[&7][1].1.is_some(),
+            "committed stays"
+        );
+        assert!(a[&8][0].1.is_some() && a[&8][1].1.is_none());
     }
 
     #[test]

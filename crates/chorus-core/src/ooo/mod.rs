@@ -20,13 +20,14 @@
 //!
 //! Entries are numbered by [`Seq`], consecutive from 0 in a group. Everything here is a
 //! deterministic function of its inputs (no clock, IO or randomness: DESIGN.md principle
-//! 1), so the simulator and property tests drive it directly. Wiring these rules into the
-//! replica, storage, runtime and simulator is the rest of issue 6 and is not done yet: no
-//! group can be created in these modes (the replica knows only the ordered policy).
+//! 1), so the simulator and property tests drive it directly. [`replica`] is the replica
+//! of an out-of-order group built on them, run by the simulator (`chorus_sim::ooo`). The
+//! runtime, storage files, wire encoding and CLI do not serve these groups yet (issue 6).
 
 pub mod dependent;
 pub mod merge;
 pub mod parallel;
+pub mod replica;
 
 use std::fmt;
 

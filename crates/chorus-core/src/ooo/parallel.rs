@@ -224,28 +224,30 @@ impl ParallelApplier {
         }
     }
 
-    /// The ranges of `seq` if known (held, or from a look-behind buffer).
-    fn ranges_of(&self, seq: Seq) -> Option<&[BlockRange]> {
-        self.held
-            .get(&seq)
-            .map(|s| s.ranges.as_slice())
-            .or_else(|| self.known.get(&seq).map(|r| r.as_slice()))
-    }
-
     /// Committed entries that may apply now, ascending: every unapplied entry before each
     /// has known ranges disjoint from its own.
     pub fn ready(&self) -> Vec<Seq> {
+        // One ascending walk, keeping the union of the ranges of the unapplied entries
+        // passed so far: O(n log n) however long the tail behind a hole is.
         let mut out = Vec::new();
-        for (&seq, slot) in &self.held {
-            if !slot.committed || slot.applied {
-                continue;
-            }
-            let blocked = (self.head..seq).any(|p| match self.held.get(&p) {
-                Some(s) if s.applied => false,
-                _ => self.ranges_of(p).is_none_or(|r| overlap(r, &slot.ranges)),
-            });
-            if !blocked {
-                out.push(seq);
+        let mut busy = Blocks::default();
+        let Some(&top) = self.held.keys().next_back() else {
+            return out;
+        };
+        for p in self.head..=top {
+            match self.held.get(&p) {
+                Some(s) if s.applied => {}
+                Some(s) => {
+                    if s.committed && !busy.overlaps(&s.ranges) {
+                        out.push(p);
+                    }
+                    busy.add(&s.ranges);
+                }
+                None => match self.known.get(&p) {
+                    Some(r) => busy.add(r),
+                    // A hole of unknown ranges blocks everything after it.
+                    None => break,
+                },
             }
         }
         out
@@ -304,6 +306,41 @@ impl ParallelApplier {
             self.held.remove(&self.head);
             self.known.remove(&self.head);
             self.head += 1;
+        }
+    }
+}
+
+/// A union of block ranges (disjoint, merged), for [`ParallelApplier::ready`].
+#[derive(Default)]
+struct Blocks(BTreeMap<u64, u64>);
+
+impl Blocks {
+    fn overlaps(&self, ranges: &[BlockRange]) -> bool {
+        ranges.iter().any(|r| {
+            self.0
+                .range(..r.end)
+                .next_back()
+                .is_some_and(|(_, &end)| end > r.start)
+        })
+    }
+
+    fn add(&mut self, ranges: &[BlockRange]) {
+        for r in ranges {
+            let (mut start, mut end) = (r.start, r.end);
+            // Absorb every interval touching [start, end).
+            let touching: Vec<(u64, u64)> = self
+                .0
+                .range(..=end)
+                .rev()
+                .take_while(|(_, &e)| e >= start)
+                .map(|(&s, &e)| (s, e))
+                .collect();
+            for (s, e) in touching {
+                self.0.remove(&s);
+                start = start.min(s);
+                end = end.max(e);
+            }
+            self.0.insert(start, end);
         }
     }
 }

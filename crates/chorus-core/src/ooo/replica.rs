@@ -1,0 +1,1662 @@
+//! The replica of an out-of-order group (parallel or dependent mode) as a pure state
+//! machine, driven like [`crate::replica::Replica`]: inputs are method calls carrying the
+//! time, outputs are [`Action`]s the driver drains with [`OooReplica::take_actions`] and
+//! executes **in order**. A [`Action::SaveHard`] or [`Action::Write`] must be durable
+//! before the driver executes the next action, so a message that follows a write in the
+//! list (an acknowledgement, a vote, an append to followers) never reaches anyone before
+//! what it promises is on disk (durability first; a driver may batch consecutive writes
+//! into one sync as long as it syncs before the next send).
+//!
+//! # Protocol
+//!
+//! * **Entries** occupy slots numbered by [`Seq`]. Each carries the term of the leader
+//!   that last wrote it, `start` (the first slot after that leader's merge, see below),
+//!   an identity `eid` that survives re-stamping, and the mode's metadata: block ranges and
+//!   the look-behind buffer (ParallelRaft, PolarFS section 5.2) or the window base, RAW and
+//!   WAW predecessors and write set (DP-Raft section 4.2). A NULL entry fills a slot a
+//!   merge decided holds nothing.
+//! * **Election** is Raft's: randomised timeouts, one vote per term saved before it is
+//!   sent, and DP-Raft's vote rule (section 4.4: newer last entry, then a first
+//!   uncommitted entry not behind the voter's). A granted vote carries the voter's
+//!   versions of every slot from the candidate's first uncommitted slot on: the merge
+//!   needs nothing else.
+//! * **Merge** (ParallelRaft's merge stage, DP-Raft's pre-leader merge, Fig. 4) with a
+//!   majority of answers, after [`merge::drop_superseded`]: every decided slot is
+//!   re-stamped at the new term (same identity and contents, a fresh look-behind buffer
+//!   of nothing), NULL slots are written as NULL entries at the new term (the ghost
+//!   guard), and the leader serves only once every merged slot has a majority — all
+//!   commit together, so dependencies among them hold trivially.
+//! * **Replication**: the leader writes an entry, then sends it; followers write what they
+//!   receive (holes and all), then acknowledge each slot. Slots a follower lacks from its
+//!   first uncommitted slot on are resent every `resend_interval`.
+//! * **Commit**: the leader commits a slot when a majority has it and (dependent mode)
+//!   its RAW predecessors are committed ([`DepLeader`], Algorithm 1; parallel mode has no
+//!   RAW predecessors, so the rule is a majority). Its [`CommitWindow`] travels on every
+//!   append and heartbeat. A follower takes a slot as committed only if it holds the
+//!   version it received from the leader of that same term: an older version of the slot
+//!   it still holds from a deposed leader is never taken for the committed one.
+//! * **Apply**: only committed slots enter the apply rules ([`ParallelApplier`],
+//!   [`DepApplier`]); their look-behind buffers and dependencies describe the final
+//!   versions of their predecessors, which `drop_superseded` guarantees. The replica
+//!   emits [`Action::Apply`] for entries whose predecessors allow it — mutually
+//!   independent, so a driver may run them on several threads — and the driver reports
+//!   each with [`OooReplica::applied`].
+//! * **Explicit results**: an append ends in [`Outcome::Committed`] when its slot commits
+//!   with its identity, [`Outcome::Failed`] when the slot commits with anything else. A
+//!   leader that steps down keeps its pending appends and decides them as it learns the
+//!   commits (a pending follower, PALF section 4.1); a commit is final, so no append is
+//!   ever Failed and then Committed.
+//! * **Restart**: the driver hands back the saved [`Hard`] state and the entries on disk.
+//!   The saved committed head is a lower bound (it is saved after the writes it covers);
+//!   the replica re-applies its committed prefix, so a state machine rebuilt from nothing
+//!   replays the log.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog};
+use super::merge::{self, MergeOptions, Version};
+use super::parallel::{BlockRange, LookBehind, ParallelApplier, Stamped};
+use super::{CommitWindow, OooError, Seq};
+use crate::format::meta::NodeId;
+use crate::replica::{Nanos, Outcome, Role};
+use crate::rng::Rng;
+
+/// The out-of-order mode of a group, chosen at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// ParallelRaft: block ranges, a look-behind buffer of `span` entries.
+    Parallel {
+        /// The look-behind span N (the paper's default is 2).
+        span: usize,
+    },
+    /// DP-Raft: read and write sets.
+    Dependent,
+}
+
+/// An entry's contents besides its slot, term and identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// A merge decided the slot holds nothing.
+    Null,
+    /// A parallel-mode record.
+    Parallel {
+        /// Blocks it writes.
+        ranges: Vec<BlockRange>,
+        /// `look_behind[i]`: the ranges of slot `seq - 1 - i`, as its leader had it.
+        look_behind: Vec<Vec<BlockRange>>,
+        /// The record.
+        data: Vec<u8>,
+    },
+    /// A dependent-mode record.
+    Dependent {
+        /// The leader's window head when it admitted the entry.
+        base: Seq,
+        /// RAW and WAW predecessors.
+        deps: Deps,
+        /// Keys it writes.
+        write_set: Vec<u64>,
+        /// The record.
+        data: Vec<u8>,
+    },
+}
+
+/// One slot's entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The slot.
+    pub seq: Seq,
+    /// Term of the leader that wrote this version.
+    pub term: u64,
+    /// First slot after the merge of that leader ([`merge::drop_superseded`]).
+    pub start: Seq,
+    /// Identity of the record, kept when a merge re-stamps it; 0 for NULL.
+    pub eid: u64,
+    /// Contents.
+    pub body: Body,
+}
+
+impl Entry {
+    fn null(seq: Seq, term: u64, start: Seq) -> Self {
+        Self {
+            seq,
+            term,
+            start,
+            eid: 0,
+            body: Body::Null,
+        }
+    }
+
+    /// Whether this is a NULL entry.
+    pub fn is_null(&self) -> bool {
+        matches!(self.body, Body::Null)
+    }
+
+    /// The record's bytes (empty for NULL).
+    pub fn data(&self) -> &[u8] {
+        match &self.body {
+            Body::Null => &[],
+            Body::Parallel { data, .. } | Body::Dependent { data, .. } => data,
+        }
+    }
+
+    fn version(&self, committed: bool) -> Version {
+        Version {
+            term: self.term,
+            id: self.eid,
+            null: self.is_null(),
+            committed,
+            raw: match &self.body {
+                Body::Dependent { deps, .. } => deps.raw.clone(),
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// The same record under a new leader: new term and start, no look-behind buffer
+    /// (the predecessors it described may have been decided differently).
+    fn restamp(&self, term: u64, start: Seq) -> Self {
+        let mut e = self.clone();
+        e.term = term;
+        e.start = start;
+        if let Body::Parallel { look_behind, .. } = &mut e.body {
+            look_behind.clear();
+        }
+        e
+    }
+}
+
+/// What an appender declares about a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Declared {
+    /// Parallel mode: the blocks it writes.
+    Blocks(Vec<BlockRange>),
+    /// Dependent mode: the keys it read and writes.
+    Txn {
+        /// Keys read.
+        read_set: Vec<u64>,
+        /// Keys written.
+        write_set: Vec<u64>,
+    },
+}
+
+/// State that must survive a restart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hard {
+    /// Current term.
+    pub term: u64,
+    /// Whom this replica voted for in `term`.
+    pub voted_for: Option<NodeId>,
+    /// Every slot below is committed with the version on disk (a lower bound).
+    pub committed_head: Seq,
+    /// The newest leader this replica accepted entries from, as (term, first slot after
+    /// its merge): versions of older terms from that slot on are dead
+    /// ([`merge::drop_superseded`]).
+    pub leader_start: (u64, Seq),
+}
+
+/// Messages between replicas of an out-of-order group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// A candidate asks for a vote.
+    Vote {
+        /// The candidate's term.
+        term: u64,
+        /// Its first uncommitted slot: answers start there.
+        head: Seq,
+        /// Its log, for the vote rule.
+        log: VoteLog,
+    },
+    /// The answer; a grant carries the voter's versions from the candidate's head on.
+    VoteReply {
+        /// The voter's term.
+        term: u64,
+        /// Whether the vote is granted.
+        granted: bool,
+        /// The voter's entries at or above the candidate's head, with whether it knows
+        /// each committed.
+        entries: Vec<(Entry, bool)>,
+        /// The voter's [`Hard::leader_start`].
+        leader_start: (u64, Seq),
+    },
+    /// Entries (none for a heartbeat) and the leader's commit window.
+    Append {
+        /// The leader's term.
+        term: u64,
+        /// The first slot after the leader's merge.
+        start: Seq,
+        /// Entries to write.
+        entries: Vec<Entry>,
+        /// What is committed.
+        commits: CommitWindow,
+    },
+    /// A follower holds these slots (as the leader of `term` sent them) durably.
+    Ack {
+        /// The follower's term.
+        term: u64,
+        /// Slots and identities held.
+        seqs: Vec<(Seq, u64)>,
+        /// The follower's first uncommitted slot (resends start there).
+        head: Seq,
+    },
+}
+
+/// Outputs of the replica, executed by the driver in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Save the hard state durably before the next action.
+    SaveHard(Hard),
+    /// Write this entry at its slot (replacing what is there) durably before the next
+    /// action.
+    Write(Entry),
+    /// Send a message.
+    Send {
+        /// Destination.
+        to: NodeId,
+        /// The message.
+        msg: Msg,
+    },
+    /// The slot is committed here with this entry (for observers; nothing to do).
+    Committed(Entry),
+    /// Apply this committed entry to the state machine, then call
+    /// [`OooReplica::applied`]. Entries in flight together are independent.
+    Apply(Entry),
+    /// The final result of an append.
+    Result {
+        /// The append's identity (from its [`Ticket`]).
+        eid: u64,
+        /// Its slot.
+        seq: Seq,
+        /// Committed or Failed.
+        outcome: Outcome,
+    },
+    /// The role changed.
+    Role {
+        /// The new role.
+        role: Role,
+        /// The term.
+        term: u64,
+    },
+    /// The leader finished its merge: every slot below `start` is committed here, and it
+    /// accepts appends from `start` on.
+    Serving {
+        /// The term.
+        term: u64,
+        /// First slot of new entries.
+        start: Seq,
+    },
+}
+
+/// An accepted append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Its slot.
+    pub seq: Seq,
+    /// Its identity, named again in [`Action::Result`].
+    pub eid: u64,
+}
+
+/// Why an append was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OooAppendError {
+    /// Not a serving leader.
+    #[error("not the serving leader (leader hint: {leader:?})")]
+    NotLeader {
+        /// The leader this replica follows, if any.
+        leader: Option<NodeId>,
+    },
+    /// The declaration does not fit the group's mode.
+    #[error("a {declared} declaration in a {mode:?} group")]
+    WrongMode {
+        /// What was declared.
+        declared: &'static str,
+        /// The group's mode.
+        mode: Mode,
+    },
+    /// The window is full or the declaration is malformed.
+    #[error(transparent)]
+    Refused(#[from] OooError),
+}
+
+/// Settings of an out-of-order replica.
+#[derive(Clone, Debug)]
+pub struct OooConfig {
+    /// This replica.
+    pub id: NodeId,
+    /// Every voter, this replica included.
+    pub voters: Vec<NodeId>,
+    /// The group's mode.
+    pub mode: Mode,
+    /// Entries the leader may have in flight past its first uncommitted one.
+    pub window: u64,
+    /// Election timeout (randomised up to twice this); a leader that has not heard a
+    /// majority for this long steps down.
+    pub election_timeout: Nanos,
+    /// Leader heartbeat period.
+    pub heartbeat_interval: Nanos,
+    /// Period of resending what followers lack.
+    pub resend_interval: Nanos,
+    /// Entries per resent message.
+    pub max_batch: usize,
+    /// Seed of the election back-off.
+    pub seed: u64,
+    /// Whether the ghost guard is on (NULL entries stamped with the new term and
+    /// [`merge::drop_superseded`]). Only the test-only `broken` build can turn it off.
+    #[cfg(feature = "broken")]
+    pub ghost_guard: bool,
+}
+
+impl OooConfig {
+    /// Defaults for `id` among `voters` in `mode`.
+    pub fn new(id: NodeId, voters: Vec<NodeId>, mode: Mode) -> Self {
+        Self {
+            id,
+            voters,
+            mode,
+            window: 1024,
+            election_timeout: 300_000_000,
+            heartbeat_interval: 50_000_000,
+            resend_interval: 50_000_000,
+            max_batch: 256,
+            seed: id,
+            #[cfg(feature = "broken")]
+            ghost_guard: true,
+        }
+    }
+
+    fn ghost_guard(&self) -> bool {
+        #[cfg(feature = "broken")]
+        {
+            self.ghost_guard
+        }
+        #[cfg(not(feature = "broken"))]
+        {
+            true
+        }
+    }
+}
+
+/// A granted vote's versions (with whether the voter knows each committed) and its
+/// [`Hard::leader_start`].
+type Answer = (Vec<(Entry, bool)>, (u64, Seq));
+
+#[derive(Clone, Debug)]
+struct Slot {
+    entry: Entry,
+    /// Term of the leader this version was last received from (0: from disk).
+    confirmed: u64,
+    committed: bool,
+}
+
+#[derive(Debug)]
+enum Applier {
+    Parallel(ParallelApplier),
+    Dependent(DepApplier<u64>),
+}
+
+/// Slots tracked past the apply head. Committed slots only enter the appliers, and the
+/// leader's window bounds how far commits run ahead of a hole.
+const APPLY_LIMIT: u64 = 1 << 24;
+
+impl Applier {
+    fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Parallel { span } => Self::Parallel(ParallelApplier::new(span, 0, APPLY_LIMIT)),
+            Mode::Dependent => Self::Dependent(DepApplier::new(0, APPLY_LIMIT)),
+        }
+    }
+
+    fn feed(&mut self, e: &Entry) -> Result<(), OooError> {
+        match (self, &e.body) {
+            (Self::Parallel(a), Body::Null) => a.skip(e.seq),
+            (Self::Dependent(a), Body::Null) => {
+                a.skip(e.seq);
+                Ok(())
+            }
+            (
+                Self::Parallel(a),
+                Body::Parallel {
+                    ranges,
+                    look_behind,
+                    ..
+                },
+            ) => {
+                a.insert(&Stamped {
+                    seq: e.seq,
+                    ranges: ranges.clone(),
+                    look_behind: look_behind.clone(),
+                })?;
+                a.commit(e.seq);
+                Ok(())
+            }
+            (
+                Self::Dependent(a),
+                Body::Dependent {
+                    base,
+                    deps,
+                    write_set,
+                    ..
+                },
+            ) => {
+                a.insert(super::dependent::DepEntry {
+                    seq: e.seq,
+                    base: *base,
+                    deps: deps.clone(),
+                    write_set: write_set.clone(),
+                })?;
+                a.commit(e.seq);
+                Ok(())
+            }
+            _ => Err(OooError::Malformed {
+                seq: e.seq,
+                detail: "entry of the other mode".into(),
+            }),
+        }
+    }
+
+    fn ready(&self) -> Vec<Seq> {
+        match self {
+            Self::Parallel(a) => a.ready(),
+            Self::Dependent(a) => a.ready(),
+        }
+    }
+
+    fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
+        match self {
+            Self::Parallel(a) => a.applied(seq),
+            Self::Dependent(a) => a.applied(seq),
+        }
+    }
+
+    fn head(&self) -> Seq {
+        match self {
+            Self::Parallel(a) => a.head(),
+            Self::Dependent(a) => a.head(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Peer {
+    /// Its first uncommitted slot, as it last said.
+    head: Seq,
+    /// Slots at or above `head` it acknowledged in this term.
+    acked: BTreeSet<Seq>,
+    /// When it last answered.
+    heard: Nanos,
+    /// Its head at the last resend tick.
+    tick_head: Seq,
+    /// Its head stayed below our committed head for a whole resend interval: stream the
+    /// slots from its head, acknowledged or not, one piece per acknowledgement.
+    catching_up: bool,
+}
+
+#[derive(Debug)]
+struct Lead {
+    /// First slot of new entries (the end of the merge).
+    start: Seq,
+    /// Merged slots and who holds the re-stamped version; empty once serving.
+    merging: BTreeMap<Seq, BTreeSet<NodeId>>,
+    /// Commit tracking once serving.
+    commit: Option<DepLeader<u64>>,
+    look: LookBehind,
+    next_eid: u64,
+    /// Next slot.
+    end: Seq,
+    peers: BTreeMap<NodeId, Peer>,
+    last_send: Nanos,
+    last_resend: Nanos,
+    /// The commit window last sent.
+    sent_commits: CommitWindow,
+}
+
+/// Counters for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OooStats {
+    /// Elections started.
+    pub campaigns: u64,
+    /// Merges completed (terms served).
+    pub merges: u64,
+    /// Slots decided NULL by merges.
+    pub nulls: u64,
+    /// Versions dropped by [`merge::drop_superseded`].
+    pub superseded: u64,
+    /// Entries refused on receipt (malformed, or contradicting a committed slot).
+    pub refused: u64,
+}
+
+/// One replica of an out-of-order group. See the module documentation.
+#[derive(Debug)]
+pub struct OooReplica {
+    cfg: OooConfig,
+    quorum: usize,
+    rng: Rng,
+    now: Nanos,
+    hard: Hard,
+    saved: Hard,
+    role: Role,
+    leader: Option<NodeId>,
+    log: BTreeMap<Seq, Slot>,
+    commits: CommitWindow,
+    deadline: Nanos,
+    votes: BTreeMap<NodeId, Answer>,
+    lead: Option<Lead>,
+    applier: Applier,
+    applying: BTreeSet<Seq>,
+    mine: BTreeMap<Seq, u64>,
+    actions: Vec<Action>,
+    stats: OooStats,
+}
+
+impl OooReplica {
+    /// A replica with nothing on disk.
+    pub fn new(cfg: OooConfig, now: Nanos) -> Self {
+        Self::recover(cfg, Hard::default(), Vec::new(), now)
+    }
+
+    /// A replica restarted from its saved hard state and the entries on disk.
+    pub fn recover(cfg: OooConfig, hard: Hard, entries: Vec<Entry>, now: Nanos) -> Self {
+        let mut log: BTreeMap<Seq, Slot> = entries
+            .into_iter()
+            .map(|entry| {
+                (
+                    entry.seq,
+                    Slot {
+                        entry,
+                        confirmed: 0,
+                        committed: false,
+                    },
+                )
+            })
+            .collect();
+        // The committed head is a lower bound; a slot missing below it (lost on disk)
+        // lowers it to the hole.
+        let mut head = 0;
+        while head < hard.committed_head && log.contains_key(&head) {
+            head += 1;
+        }
+        for (_, s) in log.range_mut(..head) {
+            s.committed = true;
+        }
+        let quorum = cfg.voters.len() / 2 + 1;
+        let mut r = Self {
+            rng: Rng::new(cfg.seed ^ 0x00_0C0C),
+            applier: Applier::new(cfg.mode),
+            cfg,
+            quorum,
+            now,
+            hard: Hard {
+                committed_head: head,
+                ..hard
+            },
+            saved: hard,
+            role: Role::Follower,
+            leader: None,
+            log,
+            commits: CommitWindow::new(head),
+            deadline: 0,
+            votes: BTreeMap::new(),
+            lead: None,
+            applying: BTreeSet::new(),
+            mine: BTreeMap::new(),
+            actions: Vec::new(),
+            stats: OooStats::default(),
+        };
+        r.reset_deadline();
+        let prefix: Vec<Entry> = r.log.range(..head).map(|(_, s)| s.entry.clone()).collect();
+        for e in &prefix {
+            let fed = r.applier.feed(e);
+            debug_assert!(fed.is_ok(), "{fed:?}");
+        }
+        r.pump_apply();
+        r
+    }
+
+    /// Drains the actions produced so far.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    /// The current role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.hard.term
+    }
+
+    /// The leader this replica follows (itself when leading).
+    pub fn leader(&self) -> Option<NodeId> {
+        self.leader
+    }
+
+    /// Whether this replica is a leader that accepts appends.
+    pub fn is_serving(&self) -> bool {
+        self.lead.as_ref().is_some_and(|l| l.commit.is_some())
+    }
+
+    /// First slot not known committed.
+    pub fn committed_head(&self) -> Seq {
+        self.commits.head()
+    }
+
+    /// First slot not applied.
+    pub fn applied_head(&self) -> Seq {
+        self.applier.head()
+    }
+
+    /// Slots the apply rules wait for (neither held nor skipped), ascending: what
+    /// catch-up still has to bring. For diagnostics.
+    pub fn apply_holes(&self) -> Vec<Seq> {
+        match &self.applier {
+            Applier::Parallel(a) => a.holes(),
+            Applier::Dependent(a) => a.holes(),
+        }
+    }
+
+    /// Appends still waiting for their result.
+    pub fn pending(&self) -> usize {
+        self.mine.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> OooStats {
+        self.stats
+    }
+
+    /// The group's mode.
+    pub fn mode(&self) -> Mode {
+        self.cfg.mode
+    }
+
+    fn me(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    fn peers(&self) -> Vec<NodeId> {
+        self.cfg
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != self.cfg.id)
+            .collect()
+    }
+
+    fn reset_deadline(&mut self) {
+        let t = self.cfg.election_timeout.max(1);
+        self.deadline = self.now + t + self.rng.below(t);
+    }
+
+    fn set_role(&mut self, role: Role) {
+        if self.role != role {
+            self.role = role;
+            self.actions.push(Action::Role {
+                role,
+                term: self.hard.term,
+            });
+        }
+    }
+
+    /// Emits the hard state if it changed since it was last saved.
+    fn save_hard(&mut self) {
+        if self.hard != self.saved {
+            self.saved = self.hard;
+            self.actions.push(Action::SaveHard(self.hard));
+        }
+    }
+
+    fn vote_log(&self) -> VoteLog {
+        let (last_term, last_seq) = self
+            .log
+            .values()
+            .map(|s| (s.entry.term, s.entry.seq))
+            .max()
+            .unwrap_or((0, 0));
+        VoteLog {
+            last_term,
+            last_seq,
+            first_uncommitted: self.commits.head(),
+        }
+    }
+
+    /// Advances the clock: elections, heartbeats, resends, the leader's quorum check.
+    pub fn tick(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+        if self.lead.is_some() {
+            self.lead_tick();
+        } else if self.now >= self.deadline {
+            self.campaign();
+        }
+        self.finish();
+    }
+
+    fn campaign(&mut self) {
+        self.stats.campaigns += 1;
+        self.hard.term += 1;
+        self.hard.voted_for = Some(self.me());
+        self.leader = None;
+        self.votes.clear();
+        self.set_role(Role::Candidate);
+        self.reset_deadline();
+        self.save_hard();
+        let head = self.commits.head();
+        let log = self.vote_log();
+        for p in self.peers() {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::Vote {
+                    term: self.hard.term,
+                    head,
+                    log,
+                },
+            });
+        }
+        if self.quorum <= 1 {
+            self.become_leader();
+        }
+    }
+
+    fn step_down(&mut self, term: u64, leader: Option<NodeId>) {
+        if term > self.hard.term {
+            self.hard.term = term;
+            self.hard.voted_for = None;
+        }
+        self.lead = None;
+        self.votes.clear();
+        self.leader = leader;
+        self.set_role(if self.mine.is_empty() {
+            Role::Follower
+        } else {
+            Role::PendingFollower
+        });
+        self.reset_deadline();
+    }
+
+    /// A message from `from`.
+    pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Msg) {
+        self.now = self.now.max(now);
+        if from == self.me() || !self.cfg.voters.contains(&from) {
+            return;
+        }
+        match msg {
+            Msg::Vote { term, head, log } => self.on_vote(from, term, head, log),
+            Msg::VoteReply {
+                term,
+                granted,
+                entries,
+                leader_start,
+            } => self.on_vote_reply(from, term, granted, entries, leader_start),
+            Msg::Append {
+                term,
+                start,
+                entries,
+                commits,
+            } => self.on_append(from, term, start, entries, commits),
+            Msg::Ack { term, seqs, head } => self.on_ack(from, term, seqs, head),
+        }
+        self.finish();
+    }
+
+    fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+        }
+        let grant = term == self.hard.term
+            && self.hard.voted_for.is_none_or(|v| v == from)
+            && self.lead.is_none()
+            && grants_vote(&self.vote_log(), &log);
+        let mut entries = Vec::new();
+        if grant {
+            self.hard.voted_for = Some(from);
+            self.reset_deadline();
+            entries = self
+                .log
+                .range(head..)
+                .map(|(_, s)| (s.entry.clone(), s.committed))
+                .collect();
+        }
+        self.save_hard();
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::VoteReply {
+                term: self.hard.term,
+                granted: grant,
+                entries,
+                leader_start: self.hard.leader_start,
+            },
+        });
+    }
+
+    fn on_vote_reply(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        granted: bool,
+        entries: Vec<(Entry, bool)>,
+        leader_start: (u64, Seq),
+    ) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+            return;
+        }
+        if term < self.hard.term || !granted || self.role != Role::Candidate {
+            return;
+        }
+        self.votes.insert(from, (entries, leader_start));
+        if self.votes.len() + 1 >= self.quorum {
+            self.become_leader();
+        }
+    }
+
+    /// The merge (module docs): decide every slot from our first uncommitted one to the
+    /// last any voter holds, write the decisions re-stamped at our term, send them.
+    fn become_leader(&mut self) {
+        let me = self.me();
+        let term = self.hard.term;
+        let h = self.commits.head();
+        let mut held: BTreeMap<NodeId, BTreeMap<Seq, (Entry, bool)>> = BTreeMap::new();
+        held.insert(
+            me,
+            self.log
+                .range(h..)
+                .map(|(&s, slot)| (s, (slot.entry.clone(), slot.committed)))
+                .collect(),
+        );
+        let mut starts = BTreeMap::new();
+        let (t0, s0) = self.hard.leader_start;
+        starts.insert(t0, s0);
+        for (&n, (es, (t, st))) in &self.votes {
+            starts.insert(*t, *st);
+            held.insert(
+                n,
+                es.iter()
+                    .filter(|(e, _)| e.seq >= h)
+                    .map(|(e, c)| (e.seq, (e.clone(), *c)))
+                    .collect(),
+            );
+        }
+        let top = held
+            .values()
+            .filter_map(|m| m.keys().next_back())
+            .max()
+            .copied();
+        let end = top.map_or(h, |t| t + 1);
+        let mut answers = merge::Answers::new();
+        for s in h..end {
+            let row = held
+                .iter()
+                .map(|(&n, m)| {
+                    (
+                        n,
+                        m.get(&s).map(|(e, c)| {
+                            starts.insert(e.term, e.start);
+                            e.version(*c)
+                        }),
+                    )
+                })
+                .collect();
+            answers.insert(s, row);
+        }
+        let guard = self.cfg.ghost_guard();
+        let dependent = self.cfg.mode == Mode::Dependent;
+        let opts = MergeOptions::new(term, dependent);
+        #[cfg(feature = "broken")]
+        let opts = if guard {
+            opts
+        } else {
+            opts.without_ghost_guard()
+        };
+        if guard {
+            self.stats.superseded += merge::drop_superseded(&mut answers, &starts) as u64;
+        }
+        let decisions = merge::merge(me, &answers, &opts);
+        let mut merged = Vec::with_capacity(decisions.len());
+        for d in decisions {
+            let e = match &d.outcome {
+                merge::Outcome::Entry { from, version } => {
+                    let (src, _) = &held[from][&d.seq];
+                    debug_assert_eq!(src.eid, version.id);
+                    src.restamp(term, end)
+                }
+                merge::Outcome::Null { written } => {
+                    self.stats.nulls += 1;
+                    // Without the guard (broken builds) the slot is recorded as empty
+                    // without the new term: the published protocols' gap.
+                    Entry::null(d.seq, written.as_ref().map_or(0, |v| v.term), end)
+                }
+            };
+            merged.push(e);
+        }
+        let peers = self.peers();
+        let mut merging = BTreeMap::new();
+        for e in &merged {
+            self.write_local(e.clone(), term);
+            merging.insert(e.seq, BTreeSet::from([me]));
+        }
+        self.votes.clear();
+        self.leader = Some(me);
+        self.hard.leader_start = (term, end);
+        self.save_hard();
+        self.lead = Some(Lead {
+            start: end,
+            merging,
+            commit: None,
+            look: LookBehind::new(self.span(), end),
+            next_eid: 1,
+            end,
+            peers: peers
+                .iter()
+                .map(|&p| {
+                    (
+                        p,
+                        Peer {
+                            head: 0,
+                            acked: BTreeSet::new(),
+                            heard: self.now,
+                            tick_head: 0,
+                            catching_up: false,
+                        },
+                    )
+                })
+                .collect(),
+            last_send: self.now,
+            last_resend: self.now,
+            sent_commits: self.commits.clone(),
+        });
+        for chunk in merged.chunks(self.cfg.max_batch.max(1)) {
+            self.broadcast(chunk.to_vec());
+        }
+        if merged.is_empty() {
+            self.broadcast(Vec::new());
+        }
+        self.check_merged();
+    }
+
+    fn span(&self) -> usize {
+        match self.cfg.mode {
+            Mode::Parallel { span } => span,
+            Mode::Dependent => 0,
+        }
+    }
+
+    /// Writes `e` at its slot unless the same version is there; the slot is confirmed in
+    /// `term`.
+    fn write_local(&mut self, e: Entry, term: u64) {
+        match self.log.get_mut(&e.seq) {
+            Some(s) if s.entry == e => s.confirmed = term,
+            Some(s) => {
+                debug_assert!(
+                    !s.committed || s.entry.eid == e.eid,
+                    "committed slot replaced"
+                );
+                s.entry = e.clone();
+                s.confirmed = term;
+                self.actions.push(Action::Write(e));
+            }
+            None => {
+                self.log.insert(
+                    e.seq,
+                    Slot {
+                        entry: e.clone(),
+                        confirmed: term,
+                        committed: false,
+                    },
+                );
+                self.actions.push(Action::Write(e));
+            }
+        }
+    }
+
+    fn broadcast(&mut self, entries: Vec<Entry>) {
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        lead.last_send = self.now;
+        lead.sent_commits = self.commits.clone();
+        for p in self.peers() {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::Append {
+                    term: self.hard.term,
+                    start: self.hard.leader_start.1,
+                    entries: entries.clone(),
+                    commits: self.commits.clone(),
+                },
+            });
+        }
+    }
+
+    /// Serves once every merged slot has a majority: all commit together.
+    fn check_merged(&mut self) {
+        let quorum = self.quorum;
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        if lead.commit.is_some() || lead.merging.values().any(|a| a.len() < quorum) {
+            return;
+        }
+        let merged: Vec<Seq> = std::mem::take(&mut lead.merging).into_keys().collect();
+        lead.commit = Some(DepLeader::new(quorum, self.cfg.window, lead.end));
+        let start = lead.start;
+        for s in merged {
+            self.mark_committed(s);
+        }
+        self.stats.merges += 1;
+        self.set_role(Role::Leader);
+        self.actions.push(Action::Serving {
+            term: self.hard.term,
+            start,
+        });
+        self.broadcast(Vec::new());
+    }
+
+    /// Appends a record declaring what it touches. Returns its ticket; the result follows
+    /// as an [`Action::Result`].
+    pub fn append(
+        &mut self,
+        now: Nanos,
+        declared: Declared,
+        data: Vec<u8>,
+    ) -> Result<Ticket, OooAppendError> {
+        self.now = self.now.max(now);
+        let mode = self.cfg.mode;
+        let me = self.me();
+        let term = self.hard.term;
+        let leader = self.leader;
+        let Some(lead) = self.lead.as_mut().filter(|l| l.commit.is_some()) else {
+            return Err(OooAppendError::NotLeader { leader });
+        };
+        let commit = lead.commit.as_mut().expect("serving");
+        let body_of = |seq| -> Result<(), OooError> {
+            if let Declared::Blocks(r) = &declared {
+                if let Some(r) = r.iter().find(|r| r.start >= r.end) {
+                    return Err(OooError::Malformed {
+                        seq,
+                        detail: format!("empty block range {}..{}", r.start, r.end),
+                    });
+                }
+            }
+            Ok(())
+        };
+        body_of(lead.end)?;
+        let body = match (mode, declared) {
+            (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
+                commit.admit(&[], &[])?;
+                let st = lead.look.stamp(ranges)?;
+                Body::Parallel {
+                    ranges: st.ranges,
+                    look_behind: st.look_behind,
+                    data,
+                }
+            }
+            (
+                Mode::Dependent,
+                Declared::Txn {
+                    read_set,
+                    write_set,
+                },
+            ) => {
+                let de = commit.admit(&read_set, &write_set)?;
+                Body::Dependent {
+                    base: de.base,
+                    deps: de.deps,
+                    write_set: de.write_set,
+                    data,
+                }
+            }
+            (mode, d) => {
+                return Err(OooAppendError::WrongMode {
+                    declared: match d {
+                        Declared::Blocks(_) => "block-range",
+                        Declared::Txn { .. } => "read/write-set",
+                    },
+                    mode,
+                })
+            }
+        };
+        let seq = lead.end;
+        lead.end += 1;
+        let eid = term << 32 | lead.next_eid;
+        lead.next_eid += 1;
+        let e = Entry {
+            seq,
+            term,
+            start: lead.start,
+            eid,
+            body,
+        };
+        self.write_local(e.clone(), term);
+        self.broadcast(vec![e]);
+        self.mine.insert(seq, eid);
+        self.leader_ack(seq, me);
+        self.finish();
+        Ok(Ticket { seq, eid })
+    }
+
+    fn leader_ack(&mut self, seq: Seq, node: NodeId) {
+        let Some(commit) = self.lead.as_mut().and_then(|l| l.commit.as_mut()) else {
+            return;
+        };
+        for s in commit.ack(seq, node) {
+            self.mark_committed(s);
+        }
+    }
+
+    fn on_append(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        start: Seq,
+        entries: Vec<Entry>,
+        window: CommitWindow,
+    ) {
+        if term < self.hard.term {
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::Ack {
+                    term: self.hard.term,
+                    seqs: Vec::new(),
+                    head: self.commits.head(),
+                },
+            });
+            return;
+        }
+        if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
+            self.step_down(term, Some(from));
+        }
+        self.reset_deadline();
+        if self.hard.leader_start.0 < term {
+            // Saved before the acknowledgement below: from now on this replica reports
+            // older versions from `start` on as superseded.
+            self.hard.leader_start = (term, start);
+        }
+        self.save_hard();
+        let mut seqs = Vec::with_capacity(entries.len());
+        for e in entries {
+            if let Err(why) = self.check_entry(&e) {
+                let _ = why; // a malformed entry is neither written nor acknowledged
+                self.stats.refused += 1;
+                continue;
+            }
+            if self
+                .log
+                .get(&e.seq)
+                .is_some_and(|s| s.committed && s.entry.eid != e.eid)
+            {
+                self.stats.refused += 1;
+                continue;
+            }
+            seqs.push((e.seq, e.eid));
+            self.write_local(e, term);
+        }
+        let ready: Vec<Seq> = self
+            .log
+            .range(self.commits.head()..)
+            .filter(|(&s, slot)| {
+                !slot.committed && slot.confirmed == term && window.is_committed(s)
+            })
+            .map(|(&s, _)| s)
+            .collect();
+        for s in ready {
+            self.mark_committed(s);
+        }
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::Ack {
+                term,
+                seqs,
+                head: self.commits.head(),
+            },
+        });
+    }
+
+    /// Refuses entries that do not fit this group: the wrong mode, a look-behind buffer
+    /// longer than the span or reaching before slot 0, empty ranges, dependencies outside
+    /// `base..seq` or not ascending.
+    fn check_entry(&self, e: &Entry) -> Result<(), OooError> {
+        let bad = |detail: &str| OooError::Malformed {
+            seq: e.seq,
+            detail: detail.to_string(),
+        };
+        match (&e.body, self.cfg.mode) {
+            (Body::Null, _) => Ok(()),
+            (
+                Body::Parallel {
+                    ranges,
+                    look_behind,
+                    ..
+                },
+                Mode::Parallel { span },
+            ) => {
+                if look_behind.len() > span || look_behind.len() as u64 > e.seq {
+                    return Err(bad("look-behind buffer too long"));
+                }
+                if ranges
+                    .iter()
+                    .chain(look_behind.iter().flatten())
+                    .any(|r| r.start >= r.end)
+                {
+                    return Err(bad("empty block range"));
+                }
+                Ok(())
+            }
+            (Body::Dependent { base, deps, .. }, Mode::Dependent) => {
+                if *base > e.seq {
+                    return Err(bad("window base after the entry"));
+                }
+                for d in [&deps.raw, &deps.waw] {
+                    if d.windows(2).any(|w| w[0] >= w[1])
+                        || d.iter().any(|&p| p >= e.seq || p < *base)
+                    {
+                        return Err(bad("dependencies outside base..seq or not ascending"));
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(bad("entry of the other mode")),
+        }
+    }
+
+    fn on_ack(&mut self, from: NodeId, term: u64, seqs: Vec<(Seq, u64)>, head: Seq) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+            return;
+        }
+        if term < self.hard.term {
+            return;
+        }
+        let now = self.now;
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        let Some(peer) = lead.peers.get_mut(&from) else {
+            return;
+        };
+        peer.heard = now;
+        // Streaming catch-up: a follower whose first uncommitted slot moved but is still
+        // below ours gets the next piece right away, one batch per round trip, instead of
+        // one per resend interval.
+        // Its latest word, even if lower: a restarted follower may know less committed
+        // than it said before (its saved head is a lower bound), and resends start here.
+        peer.head = head;
+        if peer.head >= self.commits.head() {
+            peer.catching_up = false;
+        }
+        let catch_up = peer.catching_up && head >= peer.head;
+        let h = peer.head;
+        peer.acked = peer.acked.split_off(&h);
+        let mut acked = Vec::new();
+        for (s, eid) in seqs {
+            if self.log.get(&s).is_some_and(|slot| slot.entry.eid == eid) {
+                peer.acked.insert(s);
+                acked.push(s);
+            }
+        }
+        if catch_up {
+            let missing = self.missing_for(from);
+            if !missing.is_empty() {
+                self.actions.push(Action::Send {
+                    to: from,
+                    msg: Msg::Append {
+                        term: self.hard.term,
+                        start: self.hard.leader_start.1,
+                        entries: missing,
+                        commits: self.commits.clone(),
+                    },
+                });
+            }
+        }
+        let lead = self.lead.as_mut().expect("leading");
+        if lead.commit.is_none() {
+            for s in acked {
+                if let Some(a) = lead.merging.get_mut(&s) {
+                    a.insert(from);
+                }
+            }
+            self.check_merged();
+        } else {
+            for s in acked {
+                self.leader_ack(s, from);
+            }
+        }
+    }
+
+    fn lead_tick(&mut self) {
+        let now = self.now;
+        let quorum = self.quorum;
+        let timeout = self.cfg.election_timeout;
+        let lead = self.lead.as_mut().expect("leading");
+        let heard = 1 + lead
+            .peers
+            .values()
+            .filter(|p| now.saturating_sub(p.heard) < timeout)
+            .count();
+        if heard < quorum {
+            // Cannot reach a majority: stop taking appends that cannot commit.
+            self.step_down(self.hard.term, None);
+            return;
+        }
+        if now.saturating_sub(lead.last_resend) >= self.cfg.resend_interval {
+            lead.last_resend = now;
+            let committed = self.commits.head();
+            for peer in lead.peers.values_mut() {
+                peer.catching_up = peer.head < committed && peer.head == peer.tick_head;
+                peer.tick_head = peer.head;
+            }
+            let mut sends = Vec::new();
+            for p in self.peers() {
+                let missing = self.missing_for(p);
+                if !missing.is_empty() {
+                    sends.push((p, missing));
+                }
+            }
+            for (to, entries) in sends {
+                self.actions.push(Action::Send {
+                    to,
+                    msg: Msg::Append {
+                        term: self.hard.term,
+                        start: self.hard.leader_start.1,
+                        entries,
+                        commits: self.commits.clone(),
+                    },
+                });
+            }
+        }
+        let lead = self.lead.as_ref().expect("leading");
+        if now.saturating_sub(lead.last_send) >= self.cfg.heartbeat_interval {
+            self.broadcast(Vec::new());
+        }
+    }
+
+    /// The next piece a follower lacks: the slots from its first uncommitted one that it
+    /// has not acknowledged in this term. A follower catching up gets every slot from its
+    /// head, acknowledged or not: it may have restarted since, and a slot read back from
+    /// disk is not confirmed until this leader sends it again.
+    ///
+    /// While the merge is under way, the merged slots it has not acknowledged come first,
+    /// whatever its head: they must reach a majority before the leader serves.
+    fn missing_for(&self, p: NodeId) -> Vec<Entry> {
+        let Some(lead) = self.lead.as_ref() else {
+            return Vec::new();
+        };
+        let Some(peer) = lead.peers.get(&p) else {
+            return Vec::new();
+        };
+        let batch = self.cfg.max_batch.max(1);
+        let merging = lead
+            .merging
+            .iter()
+            .filter(|(_, acks)| !acks.contains(&p))
+            .map(|(s, _)| *s);
+        let normal = self
+            .log
+            .range(peer.head..lead.end)
+            .filter(|(s, _)| peer.catching_up || !peer.acked.contains(s))
+            .map(|(s, _)| *s);
+        let mut seqs: Vec<Seq> = merging.take(batch).collect();
+        if seqs.len() < batch {
+            let more: Vec<Seq> = normal
+                .filter(|s| !seqs.contains(s))
+                .take(batch - seqs.len())
+                .collect();
+            seqs.extend(more);
+        }
+        seqs.iter()
+            .filter_map(|s| self.log.get(s))
+            .map(|slot| slot.entry.clone())
+            .collect()
+    }
+
+    /// Marks a slot this replica holds committed: observers, the applier, results.
+    fn mark_committed(&mut self, s: Seq) {
+        let Some(slot) = self.log.get_mut(&s) else {
+            return;
+        };
+        if slot.committed {
+            return;
+        }
+        slot.committed = true;
+        let e = slot.entry.clone();
+        self.commits.commit(s);
+        if let Err(why) = self.applier.feed(&e) {
+            debug_assert!(false, "committed entry refused by the applier: {why}");
+        }
+        if let Some(eid) = self.mine.remove(&s) {
+            let outcome = if eid == e.eid {
+                Outcome::Committed
+            } else {
+                Outcome::Failed
+            };
+            self.actions.push(Action::Result {
+                eid,
+                seq: s,
+                outcome,
+            });
+        }
+        self.actions.push(Action::Committed(e));
+    }
+
+    fn pump_apply(&mut self) {
+        for s in self.applier.ready() {
+            if self.applying.insert(s) {
+                let e = self.log[&s].entry.clone();
+                self.actions.push(Action::Apply(e));
+            }
+        }
+    }
+
+    /// The driver applied `seq` (from an [`Action::Apply`]).
+    pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
+        if !self.applying.remove(&seq) {
+            return Err(OooError::Malformed {
+                seq,
+                detail: "applied without an Apply action".into(),
+            });
+        }
+        self.applier.applied(seq)?;
+        self.finish();
+        Ok(())
+    }
+
+    /// Common tail of every input: results of a pending follower, applies, the commit
+    /// window to followers, the committed head to disk.
+    fn finish(&mut self) {
+        if self.role == Role::PendingFollower && self.mine.is_empty() {
+            self.set_role(Role::Follower);
+        }
+        self.pump_apply();
+        if let Some(lead) = self.lead.as_ref() {
+            if lead.sent_commits != self.commits {
+                self.broadcast(Vec::new());
+            }
+        }
+        if self.commits.head() > self.hard.committed_head {
+            self.hard.committed_head = self.commits.head();
+            self.save_hard();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Delivers every message at once, in order, with no faults; applies at once.
+    struct Net {
+        nodes: BTreeMap<NodeId, OooReplica>,
+        results: Vec<(NodeId, u64, Outcome)>,
+        applied: BTreeMap<NodeId, Vec<Seq>>,
+        now: Nanos,
+    }
+
+    impl Net {
+        fn new(n: u64, mode: Mode) -> Self {
+            let voters: Vec<NodeId> = (1..=n).collect();
+            let nodes = voters
+                .iter()
+                .map(|&id| {
+                    (
+                        id,
+                        OooReplica::new(OooConfig::new(id, voters.clone(), mode), 0),
+                    )
+                })
+                .collect();
+            Self {
+                nodes,
+                results: Vec::new(),
+                applied: BTreeMap::new(),
+                now: 0,
+            }
+        }
+
+        fn run(&mut self) {
+            self.run_with(|_, _, _| true)
+        }
+
+        /// Runs until quiet, delivering only the messages `keep` allows.
+        fn run_with(&mut self, keep: impl Fn(NodeId, NodeId, &Msg) -> bool) {
+            loop {
+                let mut msgs = Vec::new();
+                for (&id, r) in &mut self.nodes {
+                    for a in r.take_actions() {
+                        match a {
+                            Action::Send { to, msg } => msgs.push((id, to, msg)),
+                            Action::Result { eid, outcome, .. } => {
+                                self.results.push((id, eid, outcome))
+                            }
+                            Action::Apply(e) => {
+                                self.applied.entry(id).or_default().push(e.seq);
+                                r.applied(e.seq).expect("apply");
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                if msgs.is_empty() {
+                    break;
+                }
+                for (from, to, m) in msgs.into_iter().filter(|(f, t, m)| keep(*f, *t, m)) {
+                    self.nodes.get_mut(&to).unwrap().receive(self.now, from, m);
+                }
+            }
+        }
+
+        fn elect(&mut self, id: NodeId) {
+            self.now += 10_000_000_000;
+            self.nodes.get_mut(&id).unwrap().tick(self.now);
+            self.run();
+            assert!(self.nodes[&id].is_serving());
+        }
+    }
+
+    #[test]
+    fn a_cluster_elects_commits_and_applies_in_parallel_mode() {
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
+        let t1 = net
+            .nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(0, r(0, 4), b"a".to_vec())
+            .unwrap();
+        let t2 = net
+            .nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(0, r(8, 2), b"b".to_vec())
+            .unwrap();
+        net.run();
+        assert_eq!(t2.seq, t1.seq + 1);
+        assert_eq!(net.results.len(), 2);
+        assert!(net.results.iter().all(|r| r.2 == Outcome::Committed));
+        // A heartbeat brings the commit window to the followers.
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        for id in 1..=3 {
+            assert_eq!(net.nodes[&id].applied_head(), t2.seq + 1, "node {id}");
+        }
+        let wrong = net.nodes.get_mut(&1).unwrap().append(
+            0,
+            Declared::Txn {
+                read_set: vec![],
+                write_set: vec![1],
+            },
+            vec![],
+        );
+        assert!(matches!(wrong, Err(OooAppendError::WrongMode { .. })));
+        let empty = net.nodes.get_mut(&1).unwrap().append(
+            0,
+            Declared::Blocks(vec![BlockRange { start: 5, end: 5 }]),
+            vec![],
+        );
+        assert!(matches!(
+            empty,
+            Err(OooAppendError::Refused(OooError::Malformed { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_follower_cannot_append_and_a_new_leader_merges_first() {
+        let mut net = Net::new(3, Mode::Dependent);
+        net.elect(2);
+        let tx = |r: Vec<u64>, w: Vec<u64>| Declared::Txn {
+            read_set: r,
+            write_set: w,
+        };
+        assert!(matches!(
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(0, tx(vec![], vec![1]), vec![]),
+            Err(OooAppendError::NotLeader { leader: Some(2) })
+        ));
+        let a = net
+            .nodes
+            .get_mut(&2)
+            .unwrap()
+            .append(0, tx(vec![], vec![1]), vec![])
+            .unwrap();
+        let b = net
+            .nodes
+            .get_mut(&2)
+            .unwrap()
+            .append(0, tx(vec![1], vec![2]), vec![])
+            .unwrap();
+        // Only node 3 receives the entries, and its acknowledgements are lost: nothing
+        // commits, and node 2 keeps both appends pending.
+        net.run_with(|f, t, _| f == 2 && t == 3);
+        assert!(net.results.is_empty());
+        net.elect(3);
+        let t = net.nodes[&3].term();
+        // Node 3 re-stamped both entries at its term and committed them before serving.
+        for s in [a.seq, b.seq] {
+            assert_eq!(net.nodes[&3].log[&s].entry.term, t);
+            assert!(net.nodes[&3].log[&s].committed);
+        }
+        // The deposed leader learns both committed, with its own identities.
+        let mut got: Vec<_> = net.results.clone();
+        got.sort_by_key(|r| r.1);
+        assert_eq!(
+            got,
+            vec![
+                (2, a.eid, Outcome::Committed),
+                (2, b.eid, Outcome::Committed)
+            ]
+        );
+        let c = net
+            .nodes
+            .get_mut(&3)
+            .unwrap()
+            .append(0, tx(vec![2], vec![1]), vec![])
+            .unwrap();
+        assert_eq!(c.seq, b.seq + 1);
+        net.run();
+        assert!(net
+            .results
+            .iter()
+            .any(|r| r.1 == c.eid && r.2 == Outcome::Committed));
+    }
+}

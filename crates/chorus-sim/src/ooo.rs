@@ -1,0 +1,794 @@
+//! Seeded simulation of out-of-order groups (parallel and dependent mode).
+//!
+//! Every node runs the real [`OooReplica`] over a seeded network (delay, jitter, loss,
+//! duplication, partitions) with crashes that may cut a batch of actions anywhere — what
+//! was written before the cut survives, the rest is lost — and restarts from what is on
+//! its simulated disk. Each node drives a demo state machine:
+//!
+//! * **parallel mode**: a block volume; each record writes a token to the blocks of its
+//!   ranges (1–4 blocks of a small volume, so that writes conflict often);
+//! * **dependent mode**: a key-value store in the WAL model — the leader executes each
+//!   transaction (read one key, write another with a value derived from what it read)
+//!   against its current state plus its admitted, not yet applied writes, then logs it;
+//!   followers replay.
+//!
+//! Applies are run in a random order within each batch the replica releases, as a driver
+//! with several apply threads would. The checks, after every step and at the end:
+//!
+//! 1. every replica that commits a slot commits the same record there;
+//! 2. every append ends at most once, Committed only if the slot committed with it, Failed
+//!    only if it did not — and, after healing, every append of a live leader has ended;
+//! 3. no replica applies a record after a later record that writes the same block or key
+//!    (no two conflicting entries applied out of order);
+//! 4. a leader announces serving only when every slot below its first new one is
+//!    committed on it (it never serves before its merge completes);
+//! 5. after healing, every replica's state equals the serial application of the
+//!    committed log in slot order, and (dependent mode) every committed transaction read
+//!    exactly the value the serial order gives it — no dirty read of a failed write.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use chorus_core::format::meta::NodeId;
+use chorus_core::ooo::parallel::BlockRange;
+use chorus_core::ooo::replica::{
+    Action, Body, Declared, Entry, Hard, Mode, Msg, OooConfig, OooReplica,
+};
+use chorus_core::ooo::Seq;
+use chorus_core::replica::{Nanos, Outcome};
+use chorus_core::rng::Rng;
+
+use crate::MS;
+
+/// Settings of an out-of-order simulation.
+#[derive(Clone, Debug)]
+pub struct OooOptions {
+    /// The mode under test.
+    pub mode: Mode,
+    /// Voters.
+    pub voters: usize,
+    /// Simulated time with faults.
+    pub fault_time: Nanos,
+    /// Simulated time to heal and settle afterwards.
+    pub settle_time: Nanos,
+    /// Inject faults at all.
+    pub faults: bool,
+    /// Blocks of the volume (parallel) or keys of the store (dependent).
+    pub space: u64,
+    /// Appends kept in flight by the clients.
+    pub inflight: usize,
+    /// Ghost guard on. Turning it off takes effect only in the test-only `broken` build.
+    pub ghost_guard: bool,
+}
+
+impl Default for OooOptions {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Parallel { span: 2 },
+            voters: 3,
+            fault_time: 3_000 * MS,
+            settle_time: 3_000 * MS,
+            faults: true,
+            space: 64,
+            inflight: 32,
+            ghost_guard: true,
+        }
+    }
+}
+
+/// Parses `parallel` or `dependent`.
+pub fn parse_mode(s: &str) -> Option<Mode> {
+    match s {
+        "parallel" => Some(Mode::Parallel { span: 2 }),
+        "dependent" => Some(Mode::Dependent),
+        _ => None,
+    }
+}
+
+/// What one seed did and found.
+#[derive(Clone, Debug, Default)]
+pub struct OooReport {
+    /// The seed.
+    pub seed: u64,
+    /// Invariant violations (empty when the run is clean).
+    pub violations: Vec<String>,
+    /// Counters.
+    pub stats: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Deliver { from: NodeId, to: NodeId, msg: Msg },
+    Tick(NodeId),
+    Client,
+    Crash(NodeId),
+    Restart(NodeId),
+    Partition(NodeId),
+    Heal,
+}
+
+/// A transaction's record in dependent mode: read `rk` (seeing `rv`), write `wk := wv`.
+fn encode_txn(rk: u64, rv: u64, wk: u64, wv: u64) -> Vec<u8> {
+    [rk, rv, wk, wv]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
+}
+
+fn decode_txn(d: &[u8]) -> Option<[u64; 4]> {
+    if d.len() != 32 {
+        return None;
+    }
+    let w = |i: usize| u64::from_le_bytes(d[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    Some([w(0), w(1), w(2), w(3)])
+}
+
+fn token_of(d: &[u8]) -> Option<u64> {
+    d.try_into().ok().map(u64::from_le_bytes)
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut x = a ^ b.rotate_left(29) ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^ x >> 29
+}
+
+/// What an entry writes: blocks (parallel) or one key (dependent), with the values.
+fn writes(e: &Entry) -> Vec<(u64, u64)> {
+    match &e.body {
+        Body::Null => Vec::new(),
+        Body::Parallel { ranges, data, .. } => {
+            let t = token_of(data).unwrap_or(0);
+            ranges
+                .iter()
+                .flat_map(|r| (r.start..r.end).map(move |b| (b, t)))
+                .collect()
+        }
+        Body::Dependent { data, .. } => decode_txn(data)
+            .map(|[_, _, wk, wv]| vec![(wk, wv)])
+            .unwrap_or_default(),
+    }
+}
+
+struct Node {
+    // Durable.
+    hard: Hard,
+    disk: BTreeMap<Seq, Entry>,
+    // Volatile.
+    replica: Option<OooReplica>,
+    state: HashMap<u64, u64>,
+    last_writer: HashMap<u64, Seq>,
+    /// Leader only: writes admitted and not yet applied here (key -> (slot, value)).
+    spec: HashMap<u64, (Seq, u64)>,
+    incarnation: u64,
+    cut: bool,
+}
+
+struct Sim {
+    o: OooOptions,
+    seed: u64,
+    rng: Rng,
+    now: Nanos,
+    queue: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    counter: u64,
+    nodes: BTreeMap<NodeId, Node>,
+    faults_on: bool,
+    /// The committed log as first observed: slot -> (eid, entry).
+    committed: BTreeMap<Seq, Entry>,
+    /// Appends: eid -> (node, incarnation, slot, result).
+    appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>)>,
+    violations: Vec<String>,
+    stats: BTreeMap<&'static str, u64>,
+}
+
+impl Sim {
+    fn new(seed: u64, o: OooOptions) -> Self {
+        let mut s = Self {
+            seed,
+            rng: Rng::new(seed),
+            now: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            counter: 0,
+            nodes: BTreeMap::new(),
+            faults_on: o.faults,
+            committed: BTreeMap::new(),
+            appends: HashMap::new(),
+            violations: Vec::new(),
+            stats: BTreeMap::new(),
+            o,
+        };
+        for id in 1..=s.o.voters as NodeId {
+            let r = OooReplica::new(s.config(id), 0);
+            s.nodes.insert(
+                id,
+                Node {
+                    hard: Hard::default(),
+                    disk: BTreeMap::new(),
+                    replica: Some(r),
+                    state: HashMap::new(),
+                    last_writer: HashMap::new(),
+                    spec: HashMap::new(),
+                    incarnation: 0,
+                    cut: false,
+                },
+            );
+            let t = s.rng.below(5 * MS);
+            s.at(t, Ev::Tick(id));
+        }
+        s.at(MS, Ev::Client);
+        s
+    }
+
+    fn config(&self, id: NodeId) -> OooConfig {
+        let mut c = OooConfig::new(id, (1..=self.o.voters as NodeId).collect(), self.o.mode);
+        c.election_timeout = 150 * MS;
+        c.heartbeat_interval = 30 * MS;
+        c.resend_interval = 30 * MS;
+        c.window = 256;
+        c.max_batch = 64;
+        c.seed = mix(self.seed, id ^ self.counter << 8);
+        #[cfg(feature = "broken")]
+        {
+            c.ghost_guard = self.o.ghost_guard;
+        }
+        c
+    }
+
+    fn at(&mut self, t: Nanos, ev: Ev) {
+        self.counter += 1;
+        self.events.push(Some(ev));
+        self.queue
+            .push(Reverse((t, self.counter, self.events.len() - 1)));
+    }
+
+    fn bump(&mut self, k: &'static str, n: u64) {
+        *self.stats.entry(k).or_insert(0) += n;
+    }
+
+    fn violation(&mut self, v: String) {
+        if self.violations.len() < 20 {
+            self.violations.push(format!("t={}ms: {v}", self.now / MS));
+        }
+    }
+
+    fn send(&mut self, from: NodeId, to: NodeId, msg: Msg) {
+        let cut = self.nodes[&from].cut || self.nodes[&to].cut;
+        if self.faults_on && (cut || self.rng.chance(2, 100)) {
+            self.bump("messages_lost", 1);
+            return;
+        }
+        let mut delay = 200_000
+            + self
+                .rng
+                .below(if self.faults_on { 3 * MS } else { 300_000 });
+        if self.faults_on && self.rng.chance(1, 200) {
+            delay += 50 * MS;
+        }
+        if self.faults_on && self.rng.chance(1, 100) {
+            let d2 = delay + self.rng.below(5 * MS);
+            self.at(
+                self.now + d2,
+                Ev::Deliver {
+                    from,
+                    to,
+                    msg: msg.clone(),
+                },
+            );
+        }
+        self.at(self.now + delay, Ev::Deliver { from, to, msg });
+    }
+
+    /// Executes the node's actions in order; with faults on, a crash may cut the list.
+    fn drain(&mut self, id: NodeId) {
+        loop {
+            let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.replica.as_mut()) else {
+                return;
+            };
+            let actions = r.take_actions();
+            if actions.is_empty() {
+                return;
+            }
+            let cut_at = (self.faults_on && self.rng.chance(1, 400))
+                .then(|| self.rng.below(actions.len() as u64) as usize);
+            let mut applies = Vec::new();
+            for (i, a) in actions.into_iter().enumerate() {
+                if cut_at == Some(i) {
+                    self.crash(id);
+                    return;
+                }
+                self.execute(id, a, &mut applies);
+            }
+            // Apply the released batch in a random order, as parallel apply threads might.
+            while !applies.is_empty() {
+                let i = self.rng.below(applies.len() as u64) as usize;
+                let e: Entry = applies.swap_remove(i);
+                self.apply(id, &e);
+                let r = self
+                    .nodes
+                    .get_mut(&id)
+                    .and_then(|n| n.replica.as_mut())
+                    .expect("live");
+                if let Err(why) = r.applied(e.seq) {
+                    self.violation(format!("node {id}: applied({}) refused: {why}", e.seq));
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self, id: NodeId, a: Action, applies: &mut Vec<Entry>) {
+        match a {
+            Action::SaveHard(h) => self.nodes.get_mut(&id).expect("node").hard = h,
+            Action::Write(e) => {
+                self.bump("writes", 1);
+                self.nodes.get_mut(&id).expect("node").disk.insert(e.seq, e);
+            }
+            Action::Send { to, msg } => self.send(id, to, msg),
+            Action::Committed(e) => self.observe_commit(id, e),
+            Action::Apply(e) => applies.push(e),
+            Action::Result { eid, seq, outcome } => self.observe_result(id, eid, seq, outcome),
+            Action::Role { .. } => {
+                self.nodes.get_mut(&id).expect("node").spec.clear();
+            }
+            Action::Serving { term, start } => {
+                self.bump("terms_served", 1);
+                let n = self.nodes.get_mut(&id).expect("node");
+                n.spec.clear();
+                let head = n.replica.as_ref().map_or(0, |r| r.committed_head());
+                if head < start {
+                    self.violation(format!(
+                        "node {id} serves term {term} from slot {start} with slots from {head} uncommitted"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn observe_commit(&mut self, id: NodeId, e: Entry) {
+        match self.committed.get(&e.seq) {
+            Some(c) if c.eid != e.eid || c.is_null() != e.is_null() || c.data() != e.data() => {
+                let (ce, ee) = (c.eid, e.eid);
+                self.violation(format!(
+                    "slot {} committed as {ce:#x} elsewhere and as {ee:#x} on node {id}",
+                    e.seq
+                ));
+            }
+            Some(_) => {}
+            None => {
+                // A result given before this commit was observed must agree.
+                if let Some(&(_, _, seq, Some(out))) = self.appends.get(&e.eid) {
+                    if seq == e.seq && out == Outcome::Failed {
+                        self.violation(format!(
+                            "append {:#x} was told Failed, then slot {seq} committed with it",
+                            e.eid
+                        ));
+                    }
+                }
+                self.committed.insert(e.seq, e);
+            }
+        }
+    }
+
+    fn observe_result(&mut self, id: NodeId, eid: u64, seq: Seq, out: Outcome) {
+        self.bump(
+            if out == Outcome::Committed {
+                "committed"
+            } else {
+                "failed"
+            },
+            1,
+        );
+        let Some(a) = self.appends.get_mut(&eid) else {
+            self.violation(format!("node {id}: result for unknown append {eid:#x}"));
+            return;
+        };
+        if a.3.is_some() {
+            self.violation(format!("append {eid:#x} got a second result {out:?}"));
+            return;
+        }
+        a.3 = Some(out);
+        let at = a.2;
+        if at != seq {
+            self.violation(format!("append {eid:#x} at slot {at} resulted at {seq}"));
+        }
+        if let Some(c) = self.committed.get(&seq) {
+            let with_it = c.eid == eid;
+            if with_it != (out == Outcome::Committed) {
+                self.violation(format!(
+                    "append {eid:#x} at slot {seq} told {out:?} but the slot committed {:#x}",
+                    c.eid
+                ));
+            }
+        }
+    }
+
+    /// Applies an entry to the node's state machine, checking the order of conflicting
+    /// writes.
+    fn apply(&mut self, id: NodeId, e: &Entry) {
+        self.bump("applied", 1);
+        let n = self.nodes.get_mut(&id).expect("node");
+        let mut bad = None;
+        for (k, v) in writes(e) {
+            if let Some(&w) = n.last_writer.get(&k) {
+                if w > e.seq {
+                    bad = Some((k, w));
+                }
+            }
+            n.last_writer.insert(k, e.seq);
+            n.state.insert(k, v);
+            if n.spec.get(&k).is_some_and(|&(s, _)| s == e.seq) {
+                n.spec.remove(&k);
+            }
+        }
+        if let Some((k, w)) = bad {
+            let meta = |x: Option<&Entry>| {
+                x.map(|x| match &x.body {
+                    Body::Dependent {
+                        base,
+                        deps,
+                        write_set,
+                        ..
+                    } => format!(
+                        "term {} start {} base {base} {deps:?} writes {write_set:?}",
+                        x.term, x.start
+                    ),
+                    Body::Parallel {
+                        ranges,
+                        look_behind,
+                        ..
+                    } => format!(
+                        "term {} start {} {ranges:?} behind {look_behind:?}",
+                        x.term, x.start
+                    ),
+                    Body::Null => "NULL".into(),
+                })
+            };
+            let later = meta(self.committed.get(&w));
+            self.violation(format!(
+                "node {id} applied slot {} [{:?}] after slot {w} [{later:?}], both writing {k}",
+                e.seq,
+                meta(Some(e)),
+            ));
+        }
+    }
+
+    fn crash(&mut self, id: NodeId) {
+        let n = self.nodes.get_mut(&id).expect("node");
+        if n.replica.take().is_some() {
+            n.incarnation += 1;
+            self.bump("crashes", 1);
+            let t = self.now + 20 * MS + self.rng.below(300 * MS);
+            self.at(t, Ev::Restart(id));
+        }
+    }
+
+    fn restart(&mut self, id: NodeId) {
+        let cfg = self.config(id);
+        let n = self.nodes.get_mut(&id).expect("node");
+        if n.replica.is_some() {
+            return;
+        }
+        n.state.clear();
+        n.last_writer.clear();
+        n.spec.clear();
+        let entries = n.disk.values().cloned().collect();
+        n.replica = Some(OooReplica::recover(cfg, n.hard, entries, self.now));
+        self.drain(id);
+    }
+
+    fn client(&mut self) {
+        // The last second is quiet, so that everything in flight can end.
+        if self.now + 1_000 * MS > self.o.fault_time + self.o.settle_time {
+            return;
+        }
+        let leader = self
+            .nodes
+            .iter()
+            .find(|(_, n)| n.replica.as_ref().is_some_and(|r| r.is_serving()))
+            .map(|(&id, _)| id);
+        let Some(id) = leader else {
+            return;
+        };
+        let inflight = self
+            .nodes
+            .get(&id)
+            .and_then(|n| n.replica.as_ref())
+            .map_or(0, |r| r.pending());
+        let burst = 1 + self.rng.below(4);
+        for _ in 0..burst {
+            let live = self.nodes[&id]
+                .replica
+                .as_ref()
+                .is_some_and(|r| r.is_serving());
+            if inflight >= self.o.inflight || !live {
+                return;
+            }
+            let space = self.o.space.max(8);
+            let (declared, data) = match self.o.mode {
+                Mode::Parallel { .. } => {
+                    let len = 1 + self.rng.below(4);
+                    let start = self.rng.below(space - len);
+                    let token = self.rng.next_u64();
+                    (
+                        Declared::Blocks(vec![BlockRange::new(start, len).expect("non-empty")]),
+                        token.to_le_bytes().to_vec(),
+                    )
+                }
+                Mode::Dependent => {
+                    let rk = self.rng.below(space);
+                    let wk = self.rng.below(space);
+                    let n = &self.nodes[&id];
+                    let rv = n
+                        .spec
+                        .get(&rk)
+                        .map(|&(_, v)| v)
+                        .or_else(|| n.state.get(&rk).copied())
+                        .unwrap_or(0);
+                    let wv = mix(rv, self.rng.next_u64());
+                    (
+                        Declared::Txn {
+                            read_set: vec![rk],
+                            write_set: vec![wk],
+                        },
+                        encode_txn(rk, rv, wk, wv),
+                    )
+                }
+            };
+            let now = self.now;
+            let n = self.nodes.get_mut(&id).expect("node");
+            let inc = n.incarnation;
+            let r = n.replica.as_mut().expect("serving");
+            match r.append(now, declared, data.clone()) {
+                Ok(t) => {
+                    if let Some([_, _, wk, wv]) = decode_txn(&data) {
+                        if self.o.mode == Mode::Dependent {
+                            n.spec.insert(wk, (t.seq, wv));
+                        }
+                    }
+                    self.appends.insert(t.eid, (id, inc, t.seq, None));
+                    self.bump("appends", 1);
+                }
+                Err(_) => {
+                    self.bump("appends_refused", 1);
+                    break;
+                }
+            }
+            self.drain(id);
+        }
+    }
+
+    fn step(&mut self) -> bool {
+        let Some(Reverse((t, _, i))) = self.queue.pop() else {
+            return false;
+        };
+        self.now = t;
+        let ev = self.events[i].take().expect("event once");
+        match ev {
+            Ev::Deliver { from, to, msg } => {
+                if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.replica.as_mut()) {
+                    r.receive(t, from, msg);
+                    self.bump("messages", 1);
+                    self.drain(to);
+                }
+            }
+            Ev::Tick(id) => {
+                if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.replica.as_mut()) {
+                    r.tick(t);
+                    self.drain(id);
+                }
+                self.at(t + 5 * MS, Ev::Tick(id));
+            }
+            Ev::Client => {
+                self.client();
+                let next = t + 200_000 + self.rng.below(MS);
+                self.at(next, Ev::Client);
+            }
+            Ev::Crash(id) => self.crash(id),
+            Ev::Restart(id) => self.restart(id),
+            Ev::Partition(id) => {
+                if self.faults_on {
+                    self.nodes.get_mut(&id).expect("node").cut = true;
+                    let d = 50 * MS + self.rng.below(400 * MS);
+                    self.at(t + d, Ev::Heal);
+                }
+            }
+            Ev::Heal => {
+                for n in self.nodes.values_mut() {
+                    n.cut = false;
+                }
+            }
+        }
+        true
+    }
+
+    fn schedule_faults(&mut self) {
+        let mut t = 100 * MS;
+        while t < self.o.fault_time {
+            t += 50 * MS + self.rng.below(300 * MS);
+            let id = 1 + self.rng.below(self.o.voters as u64);
+            if self.rng.chance(1, 2) {
+                self.at(t, Ev::Crash(id));
+            } else {
+                self.at(t, Ev::Partition(id));
+            }
+        }
+    }
+
+    fn run_until(&mut self, end: Nanos) {
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse((t, _, _))| *t <= end)
+        {
+            self.step();
+            if self.violations.len() >= 20 {
+                return;
+            }
+        }
+        self.now = end;
+    }
+
+    /// The final checks after healing (module docs, 2 and 5).
+    fn final_checks(&mut self) {
+        // Serial application of the committed log, in slot order.
+        let end = self.committed.keys().next_back().map_or(0, |s| s + 1);
+        let mut serial: HashMap<u64, u64> = HashMap::new();
+        let mut problems = Vec::new();
+        for s in 0..end {
+            let Some(e) = self.committed.get(&s) else {
+                problems.push(format!(
+                    "slot {s} never committed below committed slot {}",
+                    end - 1
+                ));
+                break;
+            };
+            if let (Mode::Dependent, Some([rk, rv, _, _])) = (self.o.mode, decode_txn(e.data())) {
+                let want = serial.get(&rk).copied().unwrap_or(0);
+                if rv != want {
+                    problems.push(format!(
+                        "committed transaction at slot {s} read key {rk} = {rv:#x}, the serial order gives {want:#x}"
+                    ));
+                }
+            }
+            for (k, v) in writes(e) {
+                serial.insert(k, v);
+            }
+        }
+        let mut heads = Vec::new();
+        for (&id, n) in &self.nodes {
+            let Some(r) = n.replica.as_ref() else {
+                continue;
+            };
+            heads.push((id, r.applied_head()));
+            if r.applied_head() == end && n.state != serial {
+                let diff = serial
+                    .iter()
+                    .find(|(k, v)| n.state.get(k) != Some(v))
+                    .map(|(k, v)| format!("key {k}: serial {v:#x}, node {:?}", n.state.get(k)));
+                problems.push(format!(
+                    "node {id} applied everything but its state differs from serial application ({})",
+                    diff.unwrap_or_else(|| "extra keys".into())
+                ));
+            }
+            if r.applied_head() != end {
+                let holes = r.apply_holes();
+                problems.push(format!(
+                    "node {id} applied up to slot {} of {end} after healing (committed up to {}, waiting for {:?}, holding {:?})",
+                    r.applied_head(),
+                    r.committed_head(),
+                    &holes[..holes.len().min(5)],
+                    holes.first().map(|h| n.disk.get(h).map(|e| (e.term, e.eid))),
+                ));
+            }
+        }
+        let mut open = 0;
+        for (&eid, &(node, inc, seq, out)) in &self.appends {
+            let alive = self.nodes[&node].incarnation == inc && self.nodes[&node].replica.is_some();
+            if out.is_none() && alive {
+                open += 1;
+                if open <= 3 {
+                    problems.push(format!(
+                        "append {eid:#x} at slot {seq} on node {node} has no result after healing"
+                    ));
+                }
+            }
+            if let (Some(Outcome::Committed), None) = (out, self.committed.get(&seq)) {
+                problems.push(format!(
+                    "append {eid:#x} told Committed, slot {seq} not committed"
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            let roles: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|(id, n)| match &n.replica {
+                    Some(r) => format!(
+                        "{id}: {:?} term {} serving {} {:?}",
+                        r.role(),
+                        r.term(),
+                        r.is_serving(),
+                        r.stats()
+                    ),
+                    None => format!("{id}: down"),
+                })
+                .collect();
+            problems.push(format!("at the end: {}", roles.join("; ")));
+        }
+        for p in problems {
+            self.violation(p);
+        }
+        self.stats.insert("committed_slots", end);
+    }
+}
+
+/// Runs one seed: faults for `fault_time`, then everything heals and restarts, then
+/// `settle_time` without faults, then the final checks.
+pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
+    let mut sim = Sim::new(seed, o.clone());
+    if o.faults {
+        sim.schedule_faults();
+    }
+    sim.run_until(o.fault_time);
+    sim.faults_on = false;
+    for n in sim.nodes.values_mut() {
+        n.cut = false;
+    }
+    let ids: Vec<NodeId> = sim.nodes.keys().copied().collect();
+    for id in ids {
+        sim.restart(id);
+    }
+    let settle = o.fault_time + o.settle_time;
+    sim.run_until(settle);
+    if sim.violations.is_empty() {
+        sim.final_checks();
+    }
+    let merges: u64 = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| r.stats().superseded)
+        .sum();
+    sim.stats.insert("superseded_seen_live", merges);
+    OooReport {
+        seed,
+        violations: sim.violations,
+        stats: sim.stats,
+    }
+}
+
+/// Runs seeds `start..start + count` on `threads` threads; a panicking seed is reported as
+/// a violation.
+pub fn run_batch(start: u64, count: u64, o: &OooOptions, threads: usize) -> Vec<OooReport> {
+    let next = std::sync::atomic::AtomicU64::new(start);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed >= start + count {
+                    return;
+                }
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, o)))
+                        .unwrap_or_else(|p| OooReport {
+                            seed,
+                            violations: vec![format!(
+                                "panicked: {}",
+                                p.downcast_ref::<&str>()
+                                    .map(|s| s.to_string())
+                                    .or_else(|| p.downcast_ref::<String>().cloned())
+                                    .unwrap_or_default()
+                            )],
+                            stats: BTreeMap::new(),
+                        });
+                out.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            });
+        }
+    });
+    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    v.sort_by_key(|r| r.seed);
+    v
+}
