@@ -1,9 +1,10 @@
 //! Seeded simulation of out-of-order groups (parallel and dependent mode).
 //!
-//! Every node runs the real [`OooReplica`] over a seeded network (delay, jitter, loss,
-//! duplication, partitions) with crashes that may cut a batch of actions anywhere — what
-//! was written before the cut survives, the rest is lost — and restarts from what is on
-//! its simulated disk. Each node drives a demo state machine:
+//! Every node runs the real [`OooReplica`] and the real [`OooStore`] on its own
+//! fault-injecting [`SimFs`], over a seeded network (delay, jitter, loss, duplication,
+//! partitions), with crashes that may cut a batch of actions anywhere — what was synced
+//! before the cut survives, unsynced writes are lost and the last one may be torn — and
+//! restarts from what the store recovers. Each node drives a demo state machine:
 //!
 //! * **parallel mode**: a block volume; each record writes a token to the blocks of its
 //!   ranges (1–4 blocks of a small volume, so that writes conflict often);
@@ -31,14 +32,21 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use chorus_core::format::meta::NodeId;
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{
-    Action, Body, Declared, Entry, Hard, Mode, Msg, OooConfig, OooReplica,
-};
+use chorus_core::ooo::replica::{Action, Body, Declared, Entry, Mode, Msg, OooConfig, OooReplica};
 use chorus_core::ooo::Seq;
 use chorus_core::replica::{Nanos, Outcome};
 use chorus_core::rng::Rng;
 
+use std::path::Path;
+use std::sync::Arc;
+
+use chorus_storage::fs::{CrashMode, FileSystem, SimFs};
+use chorus_storage::ooo::OooStore;
+
 use crate::MS;
+
+/// The group directory on every node's simulated disk.
+const DIR: &str = "/ooo";
 
 /// Settings of an out-of-order simulation.
 #[derive(Clone, Debug)]
@@ -153,8 +161,11 @@ fn writes(e: &Entry) -> Vec<(u64, u64)> {
 
 struct Node {
     // Durable.
-    hard: Hard,
-    disk: BTreeMap<Seq, Entry>,
+    /// The node's disk, and the real store on it (None while down).
+    fs: Arc<SimFs>,
+    store: Option<OooStore>,
+    /// Entries written to the store and not yet synced.
+    unsynced: bool,
     // Volatile.
     replica: Option<OooReplica>,
     state: HashMap<u64, u64>,
@@ -202,11 +213,16 @@ impl Sim {
         };
         for id in 1..=s.o.voters as NodeId {
             let r = OooReplica::new(s.config(id), 0);
+            let fs = Arc::new(SimFs::new(mix(seed, id)));
+            let dyn_fs: Arc<dyn FileSystem> = fs.clone();
+            let (store, _, _, _) =
+                OooStore::open(dyn_fs, Path::new(DIR)).expect("a fresh store opens");
             s.nodes.insert(
                 id,
                 Node {
-                    hard: Hard::default(),
-                    disk: BTreeMap::new(),
+                    fs,
+                    store: Some(store),
+                    unsynced: false,
                     replica: Some(r),
                     state: HashMap::new(),
                     last_writer: HashMap::new(),
@@ -301,6 +317,7 @@ impl Sim {
                 }
                 self.execute(id, a, &mut applies);
             }
+            self.sync(id);
             // Apply the released batch in a random order, as parallel apply threads might.
             while !applies.is_empty() {
                 let i = self.rng.below(applies.len() as u64) as usize;
@@ -318,12 +335,39 @@ impl Sim {
         }
     }
 
+    /// Makes the entries written so far durable (the replica's rule: before the next
+    /// action that is not a write).
+    fn sync(&mut self, id: NodeId) {
+        let n = self.nodes.get_mut(&id).expect("node");
+        if !n.unsynced {
+            return;
+        }
+        n.unsynced = false;
+        self.bump("syncs", 1);
+        let n = self.nodes.get_mut(&id).expect("node");
+        if let Err(e) = n.store.as_mut().expect("live").sync() {
+            self.violation(format!("node {id}: sync failed: {e}"));
+        }
+    }
+
     fn execute(&mut self, id: NodeId, a: Action, applies: &mut Vec<Entry>) {
+        if !matches!(a, Action::Write(_)) {
+            self.sync(id);
+        }
         match a {
-            Action::SaveHard(h) => self.nodes.get_mut(&id).expect("node").hard = h,
+            Action::SaveHard(h) => {
+                let n = self.nodes.get_mut(&id).expect("node");
+                if let Err(e) = n.store.as_mut().expect("live").save_hard(&h) {
+                    self.violation(format!("node {id}: saving the hard state failed: {e}"));
+                }
+            }
             Action::Write(e) => {
                 self.bump("writes", 1);
-                self.nodes.get_mut(&id).expect("node").disk.insert(e.seq, e);
+                let n = self.nodes.get_mut(&id).expect("node");
+                n.unsynced = true;
+                if let Err(err) = n.store.as_mut().expect("live").write(&e) {
+                    self.violation(format!("node {id}: write failed: {err}"));
+                }
             }
             Action::Send { to, msg } => self.send(id, to, msg),
             Action::Committed(e) => self.observe_commit(id, e),
@@ -457,6 +501,10 @@ impl Sim {
     fn crash(&mut self, id: NodeId) {
         let n = self.nodes.get_mut(&id).expect("node");
         if n.replica.take().is_some() {
+            // Unsynced writes are lost, the last one possibly torn.
+            n.store = None;
+            n.unsynced = false;
+            n.fs.crash(CrashMode::Prefix);
             n.incarnation += 1;
             self.bump("crashes", 1);
             let t = self.now + 20 * MS + self.rng.below(300 * MS);
@@ -473,8 +521,18 @@ impl Sim {
         n.state.clear();
         n.last_writer.clear();
         n.spec.clear();
-        let entries = n.disk.values().cloned().collect();
-        n.replica = Some(OooReplica::recover(cfg, n.hard, entries, self.now));
+        let fs: Arc<dyn FileSystem> = n.fs.clone();
+        match OooStore::open(fs, Path::new(DIR)) {
+            Ok((store, hard, entries, rec)) => {
+                n.store = Some(store);
+                n.replica = Some(OooReplica::recover(cfg, hard, entries, self.now));
+                self.bump("torn_bytes", rec.torn_bytes);
+            }
+            Err(e) => {
+                self.violation(format!("node {id}: the store does not reopen: {e}"));
+                return;
+            }
+        }
         self.drain(id);
     }
 
@@ -675,11 +733,10 @@ impl Sim {
             if r.applied_head() != end {
                 let holes = r.apply_holes();
                 problems.push(format!(
-                    "node {id} applied up to slot {} of {end} after healing (committed up to {}, waiting for {:?}, holding {:?})",
+                    "node {id} applied up to slot {} of {end} after healing (committed up to {}, waiting for {:?})",
                     r.applied_head(),
                     r.committed_head(),
                     &holes[..holes.len().min(5)],
-                    holes.first().map(|h| n.disk.get(h).map(|e| (e.term, e.eid))),
                 ));
             }
         }

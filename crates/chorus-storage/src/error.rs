@@ -33,6 +33,17 @@ pub enum StorageError {
         /// What exactly failed, with expected and found values.
         source: FormatError,
     },
+    /// A record of a file that is not a block file (the out-of-order store's entries or
+    /// hard state) fails its checks, and it is not a torn tail. Never cut silently.
+    #[error("corruption in {path} at file offset {file_offset}: {source}")]
+    CorruptRecord {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the bad record.
+        file_offset: u64,
+        /// What exactly failed.
+        source: FormatError,
+    },
     /// A block file belongs to another log.
     #[error("{path} belongs to log {found:#018x}, this log is {expected:#018x}")]
     ForeignBlock {

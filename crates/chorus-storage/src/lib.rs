@@ -14,5 +14,6 @@ pub mod log;
 
 pub use log::{Damage, LogOptions, LogStorage, RecoveryReport, SyncPoint};
 pub mod meta;
+pub mod ooo;
 
 pub use meta::{MetaRecovery, MetaStorage};

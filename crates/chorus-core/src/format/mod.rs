@@ -12,6 +12,7 @@ pub mod block;
 pub mod entry;
 pub mod group;
 pub mod meta;
+pub mod ooo;
 pub mod wire;
 
 use thiserror::Error;

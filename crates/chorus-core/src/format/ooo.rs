@@ -1,0 +1,698 @@
+//! Byte formats of out-of-order groups: the entry record (on disk and inside messages),
+//! the hard state, and the replication messages of [`crate::ooo::replica`].
+//!
+//! Little-endian throughout. Lists are a `u32` count followed by the items; a count is
+//! checked against the bytes left before anything is allocated, so a hostile count cannot
+//! make the decoder allocate more than the input's size.
+//!
+//! # Entry record (`ENTRY_HEADER_SIZE` = 48 bytes + body)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `0x4545_4F43` ("COEE") |
+//! | 4 | 1 | version, 1 |
+//! | 5 | 1 | kind: 0 NULL, 1 parallel, 2 dependent |
+//! | 6 | 2 | reserved, 0 |
+//! | 8 | 4 | body length `n` (at most [`MAX_BODY`]) |
+//! | 12 | 4 | CRC32C of bytes 4..12 followed by bytes 16..48+n (everything but the magic and the checksum) |
+//! | 16 | 8 | slot (`seq`) |
+//! | 24 | 8 | term |
+//! | 32 | 8 | start (first slot after the term's merge) |
+//! | 40 | 8 | eid (0 for NULL) |
+//! | 48 | n | body |
+//!
+//! Body of a NULL entry: empty. Parallel: ranges (list of `u64 start, u64 end`), the
+//! look-behind buffer (list of lists of ranges, nearest predecessor first), data (`u32`
+//! length, bytes). Dependent: `u64` base, RAW list of `u64`, WAW list of `u64`, write-set
+//! list of `u64`, data (`u32` length, bytes). A range with `start >= end` is refused.
+//!
+//! # Hard state (`HARD_SIZE` = 52 bytes)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `0x4848_4F43` ("COHH") |
+//! | 4 | 2 | version, 1 |
+//! | 6 | 2 | reserved, 0 |
+//! | 8 | 8 | term |
+//! | 16 | 8 | voted for (0: nobody; node ids are never 0) |
+//! | 24 | 8 | committed head |
+//! | 32 | 8 | leader start: term |
+//! | 40 | 8 | leader start: slot |
+//! | 48 | 4 | CRC32C of bytes 0..48 |
+//!
+//! # Messages
+//!
+//! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack) and its fields in
+//! declaration order: integers as `u64`, `bool` as one byte 0/1, a [`CommitWindow`] as
+//! `u64` head and a list of `u64` words, entries as a list of entry records (each a `u32`
+//! length and the record), a vote's versions as a list of (`u32` length, entry record,
+//! committed byte). The transport adds the framing and the checksum of the whole message.
+
+use super::FormatError;
+use crate::ooo::dependent::{Deps, VoteLog};
+use crate::ooo::parallel::BlockRange;
+use crate::ooo::replica::{Body, Entry, Hard, Msg};
+use crate::ooo::{CommitWindow, Seq};
+
+/// Magic of an entry record ("COEE").
+pub const ENTRY_MAGIC: u32 = 0x4545_4F43;
+/// Magic of the hard state ("COHH").
+pub const HARD_MAGIC: u32 = 0x4848_4F43;
+/// Header bytes of an entry record.
+pub const ENTRY_HEADER_SIZE: usize = 48;
+/// Largest body of an entry record.
+pub const MAX_BODY: u32 = 64 << 20;
+/// Bytes of the hard state record.
+pub const HARD_SIZE: usize = 52;
+
+const WHAT_ENTRY: &str = "out-of-order entry";
+const WHAT_HARD: &str = "out-of-order hard state";
+const WHAT_MSG: &str = "out-of-order message";
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Self { buf, at: 0, what }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let have = self.buf.len() - self.at;
+        if have < n {
+            return Err(FormatError::Truncated {
+                what: self.what,
+                need: (self.at + n) as u64,
+                have: self.buf.len() as u64,
+            });
+        }
+        let s = &self.buf[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+
+    /// A list count, refused if even `min_item` bytes per item cannot fit.
+    fn count(&mut self, field: &'static str, min_item: usize) -> Result<usize, FormatError> {
+        let n = self.u32()? as usize;
+        let left = self.buf.len() - self.at;
+        if n.saturating_mul(min_item.max(1)) > left {
+            return Err(FormatError::LengthOutOfRange {
+                what: self.what,
+                field,
+                value: n as u64,
+                min: 0,
+                max: (left / min_item.max(1)) as u64,
+            });
+        }
+        Ok(n)
+    }
+
+    fn u64s(&mut self, field: &'static str) -> Result<Vec<u64>, FormatError> {
+        let n = self.count(field, 8)?;
+        (0..n).map(|_| self.u64()).collect()
+    }
+
+    fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FormatError> {
+        let n = self.count(field, 1)?;
+        Ok(self.take(n)?.to_vec())
+    }
+
+    fn ranges(&mut self) -> Result<Vec<BlockRange>, FormatError> {
+        let n = self.count("ranges", 16)?;
+        (0..n)
+            .map(|_| {
+                let (start, end) = (self.u64()?, self.u64()?);
+                if start >= end {
+                    return Err(FormatError::Malformed {
+                        what: self.what,
+                        detail: format!("empty block range {start}..{end}"),
+                    });
+                }
+                Ok(BlockRange { start, end })
+            })
+            .collect()
+    }
+
+    fn done(&self) -> Result<(), FormatError> {
+        if self.at != self.buf.len() {
+            return Err(FormatError::Malformed {
+                what: self.what,
+                detail: format!("{} trailing bytes", self.buf.len() - self.at),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, x: u32) {
+    out.extend_from_slice(&x.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, x: u64) {
+    out.extend_from_slice(&x.to_le_bytes());
+}
+
+fn put_u64s(out: &mut Vec<u8>, xs: &[u64]) {
+    put_u32(out, xs.len() as u32);
+    for &x in xs {
+        put_u64(out, x);
+    }
+}
+
+fn put_ranges(out: &mut Vec<u8>, rs: &[BlockRange]) {
+    put_u32(out, rs.len() as u32);
+    for r in rs {
+        put_u64(out, r.start);
+        put_u64(out, r.end);
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_u32(out, b.len() as u32);
+    out.extend_from_slice(b);
+}
+
+/// CRC32C of bytes 4..12 and 16.. of a record (all but the magic and the checksum).
+fn entry_crc(rec: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&rec[4..12]), &rec[16..])
+}
+
+/// Encodes an entry record.
+pub fn encode_entry(e: &Entry) -> Vec<u8> {
+    let mut body = Vec::new();
+    let kind = match &e.body {
+        Body::Null => 0u8,
+        Body::Parallel {
+            ranges,
+            look_behind,
+            data,
+        } => {
+            put_ranges(&mut body, ranges);
+            put_u32(&mut body, look_behind.len() as u32);
+            for lb in look_behind {
+                put_ranges(&mut body, lb);
+            }
+            put_bytes(&mut body, data);
+            1
+        }
+        Body::Dependent {
+            base,
+            deps,
+            write_set,
+            data,
+        } => {
+            put_u64(&mut body, *base);
+            put_u64s(&mut body, &deps.raw);
+            put_u64s(&mut body, &deps.waw);
+            put_u64s(&mut body, write_set);
+            put_bytes(&mut body, data);
+            2
+        }
+    };
+    let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE + body.len());
+    put_u32(&mut out, ENTRY_MAGIC);
+    out.extend_from_slice(&[1, kind, 0, 0]);
+    put_u32(&mut out, body.len() as u32);
+    put_u32(&mut out, 0); // checksum, below
+    put_u64(&mut out, e.seq);
+    put_u64(&mut out, e.term);
+    put_u64(&mut out, e.start);
+    put_u64(&mut out, e.eid);
+    out.extend_from_slice(&body);
+    let crc = entry_crc(&out);
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The total length of the entry record at the front of `buf`, from its header, or an
+/// error if the header is not one. Lets a reader find record boundaries in a file.
+pub fn entry_len(buf: &[u8]) -> Result<usize, FormatError> {
+    let mut r = Reader::new(buf, WHAT_ENTRY);
+    let magic = r.u32()?;
+    if magic != ENTRY_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: WHAT_ENTRY,
+            expected: ENTRY_MAGIC.into(),
+            found: magic.into(),
+        });
+    }
+    let version = r.u8()?;
+    if version != 1 {
+        return Err(FormatError::UnknownVersion {
+            what: WHAT_ENTRY,
+            found: version.into(),
+            supported: 1,
+        });
+    }
+    r.take(3)?;
+    let n = r.u32()?;
+    if n > MAX_BODY {
+        return Err(FormatError::LengthOutOfRange {
+            what: WHAT_ENTRY,
+            field: "body length",
+            value: n.into(),
+            min: 0,
+            max: MAX_BODY.into(),
+        });
+    }
+    Ok(ENTRY_HEADER_SIZE + n as usize)
+}
+
+/// Decodes exactly one entry record.
+pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
+    let len = entry_len(buf)?;
+    if buf.len() != len {
+        return Err(FormatError::FieldMismatch {
+            what: WHAT_ENTRY,
+            field: "record length",
+            expected: len as u64,
+            found: buf.len() as u64,
+        });
+    }
+    let stored = u32::from_le_bytes(buf[12..16].try_into().expect("4"));
+    let crc = entry_crc(buf);
+    if stored != crc {
+        return Err(FormatError::DataChecksum {
+            what: WHAT_ENTRY,
+            expected: stored,
+            found: crc,
+        });
+    }
+    let mut r = Reader::new(buf, WHAT_ENTRY);
+    r.take(5)?;
+    let kind = r.u8()?;
+    if r.take(2)? != [0, 0] {
+        return Err(FormatError::Malformed {
+            what: WHAT_ENTRY,
+            detail: "reserved bytes are not zero".into(),
+        });
+    }
+    r.take(8)?;
+    let (seq, term, start, eid) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let body = match kind {
+        0 => Body::Null,
+        1 => {
+            let ranges = r.ranges()?;
+            let n = r.count("look-behind buffer", 4)?;
+            let look_behind = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
+            let data = r.bytes("data")?;
+            Body::Parallel {
+                ranges,
+                look_behind,
+                data,
+            }
+        }
+        2 => {
+            let base = r.u64()?;
+            let raw = r.u64s("RAW list")?;
+            let waw = r.u64s("WAW list")?;
+            let write_set = r.u64s("write set")?;
+            let data = r.bytes("data")?;
+            Body::Dependent {
+                base,
+                deps: Deps { raw, waw },
+                write_set,
+                data,
+            }
+        }
+        k => {
+            return Err(FormatError::Malformed {
+                what: WHAT_ENTRY,
+                detail: format!("unknown kind {k}"),
+            })
+        }
+    };
+    r.done()?;
+    if matches!(body, Body::Null) != (eid == 0) {
+        return Err(FormatError::Malformed {
+            what: WHAT_ENTRY,
+            detail: "eid 0 is for NULL entries only".into(),
+        });
+    }
+    Ok(Entry {
+        seq,
+        term,
+        start,
+        eid,
+        body,
+    })
+}
+
+/// Encodes the hard state: magic u32, version u16, reserved u16, term u64, voted-for u64
+/// (0 = none), committed head u64, leader-start term u64, leader-start slot u64, CRC32C
+/// u32 of the 48 bytes before it.
+pub fn encode_hard(h: &Hard) -> [u8; HARD_SIZE] {
+    let mut out = Vec::with_capacity(HARD_SIZE);
+    put_u32(&mut out, HARD_MAGIC);
+    out.extend_from_slice(&[1, 0, 0, 0]);
+    put_u64(&mut out, h.term);
+    put_u64(&mut out, h.voted_for.unwrap_or(0));
+    put_u64(&mut out, h.committed_head);
+    put_u64(&mut out, h.leader_start.0);
+    put_u64(&mut out, h.leader_start.1);
+    let crc = crc32c::crc32c(&out);
+    put_u32(&mut out, crc);
+    out.try_into().expect("fixed size")
+}
+
+/// Decodes the hard state.
+pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
+    if buf.len() != HARD_SIZE {
+        return Err(FormatError::FieldMismatch {
+            what: WHAT_HARD,
+            field: "record length",
+            expected: HARD_SIZE as u64,
+            found: buf.len() as u64,
+        });
+    }
+    let mut r = Reader::new(buf, WHAT_HARD);
+    let magic = r.u32()?;
+    if magic != HARD_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: WHAT_HARD,
+            expected: HARD_MAGIC.into(),
+            found: magic.into(),
+        });
+    }
+    let version = u16::from_le_bytes(r.take(2)?.try_into().expect("2"));
+    if version != 1 {
+        return Err(FormatError::UnknownVersion {
+            what: WHAT_HARD,
+            found: version,
+            supported: 1,
+        });
+    }
+    r.take(2)?;
+    let stored = u32::from_le_bytes(buf[48..52].try_into().expect("4"));
+    let crc = crc32c::crc32c(&buf[..48]);
+    if stored != crc {
+        return Err(FormatError::HeaderChecksum {
+            what: WHAT_HARD,
+            expected: stored,
+            found: crc,
+        });
+    }
+    let term = r.u64()?;
+    let voted = r.u64()?;
+    let committed_head = r.u64()?;
+    let leader_start = (r.u64()?, r.u64()?);
+    Ok(Hard {
+        term,
+        voted_for: (voted != 0).then_some(voted),
+        committed_head,
+        leader_start,
+    })
+}
+
+fn put_window(out: &mut Vec<u8>, w: &CommitWindow) {
+    put_u64(out, w.head());
+    put_u64s(out, w.bits());
+}
+
+fn put_entries(out: &mut Vec<u8>, es: &[Entry]) {
+    put_u32(out, es.len() as u32);
+    for e in es {
+        put_bytes(out, &encode_entry(e));
+    }
+}
+
+/// Encodes a message.
+pub fn encode_msg(m: &Msg) -> Vec<u8> {
+    let mut out = Vec::new();
+    match m {
+        Msg::Vote { term, head, log } => {
+            out.push(1);
+            for x in [
+                *term,
+                *head,
+                log.last_term,
+                log.last_seq,
+                log.first_uncommitted,
+            ] {
+                put_u64(&mut out, x);
+            }
+        }
+        Msg::VoteReply {
+            term,
+            granted,
+            entries,
+            leader_start,
+        } => {
+            out.push(2);
+            put_u64(&mut out, *term);
+            out.push(u8::from(*granted));
+            put_u32(&mut out, entries.len() as u32);
+            for (e, c) in entries {
+                put_bytes(&mut out, &encode_entry(e));
+                out.push(u8::from(*c));
+            }
+            put_u64(&mut out, leader_start.0);
+            put_u64(&mut out, leader_start.1);
+        }
+        Msg::Append {
+            term,
+            start,
+            entries,
+            commits,
+        } => {
+            out.push(3);
+            put_u64(&mut out, *term);
+            put_u64(&mut out, *start);
+            put_entries(&mut out, entries);
+            put_window(&mut out, commits);
+        }
+        Msg::Ack { term, seqs, head } => {
+            out.push(4);
+            put_u64(&mut out, *term);
+            put_u32(&mut out, seqs.len() as u32);
+            for (s, e) in seqs {
+                put_u64(&mut out, *s);
+                put_u64(&mut out, *e);
+            }
+            put_u64(&mut out, *head);
+        }
+    }
+    out
+}
+
+fn read_bool(r: &mut Reader<'_>, field: &str) -> Result<bool, FormatError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(FormatError::Malformed {
+            what: WHAT_MSG,
+            detail: format!("{field} byte {b} is not 0 or 1"),
+        }),
+    }
+}
+
+fn read_entry(r: &mut Reader<'_>) -> Result<Entry, FormatError> {
+    let n = r.count("entry record", 1)?;
+    decode_entry(r.take(n)?)
+}
+
+/// Decodes a message.
+pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
+    let mut r = Reader::new(buf, WHAT_MSG);
+    let m = match r.u8()? {
+        1 => Msg::Vote {
+            term: r.u64()?,
+            head: r.u64()?,
+            log: VoteLog {
+                last_term: r.u64()?,
+                last_seq: r.u64()?,
+                first_uncommitted: r.u64()?,
+            },
+        },
+        2 => {
+            let term = r.u64()?;
+            let granted = read_bool(&mut r, "granted")?;
+            let n = r.count("versions", ENTRY_HEADER_SIZE + 5)?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                let e = read_entry(&mut r)?;
+                entries.push((e, read_bool(&mut r, "committed")?));
+            }
+            Msg::VoteReply {
+                term,
+                granted,
+                entries,
+                leader_start: (r.u64()?, r.u64()?),
+            }
+        }
+        3 => {
+            let term = r.u64()?;
+            let start = r.u64()?;
+            let n = r.count("entries", ENTRY_HEADER_SIZE + 4)?;
+            let entries = (0..n)
+                .map(|_| read_entry(&mut r))
+                .collect::<Result<_, _>>()?;
+            let head: Seq = r.u64()?;
+            let bits = r.u64s("commit bitmap")?;
+            let commits =
+                CommitWindow::from_parts(head, bits).map_err(|e| FormatError::Malformed {
+                    what: WHAT_MSG,
+                    detail: e.to_string(),
+                })?;
+            Msg::Append {
+                term,
+                start,
+                entries,
+                commits,
+            }
+        }
+        4 => {
+            let term = r.u64()?;
+            let n = r.count("acknowledged slots", 16)?;
+            let seqs = (0..n)
+                .map(|_| Ok((r.u64()?, r.u64()?)))
+                .collect::<Result<_, FormatError>>()?;
+            Msg::Ack {
+                term,
+                seqs,
+                head: r.u64()?,
+            }
+        }
+        t => {
+            return Err(FormatError::Malformed {
+                what: WHAT_MSG,
+                detail: format!("unknown message tag {t}"),
+            })
+        }
+    };
+    r.done()?;
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn range() -> impl Strategy<Value = BlockRange> {
+        (0u64..1000, 1u64..10).prop_map(|(s, l)| BlockRange::new(s, l).expect("non-empty"))
+    }
+
+    fn entry() -> impl Strategy<Value = Entry> {
+        let body = prop_oneof![
+            Just(Body::Null),
+            (
+                proptest::collection::vec(range(), 0..4),
+                proptest::collection::vec(proptest::collection::vec(range(), 0..3), 0..3),
+                proptest::collection::vec(any::<u8>(), 0..40)
+            )
+                .prop_map(|(ranges, look_behind, data)| Body::Parallel {
+                    ranges,
+                    look_behind,
+                    data
+                }),
+            (
+                any::<u64>(),
+                proptest::collection::vec(any::<u64>(), 0..4),
+                proptest::collection::vec(any::<u64>(), 0..4),
+                proptest::collection::vec(any::<u64>(), 0..4),
+                proptest::collection::vec(any::<u8>(), 0..40)
+            )
+                .prop_map(|(base, raw, waw, write_set, data)| Body::Dependent {
+                    base,
+                    deps: Deps { raw, waw },
+                    write_set,
+                    data
+                }),
+        ];
+        (any::<u64>(), any::<u64>(), any::<u64>(), 1u64.., body).prop_map(
+            |(seq, term, start, eid, body)| {
+                let eid = if matches!(body, Body::Null) { 0 } else { eid };
+                Entry {
+                    seq,
+                    term,
+                    start,
+                    eid,
+                    body,
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn entries_round_trip(e in entry()) {
+            let b = encode_entry(&e);
+            prop_assert_eq!(entry_len(&b).unwrap(), b.len());
+            prop_assert_eq!(decode_entry(&b).unwrap(), e);
+        }
+
+        #[test]
+        fn messages_round_trip(es in proptest::collection::vec(entry(), 0..4), term in any::<u64>(), c in proptest::collection::vec(0u64..200, 0..20)) {
+            let mut w = CommitWindow::new(7);
+            for s in c { w.commit(s); }
+            let msgs = vec![
+                Msg::Vote { term, head: 3, log: VoteLog { last_term: 1, last_seq: 2, first_uncommitted: 3 } },
+                Msg::VoteReply { term, granted: true, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (4, 5) },
+                Msg::Append { term, start: 9, entries: es.clone(), commits: w },
+                Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5 },
+            ];
+            for m in msgs {
+                prop_assert_eq!(decode_msg(&encode_msg(&m)).unwrap(), m);
+            }
+        }
+
+        /// Any corruption or truncation is an error, never a panic or a different value.
+        #[test]
+        fn damage_is_refused(e in entry(), at in any::<usize>(), bit in 0u8..8, cut in any::<usize>()) {
+            let b = encode_entry(&e);
+            let mut d = b.clone();
+            let i = at % d.len();
+            d[i] ^= 1 << bit;
+            prop_assert!(decode_entry(&d).is_err());
+            let c = cut % b.len();
+            prop_assert!(decode_entry(&b[..c]).is_err());
+            let m = encode_msg(&Msg::Append { term: 1, start: 0, entries: vec![e], commits: CommitWindow::new(0) });
+            let _ = decode_msg(&m[..cut % m.len()]);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_msg(&b);
+            let _ = decode_entry(&b);
+            let _ = decode_hard(&b);
+        }
+    }
+
+    #[test]
+    fn hard_state_round_trips_and_damage_is_named() {
+        let h = Hard {
+            term: 7,
+            voted_for: Some(3),
+            committed_head: 99,
+            leader_start: (6, 40),
+        };
+        let b = encode_hard(&h);
+        assert_eq!(decode_hard(&b).unwrap(), h);
+        let mut d = b;
+        d[20] ^= 1;
+        assert!(matches!(
+            decode_hard(&d),
+            Err(FormatError::HeaderChecksum { .. })
+        ));
+        assert!(matches!(
+            decode_hard(&b[..10]),
+            Err(FormatError::FieldMismatch { .. })
+        ));
+    }
+}
