@@ -43,6 +43,7 @@ pub mod error;
 pub mod group;
 pub mod lane;
 pub mod metrics;
+pub mod ooo;
 mod pool;
 pub mod sched;
 pub mod transport;
