@@ -321,12 +321,7 @@ impl<K: Clone + Eq + Hash> DepApplier<K> {
         let committed = self.commits.is_committed(seq);
         match self.held.get_mut(&seq) {
             Some(h) if committed => h.applied = true,
-            _ => {
-                return Err(OooError::Malformed {
-                    seq,
-                    detail: "applied an entry that is not held and committed".into(),
-                })
-            }
+            _ => return Err(OooError::not_applicable(seq)),
         }
         self.advance();
         Ok(())

@@ -77,6 +77,16 @@ pub enum OooError {
     },
 }
 
+impl OooError {
+    /// An apply reported for an entry the applier does not hold committed.
+    fn not_applicable(seq: Seq) -> Self {
+        Self::Malformed {
+            seq,
+            detail: "applied an entry that is not held and committed".into(),
+        }
+    }
+}
+
 /// The entries from `head` up to the highest of `top` that `held` does not hold: the
 /// holes catch-up must fill.
 fn holes<V>(head: Seq, top: Option<Seq>, held: &std::collections::BTreeMap<Seq, V>) -> Vec<Seq> {

@@ -257,12 +257,7 @@ impl ParallelApplier {
     pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
         match self.held.get_mut(&seq) {
             Some(s) if s.committed => s.applied = true,
-            _ => {
-                return Err(OooError::Malformed {
-                    seq,
-                    detail: "applied an entry that is not held and committed".into(),
-                })
-            }
+            _ => return Err(OooError::not_applicable(seq)),
         }
         self.advance();
         Ok(())
