@@ -5,4 +5,5 @@
 
 pub mod ceiling;
 pub mod floor;
+pub mod ooo;
 pub mod procstat;

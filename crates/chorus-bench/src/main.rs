@@ -33,6 +33,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Out-of-order parallel mode vs an in-order baseline in the same driver: 4 KiB block
+    /// writes, IO depth sweep, jitter on one replication link (three nodes in this
+    /// process, fdatasync on).
+    Ooo {
+        /// Directory for the nodes' data (removed afterwards).
+        #[arg(long, default_value = "/tmp/chorus-bench-ooo")]
+        dir: PathBuf,
+        /// IO depths (closed-loop clients), comma-separated.
+        #[arg(long, default_value = "1,2,4,8,16,32", value_delimiter = ',')]
+        depths: Vec<usize>,
+        /// Seconds measured per point.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Bound of the random wait before each write on the leader's link to one follower.
+        #[arg(long, default_value_t = 2.0)]
+        jitter_ms: f64,
+        /// Sweeps (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Also write the points here as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Storage append throughput vs a raw pwrite+fdatasync loop.
     Storage {
         /// Directory on the disk to measure (files are removed afterwards).
@@ -170,6 +193,43 @@ fn main() -> AnyResult<()> {
             duration,
             json,
         } => ceiling(&dir, size, batch_bytes, warmup, duration, json.as_deref()),
+        Cmd::Ooo {
+            dir,
+            depths,
+            seconds,
+            jitter_ms,
+            repeats,
+            json,
+        } => {
+            if depths.is_empty() || depths.contains(&0) || repeats == 0 || seconds <= 0.0 {
+                return Err("--depths must be positive, --repeats and --seconds above 0".into());
+            }
+            let pts = chorus_bench::ooo::run(&dir, &depths, seconds, jitter_ms, repeats)?;
+            let mut summary = Vec::new();
+            for &d in &depths {
+                let med = |sys: &str| {
+                    let mut v: Vec<f64> = pts
+                        .iter()
+                        .filter(|p| p.system == sys && p.depth == d)
+                        .map(|p| p.iops)
+                        .collect();
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    v[v.len() / 2]
+                };
+                let (p, o) = (med("parallel"), med("in-order"));
+                println!(
+                    "depth {d:>2}: parallel {p:>8.0}/s  in-order {o:>8.0}/s  ratio {:.2}",
+                    p / o
+                );
+                summary.push(
+                    serde_json::json!({"depth": d, "parallel": p, "in_order": o, "ratio": p / o}),
+                );
+            }
+            emit(
+                &serde_json::json!({"points": pts, "medians": summary}),
+                json.as_deref(),
+            )
+        }
         Cmd::Floor {
             dir,
             syncs,

@@ -49,6 +49,10 @@ pub struct OooNodeConfig {
     pub dir: PathBuf,
     /// Election timeout.
     pub election_timeout: Duration,
+    /// Fault injection for benchmarks and tests: before each write to this peer, wait a
+    /// random time below the given bound (a jittery replication link; frames keep their
+    /// order).
+    pub link_jitter: Option<(NodeId, Duration)>,
 }
 
 /// Why an append through [`OooNode::append`] did not get a result.
@@ -136,7 +140,10 @@ impl OooNode {
             }
             let (ptx, prx) = mpsc::channel::<Vec<u8>>();
             let (stop, me) = (stop.clone(), cfg.id);
-            threads.push(std::thread::spawn(move || writer_loop(me, a, prx, stop)));
+            let jitter = cfg.link_jitter.filter(|j| j.0 == p).map(|j| j.1);
+            threads.push(std::thread::spawn(move || {
+                writer_loop(me, a, prx, stop, jitter)
+            }));
             peers.insert(p, ptx);
         }
         let stop2 = stop.clone();
@@ -144,9 +151,19 @@ impl OooNode {
             let mut waiters: HashMap<u64, Reply> = HashMap::new();
             let mut failed = false;
             while !stop2.load(Ordering::Relaxed) && !failed {
-                match rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(Ev::Msg(from, m)) => replica.receive(now(), from, m),
-                    Ok(Ev::Append(d, data, reply)) => match replica.append(now(), d, data) {
+                // Group commit: take every event already queued (up to a bound) before
+                // executing the actions, so that their writes share one fdatasync.
+                let mut next = match rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(ev) => Some(ev),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                };
+                let mut taken = 0;
+                while let Some(ev) = next.take() {
+                    taken += 1;
+                    match ev {
+                    Ev::Msg(from, m) => replica.receive(now(), from, m),
+                    Ev::Append(d, data, reply) => match replica.append(now(), d, data) {
                         Ok(t) => {
                             waiters.insert(t.eid, reply);
                         }
@@ -154,7 +171,7 @@ impl OooNode {
                             let _ = reply.send(Err(e.into()));
                         }
                     },
-                    Ok(Ev::Status(reply)) => {
+                    Ev::Status(reply) => {
                         let _ = reply.send(OooStatus {
                             role: replica.role(),
                             term: replica.term(),
@@ -163,8 +180,10 @@ impl OooNode {
                             applied_head: replica.applied_head(),
                         });
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                    if taken < 4096 {
+                        next = rx.try_recv().ok();
+                    }
                 }
                 replica.tick(now());
                 // Execute until the replica is quiet (applies release more actions).
@@ -366,14 +385,25 @@ fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
 }
 
 /// Sends queued frames to one peer, dialling (and redialling) as needed.
-fn writer_loop(me: NodeId, addr: SocketAddr, rx: Receiver<Vec<u8>>, stop: Arc<AtomicBool>) {
+fn writer_loop(
+    me: NodeId,
+    addr: SocketAddr,
+    rx: Receiver<Vec<u8>>,
+    stop: Arc<AtomicBool>,
+    jitter: Option<Duration>,
+) {
     let mut conn: Option<TcpStream> = None;
+    let mut rng = chorus_core::rng::Rng::new(me ^ addr.port() as u64);
     while !stop.load(Ordering::Relaxed) {
         let first = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(f) => f,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
+        if let Some(j) = jitter {
+            let ns = rng.below(j.as_nanos().max(1) as u64);
+            std::thread::sleep(Duration::from_nanos(ns));
+        }
         let mut out = first;
         while let Ok(more) = rx.try_recv() {
             out.extend_from_slice(&more);

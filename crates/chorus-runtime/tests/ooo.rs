@@ -75,6 +75,7 @@ impl Cluster {
             mode: self.mode,
             dir: self.dirs[i].path().to_path_buf(),
             election_timeout: Duration::from_millis(300),
+            link_jitter: None,
         };
         let st = self.states[i].clone();
         OooNode::start(cfg, l, move |e| apply_to(&st, e)).unwrap()
