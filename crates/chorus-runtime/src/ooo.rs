@@ -343,27 +343,31 @@ fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
             }
             Err(_) => return,
         }
+        // Decode every whole frame in the buffer, then drop the consumed bytes once.
+        let mut at = 0;
         loop {
+            let rest = &buf[at..];
             if from.is_none() {
-                if buf.len() < 8 {
+                if rest.len() < 8 {
                     break;
                 }
-                from = Some(u64::from_le_bytes(buf[..8].try_into().expect("8")));
-                buf.drain(..8);
+                from = Some(u64::from_le_bytes(rest[..8].try_into().expect("8")));
+                at += 8;
+                continue;
             }
-            if buf.len() < 8 {
+            if rest.len() < 8 {
                 break;
             }
-            let len = u32::from_le_bytes(buf[..4].try_into().expect("4")) as usize;
+            let len = u32::from_le_bytes(rest[..4].try_into().expect("4")) as usize;
             if len > MAX_FRAME {
                 tracing::warn!(len, "out-of-order frame too large; closing the connection");
                 return;
             }
-            if buf.len() < 8 + len {
+            if rest.len() < 8 + len {
                 break;
             }
-            let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4"));
-            let payload = &buf[8..8 + len];
+            let crc = u32::from_le_bytes(rest[4..8].try_into().expect("4"));
+            let payload = &rest[8..8 + len];
             if crc32c::crc32c(payload) != crc {
                 tracing::warn!("out-of-order frame checksum mismatch; closing the connection");
                 return;
@@ -379,8 +383,9 @@ fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
                     return;
                 }
             }
-            buf.drain(..8 + len);
+            at += 8 + len;
         }
+        buf.drain(..at);
     }
 }
 

@@ -26,8 +26,8 @@
 //!
 //! Checksums are in the slot that holds the payload (see `chorus-storage`'s meta module).
 
-use super::le::{put_u16, u16_at, u32_at, u64_at};
-use super::FormatError;
+use super::le::{put_u16, u16_at};
+use super::{FormatError, Reader};
 
 /// A replica's identity within a log group.
 pub type NodeId = u64;
@@ -128,7 +128,7 @@ impl MetaRecord {
 
     /// Decodes a payload; total (never panics).
     pub fn decode(buf: &[u8]) -> Result<Self, FormatError> {
-        let mut r = Reader { buf, pos: 0 };
+        let mut r = Reader::new(buf, WHAT, "");
         let version = u16_at(r.take(2)?, 0);
         if version != META_VERSION {
             return Err(FormatError::UnknownVersion {
@@ -217,44 +217,6 @@ impl MetaRecord {
             access_mode_version,
             base_lsn,
         })
-    }
-}
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        if self.buf.len() - self.pos < n {
-            return Err(FormatError::Truncated {
-                what: WHAT,
-                need: (self.pos + n) as u64,
-                have: self.buf.len() as u64,
-            });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn u64(&mut self) -> Result<u64, FormatError> {
-        Ok(u64_at(self.take(8)?, 0))
-    }
-
-    fn ids(&mut self, field: &'static str) -> Result<Vec<NodeId>, FormatError> {
-        let n = u32_at(self.take(4)?, 0);
-        if n > MAX_MEMBERS {
-            return Err(FormatError::LengthOutOfRange {
-                what: WHAT,
-                field,
-                value: n as u64,
-                min: 0,
-                max: MAX_MEMBERS as u64,
-            });
-        }
-        (0..n).map(|_| self.u64()).collect()
     }
 }
 

@@ -139,6 +139,109 @@ pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
+/// A bounds-checked little-endian cursor over a body whose checksum has been checked,
+/// shared by the message codecs ([`wire`], [`ooo`]); each adds its own field readers in an
+/// `impl` beside its format. `what` names the structure in errors, `ctx` (may be empty)
+/// the message being decoded.
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
+    pub(crate) what: &'static str,
+    pub(crate) ctx: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    /// A cursor at the start of `buf`.
+    pub(crate) fn new(buf: &'a [u8], what: &'static str, ctx: &'static str) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            what,
+            ctx,
+        }
+    }
+
+    /// The next `n` bytes, or `Truncated` (before anything is allocated).
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        if self.buf.len() - self.pos < n {
+            return Err(FormatError::Truncated {
+                what: self.what,
+                need: self.pos as u64 + n as u64,
+                have: self.buf.len() as u64,
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(le::u32_at(self.take(4)?, 0))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(le::u64_at(self.take(8)?, 0))
+    }
+
+    /// `u32 n | n bytes`. A length past the end is `Truncated`, found before anything is
+    /// allocated (the body is already bounded by the receiver's limit).
+    pub(crate) fn bytes(&mut self) -> Result<Vec<u8>, FormatError> {
+        let n = self.u32()?;
+        Ok(self.take(n as usize)?.to_vec())
+    }
+
+    /// A `u32` count (at most [`meta::MAX_MEMBERS`]) of node ids, then the ids.
+    pub(crate) fn ids(&mut self, field: &'static str) -> Result<Vec<meta::NodeId>, FormatError> {
+        let n = self.u32()?;
+        if n > meta::MAX_MEMBERS {
+            return Err(FormatError::LengthOutOfRange {
+                what: self.what,
+                field,
+                value: n as u64,
+                min: 0,
+                max: meta::MAX_MEMBERS as u64,
+            });
+        }
+        (0..n).map(|_| self.u64()).collect()
+    }
+
+    /// A bool byte: 0 or 1, anything else is an error naming `field`.
+    pub(crate) fn flag(&mut self, field: &str) -> Result<bool, FormatError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(self.malformed(format!("{field} is {other}, not 0 or 1"))),
+        }
+    }
+
+    /// A `Malformed` error with the message context in front of `detail`.
+    pub(crate) fn malformed(&self, detail: String) -> FormatError {
+        FormatError::Malformed {
+            what: self.what,
+            detail: if self.ctx.is_empty() {
+                detail
+            } else {
+                format!("{}: {detail}", self.ctx)
+            },
+        }
+    }
+
+    /// `Malformed` unless every byte was read.
+    pub(crate) fn done(&self) -> Result<(), FormatError> {
+        if self.pos != self.buf.len() {
+            return Err(self.malformed(format!(
+                "{} trailing bytes after the message",
+                self.buf.len() - self.pos
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Little-endian field readers and writers over a slice whose length the caller has
 /// checked (they panic on a short slice, which is a caller bug).
 pub mod le {

@@ -48,7 +48,7 @@
 //! length and the record), a vote's versions as a list of (`u32` length, entry record,
 //! committed byte). The transport adds the framing and the checksum of the whole message.
 
-use super::FormatError;
+use super::{FormatError, Reader};
 use crate::ooo::dependent::{Deps, VoteLog};
 use crate::ooo::parallel::BlockRange;
 use crate::ooo::replica::{Body, Entry, Hard, Msg};
@@ -69,47 +69,12 @@ const WHAT_ENTRY: &str = "out-of-order entry";
 const WHAT_HARD: &str = "out-of-order hard state";
 const WHAT_MSG: &str = "out-of-order message";
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-    what: &'static str,
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8], what: &'static str) -> Self {
-        Self { buf, at: 0, what }
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        let have = self.buf.len() - self.at;
-        if have < n {
-            return Err(FormatError::Truncated {
-                what: self.what,
-                need: (self.at + n) as u64,
-                have: self.buf.len() as u64,
-            });
-        }
-        let s = &self.buf[self.at..self.at + n];
-        self.at += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self) -> Result<u8, FormatError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, FormatError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-
-    fn u64(&mut self) -> Result<u64, FormatError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-
+/// Field readers of the out-of-order formats, on the shared [`Reader`].
+impl Reader<'_> {
     /// A list count, refused if even `min_item` bytes per item cannot fit.
     fn count(&mut self, field: &'static str, min_item: usize) -> Result<usize, FormatError> {
         let n = self.u32()? as usize;
-        let left = self.buf.len() - self.at;
+        let left = self.buf.len() - self.pos;
         if n.saturating_mul(min_item.max(1)) > left {
             return Err(FormatError::LengthOutOfRange {
                 what: self.what,
@@ -127,11 +92,6 @@ impl<'a> Reader<'a> {
         (0..n).map(|_| self.u64()).collect()
     }
 
-    fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FormatError> {
-        let n = self.count(field, 1)?;
-        Ok(self.take(n)?.to_vec())
-    }
-
     fn ranges(&mut self) -> Result<Vec<BlockRange>, FormatError> {
         let n = self.count("ranges", 16)?;
         (0..n)
@@ -146,16 +106,6 @@ impl<'a> Reader<'a> {
                 Ok(BlockRange { start, end })
             })
             .collect()
-    }
-
-    fn done(&self) -> Result<(), FormatError> {
-        if self.at != self.buf.len() {
-            return Err(FormatError::Malformed {
-                what: self.what,
-                detail: format!("{} trailing bytes", self.buf.len() - self.at),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -242,7 +192,7 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
 /// The total length of the entry record at the front of `buf`, from its header, or an
 /// error if the header is not one. Lets a reader find record boundaries in a file.
 pub fn entry_len(buf: &[u8]) -> Result<usize, FormatError> {
-    let mut r = Reader::new(buf, WHAT_ENTRY);
+    let mut r = Reader::new(buf, WHAT_ENTRY, "");
     let magic = r.u32()?;
     if magic != ENTRY_MAGIC {
         return Err(FormatError::BadMagic {
@@ -293,7 +243,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
             found: crc,
         });
     }
-    let mut r = Reader::new(buf, WHAT_ENTRY);
+    let mut r = Reader::new(buf, WHAT_ENTRY, "");
     r.take(5)?;
     let kind = r.u8()?;
     if r.take(2)? != [0, 0] {
@@ -310,7 +260,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
             let ranges = r.ranges()?;
             let n = r.count("look-behind buffer", 4)?;
             let look_behind = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
-            let data = r.bytes("data")?;
+            let data = r.bytes()?;
             Body::Parallel {
                 ranges,
                 look_behind,
@@ -322,7 +272,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
             let raw = r.u64s("RAW list")?;
             let waw = r.u64s("WAW list")?;
             let write_set = r.u64s("write set")?;
-            let data = r.bytes("data")?;
+            let data = r.bytes()?;
             Body::Dependent {
                 base,
                 deps: Deps { raw, waw },
@@ -380,7 +330,7 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
             found: buf.len() as u64,
         });
     }
-    let mut r = Reader::new(buf, WHAT_HARD);
+    let mut r = Reader::new(buf, WHAT_HARD, "");
     let magic = r.u32()?;
     if magic != HARD_MAGIC {
         return Err(FormatError::BadMagic {
@@ -490,17 +440,6 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
     out
 }
 
-fn read_bool(r: &mut Reader<'_>, field: &str) -> Result<bool, FormatError> {
-    match r.u8()? {
-        0 => Ok(false),
-        1 => Ok(true),
-        b => Err(FormatError::Malformed {
-            what: WHAT_MSG,
-            detail: format!("{field} byte {b} is not 0 or 1"),
-        }),
-    }
-}
-
 fn read_entry(r: &mut Reader<'_>) -> Result<Entry, FormatError> {
     let n = r.count("entry record", 1)?;
     decode_entry(r.take(n)?)
@@ -508,7 +447,7 @@ fn read_entry(r: &mut Reader<'_>) -> Result<Entry, FormatError> {
 
 /// Decodes a message.
 pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
-    let mut r = Reader::new(buf, WHAT_MSG);
+    let mut r = Reader::new(buf, WHAT_MSG, "");
     let m = match r.u8()? {
         1 => Msg::Vote {
             term: r.u64()?,
@@ -521,12 +460,12 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
         },
         2 => {
             let term = r.u64()?;
-            let granted = read_bool(&mut r, "granted")?;
+            let granted = r.flag("granted")?;
             let n = r.count("versions", ENTRY_HEADER_SIZE + 5)?;
             let mut entries = Vec::with_capacity(n);
             for _ in 0..n {
                 let e = read_entry(&mut r)?;
-                entries.push((e, read_bool(&mut r, "committed")?));
+                entries.push((e, r.flag("committed")?));
             }
             Msg::VoteReply {
                 term,

@@ -75,9 +75,9 @@
 //! replica that receives it. The one exception is the membership rule above, which keeps a
 //! membership from the wire storable in the meta record.
 
-use super::le::{put_u16, put_u32, u16_at, u32_at, u64_at};
+use super::le::{put_u16, put_u32, u16_at, u32_at};
 use super::meta::{ConfigVersion, Membership, NodeId, MAX_MEMBERS};
-use super::{crc32c, FormatError};
+use super::{crc32c, FormatError, Reader};
 use crate::replica::{LogPos, Message, Priority};
 
 /// Size of the frame header in bytes.
@@ -342,14 +342,14 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Frame, FormatErr
             found: crc,
         });
     }
-    let mut r = Reader {
-        buf: body,
-        pos: 0,
-        ctx: match header.kind {
+    let mut r = Reader::new(
+        body,
+        WHAT_BODY,
+        match header.kind {
             FrameKind::Hello => "hello",
             FrameKind::Msg => "msg",
         },
-    };
+    );
     let frame = match header.kind {
         FrameKind::Hello => {
             let cluster_id = r.u64()?;
@@ -376,16 +376,7 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Frame, FormatErr
             Frame::Msg { group, msg }
         }
     };
-    if r.pos != body.len() {
-        return Err(FormatError::Malformed {
-            what: WHAT_BODY,
-            detail: format!(
-                "{}: {} trailing bytes after the message",
-                r.ctx,
-                body.len() - r.pos
-            ),
-        });
-    }
+    r.done()?;
     Ok(frame)
 }
 
@@ -734,74 +725,18 @@ fn decode_message(r: &mut Reader<'_>) -> Result<Message, FormatError> {
     Ok(msg)
 }
 
-/// A cursor over a body whose checksum has been checked. `ctx` names the message being
-/// decoded, for error details.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    ctx: &'static str,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        if self.buf.len() - self.pos < n {
-            return Err(FormatError::Truncated {
-                what: WHAT_BODY,
-                need: self.pos as u64 + n as u64,
-                have: self.buf.len() as u64,
-            });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self) -> Result<u8, FormatError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, FormatError> {
-        Ok(u32_at(self.take(4)?, 0))
-    }
-
-    fn u64(&mut self) -> Result<u64, FormatError> {
-        Ok(u64_at(self.take(8)?, 0))
-    }
-
-    fn flag(&mut self, field: &str) -> Result<bool, FormatError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(FormatError::Malformed {
-                what: WHAT_BODY,
-                detail: format!("{}: {field} is {other}, not 0 or 1", self.ctx),
-            }),
-        }
-    }
-
+/// Field readers of the replication frames, on the shared [`Reader`].
+impl Reader<'_> {
     fn opt_id(&mut self, field: &str) -> Result<Option<NodeId>, FormatError> {
         let present = self.u8()?;
         let id = self.u64()?;
         match present {
             // Canonical form: an absent id is sent as 0, so every message has one encoding.
-            0 if id != 0 => Err(FormatError::Malformed {
-                what: WHAT_BODY,
-                detail: format!("{}: {field} is {id} but marked absent", self.ctx),
-            }),
+            0 if id != 0 => Err(self.malformed(format!("{field} is {id} but marked absent"))),
             0 => Ok(None),
             1 => Ok(Some(id)),
-            other => Err(FormatError::Malformed {
-                what: WHAT_BODY,
-                detail: format!("{}: {field} present flag is {other}, not 0 or 1", self.ctx),
-            }),
+            other => Err(self.malformed(format!("{field} present flag is {other}, not 0 or 1"))),
         }
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, FormatError> {
-        let n = self.u32()?;
-        // Bounded by the body (already read and bounded by the receiver's limit): a length
-        // past its end is `Truncated`, before anything is allocated.
-        Ok(self.take(n as usize)?.to_vec())
     }
 
     fn config_version(&mut self) -> Result<ConfigVersion, FormatError> {
@@ -824,20 +759,6 @@ impl<'a> Reader<'a> {
             lsn: self.u64()?,
             acc: self.u32()?,
         })
-    }
-
-    fn ids(&mut self, field: &'static str) -> Result<Vec<NodeId>, FormatError> {
-        let n = self.u32()?;
-        if n > MAX_MEMBERS {
-            return Err(FormatError::LengthOutOfRange {
-                what: WHAT_BODY,
-                field,
-                value: n as u64,
-                min: 0,
-                max: MAX_MEMBERS as u64,
-            });
-        }
-        (0..n).map(|_| self.u64()).collect()
     }
 
     fn membership(&mut self) -> Result<Membership, FormatError> {

@@ -1177,8 +1177,8 @@ impl OooReplica {
         self.save_hard();
         let mut seqs = Vec::with_capacity(entries.len());
         for e in entries {
-            if let Err(why) = self.check_entry(&e) {
-                let _ = why; // a malformed entry is neither written nor acknowledged
+            // A malformed entry is neither written nor acknowledged.
+            if self.check_entry(&e).is_err() {
                 self.stats.refused += 1;
                 continue;
             }
