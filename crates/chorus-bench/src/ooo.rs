@@ -65,8 +65,10 @@ fn cluster(root: &Path, mode: Mode, jitter: Duration) -> Result<Vec<OooNode>, St
             // Node 1 campaigns first (shorter timeout) and its link to node 3 jitters.
             election_timeout: Duration::from_millis(if i == 0 { 100 } else { 1_000 }),
             link_jitter: (i == 0).then_some((3, jitter)),
+            group: 1,
+            apply_threads: 0,
         };
-        nodes.push(OooNode::start(cfg, l, |_| {}).map_err(|e| e.to_string())?);
+        nodes.push(OooNode::start(cfg, l, Arc::new(|_| {})).map_err(|e| e.to_string())?);
     }
     Ok(nodes)
 }

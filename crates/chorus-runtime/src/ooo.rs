@@ -1,26 +1,34 @@
 //! A real driver for one out-of-order group replica: the pure [`OooReplica`] with its
 //! [`OooStore`] on the real file system (fdatasync) and plain TCP between processes.
 //!
-//! One driver thread owns the replica and executes its actions in order: consecutive
-//! writes go to the store's buffer and are synced (one `fdatasync`) before the next action
-//! that is not a write, so nothing is acknowledged, voted or sent before what it depends
-//! on is durable. Applies run on the driver thread through the caller's callback, one
-//! released batch after another (the batch members are independent; a pool of apply
-//! threads is not built yet). Messages travel as frames `u32 length | u32 CRC32C |
-//! message` (`docs/formats.md`, "Out-of-order groups"); each node dials every peer it
-//! sends to, announcing itself with a `u64` node id, and a broken connection drops what
-//! was queued (the protocol retransmits) and is redialled.
+//! One driver thread owns the replica and executes its actions: the writes of everything
+//! the replica asked for go to the store's buffer and are synced with one `fdatasync`
+//! before any send, result or apply of that list runs, so nothing is acknowledged, voted
+//! or sent before what it depends on is durable (group commit over every event taken).
 //!
-//! Not done yet (issue 6): this driver is not reachable from the gRPC service or the
-//! `chorus` CLI, has no TLS, no metrics and no rate limit on catch-up.
+//! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
+//! independent entries in parallel): the replica only releases together entries that do
+//! not conflict, each worker calls the caller's callback and reports the slot back to the
+//! driver, which then releases what waited on it. With `apply_threads = 0` the driver
+//! applies itself, one released batch after another.
+//!
+//! Messages travel as frames `u32 length | u32 CRC32C | message` (`docs/formats.md`,
+//! "Out-of-order groups"); each node dials every peer it sends to, announcing itself with
+//! `u64 node id | u64 group id` (a connection naming another group is closed, so two
+//! groups given the same address by mistake never mix), and a broken connection drops
+//! what was queued (the protocol retransmits) and is redialled.
+//!
+//! Not done yet (issue 6): no TLS on this transport, no rate limit on catch-up, and the
+//! entries file is never compacted.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +49,8 @@ const MAX_FRAME: usize = 256 << 20;
 pub struct OooNodeConfig {
     /// This node.
     pub id: NodeId,
+    /// The group (checked on every inbound connection).
+    pub group: u64,
     /// Every voter and its replication address, this node included.
     pub voters: Vec<(NodeId, SocketAddr)>,
     /// The group's mode.
@@ -53,7 +63,13 @@ pub struct OooNodeConfig {
     /// random time below the given bound (a jittery replication link; frames keep their
     /// order).
     pub link_jitter: Option<(NodeId, Duration)>,
+    /// Threads applying committed entries (0: the driver thread applies).
+    pub apply_threads: usize,
 }
+
+/// The state machine callback: called once per committed entry the apply rules release,
+/// possibly on several threads at once for entries that do not conflict.
+pub type ApplyFn = Arc<dyn Fn(&Entry) + Send + Sync>;
 
 /// Why an append through [`OooNode::append`] did not get a result.
 #[derive(Debug, thiserror::Error)]
@@ -75,10 +91,14 @@ pub enum OooNodeError {
 /// What the driver reports about its replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OooStatus {
+    /// The group's mode.
+    pub mode: Mode,
     /// Role.
     pub role: Role,
     /// Term.
     pub term: u64,
+    /// The leader this replica knows of.
+    pub leader: Option<NodeId>,
     /// Serving appends.
     pub serving: bool,
     /// First slot not known committed.
@@ -87,11 +107,12 @@ pub struct OooStatus {
     pub applied_head: u64,
 }
 
-type Reply = Sender<Result<Outcome, OooNodeError>>;
+type Reply = tokio::sync::oneshot::Sender<Result<Outcome, OooNodeError>>;
 
 enum Ev {
     Msg(NodeId, Msg),
     Append(Declared, Vec<u8>, Reply),
+    Applied(u64),
     Status(Sender<OooStatus>),
 }
 
@@ -106,11 +127,11 @@ pub struct OooNode {
 impl OooNode {
     /// Starts the node on `listener` (already bound, so tests and `chorus dev` can pick
     /// free ports first); `apply` is called with every committed entry the apply rules
-    /// release, on the driver thread.
+    /// release (see the module documentation for the threads).
     pub fn start(
         cfg: OooNodeConfig,
         listener: TcpListener,
-        mut apply: impl FnMut(&Entry) + Send + 'static,
+        apply: ApplyFn,
     ) -> Result<Self, OooNodeError> {
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (mut store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
@@ -129,9 +150,28 @@ impl OooNode {
         // Inbound connections.
         listener.set_nonblocking(true)?;
         {
-            let (tx, stop) = (tx.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || accept_loop(listener, tx, stop)));
+            let (tx, stop, group) = (tx.clone(), stop.clone(), cfg.group);
+            threads.push(std::thread::spawn(move || {
+                accept_loop(listener, group, tx, stop)
+            }));
         }
+        // Apply workers: they take released entries from one queue and report each
+        // applied slot back to the driver.
+        let (work_tx, work_rx) = mpsc::channel::<Entry>();
+        let work_rx = Arc::new(Mutex::new(work_rx));
+        for _ in 0..cfg.apply_threads {
+            let (rx, tx, apply) = (work_rx.clone(), tx.clone(), apply.clone());
+            threads.push(std::thread::spawn(move || loop {
+                let next = rx.lock().map(|r| r.recv());
+                let Ok(Ok(e)) = next else { return };
+                apply(&e);
+                if tx.send(Ev::Applied(e.seq)).is_err() {
+                    return;
+                }
+            }));
+        }
+        let pool = cfg.apply_threads > 0;
+        let mode = cfg.mode;
         // Outbound: one writer thread per peer.
         let mut peers: HashMap<NodeId, Sender<Vec<u8>>> = HashMap::new();
         for &(p, a) in &cfg.voters {
@@ -139,15 +179,17 @@ impl OooNode {
                 continue;
             }
             let (ptx, prx) = mpsc::channel::<Vec<u8>>();
-            let (stop, me) = (stop.clone(), cfg.id);
+            let (stop, hello) = (stop.clone(), (cfg.id, cfg.group));
             let jitter = cfg.link_jitter.filter(|j| j.0 == p).map(|j| j.1);
             threads.push(std::thread::spawn(move || {
-                writer_loop(me, a, prx, stop, jitter)
+                writer_loop(hello, a, prx, stop, jitter)
             }));
             peers.insert(p, ptx);
         }
         let stop2 = stop.clone();
         threads.push(std::thread::spawn(move || {
+            // Dropping the work queue's sender when the driver ends stops the workers.
+            let work_tx = work_tx;
             let mut waiters: HashMap<u64, Reply> = HashMap::new();
             let mut failed = false;
             while !stop2.load(Ordering::Relaxed) && !failed {
@@ -171,10 +213,18 @@ impl OooNode {
                             let _ = reply.send(Err(e.into()));
                         }
                     },
+                    Ev::Applied(seq) => {
+                        if let Err(e) = replica.applied(seq) {
+                            tracing::error!(error = %e, "apply report refused; stopping");
+                            failed = true;
+                        }
+                    }
                     Ev::Status(reply) => {
                         let _ = reply.send(OooStatus {
+                            mode,
                             role: replica.role(),
                             term: replica.term(),
+                            leader: replica.leader(),
                             serving: replica.is_serving(),
                             committed_head: replica.committed_head(),
                             applied_head: replica.applied_head(),
@@ -192,36 +242,48 @@ impl OooNode {
                     if actions.is_empty() {
                         break;
                     }
-                    let mut unsynced = false;
-                    let mut applied = Vec::new();
+                    // Writes go to the store's buffer as they come; everything else waits
+                    // until they are synced (one fdatasync for the whole list). Delaying a
+                    // send, result or apply past a later write only makes more durable
+                    // before it; a hard-state save is ordered after the writes before it.
+                    let mut deferred = Vec::with_capacity(actions.len());
                     for a in actions {
-                        if unsynced && !matches!(a, Action::Write(_)) {
-                            unsynced = false;
-                            if let Err(e) = store.sync() {
-                                tracing::error!(error = %e, "out-of-order store sync failed; stopping");
-                                failed = true;
-                                break;
-                            }
-                        }
                         match a {
                             Action::Write(e) => {
-                                unsynced = true;
                                 if store.write(&e).is_err() {
                                     failed = true;
                                     break;
                                 }
                             }
                             Action::SaveHard(h) => {
-                                if let Err(e) = store.save_hard(&h) {
+                                let r = store.sync().and_then(|()| store.save_hard(&h));
+                                if let Err(e) = r {
                                     tracing::error!(error = %e, "saving the hard state failed; stopping");
                                     failed = true;
                                     break;
                                 }
                             }
+                            other => deferred.push(other),
+                        }
+                    }
+                    if failed {
+                        break;
+                    }
+                    if let Err(e) = store.sync() {
+                        tracing::error!(error = %e, "out-of-order store sync failed; stopping");
+                        failed = true;
+                        break;
+                    }
+                    let mut applied = Vec::new();
+                    for a in deferred {
+                        match a {
                             Action::Send { to, msg } => {
                                 if let Some(p) = peers.get(&to) {
                                     let _ = p.send(frame(&encode_msg(&msg)));
                                 }
+                            }
+                            Action::Apply(e) if pool => {
+                                let _ = work_tx.send(e);
                             }
                             Action::Apply(e) => {
                                 apply(&e);
@@ -232,15 +294,12 @@ impl OooNode {
                                     let _ = w.send(Ok(outcome));
                                 }
                             }
-                            Action::Committed(_) | Action::Role { .. } | Action::Serving { .. } => {}
+                            Action::Write(_)
+                            | Action::SaveHard(_)
+                            | Action::Committed(_)
+                            | Action::Role { .. }
+                            | Action::Serving { .. } => {}
                         }
-                    }
-                    if failed {
-                        break;
-                    }
-                    if unsynced && store.sync().is_err() {
-                        failed = true;
-                        break;
                     }
                     for s in applied {
                         let _ = replica.applied(s);
@@ -265,13 +324,30 @@ impl OooNode {
         self.addr
     }
 
-    /// Appends a record and waits for its result.
+    /// Appends a record and blocks until its result (not from inside an async runtime:
+    /// use [`OooNode::append_async`] there).
     pub fn append(&self, declared: Declared, data: Vec<u8>) -> Result<Outcome, OooNodeError> {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
             .send(Ev::Append(declared, data, tx))
             .map_err(|_| OooNodeError::Stopped)?;
-        rx.recv().map_err(|_| OooNodeError::Stopped)?
+        rx.blocking_recv().map_err(|_| OooNodeError::Stopped)?
+    }
+
+    /// Appends a record; the future resolves to its result.
+    pub fn append_async(
+        &self,
+        declared: Declared,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<Outcome, OooNodeError>> + Send + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self.tx.send(Ev::Append(declared, data, tx)).is_ok();
+        async move {
+            if !sent {
+                return Err(OooNodeError::Stopped);
+            }
+            rx.await.map_err(|_| OooNodeError::Stopped)?
+        }
     }
 
     /// The replica's status, or `None` if the node stopped.
@@ -299,13 +375,13 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     f
 }
 
-fn accept_loop(listener: TcpListener, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, group: u64, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
     let mut readers = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
                 let (tx, stop) = (tx.clone(), stop.clone());
-                readers.push(std::thread::spawn(move || reader_loop(s, tx, stop)));
+                readers.push(std::thread::spawn(move || reader_loop(s, group, tx, stop)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(5));
@@ -323,7 +399,7 @@ fn accept_loop(listener: TcpListener, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
 
 /// Reads frames from one inbound connection until it breaks or a frame is bad (the
 /// connection is then closed: the sender redials, and the protocol retransmits).
-fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
+fn reader_loop(mut s: TcpStream, group: u64, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf: Vec<u8> = Vec::new();
@@ -348,11 +424,20 @@ fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
         loop {
             let rest = &buf[at..];
             if from.is_none() {
-                if rest.len() < 8 {
+                if rest.len() < 16 {
                     break;
                 }
+                let g = u64::from_le_bytes(rest[8..16].try_into().expect("8"));
+                if g != group {
+                    tracing::warn!(
+                        group,
+                        named = g,
+                        "out-of-order connection for another group; closing it"
+                    );
+                    return;
+                }
                 from = Some(u64::from_le_bytes(rest[..8].try_into().expect("8")));
-                at += 8;
+                at += 16;
                 continue;
             }
             if rest.len() < 8 {
@@ -391,7 +476,7 @@ fn reader_loop(mut s: TcpStream, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
 
 /// Sends queued frames to one peer, dialling (and redialling) as needed.
 fn writer_loop(
-    me: NodeId,
+    (me, group): (NodeId, u64),
     addr: SocketAddr,
     rx: Receiver<Vec<u8>>,
     stop: Arc<AtomicBool>,
@@ -417,7 +502,9 @@ fn writer_loop(
             match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
                 Ok(mut s) => {
                     let _ = s.set_nodelay(true);
-                    if s.write_all(&me.to_le_bytes()).is_ok() {
+                    let mut hello = me.to_le_bytes().to_vec();
+                    hello.extend_from_slice(&group.to_le_bytes());
+                    if s.write_all(&hello).is_ok() {
                         conn = Some(s);
                     }
                 }

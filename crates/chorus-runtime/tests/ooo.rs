@@ -76,9 +76,12 @@ impl Cluster {
             dir: self.dirs[i].path().to_path_buf(),
             election_timeout: Duration::from_millis(300),
             link_jitter: None,
+            group: 7,
+            // Node 1 applies on its driver thread, nodes 2 and 3 on pools of 1 and 2.
+            apply_threads: i,
         };
         let st = self.states[i].clone();
-        OooNode::start(cfg, l, move |e| apply_to(&st, e)).unwrap()
+        OooNode::start(cfg, l, Arc::new(move |e| apply_to(&st, e))).unwrap()
     }
 
     fn leader(&self) -> usize {
