@@ -229,6 +229,70 @@ impl Client {
         .await
     }
 
+    /// Appends records to an out-of-order group (each declaring its blocks or read/write
+    /// sets) and waits for each final result.
+    pub async fn append_out_of_order(
+        &mut self,
+        group: u64,
+        records: Vec<pb::OutOfOrderRecord>,
+    ) -> Result<Vec<pb::OutOfOrderResult>, ClientError> {
+        let req = pb::AppendOutOfOrderRequest { group, records };
+        self.on_leader(group, false, |mut c| {
+            let req = req.clone();
+            async move {
+                c.append_out_of_order(req)
+                    .await
+                    .map(|r| r.into_inner().results)
+            }
+        })
+        .await
+    }
+
+    /// Reads blocks of a parallel group's volume as the replica at endpoint `i` applied
+    /// them.
+    pub async fn read_blocks_at(
+        &mut self,
+        i: usize,
+        group: u64,
+        start: u64,
+        count: u64,
+    ) -> Result<pb::ReadBlocksResponse, ClientError> {
+        let ep = self
+            .endpoints
+            .get(i)
+            .cloned()
+            .ok_or(ClientError::NoEndpoints)?;
+        let mut c = self.conn(i).await?;
+        c.read_blocks(pb::ReadBlocksRequest {
+            group,
+            start,
+            count,
+        })
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| ClientError::status(&ep, s))
+    }
+
+    /// Reads keys of a dependent group's key-value store as the replica at endpoint `i`
+    /// applied them.
+    pub async fn get_keys_at(
+        &mut self,
+        i: usize,
+        group: u64,
+        keys: Vec<u64>,
+    ) -> Result<pb::GetKeysResponse, ClientError> {
+        let ep = self
+            .endpoints
+            .get(i)
+            .cloned()
+            .ok_or(ClientError::NoEndpoints)?;
+        let mut c = self.conn(i).await?;
+        c.get_keys(pb::GetKeysRequest { group, keys })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| ClientError::status(&ep, s))
+    }
+
     /// A membership change, sent to the leader.
     pub async fn change_membership(
         &mut self,
@@ -355,15 +419,24 @@ impl Client {
         voters: Vec<u64>,
         learners: Vec<u64>,
     ) -> Result<(), ClientError> {
+        self.create_group_with(pb::CreateGroupRequest {
+            group,
+            voters,
+            learners,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Creates a group on every endpoint from a full request (mode, out-of-order
+    /// replication addresses). Endpoints where it already exists count as done.
+    pub async fn create_group_with(
+        &mut self,
+        req: pb::CreateGroupRequest,
+    ) -> Result<(), ClientError> {
         for i in 0..self.endpoints.len() {
             let mut c = self.conn(i).await?;
-            let r = c
-                .create_group(pb::CreateGroupRequest {
-                    group,
-                    voters: voters.clone(),
-                    learners: learners.clone(),
-                })
-                .await;
+            let r = c.create_group(req.clone()).await;
             match r {
                 Ok(_) => {}
                 Err(s) if s.code() == Code::AlreadyExists => {}

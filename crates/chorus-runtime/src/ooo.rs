@@ -22,10 +22,10 @@
 //! entries file is never compacted.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -107,7 +107,16 @@ pub struct OooStatus {
     pub applied_head: u64,
 }
 
-type Reply = tokio::sync::oneshot::Sender<Result<Outcome, OooNodeError>>;
+/// The final result of an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OooResult {
+    /// Its slot.
+    pub seq: u64,
+    /// Committed or Failed.
+    pub outcome: Outcome,
+}
+
+type Reply = tokio::sync::oneshot::Sender<Result<OooResult, OooNodeError>>;
 
 enum Ev {
     Msg(NodeId, Msg),
@@ -289,9 +298,9 @@ impl OooNode {
                                 apply(&e);
                                 applied.push(e.seq);
                             }
-                            Action::Result { eid, outcome, .. } => {
+                            Action::Result { eid, seq, outcome } => {
                                 if let Some(w) = waiters.remove(&eid) {
-                                    let _ = w.send(Ok(outcome));
+                                    let _ = w.send(Ok(OooResult { seq, outcome }));
                                 }
                             }
                             Action::Write(_)
@@ -331,7 +340,9 @@ impl OooNode {
         self.tx
             .send(Ev::Append(declared, data, tx))
             .map_err(|_| OooNodeError::Stopped)?;
-        rx.blocking_recv().map_err(|_| OooNodeError::Stopped)?
+        rx.blocking_recv()
+            .map_err(|_| OooNodeError::Stopped)?
+            .map(|r| r.outcome)
     }
 
     /// Appends a record; the future resolves to its result.
@@ -340,6 +351,17 @@ impl OooNode {
         declared: Declared,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<Outcome, OooNodeError>> + Send + 'static {
+        let r = self.submit(declared, data);
+        async move { r.await.map(|r| r.outcome) }
+    }
+
+    /// Appends a record; the future resolves to its result and slot. Appends submitted
+    /// from one thread get increasing slots in submission order.
+    pub fn submit(
+        &self,
+        declared: Declared,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<OooResult, OooNodeError>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sent = self.tx.send(Ev::Append(declared, data, tx)).is_ok();
         async move {

@@ -495,11 +495,7 @@ fn node_config(a: &BenchArgs, dir: &Path, i: u64, ports: &Ports) -> ServerConfig
             .filter(|j| *j != i)
             .map(|j| (j.to_string(), p(1, j)))
             .collect(),
-        groups: vec![GroupSpec {
-            id: 1,
-            voters: (1..=NODES).collect(),
-            learners: vec![],
-        }],
+        groups: vec![GroupSpec::ordered(1, (1..=NODES).collect(), vec![])],
         log_filter: "warn".into(),
         ..ServerConfig::default()
     };

@@ -44,6 +44,70 @@ pub struct GroupSpec {
     /// Initial learners.
     #[serde(default)]
     pub learners: Vec<u64>,
+    /// `ordered` (the default: the PALF replica), `parallel` (ParallelRaft: records declare
+    /// the blocks they write) or `dependent` (DP-Raft: records declare read and write
+    /// sets). Chosen at creation, never changed.
+    #[serde(default = "ordered", skip_serializing_if = "is_ordered")]
+    pub mode: String,
+    /// Out-of-order groups: each voter's replication address for this group, by node id
+    /// (every voter, this node included; the group's own TCP port, not `listen`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replicas: BTreeMap<String, String>,
+    /// Parallel groups: the look-behind buffer's length N (PolarFS section 5.2; 0 means
+    /// the paper's 2).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub look_behind: u32,
+}
+
+fn ordered() -> String {
+    "ordered".into()
+}
+
+fn is_ordered(m: &String) -> bool {
+    m == "ordered" || m.is_empty()
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl GroupSpec {
+    /// An ordered group.
+    pub fn ordered(id: u64, voters: Vec<u64>, learners: Vec<u64>) -> Self {
+        Self {
+            id,
+            voters,
+            learners,
+            mode: ordered(),
+            replicas: BTreeMap::new(),
+            look_behind: 0,
+        }
+    }
+
+    /// Whether the group is ordered (the PALF replica of the main runtime).
+    pub fn is_ordered(&self) -> bool {
+        is_ordered(&self.mode)
+    }
+}
+
+/// Settings of out-of-order groups.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutOfOrderSection {
+    /// Election timeout (randomised up to twice this); heartbeats and resends every sixth.
+    pub election_timeout_ms: u64,
+    /// Threads applying committed entries to the demo state machine, per group (0: the
+    /// replica's driver thread applies).
+    pub apply_threads: usize,
+}
+
+impl Default for OutOfOrderSection {
+    fn default() -> Self {
+        Self {
+            election_timeout_ms: 1000,
+            apply_threads: 2,
+        }
+    }
 }
 
 /// Replica timings (milliseconds) and limits.
@@ -165,6 +229,8 @@ pub struct ServerConfig {
     pub log: LogSection,
     /// Mutual TLS for replication.
     pub tls: Option<TlsSection>,
+    /// Settings of out-of-order (parallel and dependent mode) groups.
+    pub out_of_order: OutOfOrderSection,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `chorus_runtime=debug`.
     pub log_filter: String,
 }
@@ -185,6 +251,7 @@ impl Default for ServerConfig {
             replica: ReplicaSection::default(),
             log: LogSection::default(),
             tls: None,
+            out_of_order: OutOfOrderSection::default(),
             log_filter: "info".into(),
         }
     }
@@ -207,11 +274,7 @@ pub fn parse_group(s: &str) -> Result<GroupSpec, ConfigError> {
     let id = id.trim().parse().map_err(|_| bad("groups", s, accepted))?;
     let voters: Result<Vec<u64>, _> = voters.split(',').map(|v| v.trim().parse()).collect();
     let voters = voters.map_err(|_| bad("groups", s, accepted))?;
-    Ok(GroupSpec {
-        id,
-        voters,
-        learners: vec![],
-    })
+    Ok(GroupSpec::ordered(id, voters, vec![]))
 }
 
 impl ServerConfig {

@@ -5,7 +5,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use chorus_client::Client;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::config::{GroupSpec, ServerConfig};
 use crate::{AnyResult, EXIT_UNREACHABLE};
@@ -19,7 +19,8 @@ pub struct DevArgs {
     /// Number of nodes (replicas of group 1).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
     pub nodes: u64,
-    /// Node i serves the API on base+i, replication on base+100+i, metrics on base+200+i.
+    /// Node i serves the API on base+i, replication on base+100+i, metrics on base+200+i
+    /// (and an out-of-order group's replication on base+300+i).
     #[arg(long, default_value_t = 7000, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     pub base_port: u16,
     /// Delete data from an earlier run first (otherwise it is reused).
@@ -29,6 +30,33 @@ pub struct DevArgs {
     /// running (stop them with `kill $(cat DIR/pids)`).
     #[arg(long)]
     pub detach: bool,
+    /// Group 1's mode: ordered (PALF), parallel (ParallelRaft: records declare the 4 KiB
+    /// blocks they write, a block volume applies them) or dependent (DP-Raft: records
+    /// declare read and write sets, a key-value store applies them). Reusing a data
+    /// directory keeps the mode it was created with (use --fresh to change it).
+    #[arg(long, value_enum, default_value_t = DevMode::Ordered)]
+    pub mode: DevMode,
+}
+
+/// Group 1's mode in `chorus dev`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DevMode {
+    /// The PALF replica: in-order log.
+    Ordered,
+    /// ParallelRaft.
+    Parallel,
+    /// DP-Raft.
+    Dependent,
+}
+
+impl DevMode {
+    fn name(self) -> &'static str {
+        match self {
+            DevMode::Ordered => "ordered",
+            DevMode::Parallel => "parallel",
+            DevMode::Dependent => "dependent",
+        }
+    }
 }
 
 fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
@@ -43,10 +71,13 @@ fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
             .filter(|j| *j != i)
             .map(|j| (j.to_string(), p(100, j)))
             .collect(),
-        groups: vec![GroupSpec {
-            id: 1,
-            voters: (1..=a.nodes).collect(),
-            learners: vec![],
+        groups: vec![{
+            let mut g = GroupSpec::ordered(1, (1..=a.nodes).collect(), vec![]);
+            if a.mode != DevMode::Ordered {
+                g.mode = a.mode.name().into();
+                g.replicas = (1..=a.nodes).map(|j| (j.to_string(), p(300, j))).collect();
+            }
+            g
         }],
         ..ServerConfig::default()
     }
@@ -107,7 +138,9 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
             let mut c = Client::new(endpoints.clone());
             for (_, r) in c.status_all(1).await {
                 if let Ok(s) = r {
-                    if s.groups.iter().any(|g| g.role == "leader") {
+                    if s.groups.iter().any(|g| {
+                        g.group == 1 && g.role == "leader" && (g.mode == "ordered" || g.serving)
+                    }) {
                         return Some(s.node);
                     }
                 }
@@ -129,8 +162,9 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
     };
     let eps = endpoints.join(",");
     println!(
-        "Chorus dev cluster: {} nodes, group 1, node {leader} leads.",
-        a.nodes
+        "Chorus dev cluster: {} nodes, group 1 ({} mode), node {leader} leads.",
+        a.nodes,
+        a.mode.name()
     );
     println!();
     for (i, ep) in endpoints.iter().enumerate() {
@@ -158,11 +192,23 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
     };
     println!("Try, in another terminal:");
     println!("  {me} status{flag}");
-    println!("  {me} append{flag} hello world");
-    println!("  {me} read{flag}");
-    println!("  {me} tail -f{flag}");
-    println!("  {me} bench{flag} --clients 100");
-    println!("  {me} leader transfer{flag} --to 2");
+    match a.mode {
+        DevMode::Ordered => {
+            println!("  {me} append{flag} hello world");
+            println!("  {me} read{flag}");
+            println!("  {me} tail -f{flag}");
+            println!("  {me} bench{flag} --clients 100");
+            println!("  {me} leader transfer{flag} --to 2");
+        }
+        DevMode::Parallel => {
+            println!("  {me} append{flag} --blocks 10+2 hello     # writes blocks 10 and 11 (padded with zeros)");
+            println!("  {me} state blocks{flag} 10 --count 2      # as every replica applied them");
+        }
+        DevMode::Dependent => {
+            println!("  {me} append{flag} --reads 1 --writes 2 v1  # a transaction that read key 1 and wrote key 2");
+            println!("  {me} state keys{flag} 1 2                 # as every replica applied them");
+        }
+    }
     println!();
     println!("Logs: {}/n*.log", dir.display());
     if a.detach {

@@ -4,7 +4,7 @@
 //!   prints how to talk to it.
 //! - `chorus server` — runs one node of a cluster (config file, `CHORUS_*` environment,
 //!   flags; see `docs/operations.md`).
-//! - `chorus append | read | tail | locate | status | member | leader | group | bench` —
+//! - `chorus append | read | tail | locate | status | member | leader | group | state | bench` —
 //!   client commands against `--endpoints` (the nodes' gRPC API addresses).
 //! - `chorus demo DIR` and `chorus inspect DIR` — local tools on a data directory.
 //!
@@ -17,6 +17,7 @@ mod bench;
 mod config;
 mod dev;
 mod local;
+mod ooo;
 mod remote;
 mod server;
 mod service;
@@ -94,6 +95,9 @@ enum Cmd {
     Leader(remote::LeaderArgs),
     /// Groups: create.
     Group(remote::GroupArgs),
+    /// The applied state of an out-of-order group's demo state machine (parallel: blocks
+    /// of its volume; dependent: keys of its key-value store) on every endpoint.
+    State(remote::StateArgs),
     /// Closed-loop append benchmark: against a running cluster over gRPC, or `--local DIR`
     /// to start three replica processes and drive them from the leader's process.
     Bench(bench::BenchArgs),
@@ -168,6 +172,7 @@ fn main() -> ExitCode {
         Cmd::Member(a) => remote::run(remote::Remote::Member(a)),
         Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
         Cmd::Group(a) => remote::run(remote::Remote::Group(a)),
+        Cmd::State(a) => remote::run(remote::Remote::State(a)),
         Cmd::Bench(a) => bench::run(a),
     };
     match r {

@@ -21,6 +21,51 @@ pub struct AppendArgs {
     /// Reference CSN: each record's CSN will be at least this.
     #[arg(long, default_value_t = 0)]
     ref_csn: u64,
+    /// Parallel-mode groups: the blocks every record writes, `START` or `START+COUNT`
+    /// (repeatable); each record is padded with zeros to 4096 bytes per block.
+    #[arg(long = "blocks", value_parser = parse_range, conflicts_with_all = ["reads", "writes", "ref_csn"])]
+    blocks: Vec<chorus_core::ooo::parallel::BlockRange>,
+    /// Dependent-mode groups: keys every record's transaction read, comma-separated.
+    #[arg(long, value_delimiter = ',', conflicts_with = "ref_csn")]
+    reads: Vec<u64>,
+    /// Dependent-mode groups: keys every record's transaction wrote, comma-separated (the
+    /// demo key-value store sets each to the record).
+    #[arg(long, value_delimiter = ',', conflicts_with = "ref_csn")]
+    writes: Vec<u64>,
+}
+
+fn parse_range(s: &str) -> Result<chorus_core::ooo::parallel::BlockRange, String> {
+    crate::ooo::parse_blocks(s)
+}
+
+/// `chorus state`: the applied state of an out-of-order group's demo state machine on
+/// every endpoint.
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    #[command(subcommand)]
+    op: StateOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum StateOp {
+    /// Blocks of a parallel-mode group's volume.
+    Blocks {
+        #[command(flatten)]
+        ep: Endpoints,
+        /// First block.
+        start: u64,
+        /// Blocks to read (at most 4096).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+    },
+    /// Keys of a dependent-mode group's key-value store.
+    Keys {
+        #[command(flatten)]
+        ep: Endpoints,
+        /// Keys to look up.
+        #[arg(required = true)]
+        keys: Vec<u64>,
+    },
 }
 
 /// `chorus read`.
@@ -151,7 +196,28 @@ enum GroupOp {
         /// Initial voters (node ids), comma-separated.
         #[arg(long, value_delimiter = ',')]
         voters: Vec<u64>,
+        /// `ordered`, `parallel` or `dependent`.
+        #[arg(long, default_value = "ordered", value_parser = ["ordered", "parallel", "dependent"])]
+        mode: String,
+        /// Out-of-order groups: a voter's replication address for this group,
+        /// `ID=HOST:PORT` (one per voter).
+        #[arg(long = "replica", value_parser = parse_replica)]
+        replicas: Vec<(u64, String)>,
+        /// Parallel groups: the look-behind buffer's length (0: the paper's 2).
+        #[arg(long, default_value_t = 0)]
+        look_behind: u32,
     },
+}
+
+fn parse_replica(s: &str) -> Result<(u64, String), String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected ID=HOST:PORT"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: the node id must be a number"))?;
+    Ok((id, addr.trim().to_string()))
 }
 
 /// A client command.
@@ -172,6 +238,8 @@ pub enum Remote {
     Leader(LeaderArgs),
     /// group
     Group(GroupArgs),
+    /// state
+    State(StateArgs),
 }
 
 /// Runs a client command on a small async runtime, mapping errors to exit codes.
@@ -189,6 +257,7 @@ pub fn run(cmd: Remote) -> AnyResult<ExitCode> {
             Remote::Member(a) => member(a).await,
             Remote::Leader(a) => leader(a).await,
             Remote::Group(a) => group(a).await,
+            Remote::State(a) => state(a).await,
         }
     });
     match r {
@@ -244,6 +313,9 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
     } else {
         a.records.iter().map(|r| r.as_bytes().to_vec()).collect()
     };
+    if !a.blocks.is_empty() || !a.reads.is_empty() || !a.writes.is_empty() {
+        return append_out_of_order(a, records).await;
+    }
     let mut c = Client::new(a.ep.endpoints.clone());
     let mut failed = false;
     let mut rows = Vec::new();
@@ -282,6 +354,185 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `chorus append --blocks` / `--reads --writes`: one out-of-order append per record.
+async fn append_out_of_order(
+    a: AppendArgs,
+    records: Vec<Vec<u8>>,
+) -> Result<ExitCode, ClientError> {
+    let blocks: u64 = a.blocks.iter().map(|r| r.end - r.start).sum();
+    let size = blocks.saturating_mul(crate::ooo::BLOCK);
+    let mut recs = Vec::with_capacity(records.len());
+    for (i, mut data) in records.into_iter().enumerate() {
+        if !a.blocks.is_empty() {
+            if data.len() as u64 > size {
+                return Err(ClientError::Status {
+                    endpoint: "(not sent)".into(),
+                    code: Code::InvalidArgument,
+                    message: format!(
+                        "record {i} has {} bytes, more than its {blocks} blocks hold ({size})",
+                        data.len()
+                    ),
+                });
+            }
+            data.resize(size as usize, 0);
+        }
+        recs.push(pb::OutOfOrderRecord {
+            data,
+            blocks: a
+                .blocks
+                .iter()
+                .map(|r| pb::BlockRange {
+                    start: r.start,
+                    count: r.end - r.start,
+                })
+                .collect(),
+            read_set: a.reads.clone(),
+            write_set: a.writes.clone(),
+        });
+    }
+    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut outcomes = Vec::new();
+    let total = recs.len();
+    for chunk in recs.chunks(crate::service::MAX_APPEND_BATCH) {
+        outcomes.extend(c.append_out_of_order(a.ep.group, chunk.to_vec()).await?);
+    }
+    let failed = outcomes.len() < total
+        || outcomes
+            .iter()
+            .any(|r| r.outcome != pb::Outcome::Committed as i32);
+    if outcomes.len() < total {
+        eprintln!(
+            "chorus: only {} of {total} records have a result",
+            outcomes.len()
+        );
+    }
+    match a.ep.output {
+        Output::Json => {
+            let v: Vec<_> = outcomes
+                .iter()
+                .map(|r| json!({"slot": r.seq, "outcome": outcome(r.outcome)}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        Output::Table => {
+            println!("{:>14}  OUTCOME", "SLOT");
+            for r in &outcomes {
+                println!("{:>14}  {}", r.seq, outcome(r.outcome));
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(EXIT_PROBLEM)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A replica's applied slot head and (what, value) pairs.
+type AppliedState = (u64, Vec<(String, String)>);
+
+/// `chorus state blocks|keys`: every endpoint's applied state; exit 1 when replicas that
+/// applied the same slots disagree.
+async fn state(a: StateArgs) -> Result<ExitCode, ClientError> {
+    let ep = match &a.op {
+        StateOp::Blocks { ep, .. } | StateOp::Keys { ep, .. } => ep.clone(),
+    };
+    let mut c = Client::new(ep.endpoints.clone());
+    let mut rows: Vec<(String, Result<AppliedState, ClientError>)> = Vec::new();
+    for i in 0..ep.endpoints.len() {
+        let r = match &a.op {
+            StateOp::Blocks { start, count, .. } => c
+                .read_blocks_at(i, ep.group, *start, *count)
+                .await
+                .map(|r| {
+                    let vals = r
+                        .data
+                        .chunks(crate::ooo::BLOCK as usize)
+                        .enumerate()
+                        .map(|(k, b)| {
+                            let used = b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1);
+                            let shown = if used == 0 {
+                                "(zeros)".to_string()
+                            } else {
+                                printable(&b[..used])
+                            };
+                            (format!("block {}", start + k as u64), shown)
+                        })
+                        .collect();
+                    (r.applied_seq, vals)
+                }),
+            StateOp::Keys { keys, .. } => c.get_keys_at(i, ep.group, keys.clone()).await.map(|r| {
+                let vals = r
+                    .values
+                    .iter()
+                    .map(|kv| {
+                        let v = if kv.found {
+                            printable(&kv.value)
+                        } else {
+                            "(absent)".to_string()
+                        };
+                        (format!("key {}", kv.key), v)
+                    })
+                    .collect();
+                (r.applied_seq, vals)
+            }),
+        };
+        rows.push((ep.endpoints[i].clone(), r));
+    }
+    // Replicas that applied exactly the same prefix must hold the same values.
+    let mut disagree = false;
+    for (i, (_, a)) in rows.iter().enumerate() {
+        for (_, b) in &rows[i + 1..] {
+            if let (Ok(a), Ok(b)) = (a, b) {
+                disagree |= a.0 == b.0 && a.1 != b.1;
+            }
+        }
+    }
+    let reachable = rows.iter().filter(|r| r.1.is_ok()).count();
+    match ep.output {
+        Output::Json => {
+            let v: Vec<_> = rows
+                .iter()
+                .map(|(e, r)| match r {
+                    Ok((applied, vals)) => json!({
+                        "endpoint": e, "applied_seq": applied,
+                        "values": vals.iter().map(|(k, v)| json!({"what": k, "value": v})).collect::<Vec<_>>(),
+                    }),
+                    Err(err) => json!({"endpoint": e, "error": err.to_string()}),
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        Output::Table => {
+            for (e, r) in &rows {
+                match r {
+                    Ok((applied, vals)) => {
+                        println!(
+                            "{}  (applied below slot {applied})",
+                            e.trim_start_matches("http://")
+                        );
+                        for (k, v) in vals {
+                            println!("  {k:<16} {v}");
+                        }
+                    }
+                    Err(err) => println!("{}  error: {err}", e.trim_start_matches("http://")),
+                }
+            }
+        }
+    }
+    if disagree {
+        eprintln!("chorus: replicas that applied the same slots hold different values");
+        return Ok(ExitCode::from(EXIT_PROBLEM));
+    }
+    if reachable == 0 {
+        if let Some((_, Err(e))) = rows.into_iter().next() {
+            return Err(e);
+        }
+        return Ok(ExitCode::from(EXIT_UNREACHABLE));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_records(out: Output, recs: &[pb::Record]) {
@@ -390,8 +641,17 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
             let v: Vec<_> = rows
                 .iter()
                 .map(|(ep, g, e)| match g {
+                    Some(g) if g.mode != "ordered" && !g.mode.is_empty() => json!({
+                        "endpoint": ep, "group": g.group, "node": g.node, "role": g.role,
+                        "mode": g.mode, "term": g.proposal_id,
+                        "leader": if g.has_leader { Some(g.leader) } else { None },
+                        "serving": g.serving, "committed_seq": g.committed_seq,
+                        "applied_seq": g.applied_seq, "voters": g.voters,
+                        "stopped": if g.stopped.is_empty() { None } else { Some(&g.stopped) },
+                    }),
                     Some(g) => json!({
                         "endpoint": ep, "group": g.group, "node": g.node, "role": g.role,
+                        "mode": "ordered",
                         "proposal_id": g.proposal_id,
                         "leader": if g.has_leader { Some(g.leader) } else { None },
                         "start_lsn": g.start_lsn, "end_lsn": g.end_lsn,
@@ -423,6 +683,21 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
             );
             for (ep, g, e) in &rows {
                 match g {
+                    Some(g) if g.mode != "ordered" && !g.mode.is_empty() => println!(
+                        "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6}  {} mode: committed below slot {}, applied below slot {}{}  voters {:?}{}",
+                        ep.trim_start_matches("http://"),
+                        g.group,
+                        g.node,
+                        g.role,
+                        g.proposal_id,
+                        if g.has_leader { g.leader.to_string() } else { "-".into() },
+                        g.mode,
+                        g.committed_seq,
+                        g.applied_seq,
+                        if g.role == "leader" && !g.serving { " (merging)" } else { "" },
+                        g.voters,
+                        if g.stopped.is_empty() { String::new() } else { format!("  STOPPED: {}", g.stopped) }
+                    ),
                     Some(g) => println!(
                         "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6} {:>12} {:>12} {:>12} {:>10}  voters {:?} learners {:?}{}",
                         ep.trim_start_matches("http://"),
@@ -521,12 +796,29 @@ async fn leader(a: LeaderArgs) -> Result<ExitCode, ClientError> {
 
 async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
     match a.op {
-        GroupOp::Create { ep, voters } => {
+        GroupOp::Create {
+            ep,
+            voters,
+            mode,
+            replicas,
+            look_behind,
+        } => {
             let mut c = Client::new(ep.endpoints.clone());
-            c.create_group(ep.group, voters.clone(), vec![]).await?;
+            c.create_group_with(pb::CreateGroupRequest {
+                group: ep.group,
+                voters: voters.clone(),
+                learners: vec![],
+                mode: mode.clone(),
+                replicas: replicas.into_iter().collect(),
+                look_behind,
+            })
+            .await?;
             Ok(done(
                 ep.output,
-                &format!("group {} created with voters {voters:?}", ep.group),
+                &format!(
+                    "group {} ({mode} mode) created with voters {voters:?}",
+                    ep.group
+                ),
             ))
         }
     }

@@ -3,12 +3,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use chorus_client::pb::chorus_server::ChorusServer;
 use chorus_runtime::{Env, Error};
 use clap::Args;
 
 use crate::config::{parse_group, parse_peer, ServerConfig};
+use crate::ooo::{OooGroups, OooSettings};
 use crate::service::{serve_metrics, Service};
 use crate::{AnyResult, EXIT_USAGE};
 
@@ -91,8 +93,31 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    let ooo = Arc::new(OooGroups::open(OooSettings {
+        node: cfg.node,
+        dir: cfg.data_dir.join("ooo"),
+        election_timeout: std::time::Duration::from_millis(
+            cfg.out_of_order.election_timeout_ms.max(10),
+        ),
+        apply_threads: cfg.out_of_order.apply_threads.min(64),
+    })?);
+    let has_ooo = cfg.groups.iter().any(|g| !g.is_ordered()) || !ooo.ids().is_empty();
+    if has_ooo && cfg.tls.is_some() {
+        return Err("out-of-order groups have no TLS transport yet: with [tls] set, use ordered groups only (docs/operations.md)".into());
+    }
     let env = Env::open(env_cfg)?;
     for g in &cfg.groups {
+        if !g.is_ordered() {
+            ooo.create(g.clone())?;
+            continue;
+        }
+        if ooo.get(g.id).is_some() {
+            return Err(format!(
+                "group {} is configured as ordered but exists here as an out-of-order group",
+                g.id
+            )
+            .into());
+        }
         match env.create_group(g.id, &g.voters, &g.learners) {
             Ok(_) | Err(Error::GroupExists(_)) => {}
             Err(e) => return Err(e.into()),
@@ -103,6 +128,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         replication = %env.replication_addr(),
         api = %api,
         groups = ?env.groups(),
+        out_of_order_groups = ?ooo.ids(),
         "chorus server started"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -114,7 +140,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             let l = tokio::net::TcpListener::bind(m).await?;
             tokio::spawn(serve_metrics(env.clone(), l));
         }
-        let svc = ChorusServer::new(Service::new(env.clone()))
+        let svc = ChorusServer::new(Service::new(env.clone(), ooo.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let listener = tokio::net::TcpListener::bind(api).await.map_err(|e| {
@@ -148,7 +174,11 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
         let e2 = env.clone();
-        tokio::task::spawn_blocking(move || e2.shutdown()).await?;
+        tokio::task::spawn_blocking(move || {
+            ooo.shutdown();
+            e2.shutdown()
+        })
+        .await?;
         Ok::<_, Box<dyn std::error::Error>>(ExitCode::SUCCESS)
     });
     match code {

@@ -2,14 +2,19 @@
 //! metrics endpoint.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_client::pb;
+use chorus_core::ooo::parallel::BlockRange;
+use chorus_core::ooo::replica::{Declared, Mode, OooAppendError};
 use chorus_core::replica::{AppendError, ChangeError, Role};
 use chorus_runtime::{Env, Error, MembershipChange, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+
+use crate::ooo::{check_record, OooGroup, OooGroups};
 
 /// Largest batch of records in one `Append` call.
 pub const MAX_APPEND_BATCH: usize = 10_000;
@@ -18,12 +23,72 @@ pub const MAX_APPEND_BATCH: usize = 10_000;
 #[derive(Clone, Debug)]
 pub struct Service {
     env: Env,
+    ooo: Arc<OooGroups>,
 }
 
 impl Service {
-    /// Serves `env`.
-    pub fn new(env: Env) -> Self {
-        Self { env }
+    /// Serves `env` (ordered groups) and `ooo` (out-of-order groups).
+    pub fn new(env: Env, ooo: Arc<OooGroups>) -> Self {
+        Self { env, ooo }
+    }
+
+    /// Refuses an ordered-group operation on an out-of-order group by name (instead of
+    /// "no such group").
+    fn ordered_only(&self, group: u64, op: &str) -> Result<(), Status> {
+        match self.ooo.get(group) {
+            Some(g) => Err(Status::unimplemented(format!(
+                "group {group} is a {}-mode group: {op} is for ordered groups{}",
+                mode_name(g.mode),
+                match op {
+                    "Append" => " (use AppendOutOfOrder, `chorus append --blocks` or `--writes`)",
+                    "Read" | "Tail" => {
+                        " (read its applied state with ReadBlocks or GetKeys, `chorus state`)"
+                    }
+                    _ => " (not built for out-of-order groups yet)",
+                }
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn ooo_group(&self, group: u64, op: &str) -> Result<Arc<OooGroup>, Status> {
+        self.ooo.get(group).ok_or_else(|| {
+            if self.env.group(group).is_ok() {
+                Status::unimplemented(format!(
+                    "group {group} is an ordered group: {op} is for out-of-order groups"
+                ))
+            } else {
+                Status::not_found(format!("no group {group} on this node"))
+            }
+        })
+    }
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Parallel { .. } => "parallel",
+        Mode::Dependent => "dependent",
+    }
+}
+
+/// Maps an out-of-order append error to a gRPC status.
+fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
+    use chorus_runtime::ooo::OooNodeError as E;
+    let msg = e.to_string();
+    match &e {
+        E::Refused(OooAppendError::NotLeader { leader }) => {
+            let mut s = Status::failed_precondition(msg);
+            if let Some(l) = leader {
+                if let Ok(v) = l.to_string().parse() {
+                    s.metadata_mut().insert("chorus-leader", v);
+                }
+            }
+            s
+        }
+        E::Refused(OooAppendError::WrongMode { .. }) => Status::invalid_argument(msg),
+        E::Refused(_) => Status::resource_exhausted(msg),
+        E::Stopped => Status::unavailable(msg),
+        E::Storage(_) | E::Io(_) => Status::internal(msg),
     }
 }
 
@@ -95,6 +160,52 @@ fn group_status(s: chorus_runtime::GroupStatus) -> pb::GroupStatus {
             .collect(),
         pending_appends: s.pending_appends as u64,
         stopped: s.stopped.unwrap_or_default(),
+        mode: "ordered".into(),
+        ..Default::default()
+    }
+}
+
+fn ooo_group_status(group: u64, node: u64, s: chorus_runtime::ooo::OooStatus) -> pb::GroupStatus {
+    pb::GroupStatus {
+        group,
+        node,
+        role: role_name(s.role).into(),
+        proposal_id: s.term,
+        leader: s.leader.unwrap_or(0),
+        has_leader: s.leader.is_some(),
+        mode: mode_name(s.mode).into(),
+        committed_seq: s.committed_head,
+        applied_seq: s.applied_head,
+        serving: s.serving,
+        ..Default::default()
+    }
+}
+
+/// What an out-of-order record declares, read from the request.
+fn declared(mode: Mode, r: &pb::OutOfOrderRecord) -> Result<Declared, String> {
+    let has_blocks = !r.blocks.is_empty();
+    let has_sets = !r.read_set.is_empty() || !r.write_set.is_empty();
+    match mode {
+        Mode::Parallel { .. } if has_sets => {
+            Err("this is a parallel-mode group: declare block ranges, not read/write sets".into())
+        }
+        Mode::Dependent if has_blocks => {
+            Err("this is a dependent-mode group: declare read/write sets, not block ranges".into())
+        }
+        Mode::Parallel { .. } => r
+            .blocks
+            .iter()
+            .map(|b| {
+                BlockRange::new(b.start, b.count).ok_or_else(|| {
+                    format!("block range {}+{} is empty or overflows", b.start, b.count)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Declared::Blocks),
+        Mode::Dependent => Ok(Declared::Txn {
+            read_set: r.read_set.clone(),
+            write_set: r.write_set.clone(),
+        }),
     }
 }
 
@@ -139,6 +250,7 @@ impl pb::chorus_server::Chorus for Service {
                 req.records.len()
             )));
         }
+        self.ordered_only(req.group, "Append")?;
         let log = self.env.group(req.group).map_err(status)?;
         let mut pending = Vec::with_capacity(req.records.len());
         for (i, r) in req.records.iter().enumerate() {
@@ -173,6 +285,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "Read")?;
         let env = self.env.clone();
         let resp = tokio::task::spawn_blocking(move || {
             read_batch(&env, r.group, r.from_lsn, r.max_records)
@@ -189,6 +302,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::TailRequest>,
     ) -> Result<Response<Self::TailStream>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "Tail")?;
         let log = self.env.group(r.group).map_err(status)?;
         let env = self.env.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -237,6 +351,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::LocateRequest>,
     ) -> Result<Response<pb::LocateResponse>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "Locate")?;
         let log = self.env.group(r.group).map_err(status)?;
         let found = tokio::task::spawn_blocking(move || log.locate(r.csn))
             .await
@@ -253,9 +368,33 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let g = req.into_inner().group;
-        let ids = if g == 0 { self.env.groups() } else { vec![g] };
+        let mut ids = if g == 0 { self.env.groups() } else { vec![g] };
+        if g == 0 {
+            ids.extend(self.ooo.ids());
+            ids.sort_unstable();
+        }
         let mut groups = Vec::new();
         for id in ids {
+            if let Some(og) = self.ooo.get(id) {
+                let (node, mode, voters) = (self.env.node(), og.mode, og.voters());
+                let s = tokio::task::spawn_blocking(move || og.status())
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                groups.push(match s {
+                    Some(s) => pb::GroupStatus {
+                        voters,
+                        ..ooo_group_status(id, node, s)
+                    },
+                    None => pb::GroupStatus {
+                        group: id,
+                        node,
+                        mode: mode_name(mode).into(),
+                        stopped: "the out-of-order replica stopped".into(),
+                        ..Default::default()
+                    },
+                });
+                continue;
+            }
             let log = self.env.group(id).map_err(status)?;
             groups.push(group_status(log.status()));
         }
@@ -273,6 +412,42 @@ impl pb::chorus_server::Chorus for Service {
         let r = req.into_inner();
         if r.group == 0 {
             return Err(Status::invalid_argument("group id 0 is reserved"));
+        }
+        if !matches!(r.mode.as_str(), "" | "ordered") {
+            if self.env.group(r.group).is_ok() {
+                return Err(Status::already_exists(format!(
+                    "group {} already exists (an ordered group)",
+                    r.group
+                )));
+            }
+            let mut g = crate::config::GroupSpec::ordered(r.group, r.voters, r.learners);
+            g.mode = r.mode;
+            g.look_behind = r.look_behind;
+            g.replicas = r
+                .replicas
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+            let ooo = self.ooo.clone();
+            return match tokio::task::spawn_blocking(move || ooo.create(g))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+            {
+                Ok(()) => Ok(Response::new(pb::Empty {})),
+                Err(e @ crate::ooo::OooGroupError::Exists(_)) => {
+                    Err(Status::already_exists(e.to_string()))
+                }
+                Err(e @ crate::ooo::OooGroupError::BadSpec { .. }) => {
+                    Err(Status::invalid_argument(e.to_string()))
+                }
+                Err(e) => Err(Status::internal(e.to_string())),
+            };
+        }
+        if self.ooo.get(r.group).is_some() {
+            return Err(Status::already_exists(format!(
+                "group {} already exists (an out-of-order group)",
+                r.group
+            )));
         }
         if r.voters.is_empty() && r.learners.is_empty() {
             // A joining replica: it learns its membership from the leader.
@@ -313,6 +488,7 @@ impl pb::chorus_server::Chorus for Service {
         if !r.node_addr.is_empty() {
             self.env.set_peer_addr(r.node, r.node_addr.clone());
         }
+        self.ordered_only(r.group, "ChangeMembership")?;
         let log = self.env.group(r.group).map_err(status)?;
         log.change_membership(change).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
@@ -323,6 +499,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "TransferLeader")?;
         let log = self.env.group(r.group).map_err(status)?;
         log.transfer_leader(r.to).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
@@ -333,6 +510,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::SetPriorityRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "SetPriority")?;
         let log = self.env.group(r.group).map_err(status)?;
         log.set_priority(r.priority);
         Ok(Response::new(pb::Empty {}))
@@ -340,12 +518,117 @@ impl pb::chorus_server::Chorus for Service {
 
     async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
+        self.ordered_only(r.group, "Trim")?;
         let log = self.env.group(r.group).map_err(status)?;
         tokio::task::spawn_blocking(move || log.trim(r.lsn))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(status)?;
         Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn append_out_of_order(
+        &self,
+        req: Request<pb::AppendOutOfOrderRequest>,
+    ) -> Result<Response<pb::AppendOutOfOrderResponse>, Status> {
+        let req = req.into_inner();
+        if req.records.len() > MAX_APPEND_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "{} records in one append; at most {MAX_APPEND_BATCH}",
+                req.records.len()
+            )));
+        }
+        let g = self.ooo_group(req.group, "AppendOutOfOrder")?;
+        // Every record is checked before any is appended, so a bad one refuses the whole
+        // request and none of it has an outcome.
+        let mut checked = Vec::with_capacity(req.records.len());
+        for (i, r) in req.records.into_iter().enumerate() {
+            let d = declared(g.mode, &r)
+                .and_then(|d| check_record(g.mode, &d, r.data.len()).map(|()| d))
+                .map_err(|e| Status::invalid_argument(format!("record {i}: {e}")))?;
+            checked.push((d, r.data));
+        }
+        let pending: Vec<_> = checked
+            .into_iter()
+            .map(|(d, data)| g.node.submit(d, data))
+            .collect();
+        let mut results = Vec::with_capacity(pending.len());
+        for (i, p) in pending.into_iter().enumerate() {
+            match p.await {
+                Ok(r) => results.push(pb::OutOfOrderResult {
+                    seq: r.seq,
+                    outcome: match r.outcome {
+                        Outcome::Committed => pb::Outcome::Committed,
+                        Outcome::Failed => pb::Outcome::Failed,
+                    } as i32,
+                }),
+                Err(e) if i == 0 => return Err(ooo_status(e)),
+                Err(e) => {
+                    // Records after the first refusal may still have been accepted; they are
+                    // independent appends, so only the prefix with known results is reported.
+                    tracing::debug!(error = %e, answered = i, "out-of-order batch cut short");
+                    break;
+                }
+            }
+        }
+        Ok(Response::new(pb::AppendOutOfOrderResponse { results }))
+    }
+
+    async fn read_blocks(
+        &self,
+        req: Request<pb::ReadBlocksRequest>,
+    ) -> Result<Response<pb::ReadBlocksResponse>, Status> {
+        let r = req.into_inner();
+        let g = self.ooo_group(r.group, "ReadBlocks")?;
+        tokio::task::spawn_blocking(move || {
+            let applied = g.status().map(|s| s.applied_head).unwrap_or(0);
+            let data = g
+                .state
+                .read_blocks(r.start, r.count)
+                .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?;
+            Ok(Response::new(pb::ReadBlocksResponse {
+                data,
+                applied_seq: applied,
+            }))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+    }
+
+    async fn get_keys(
+        &self,
+        req: Request<pb::GetKeysRequest>,
+    ) -> Result<Response<pb::GetKeysResponse>, Status> {
+        let r = req.into_inner();
+        if r.keys.len() > 100_000 {
+            return Err(Status::invalid_argument(format!(
+                "{} keys in one call; at most 100000",
+                r.keys.len()
+            )));
+        }
+        let g = self.ooo_group(r.group, "GetKeys")?;
+        tokio::task::spawn_blocking(move || {
+            let applied = g.status().map(|s| s.applied_head).unwrap_or(0);
+            let vals = g
+                .state
+                .get_keys(&r.keys)
+                .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?;
+            Ok(Response::new(pb::GetKeysResponse {
+                values: r
+                    .keys
+                    .iter()
+                    .zip(vals)
+                    .map(|(k, v)| pb::KeyValue {
+                        key: *k,
+                        found: v.is_some(),
+                        value: v.unwrap_or_default(),
+                    })
+                    .collect(),
+                applied_seq: applied,
+            }))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
     }
 }
 

@@ -1,0 +1,643 @@
+//! Out-of-order groups in `chorus server`: each one an [`OooNode`] (parallel or dependent
+//! mode, `chorus_runtime::ooo`) with its demo state machine.
+//!
+//! - **parallel** groups drive a block volume: a record declares the 4 KiB blocks it
+//!   writes and carries their new contents; applying it writes them into the file
+//!   `volume` (`ReadBlocks` reads it back).
+//! - **dependent** groups drive a key-value store in the WAL model: the database (the
+//!   appender) executed a transaction that read and wrote some keys and logs its redo;
+//!   replicas replay it by setting every written key to the record's bytes (`GetKeys`).
+//!
+//! Both states are rebuilt from the log at start (the replica re-applies every committed
+//! entry from slot 0: the entries file is not compacted yet), so the volume file is
+//! emptied when the group opens. A group lives in `DATA_DIR/ooo/<id>/`: the replica's
+//! store (`entries.log`, `hard`), `group.toml` (its spec, written when it is created, so a
+//! restart reopens it without the configuration naming it) and `volume`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use chorus_core::ooo::parallel::BlockRange;
+use chorus_core::ooo::replica::{Body, Declared, Entry, Mode};
+use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStatus};
+
+use crate::config::GroupSpec;
+
+/// Bytes per block of a parallel group's volume.
+pub const BLOCK: u64 = 4096;
+/// Largest volume: 2^28 blocks (1 TiB, a sparse file).
+pub const MAX_BLOCKS: u64 = 1 << 28;
+/// Most blocks one `ReadBlocks` call returns.
+pub const MAX_READ_BLOCKS: u64 = 4096;
+
+/// Why an out-of-order group could not be created, opened or used.
+#[derive(Debug, thiserror::Error)]
+pub enum OooGroupError {
+    /// The spec is not usable; names the field.
+    #[error("group {group}: {detail}")]
+    BadSpec {
+        /// The group.
+        group: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A group with this id exists with another spec.
+    #[error("group {0} already exists (with a different spec)")]
+    Exists(u64),
+    /// Files of the group could not be read or written.
+    #[error("group {group}: {path}: {source}")]
+    Io {
+        /// The group.
+        group: u64,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The replica failed to start.
+    #[error("group {group}: {source}")]
+    Node {
+        /// The group.
+        group: u64,
+        /// The error.
+        source: chorus_runtime::ooo::OooNodeError,
+    },
+}
+
+/// A group's parsed spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OooSpec {
+    /// Group id.
+    pub id: u64,
+    /// Mode.
+    pub mode: Mode,
+    /// Every voter and its replication address for this group.
+    pub voters: Vec<(u64, SocketAddr)>,
+}
+
+impl OooSpec {
+    /// Parses an out-of-order group spec for node `me`; `None` for an ordered group.
+    pub fn parse(g: &GroupSpec, me: u64) -> Result<Option<Self>, OooGroupError> {
+        let bad = |detail: String| OooGroupError::BadSpec {
+            group: g.id,
+            detail,
+        };
+        let mode = match g.mode.as_str() {
+            "" | "ordered" => return Ok(None),
+            "parallel" => Mode::Parallel {
+                span: if g.look_behind == 0 {
+                    2
+                } else {
+                    g.look_behind as usize
+                },
+            },
+            "dependent" => Mode::Dependent,
+            other => {
+                return Err(bad(format!(
+                    "mode `{other}` is not one of ordered, parallel, dependent"
+                )))
+            }
+        };
+        if g.id == 0 {
+            return Err(bad("group id 0 is reserved".into()));
+        }
+        if !g.learners.is_empty() {
+            return Err(bad(
+                "out-of-order groups have no learners (membership changes of these modes are not built)"
+                    .into(),
+            ));
+        }
+        if g.look_behind != 0 && matches!(mode, Mode::Dependent) {
+            return Err(bad("look_behind applies to parallel groups only".into()));
+        }
+        if g.look_behind > 64 {
+            return Err(bad(format!(
+                "look_behind {} is above the limit of 64",
+                g.look_behind
+            )));
+        }
+        let mut voters = Vec::new();
+        for &v in &g.voters {
+            let addr = g.replicas.get(&v.to_string()).ok_or_else(|| {
+                bad(format!(
+                    "voter {v} has no replication address in `replicas` (an out-of-order group names one per voter)"
+                ))
+            })?;
+            let a = addr.parse().map_err(|e| {
+                bad(format!(
+                    "replicas.{v} = `{addr}` is not an IP:PORT address ({e})"
+                ))
+            })?;
+            voters.push((v, a));
+        }
+        if voters.is_empty() {
+            return Err(bad("no voters".into()));
+        }
+        if let Some(k) = g
+            .replicas
+            .keys()
+            .find(|k| !g.voters.iter().any(|v| v.to_string() == **k))
+        {
+            return Err(bad(format!("replicas names `{k}`, which is not a voter")));
+        }
+        if !g.voters.contains(&me) {
+            return Err(bad(format!("this node ({me}) is not one of its voters")));
+        }
+        voters.sort_unstable();
+        if voters.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(bad("a voter is listed twice".into()));
+        }
+        Ok(Some(Self {
+            id: g.id,
+            mode,
+            voters,
+        }))
+    }
+}
+
+/// A demo state machine (see the module documentation).
+#[derive(Debug)]
+pub enum DemoState {
+    /// Parallel mode: a block volume.
+    Volume(std::fs::File),
+    /// Dependent mode: keys and values.
+    Kv(Mutex<HashMap<u64, Vec<u8>>>),
+}
+
+impl DemoState {
+    fn apply(&self, e: &Entry) -> std::io::Result<()> {
+        match (self, &e.body) {
+            (DemoState::Volume(f), Body::Parallel { ranges, data, .. }) => {
+                let mut at = 0usize;
+                for r in ranges {
+                    let n = ((r.end - r.start) * BLOCK) as usize;
+                    let chunk = data.get(at..at + n).ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("slot {}: data shorter than its blocks", e.seq),
+                        )
+                    })?;
+                    f.write_all_at(chunk, r.start * BLOCK)?;
+                    at += n;
+                }
+                Ok(())
+            }
+            (
+                DemoState::Kv(m),
+                Body::Dependent {
+                    write_set, data, ..
+                },
+            ) => {
+                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+                for k in write_set {
+                    m.insert(*k, data.clone());
+                }
+                Ok(())
+            }
+            // NULL slots hold nothing; a body of the other mode cannot reach a replica of
+            // this mode (the replica refuses it at append).
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads `count` blocks from `start` (parallel groups).
+    pub fn read_blocks(&self, start: u64, count: u64) -> Result<Vec<u8>, String> {
+        let DemoState::Volume(f) = self else {
+            return Err("not a parallel-mode group".into());
+        };
+        if count == 0 || count > MAX_READ_BLOCKS {
+            return Err(format!(
+                "count {count}: read 1 to {MAX_READ_BLOCKS} blocks per call"
+            ));
+        }
+        if start.checked_add(count).is_none_or(|e| e > MAX_BLOCKS) {
+            return Err(format!(
+                "blocks {start}+{count} are past the volume's {MAX_BLOCKS} blocks"
+            ));
+        }
+        let mut buf = vec![0u8; (count * BLOCK) as usize];
+        let len = f.metadata().map_err(|e| e.to_string())?.len();
+        let off = start * BLOCK;
+        if off < len {
+            let n = ((len - off) as usize).min(buf.len());
+            f.read_exact_at(&mut buf[..n], off)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(buf)
+    }
+
+    /// Looks keys up (dependent groups).
+    pub fn get_keys(&self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, String> {
+        let DemoState::Kv(m) = self else {
+            return Err("not a dependent-mode group".into());
+        };
+        let m = m.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
+    }
+}
+
+/// Checks what an appender declares against the group's mode and demo state machine,
+/// before the record reaches the replica.
+pub fn check_record(mode: Mode, d: &Declared, data_len: usize) -> Result<(), String> {
+    match (mode, d) {
+        (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
+            if ranges.is_empty() {
+                return Err("a parallel-mode record declares at least one block range".into());
+            }
+            let mut sorted = ranges.clone();
+            sorted.sort_by_key(|r| r.start);
+            if let Some(w) = sorted.windows(2).find(|w| w[0].overlaps(&w[1])) {
+                return Err(format!(
+                    "block ranges {}..{} and {}..{} overlap",
+                    w[0].start, w[0].end, w[1].start, w[1].end
+                ));
+            }
+            if let Some(r) = ranges.iter().find(|r| r.end > MAX_BLOCKS) {
+                return Err(format!(
+                    "block range {}..{} is past the volume's {MAX_BLOCKS} blocks",
+                    r.start, r.end
+                ));
+            }
+            let blocks: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            if blocks * BLOCK != data_len as u64 {
+                return Err(format!(
+                    "the record has {data_len} bytes but declares {blocks} blocks ({} bytes: 4096 per block)",
+                    blocks * BLOCK
+                ));
+            }
+            Ok(())
+        }
+        (Mode::Dependent, Declared::Txn { write_set, .. }) => {
+            if write_set.is_empty() {
+                return Err(
+                    "a dependent-mode record declares at least one written key (a read-only transaction logs nothing)"
+                        .into(),
+                );
+            }
+            Ok(())
+        }
+        (Mode::Parallel { .. }, Declared::Txn { .. }) => {
+            Err("this is a parallel-mode group: declare block ranges, not read/write sets".into())
+        }
+        (Mode::Dependent, Declared::Blocks(_)) => {
+            Err("this is a dependent-mode group: declare read/write sets, not block ranges".into())
+        }
+    }
+}
+
+/// Parses `START+COUNT` or `START` (one block).
+pub fn parse_blocks(s: &str) -> Result<BlockRange, String> {
+    let (a, b) = s.split_once('+').unwrap_or((s, "1"));
+    let start: u64 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected START or START+COUNT (block numbers)"))?;
+    let count: u64 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected START or START+COUNT (block numbers)"))?;
+    BlockRange::new(start, count).ok_or_else(|| format!("`{s}`: an empty or overflowing range"))
+}
+
+/// One running out-of-order group.
+pub struct OooGroup {
+    spec: GroupSpec,
+    /// Its mode.
+    pub mode: Mode,
+    /// The replica's driver.
+    pub node: OooNode,
+    /// The demo state machine.
+    pub state: Arc<DemoState>,
+}
+
+impl OooGroup {
+    /// The replica's status (`None` if it stopped).
+    pub fn status(&self) -> Option<OooStatus> {
+        self.node.status()
+    }
+
+    /// The voters.
+    pub fn voters(&self) -> Vec<u64> {
+        self.spec.voters.clone()
+    }
+}
+
+/// Settings every out-of-order group of a node shares.
+#[derive(Clone, Debug)]
+pub struct OooSettings {
+    /// This node.
+    pub node: u64,
+    /// `DATA_DIR/ooo`.
+    pub dir: PathBuf,
+    /// Election timeout.
+    pub election_timeout: Duration,
+    /// Apply threads per group.
+    pub apply_threads: usize,
+}
+
+/// The node's out-of-order groups.
+pub struct OooGroups {
+    settings: OooSettings,
+    groups: RwLock<BTreeMap<u64, Arc<OooGroup>>>,
+}
+
+impl std::fmt::Debug for OooGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OooGroups")
+            .field("settings", &self.settings)
+            .field("groups", &self.ids())
+            .finish()
+    }
+}
+
+fn io(group: u64, path: &Path) -> impl FnOnce(std::io::Error) -> OooGroupError + '_ {
+    move |source| OooGroupError::Io {
+        group,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl OooGroups {
+    /// Opens every group created earlier under `settings.dir`.
+    pub fn open(settings: OooSettings) -> Result<Self, OooGroupError> {
+        let me = Self {
+            settings,
+            groups: RwLock::new(BTreeMap::new()),
+        };
+        let dir = me.settings.dir.clone();
+        if dir.exists() {
+            let mut specs = Vec::new();
+            for ent in std::fs::read_dir(&dir).map_err(io(0, &dir))? {
+                let path = ent.map_err(io(0, &dir))?.path().join("group.toml");
+                if path.exists() {
+                    let text = std::fs::read_to_string(&path).map_err(io(0, &path))?;
+                    let g: GroupSpec =
+                        toml::from_str(&text).map_err(|e| OooGroupError::BadSpec {
+                            group: 0,
+                            detail: format!("{}: {e}", path.display()),
+                        })?;
+                    specs.push(g);
+                }
+            }
+            for g in specs {
+                me.start(g)?;
+            }
+        }
+        Ok(me)
+    }
+
+    /// Group ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.groups
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// A group.
+    pub fn get(&self, id: u64) -> Option<Arc<OooGroup>> {
+        self.groups
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Creates a group (or accepts an existing one with the same spec) and starts it.
+    pub fn create(&self, g: GroupSpec) -> Result<(), OooGroupError> {
+        if let Some(have) = self.get(g.id) {
+            return if have.spec == g {
+                Ok(())
+            } else {
+                Err(OooGroupError::Exists(g.id))
+            };
+        }
+        OooSpec::parse(&g, self.settings.node)?;
+        let dir = self.settings.dir.join(g.id.to_string());
+        std::fs::create_dir_all(&dir).map_err(io(g.id, &dir))?;
+        let path = dir.join("group.toml");
+        let text = toml::to_string(&g).map_err(|e| OooGroupError::BadSpec {
+            group: g.id,
+            detail: e.to_string(),
+        })?;
+        // Written crash-atomically before the replica starts: a group that ever voted or
+        // acknowledged is reopened at restart.
+        let tmp = dir.join("group.toml.tmp");
+        let write = || -> std::io::Result<()> {
+            let f = std::fs::File::create(&tmp)?;
+            f.write_all_at(text.as_bytes(), 0)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&dir)?.sync_all()
+        };
+        write().map_err(io(g.id, &path))?;
+        self.start(g)
+    }
+
+    fn start(&self, g: GroupSpec) -> Result<(), OooGroupError> {
+        let spec =
+            OooSpec::parse(&g, self.settings.node)?.ok_or_else(|| OooGroupError::BadSpec {
+                group: g.id,
+                detail: "an ordered group is not an out-of-order group".into(),
+            })?;
+        let id = g.id;
+        let dir = self.settings.dir.join(id.to_string());
+        let state = Arc::new(match spec.mode {
+            Mode::Parallel { .. } => {
+                let path = dir.join("volume");
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(io(id, &path))?;
+                DemoState::Volume(f)
+            }
+            Mode::Dependent => DemoState::Kv(Mutex::new(HashMap::new())),
+        });
+        let me = self.settings.node;
+        let addr = spec
+            .voters
+            .iter()
+            .find(|v| v.0 == me)
+            .map(|v| v.1)
+            .expect("parse checked this node is a voter");
+        let listener = TcpListener::bind(addr).map_err(|source| OooGroupError::Io {
+            group: id,
+            path: PathBuf::from(format!("listen {addr}")),
+            source,
+        })?;
+        let st = state.clone();
+        let apply = Arc::new(move |e: &Entry| {
+            if let Err(err) = st.apply(e) {
+                // The log stays correct; the demo state of this replica does not.
+                tracing::error!(group = id, seq = e.seq, error = %err, "demo state machine apply failed");
+            }
+        });
+        let node = OooNode::start(
+            OooNodeConfig {
+                id: me,
+                group: id,
+                voters: spec.voters.clone(),
+                mode: spec.mode,
+                dir: dir.clone(),
+                election_timeout: self.settings.election_timeout,
+                link_jitter: None,
+                apply_threads: self.settings.apply_threads,
+            },
+            listener,
+            apply,
+        )
+        .map_err(|source| OooGroupError::Node { group: id, source })?;
+        tracing::info!(group = id, mode = %g.mode, "out-of-order group started");
+        self.groups
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                id,
+                Arc::new(OooGroup {
+                    spec: g,
+                    mode: spec.mode,
+                    node,
+                    state,
+                }),
+            );
+        Ok(())
+    }
+
+    /// Stops every group (their drivers finish and their threads are joined).
+    pub fn shutdown(&self) {
+        let all = std::mem::take(&mut *self.groups.write().unwrap_or_else(|p| p.into_inner()));
+        drop(all);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(mode: &str, voters: &[u64], replicas: &[(u64, &str)]) -> GroupSpec {
+        let mut g = GroupSpec::ordered(5, voters.to_vec(), vec![]);
+        g.mode = mode.into();
+        g.replicas = replicas
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        g
+    }
+
+    #[test]
+    fn specs_are_checked_by_name() {
+        let ok = spec(
+            "parallel",
+            &[1, 2],
+            &[(1, "127.0.0.1:1"), (2, "127.0.0.1:2")],
+        );
+        let p = OooSpec::parse(&ok, 1).unwrap().unwrap();
+        assert_eq!(p.mode, Mode::Parallel { span: 2 });
+        assert!(OooSpec::parse(&spec("ordered", &[1], &[]), 1)
+            .unwrap()
+            .is_none());
+        let err = |g: &GroupSpec, me| OooSpec::parse(g, me).unwrap_err().to_string();
+        assert!(err(&spec("fast", &[1], &[]), 1).contains("mode `fast`"));
+        assert!(err(&spec("parallel", &[1, 2], &[(1, "127.0.0.1:1")]), 1)
+            .contains("voter 2 has no replication address"));
+        assert!(err(&spec("dependent", &[1], &[(1, "localhost")]), 1).contains("replicas.1"));
+        assert!(err(
+            &spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "127.0.0.1:9")]),
+            1
+        )
+        .contains("`9`, which is not a voter"));
+        assert!(err(&ok, 3).contains("this node (3)"));
+        let mut lb = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
+        lb.look_behind = 3;
+        assert!(err(&lb, 1).contains("parallel groups only"));
+        let mut learners = ok.clone();
+        learners.learners = vec![3];
+        assert!(err(&learners, 1).contains("no learners"));
+    }
+
+    #[test]
+    fn records_are_checked_against_the_mode() {
+        let par = Mode::Parallel { span: 2 };
+        let r = |s, n| BlockRange::new(s, n).unwrap();
+        assert!(check_record(par, &Declared::Blocks(vec![r(0, 2)]), 8192).is_ok());
+        assert!(check_record(par, &Declared::Blocks(vec![r(0, 2)]), 4096)
+            .unwrap_err()
+            .contains("declares 2 blocks"));
+        assert!(
+            check_record(par, &Declared::Blocks(vec![r(0, 2), r(1, 1)]), 3 * 4096)
+                .unwrap_err()
+                .contains("overlap")
+        );
+        assert!(check_record(par, &Declared::Blocks(vec![]), 0).is_err());
+        assert!(
+            check_record(par, &Declared::Blocks(vec![r(MAX_BLOCKS, 1)]), 4096)
+                .unwrap_err()
+                .contains("past the volume")
+        );
+        let txn = |w: Vec<u64>| Declared::Txn {
+            read_set: vec![1],
+            write_set: w,
+        };
+        assert!(check_record(Mode::Dependent, &txn(vec![2]), 3).is_ok());
+        assert!(check_record(Mode::Dependent, &txn(vec![]), 3).is_err());
+        assert!(check_record(par, &txn(vec![2]), 3)
+            .unwrap_err()
+            .contains("parallel-mode group"));
+        assert!(
+            check_record(Mode::Dependent, &Declared::Blocks(vec![r(0, 1)]), 4096)
+                .unwrap_err()
+                .contains("dependent-mode group")
+        );
+        assert_eq!(parse_blocks("7").unwrap(), r(7, 1));
+        assert_eq!(parse_blocks("7+3").unwrap(), r(7, 3));
+        assert!(parse_blocks("7+0").is_err());
+        assert!(parse_blocks("x").is_err());
+    }
+
+    #[test]
+    fn the_volume_reads_back_what_was_applied_and_zeros_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("volume"))
+            .unwrap();
+        let v = DemoState::Volume(f);
+        let mut data = vec![1u8; 4096];
+        data.extend(vec![2u8; 4096]);
+        let e = Entry {
+            seq: 0,
+            term: 1,
+            start: 0,
+            eid: 1,
+            body: Body::Parallel {
+                ranges: vec![
+                    BlockRange::new(3, 1).unwrap(),
+                    BlockRange::new(1, 1).unwrap(),
+                ],
+                look_behind: vec![],
+                data,
+            },
+        };
+        v.apply(&e).unwrap();
+        let b = v.read_blocks(0, 5).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 0));
+        assert!(b[4096..8192].iter().all(|&x| x == 2));
+        assert!(b[3 * 4096..4 * 4096].iter().all(|&x| x == 1));
+        assert!(b[4 * 4096..].iter().all(|&x| x == 0));
+        assert!(v.read_blocks(0, 0).is_err());
+        assert!(v.get_keys(&[1]).is_err());
+    }
+}

@@ -1,0 +1,414 @@
+//! Out-of-order groups through the real server: three `chorus server` processes, a
+//! parallel-mode group from the configuration and a dependent-mode group created over
+//! gRPC; concurrent appends with conflicting blocks and keys; every replica's applied
+//! state equals the serial application of the committed records in slot order; the
+//! leader killed with SIGKILL, a new one serving, the killed node restarted (its groups
+//! reopened from disk without the configuration naming the created one) and caught up;
+//! wrong-mode requests refused by name.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chorus_client::{pb, Client};
+use tonic::Code;
+
+const PAR: u64 = 2;
+const DEP: u64 = 3;
+const BLOCKS: u64 = 16;
+const KEYS: u64 = 12;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    cfg: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = Some(
+            Command::new(env!("CARGO_BIN_EXE_chorus"))
+                .args(["server", "--config"])
+                .arg(&self.cfg)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    eps: Vec<String>,
+    /// Replication addresses of the dependent group (created over gRPC).
+    dep_replicas: BTreeMap<u64, String>,
+    _dir: tempfile::TempDir,
+}
+
+fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<[u16; 4]> = (0..3)
+        .map(|_| [free_port(), free_port(), free_port(), free_port()])
+        .collect();
+    let mut nodes = Vec::new();
+    let mut eps = Vec::new();
+    for i in 1..=3u64 {
+        let [api, repl, _, _] = ports[(i - 1) as usize];
+        let peers: String = (1..=3u64)
+            .filter(|j| *j != i)
+            .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
+            .collect();
+        let replicas: String = (1..=3u64)
+            .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][2]))
+            .collect();
+        let cfg = dir.path().join(format!("n{i}.toml"));
+        let mut f = std::fs::File::create(&cfg).unwrap();
+        write!(
+            f,
+            "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
+             [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\n\
+             [groups.replicas]\n{replicas}\n\
+             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\n",
+            dir.path().join(format!("n{i}")).display(),
+            i - 1
+        )
+        .unwrap();
+        let mut n = Node {
+            cfg,
+            log: dir.path().join(format!("n{i}.log")),
+            child: None,
+        };
+        n.start();
+        nodes.push(n);
+        eps.push(format!("http://127.0.0.1:{api}"));
+    }
+    let dep_replicas = (1..=3u64)
+        .map(|j| (j, format!("127.0.0.1:{}", ports[(j - 1) as usize][3])))
+        .collect();
+    Cluster {
+        nodes,
+        eps,
+        dep_replicas,
+        _dir: dir,
+    }
+}
+
+/// Waits until `group` has a serving leader; returns its node id.
+async fn serving(eps: &[String], group: u64, timeout: Duration) -> u64 {
+    let end = Instant::now() + timeout;
+    loop {
+        let mut c = Client::new(eps.to_vec());
+        for (_, r) in c.status_all(group).await {
+            if let Ok(s) = r {
+                if s.groups.iter().any(|g| g.role == "leader" && g.serving) {
+                    return s.node;
+                }
+            }
+        }
+        assert!(Instant::now() < end, "group {group}: no serving leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every endpoint in `eps` applied the same prefix of `group`, at least
+/// `at_least` slots; returns it.
+async fn settled(eps: &[String], group: u64, at_least: u64) -> u64 {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = Client::new(eps.to_vec());
+        let mut heads = Vec::new();
+        for (_, r) in c.status_all(group).await {
+            if let Ok(s) = r {
+                if let Some(g) = s.groups.first() {
+                    heads.push((g.committed_seq, g.applied_seq));
+                }
+            }
+        }
+        if heads.len() == eps.len()
+            && heads.iter().all(|h| h.0 == h.1 && h.1 >= at_least)
+            && heads.windows(2).all(|w| w[0] == w[1])
+        {
+            return heads[0].1;
+        }
+        assert!(
+            Instant::now() < end,
+            "group {group}: replicas did not settle: {heads:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn block_record(lba: u64, tag: u32) -> pb::OutOfOrderRecord {
+    let mut data = vec![0u8; 4096];
+    data[..4].copy_from_slice(&tag.to_le_bytes());
+    pb::OutOfOrderRecord {
+        data,
+        blocks: vec![pb::BlockRange {
+            start: lba,
+            count: 1,
+        }],
+        ..Default::default()
+    }
+}
+
+fn txn_record(read: u64, write: u64, tag: u32) -> pb::OutOfOrderRecord {
+    pb::OutOfOrderRecord {
+        data: tag.to_le_bytes().to_vec(),
+        read_set: vec![read],
+        write_set: vec![write],
+        ..Default::default()
+    }
+}
+
+/// Runs `writers` concurrent writers of `per` records each on `group`; returns every
+/// committed record's (slot, record). Any other result fails the test (no faults here).
+async fn write_concurrently(
+    eps: &[String],
+    group: u64,
+    writers: u32,
+    per: u32,
+    make: fn(u32, u32) -> pb::OutOfOrderRecord,
+) -> Vec<(u64, pb::OutOfOrderRecord)> {
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let eps = eps.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::new(eps);
+            let mut got = Vec::new();
+            for i in 0..per {
+                let r = make(w, i);
+                let res = c.append_out_of_order(group, vec![r.clone()]).await.unwrap();
+                assert_eq!(res.len(), 1);
+                assert_eq!(res[0].outcome, pb::Outcome::Committed as i32, "{res:?}");
+                got.push((res[0].seq, r));
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_by_key(|(s, _)| *s);
+    let mut seqs: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), all.len(), "two appends reported the same slot");
+    all
+}
+
+async fn volume(eps: &[String], i: usize) -> Vec<u8> {
+    let mut c = Client::new(eps.to_vec());
+    c.read_blocks_at(i, PAR, 0, BLOCKS).await.unwrap().data
+}
+
+async fn kv(eps: &[String], i: usize) -> Vec<Option<Vec<u8>>> {
+    let mut c = Client::new(eps.to_vec());
+    c.get_keys_at(i, DEP, (0..KEYS).collect())
+        .await
+        .unwrap()
+        .values
+        .into_iter()
+        .map(|v| v.found.then_some(v.value))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_groups_through_the_server() {
+    let mut cl = cluster();
+    let eps = cl.eps.clone();
+    let mut c = Client::new(eps.clone());
+    let end = Instant::now() + Duration::from_secs(30);
+    while !c.status_all(0).await.iter().all(|(_, r)| r.is_ok()) {
+        assert!(Instant::now() < end, "the nodes did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The dependent group is created over gRPC on every node.
+    c.create_group_with(pb::CreateGroupRequest {
+        group: DEP,
+        voters: vec![1, 2, 3],
+        mode: "dependent".into(),
+        replicas: cl
+            .dep_replicas
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Creating it again with the same spec is accepted; with another mode it is refused.
+    c.create_group_with(pb::CreateGroupRequest {
+        group: DEP,
+        voters: vec![1, 2, 3],
+        mode: "dependent".into(),
+        replicas: cl
+            .dep_replicas
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    serving(&eps, PAR, Duration::from_secs(30)).await;
+    serving(&eps, DEP, Duration::from_secs(30)).await;
+
+    // Conflicting writers: 4 × 40 block writes over 16 blocks, 4 × 40 transactions over
+    // 12 keys, both groups at once.
+    fn blk(w: u32, i: u32) -> pb::OutOfOrderRecord {
+        block_record(((w * 7 + i * 3) as u64) % BLOCKS, w << 16 | i)
+    }
+    fn txn(w: u32, i: u32) -> pb::OutOfOrderRecord {
+        txn_record(
+            ((w + i) as u64) % KEYS,
+            ((w * 5 + i * 7) as u64) % KEYS,
+            w << 16 | i,
+        )
+    }
+    let (par, dep) = tokio::join!(
+        write_concurrently(&eps, PAR, 4, 40, blk),
+        write_concurrently(&eps, DEP, 4, 40, txn),
+    );
+    let mut want_vol = vec![0u8; (BLOCKS * 4096) as usize];
+    for (_, r) in &par {
+        let b = r.blocks[0].start as usize * 4096;
+        want_vol[b..b + 4096].copy_from_slice(&r.data);
+    }
+    let mut want_kv: Vec<Option<Vec<u8>>> = vec![None; KEYS as usize];
+    for (_, r) in &dep {
+        want_kv[r.write_set[0] as usize] = Some(r.data.clone());
+    }
+    let par_head = settled(&eps, PAR, par.last().unwrap().0 + 1).await;
+    let dep_head = settled(&eps, DEP, dep.last().unwrap().0 + 1).await;
+    for i in 0..3 {
+        assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
+        assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
+    }
+
+    // Wrong-mode and malformed requests are refused by name.
+    let err = c
+        .append(PAR, vec![b"x".to_vec()], 0)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("parallel-mode group"), "{err}");
+    let err = c
+        .append_out_of_order(PAR, vec![txn_record(1, 2, 0)])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("declare block ranges"), "{err}");
+    let mut short = block_record(0, 0);
+    short.data.truncate(100);
+    let err = c
+        .append_out_of_order(PAR, vec![short])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("declares 1 blocks"), "{err}");
+    let err = c
+        .append_out_of_order(DEP, vec![block_record(0, 0)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            chorus_client::ClientError::Status {
+                code: Code::InvalidArgument,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = c
+        .read_blocks_at(0, DEP, 0, 1)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a parallel-mode group"), "{err}");
+
+    // Kill the parallel group's leader; a new one serves; appends go on; the killed node
+    // restarts, reopens both groups and catches up.
+    let old = serving(&eps, PAR, Duration::from_secs(5)).await;
+    cl.nodes[(old - 1) as usize].kill9();
+    let live: Vec<String> = (1..=3u64)
+        .filter(|n| *n != old)
+        .map(|n| eps[(n - 1) as usize].clone())
+        .collect();
+    let new = serving(&live, PAR, Duration::from_secs(30)).await;
+    assert_ne!(new, old);
+    serving(&live, DEP, Duration::from_secs(30)).await;
+    let mut c = Client::new(live.clone());
+    let mut after = Vec::new();
+    for i in 0..20u32 {
+        let r = block_record(i as u64 % BLOCKS, 0xF000_0000 | i);
+        let res = c.append_out_of_order(PAR, vec![r.clone()]).await.unwrap();
+        assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+        assert!(res[0].seq >= par_head, "a slot reused after the new leader");
+        after.push(r);
+        let t = txn_record(0, i as u64 % KEYS, 0xF000_0000 | i);
+        let res = c.append_out_of_order(DEP, vec![t.clone()]).await.unwrap();
+        assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+        assert!(res[0].seq >= dep_head);
+        want_kv[t.write_set[0] as usize] = Some(t.data);
+    }
+    for r in &after {
+        let b = r.blocks[0].start as usize * 4096;
+        want_vol[b..b + 4096].copy_from_slice(&r.data);
+    }
+    cl.nodes[(old - 1) as usize].start();
+    settled(&eps, PAR, par_head + 20).await;
+    settled(&eps, DEP, dep_head + 20).await;
+    for i in 0..3 {
+        assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
+        assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
+    }
+    // `chorus status` shows both modes.
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["status", "-o", "json", "-g", "0", "--endpoints"])
+        .arg(eps.join(","))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let modes: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["mode"].as_str())
+        .collect();
+    assert_eq!(modes.iter().filter(|m| **m == "parallel").count(), 3);
+    assert_eq!(modes.iter().filter(|m| **m == "dependent").count(), 3);
+}
