@@ -693,10 +693,23 @@ mod tests {
         let me = std::process::id();
         let s = Sampler::new(&[me], &[], Path::new("/tmp")).unwrap();
         let a = s.sample().unwrap();
-        let t = Instant::now();
+        // Spin until this process used 0.2 s of CPU (not of wall time: on a loaded
+        // machine the thread may get a small share of it), bounded by 20 s of wall time.
+        let cpu = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime writes one timespec through a valid pointer.
+            unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+        };
+        let (t, c0) = (Instant::now(), cpu());
         let mut x = 0u64;
-        while t.elapsed().as_millis() < 300 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        while (cpu() - c0 < 0.2 || t.elapsed().as_millis() < 300) && t.elapsed().as_secs() < 20 {
+            for _ in 0..10_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
         }
         std::hint::black_box(x);
         let b = s.sample().unwrap();

@@ -245,6 +245,12 @@ impl Sim {
         c.resend_interval = 30 * MS;
         c.window = 256;
         c.max_batch = 64;
+        // Half the seeds bound catch-up pieces in bytes and rate-limit streaming
+        // catch-up (PolarFS section 5.3), so lagging followers catch up under the limit.
+        if self.seed % 2 == 1 {
+            c.max_batch_bytes = 4 << (10 + self.seed / 2 % 3);
+            c.catchup_rate = 1 << (20 + self.seed / 8 % 4);
+        }
         c.seed = mix(self.seed, id ^ self.counter << 8);
         #[cfg(feature = "broken")]
         {
@@ -809,6 +815,14 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .map(|r| r.stats().superseded)
         .sum();
     sim.stats.insert("superseded_seen_live", merges);
+    let (bytes, deferred) = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| (r.stats().catchup_bytes, r.stats().catchup_deferred))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    sim.stats.insert("catchup_limited_bytes", bytes);
+    sim.stats.insert("catchup_deferred", deferred);
     OooReport {
         seed,
         violations: sim.violations,

@@ -65,3 +65,24 @@ fn a_seed_replays_exactly() {
     let b = run_seed(7, &o);
     assert_eq!(a.stats, b.stats);
 }
+
+/// Odd seeds bound catch-up pieces in bytes and rate-limit streaming catch-up: the limit
+/// holds pieces back (it bites) and lagging followers still catch up after healing (the
+/// liveness check of `clean`).
+#[test]
+fn rate_limited_catch_up_bites_and_still_finishes() {
+    for (mode, seed) in [(Mode::Parallel { span: 2 }, 1089), (Mode::Dependent, 1249)] {
+        clean(mode, seed..seed + 1);
+        let o = OooOptions {
+            mode,
+            ..OooOptions::default()
+        };
+        let r = run_seed(seed, &o);
+        assert!(
+            r.stats["catchup_deferred"] > 0,
+            "{mode:?} seed {seed}: {:?}",
+            r.stats
+        );
+        assert!(r.stats["catchup_limited_bytes"] > 0);
+    }
+}

@@ -337,6 +337,14 @@ pub struct OooConfig {
     pub resend_interval: Nanos,
     /// Entries per resent message.
     pub max_batch: usize,
+    /// Bytes per resent message, roughly (record bytes plus a fixed allowance per entry;
+    /// at least one entry): catch-up moves in bounded pieces, 128 KiB as in PolarFS
+    /// section 5.3.
+    pub max_batch_bytes: usize,
+    /// Bytes per second of streaming catch-up to one follower (0: no limit), so a
+    /// follower coming back does not take the link from new appends (PolarFS section
+    /// 5.3's rate limit). Pieces the budget does not cover wait for a later ack or tick.
+    pub catchup_rate: u64,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether the ghost guard is on (NULL entries stamped with the new term and
@@ -357,6 +365,8 @@ impl OooConfig {
             heartbeat_interval: 50_000_000,
             resend_interval: 50_000_000,
             max_batch: 256,
+            max_batch_bytes: 128 << 10,
+            catchup_rate: 0,
             seed: id,
             #[cfg(feature = "broken")]
             ghost_guard: true,
@@ -491,6 +501,27 @@ struct Peer {
     /// Its head stayed below our committed head for a whole resend interval: stream the
     /// slots from its head, acknowledged or not, one piece per acknowledgement.
     catching_up: bool,
+    /// Catch-up bytes it may be sent now (with `catchup_rate`), and when that was
+    /// computed.
+    budget: u64,
+    refilled: Nanos,
+}
+
+/// Roughly the bytes an entry takes in a message (record bytes, sets and a fixed
+/// allowance for the header), for the piece and rate bounds.
+fn entry_bytes(e: &Entry) -> u64 {
+    let meta = match &e.body {
+        Body::Null => 0,
+        Body::Parallel {
+            ranges,
+            look_behind,
+            ..
+        } => 16 * (ranges.len() + look_behind.iter().map(Vec::len).sum::<usize>()),
+        Body::Dependent {
+            deps, write_set, ..
+        } => 8 * (deps.raw.len() + deps.waw.len() + write_set.len()),
+    };
+    (64 + meta + e.data().len()) as u64
 }
 
 #[derive(Debug)]
@@ -525,6 +556,10 @@ pub struct OooStats {
     pub superseded: u64,
     /// Entries refused on receipt (malformed, or contradicting a committed slot).
     pub refused: u64,
+    /// Bytes sent in streaming catch-up under a rate limit.
+    pub catchup_bytes: u64,
+    /// Catch-up pieces held back by the rate limit.
+    pub catchup_deferred: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -959,6 +994,8 @@ impl OooReplica {
                             heard: self.now,
                             tick_head: 0,
                             catching_up: false,
+                            budget: 0,
+                            refilled: self.now,
                         },
                     )
                 })
@@ -1298,7 +1335,7 @@ impl OooReplica {
         }
         if catch_up {
             let missing = self.missing_for(from);
-            if !missing.is_empty() {
+            if !missing.is_empty() && self.spend_catchup(from, &missing) {
                 self.actions.push(Action::Send {
                     to: from,
                     msg: Msg::Append {
@@ -1350,7 +1387,7 @@ impl OooReplica {
             let mut sends = Vec::new();
             for p in self.peers() {
                 let missing = self.missing_for(p);
-                if !missing.is_empty() {
+                if !missing.is_empty() && self.spend_catchup(p, &missing) {
                     sends.push((p, missing));
                 }
             }
@@ -1369,6 +1406,39 @@ impl OooReplica {
         let lead = self.lead.as_ref().expect("leading");
         if now.saturating_sub(lead.last_send) >= self.cfg.heartbeat_interval {
             self.broadcast(Vec::new());
+        }
+    }
+
+    /// Whether a piece for `p` fits its catch-up budget (charging it if so). Only a
+    /// follower in streaming catch-up is limited: new appends and the merge are not.
+    fn spend_catchup(&mut self, p: NodeId, piece: &[Entry]) -> bool {
+        // The bucket holds at most 100 ms of the rate (or two pieces, if more).
+        let rate = self.cfg.catchup_rate;
+        let (cap, now) = (
+            (2 * self.cfg.max_batch_bytes.max(1) as u64).max(rate / 10),
+            self.now,
+        );
+        let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&p)) else {
+            return false;
+        };
+        if rate == 0 || !peer.catching_up {
+            return true;
+        }
+        let earned = (now.saturating_sub(peer.refilled) as u128 * rate as u128 / 1_000_000_000)
+            .min(cap as u128) as u64;
+        if earned > 0 {
+            peer.budget = (peer.budget + earned).min(cap);
+            peer.refilled = now;
+        }
+        let need: u64 = piece.iter().map(entry_bytes).sum();
+        // A piece larger than the cap (one huge entry) goes once the budget is full.
+        if peer.budget >= need.min(cap) {
+            peer.budget = peer.budget.saturating_sub(need);
+            self.stats.catchup_bytes += need;
+            true
+        } else {
+            self.stats.catchup_deferred += 1;
+            false
         }
     }
 
@@ -1405,10 +1475,18 @@ impl OooReplica {
                 .collect();
             seqs.extend(more);
         }
-        seqs.iter()
-            .filter_map(|s| self.log.get(s))
-            .map(|slot| slot.entry.clone())
-            .collect()
+        let max_bytes = self.cfg.max_batch_bytes.max(1) as u64;
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for slot in seqs.iter().filter_map(|s| self.log.get(s)) {
+            let b = entry_bytes(&slot.entry);
+            if !out.is_empty() && bytes + b > max_bytes {
+                break;
+            }
+            bytes += b;
+            out.push(slot.entry.clone());
+        }
+        out
     }
 
     /// Marks a slot this replica holds committed: observers, the applier, results.
