@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
 use chorus_core::ooo::replica::{
-    Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReplica,
+    Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReplica, OooStats,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -105,6 +105,33 @@ pub struct OooStatus {
     pub committed_head: u64,
     /// First slot not applied.
     pub applied_head: u64,
+    /// The replica's counters.
+    pub stats: OooStats,
+    /// The driver's counters.
+    pub counters: OooCounters,
+}
+
+/// What the driver counted since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OooCounters {
+    /// Appends accepted as leader.
+    pub appends: u64,
+    /// Appends reported committed.
+    pub committed: u64,
+    /// Appends reported failed.
+    pub failed: u64,
+    /// Entries written to the store.
+    pub writes: u64,
+    /// fdatasyncs of the entries file (hard-state saves not included).
+    pub syncs: u64,
+    /// Hard-state saves.
+    pub hard_saves: u64,
+    /// Messages received and sent.
+    pub msgs_in: u64,
+    /// Messages sent.
+    pub msgs_out: u64,
+    /// Entries applied.
+    pub applied: u64,
 }
 
 /// The final result of an append.
@@ -201,6 +228,9 @@ impl OooNode {
             let work_tx = work_tx;
             let mut waiters: HashMap<u64, Reply> = HashMap::new();
             let mut failed = false;
+            let mut c = OooCounters::default();
+            // Writes buffered since the last sync (the store syncs only when there are).
+            let mut unsynced = false;
             while !stop2.load(Ordering::Relaxed) && !failed {
                 // Group commit: take every event already queued (up to a bound) before
                 // executing the actions, so that their writes share one fdatasync.
@@ -213,9 +243,13 @@ impl OooNode {
                 while let Some(ev) = next.take() {
                     taken += 1;
                     match ev {
-                    Ev::Msg(from, m) => replica.receive(now(), from, m),
+                    Ev::Msg(from, m) => {
+                        c.msgs_in += 1;
+                        replica.receive(now(), from, m)
+                    }
                     Ev::Append(d, data, reply) => match replica.append(now(), d, data) {
                         Ok(t) => {
+                            c.appends += 1;
                             waiters.insert(t.eid, reply);
                         }
                         Err(e) => {
@@ -223,6 +257,7 @@ impl OooNode {
                         }
                     },
                     Ev::Applied(seq) => {
+                        c.applied += 1;
                         if let Err(e) = replica.applied(seq) {
                             tracing::error!(error = %e, "apply report refused; stopping");
                             failed = true;
@@ -237,6 +272,8 @@ impl OooNode {
                             serving: replica.is_serving(),
                             committed_head: replica.committed_head(),
                             applied_head: replica.applied_head(),
+                            stats: replica.stats(),
+                            counters: c,
                         });
                     }
                     }
@@ -263,8 +300,12 @@ impl OooNode {
                                     failed = true;
                                     break;
                                 }
+                                c.writes += 1;
+                                unsynced = true;
                             }
                             Action::SaveHard(h) => {
+                                c.syncs += std::mem::take(&mut unsynced) as u64;
+                                c.hard_saves += 1;
                                 let r = store.sync().and_then(|()| store.save_hard(&h));
                                 if let Err(e) = r {
                                     tracing::error!(error = %e, "saving the hard state failed; stopping");
@@ -278,6 +319,7 @@ impl OooNode {
                     if failed {
                         break;
                     }
+                    c.syncs += std::mem::take(&mut unsynced) as u64;
                     if let Err(e) = store.sync() {
                         tracing::error!(error = %e, "out-of-order store sync failed; stopping");
                         failed = true;
@@ -288,6 +330,7 @@ impl OooNode {
                         match a {
                             Action::Send { to, msg } => {
                                 if let Some(p) = peers.get(&to) {
+                                    c.msgs_out += 1;
                                     let _ = p.send(frame(&encode_msg(&msg)));
                                 }
                             }
@@ -296,9 +339,14 @@ impl OooNode {
                             }
                             Action::Apply(e) => {
                                 apply(&e);
+                                c.applied += 1;
                                 applied.push(e.seq);
                             }
                             Action::Result { eid, seq, outcome } => {
+                                match outcome {
+                                    Outcome::Committed => c.committed += 1,
+                                    Outcome::Failed => c.failed += 1,
+                                }
                                 if let Some(w) = waiters.remove(&eid) {
                                     let _ = w.send(Ok(OooResult { seq, outcome }));
                                 }

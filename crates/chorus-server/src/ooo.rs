@@ -513,6 +513,136 @@ impl OooGroups {
         Ok(())
     }
 
+    /// Prometheus text for every out-of-order group (appended to the node's metrics).
+    pub fn render_metrics(&self, node: u64) -> String {
+        type Get = fn(&OooStatus) -> u64;
+        let metrics: [(&str, &str, &str, Get); 17] = [
+            ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
+            (
+                "chorus_ooo_leader",
+                "gauge",
+                "1 if this replica leads and serves appends.",
+                |s| s.serving as u64,
+            ),
+            (
+                "chorus_ooo_committed_slots",
+                "gauge",
+                "First slot not known committed here.",
+                |s| s.committed_head,
+            ),
+            (
+                "chorus_ooo_applied_slots",
+                "gauge",
+                "First slot not applied here.",
+                |s| s.applied_head,
+            ),
+            (
+                "chorus_ooo_appends_total",
+                "counter",
+                "Appends accepted as leader.",
+                |s| s.counters.appends,
+            ),
+            (
+                "chorus_ooo_commits_total",
+                "counter",
+                "Appends reported committed.",
+                |s| s.counters.committed,
+            ),
+            (
+                "chorus_ooo_failures_total",
+                "counter",
+                "Appends reported failed.",
+                |s| s.counters.failed,
+            ),
+            (
+                "chorus_ooo_entry_writes_total",
+                "counter",
+                "Entries written to the store.",
+                |s| s.counters.writes,
+            ),
+            (
+                "chorus_ooo_fdatasyncs_total",
+                "counter",
+                "fdatasyncs of the entries file.",
+                |s| s.counters.syncs,
+            ),
+            (
+                "chorus_ooo_hard_saves_total",
+                "counter",
+                "Hard-state saves.",
+                |s| s.counters.hard_saves,
+            ),
+            (
+                "chorus_ooo_messages_received_total",
+                "counter",
+                "Messages received.",
+                |s| s.counters.msgs_in,
+            ),
+            (
+                "chorus_ooo_messages_sent_total",
+                "counter",
+                "Messages sent.",
+                |s| s.counters.msgs_out,
+            ),
+            (
+                "chorus_ooo_applied_total",
+                "counter",
+                "Entries applied.",
+                |s| s.counters.applied,
+            ),
+            (
+                "chorus_ooo_campaigns_total",
+                "counter",
+                "Elections started.",
+                |s| s.stats.campaigns,
+            ),
+            (
+                "chorus_ooo_merges_total",
+                "counter",
+                "Merges completed (terms served).",
+                |s| s.stats.merges,
+            ),
+            (
+                "chorus_ooo_catchup_bytes_total",
+                "counter",
+                "Bytes sent in rate-limited catch-up.",
+                |s| s.stats.catchup_bytes,
+            ),
+            (
+                "chorus_ooo_catchup_deferred_total",
+                "counter",
+                "Catch-up pieces held back by the rate limit.",
+                |s| s.stats.catchup_deferred,
+            ),
+        ];
+        let statuses: Vec<(u64, &'static str, OooStatus)> = self
+            .ids()
+            .into_iter()
+            .filter_map(|id| {
+                let g = self.get(id)?;
+                let mode = match g.mode {
+                    Mode::Parallel { .. } => "parallel",
+                    Mode::Dependent => "dependent",
+                };
+                Some((id, mode, g.status()?))
+            })
+            .collect();
+        let mut out = String::new();
+        if statuses.is_empty() {
+            return out;
+        }
+        for (name, kind, help, get) in metrics {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (id, mode, st) in &statuses {
+                out.push_str(&format!(
+                    "{name}{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} {}\n",
+                    get(st)
+                ));
+            }
+        }
+        out
+    }
+
     /// Stops every group (their drivers finish and their threads are joined).
     pub fn shutdown(&self) {
         let all = std::mem::take(&mut *self.groups.write().unwrap_or_else(|p| p.into_inner()));

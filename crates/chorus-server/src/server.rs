@@ -138,7 +138,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
     let code = rt.block_on(async move {
         if let Some(m) = metrics {
             let l = tokio::net::TcpListener::bind(m).await?;
-            tokio::spawn(serve_metrics(env.clone(), l));
+            tokio::spawn(serve_metrics(env.clone(), ooo.clone(), l));
         }
         let svc = ChorusServer::new(Service::new(env.clone(), ooo.clone()))
             .max_decoding_message_size(64 << 20)

@@ -634,12 +634,12 @@ impl pb::chorus_server::Chorus for Service {
 
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until the process ends.
 /// A deliberately small HTTP/1.1 responder: one request per connection, bounded reads.
-pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
+pub async fn serve_metrics(env: Env, ooo: Arc<OooGroups>, listener: tokio::net::TcpListener) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
-        let env = env.clone();
+        let (env, ooo) = (env.clone(), ooo.clone());
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
@@ -662,7 +662,12 @@ pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
             }
             let req = String::from_utf8_lossy(&buf[..n]);
             let (code, body, ctype) = if req.starts_with("GET /metrics ") {
-                ("200 OK", env.render_metrics(), "text/plain; version=0.0.4")
+                let node = env.node();
+                let mut body = env.render_metrics();
+                // Out-of-order groups answer through their driver threads.
+                let more = tokio::task::spawn_blocking(move || ooo.render_metrics(node)).await;
+                body.push_str(&more.unwrap_or_default());
+                ("200 OK", body, "text/plain; version=0.0.4")
             } else {
                 (
                     "404 Not Found",

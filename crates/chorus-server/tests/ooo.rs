@@ -71,6 +71,8 @@ impl Drop for Node {
 struct Cluster {
     nodes: Vec<Node>,
     eps: Vec<String>,
+    /// Metrics addresses.
+    metrics: Vec<String>,
     /// Replication addresses of the dependent group (created over gRPC).
     dep_replicas: BTreeMap<u64, String>,
     _dir: tempfile::TempDir,
@@ -78,13 +80,22 @@ struct Cluster {
 
 fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<[u16; 4]> = (0..3)
-        .map(|_| [free_port(), free_port(), free_port(), free_port()])
+    let ports: Vec<[u16; 5]> = (0..3)
+        .map(|_| {
+            [
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+            ]
+        })
         .collect();
     let mut nodes = Vec::new();
     let mut eps = Vec::new();
+    let mut metrics_addrs = Vec::new();
     for i in 1..=3u64 {
-        let [api, repl, _, _] = ports[(i - 1) as usize];
+        let [api, repl, _, _, metrics] = ports[(i - 1) as usize];
         let peers: String = (1..=3u64)
             .filter(|j| *j != i)
             .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
@@ -97,6 +108,7 @@ fn cluster() -> Cluster {
         write!(
             f,
             "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             metrics_listen = \"127.0.0.1:{metrics}\"\n\
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
              [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\n\
              [groups.replicas]\n{replicas}\n\
@@ -113,6 +125,7 @@ fn cluster() -> Cluster {
         n.start();
         nodes.push(n);
         eps.push(format!("http://127.0.0.1:{api}"));
+        metrics_addrs.push(format!("127.0.0.1:{metrics}"));
     }
     let dep_replicas = (1..=3u64)
         .map(|j| (j, format!("127.0.0.1:{}", ports[(j - 1) as usize][3])))
@@ -120,6 +133,7 @@ fn cluster() -> Cluster {
     Cluster {
         nodes,
         eps,
+        metrics: metrics_addrs,
         dep_replicas,
         _dir: dir,
     }
@@ -395,6 +409,25 @@ async fn out_of_order_groups_through_the_server() {
         assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
         assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
     }
+    // The new leader's metrics count its commits, per group and mode.
+    let text = {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(&cl.metrics[(new - 1) as usize]).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut t = String::new();
+        s.read_to_string(&mut t).unwrap();
+        t
+    };
+    let commits = text
+        .lines()
+        .find(|l| {
+            l.starts_with("chorus_ooo_commits_total{")
+                && l.contains(&format!("group=\"{PAR}\",mode=\"parallel\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no parallel commit counter in:\n{text}"));
+    assert!(commits >= 20, "{commits}");
     // `chorus status` shows both modes.
     let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(["status", "-o", "json", "-g", "0", "--endpoints"])
