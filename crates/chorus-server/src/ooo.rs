@@ -354,6 +354,24 @@ impl std::fmt::Debug for OooGroups {
     }
 }
 
+/// Binds this node's replication address of the group.
+fn bind(spec: &OooSpec, me: u64) -> Result<TcpListener, OooGroupError> {
+    let addr = spec
+        .voters
+        .iter()
+        .find(|v| v.0 == me)
+        .map(|v| v.1)
+        .ok_or_else(|| OooGroupError::BadSpec {
+            group: spec.id,
+            detail: format!("this node ({me}) is not one of its voters"),
+        })?;
+    TcpListener::bind(addr).map_err(|source| OooGroupError::Io {
+        group: spec.id,
+        path: PathBuf::from(format!("listen {addr}")),
+        source,
+    })
+}
+
 fn io(group: u64, path: &Path) -> impl FnOnce(std::io::Error) -> OooGroupError + '_ {
     move |source| OooGroupError::Io {
         group,
@@ -385,10 +403,16 @@ impl OooGroups {
                 }
             }
             for g in specs {
-                me.start(g)?;
+                me.start(g, None)?;
             }
         }
         Ok(me)
+    }
+
+    /// Whether `dir` (a node's `DATA_DIR/ooo`) holds any out-of-order group.
+    pub fn any_in(dir: &Path) -> bool {
+        std::fs::read_dir(dir)
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("group.toml").exists())))
     }
 
     /// Group ids.
@@ -419,7 +443,14 @@ impl OooGroups {
                 Err(OooGroupError::Exists(g.id))
             };
         }
-        OooSpec::parse(&g, self.settings.node)?;
+        let spec =
+            OooSpec::parse(&g, self.settings.node)?.ok_or_else(|| OooGroupError::BadSpec {
+                group: g.id,
+                detail: "an ordered group is not an out-of-order group".into(),
+            })?;
+        // Bind first: a group whose port cannot be used is refused without leaving a
+        // spec behind that would stop the next start.
+        let listener = bind(&spec, self.settings.node)?;
         let dir = self.settings.dir.join(g.id.to_string());
         std::fs::create_dir_all(&dir).map_err(io(g.id, &dir))?;
         let path = dir.join("group.toml");
@@ -438,10 +469,10 @@ impl OooGroups {
             std::fs::File::open(&dir)?.sync_all()
         };
         write().map_err(io(g.id, &path))?;
-        self.start(g)
+        self.start(g, Some(listener))
     }
 
-    fn start(&self, g: GroupSpec) -> Result<(), OooGroupError> {
+    fn start(&self, g: GroupSpec, listener: Option<TcpListener>) -> Result<(), OooGroupError> {
         let spec =
             OooSpec::parse(&g, self.settings.node)?.ok_or_else(|| OooGroupError::BadSpec {
                 group: g.id,
@@ -464,17 +495,10 @@ impl OooGroups {
             Mode::Dependent => DemoState::Kv(Mutex::new(HashMap::new())),
         });
         let me = self.settings.node;
-        let addr = spec
-            .voters
-            .iter()
-            .find(|v| v.0 == me)
-            .map(|v| v.1)
-            .expect("parse checked this node is a voter");
-        let listener = TcpListener::bind(addr).map_err(|source| OooGroupError::Io {
-            group: id,
-            path: PathBuf::from(format!("listen {addr}")),
-            source,
-        })?;
+        let listener = match listener {
+            Some(l) => l,
+            None => bind(&spec, me)?,
+        };
         let st = state.clone();
         let apply = Arc::new(move |e: &Entry| {
             if let Err(err) = st.apply(e) {
@@ -732,6 +756,47 @@ mod tests {
         assert_eq!(parse_blocks("7+3").unwrap(), r(7, 3));
         assert!(parse_blocks("7+0").is_err());
         assert!(parse_blocks("x").is_err());
+    }
+
+    #[test]
+    fn a_group_whose_port_is_taken_is_refused_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let groups = OooGroups::open(OooSettings {
+            node: 1,
+            dir: dir.path().join("ooo"),
+            election_timeout: Duration::from_millis(100),
+            apply_threads: 0,
+        })
+        .unwrap();
+        let g = spec("dependent", &[1], &[(1, addr.as_str())]);
+        let e = groups.create(g).unwrap_err().to_string();
+        assert!(e.contains(&format!("listen {addr}")), "{e}");
+        assert!(!OooGroups::any_in(&dir.path().join("ooo")));
+        assert!(groups.ids().is_empty());
+        // A free port works, is found on disk, and reopens.
+        drop(taken);
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap().to_string();
+        drop(free);
+        let g = spec("dependent", &[1], &[(1, addr.as_str())]);
+        groups.create(g.clone()).unwrap();
+        groups.create(g.clone()).unwrap(); // same spec: accepted
+        let mut other = g.clone();
+        other.mode = "parallel".into();
+        assert!(matches!(groups.create(other), Err(OooGroupError::Exists(5))));
+        assert!(OooGroups::any_in(&dir.path().join("ooo")));
+        groups.shutdown();
+        let again = OooGroups::open(OooSettings {
+            node: 1,
+            dir: dir.path().join("ooo"),
+            election_timeout: Duration::from_millis(100),
+            apply_threads: 0,
+        })
+        .unwrap();
+        assert_eq!(again.ids(), vec![5]);
+        again.shutdown();
     }
 
     #[test]

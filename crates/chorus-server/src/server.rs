@@ -93,21 +93,29 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    let ooo_dir = cfg.data_dir.join("ooo");
+    let has_ooo = cfg.groups.iter().any(|g| !g.is_ordered()) || OooGroups::any_in(&ooo_dir);
+    if has_ooo && cfg.tls.is_some() {
+        return Err("out-of-order groups have no TLS transport yet: with [tls] set, use ordered groups only (docs/operations.md)".into());
+    }
+    let env = Env::open(env_cfg)?;
     let ooo = Arc::new(OooGroups::open(OooSettings {
         node: cfg.node,
-        dir: cfg.data_dir.join("ooo"),
+        dir: ooo_dir,
         election_timeout: std::time::Duration::from_millis(
             cfg.out_of_order.election_timeout_ms.max(10),
         ),
         apply_threads: cfg.out_of_order.apply_threads.min(64),
     })?);
-    let has_ooo = cfg.groups.iter().any(|g| !g.is_ordered()) || !ooo.ids().is_empty();
-    if has_ooo && cfg.tls.is_some() {
-        return Err("out-of-order groups have no TLS transport yet: with [tls] set, use ordered groups only (docs/operations.md)".into());
-    }
-    let env = Env::open(env_cfg)?;
     for g in &cfg.groups {
         if !g.is_ordered() {
+            if env.group(g.id).is_ok() {
+                return Err(format!(
+                    "group {} is configured as {} but exists here as an ordered group",
+                    g.id, g.mode
+                )
+                .into());
+            }
             ooo.create(g.clone())?;
             continue;
         }
