@@ -7,6 +7,8 @@
 //!   medians and the ratio are printed.
 //! - `recovery`: time to reopen a log of a given size (small vs large), to show restart
 //!   time does not grow with log length.
+//! - `ooo`: the out-of-order modes against the ordered runtime, three replica processes
+//!   per system (see [`chorus_bench::ooo`]); `replica` is its hidden child-process mode.
 
 use std::fs::OpenOptions as StdOpen;
 use std::os::unix::fs::FileExt;
@@ -33,28 +35,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Out-of-order parallel mode vs an in-order baseline in the same driver: 4 KiB block
-    /// writes, IO depth sweep, jitter on one replication link (three nodes in this
-    /// process, fdatasync on).
-    Ooo {
-        /// Directory for the nodes' data (removed afterwards).
-        #[arg(long, default_value = "/tmp/chorus-bench-ooo")]
-        dir: PathBuf,
-        /// IO depths (closed-loop clients), comma-separated.
-        #[arg(long, default_value = "1,2,4,8,16,32", value_delimiter = ',')]
-        depths: Vec<usize>,
-        /// Seconds measured per point.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        /// Bound of the random wait before each write on the leader's link to one follower.
-        #[arg(long, default_value_t = 2.0)]
-        jitter_ms: f64,
-        /// Sweeps (medians are reported).
-        #[arg(long, default_value_t = 3)]
-        repeats: usize,
-        /// Also write the points here as JSON.
+    /// Out-of-order modes vs the ordered runtime, 3 replica processes per system, fsync
+    /// on: 4 KiB block writes over an IO depth sweep with jitter on one replication link
+    /// (PolarFS Fig. 7), and YCSB-like 1-read-1-write transactions over a clients sweep
+    /// and a Zipf θ sweep with the follower apply gap (DP-Raft section 5).
+    Ooo(Box<OooArgs>),
+    /// Internal: one replica process of `chorus-bench ooo` (line protocol on stdin/stdout).
+    #[command(hide = true)]
+    Replica {
+        /// ordered, parallel, dependent or in-order.
         #[arg(long)]
-        json: Option<PathBuf>,
+        system: String,
+        /// Node id.
+        #[arg(long)]
+        id: u64,
+        /// Data directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Out-of-order apply threads.
+        #[arg(long, default_value_t = 0)]
+        apply_threads: usize,
+        /// Out-of-order election timeout, ms.
+        #[arg(long, default_value_t = 1000)]
+        election_ms: u64,
+        /// Note every apply for the apply gap.
+        #[arg(long)]
+        record_applies: bool,
     },
     /// Storage append throughput vs a raw pwrite+fdatasync loop.
     Storage {
@@ -153,6 +159,217 @@ enum Cmd {
 
 mod transport;
 
+/// Flags of `chorus-bench ooo`.
+#[derive(clap::Args, Debug)]
+struct OooArgs {
+    /// Scratch directory for the nodes' data (a fresh subdirectory per point, removed).
+    #[arg(long, default_value = "/tmp/chorus-bench-ooo")]
+    dir: PathBuf,
+    /// Write results.json here (created); plot with bench/ooo_plot.py.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Also write the results JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Parts to run, comma-separated: block, ycsb-clients, ycsb-theta.
+    #[arg(
+        long,
+        default_value = "block,ycsb-clients,ycsb-theta",
+        value_delimiter = ','
+    )]
+    parts: Vec<String>,
+    /// Seconds measured per point.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Warm-up seconds per point (after the leader committed a probe).
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Sweeps (every point of every repeat is kept; medians are reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Block part: IO depths (closed-loop clients), comma-separated.
+    #[arg(long, default_value = "1,2,4,8,16,32", value_delimiter = ',')]
+    depths: Vec<usize>,
+    /// Block part: systems, comma-separated.
+    #[arg(
+        long,
+        default_value = "ordered,parallel,in-order",
+        value_delimiter = ','
+    )]
+    block_systems: Vec<String>,
+    /// Block part: bytes per write.
+    #[arg(long, default_value_t = 4096)]
+    block_bytes: usize,
+    /// Block part: bound of the random delay on the leader → node 3 link, ms (0: none).
+    #[arg(long, default_value_t = 2.0)]
+    jitter_ms: f64,
+    /// YCSB parts: systems, comma-separated.
+    #[arg(
+        long,
+        default_value = "dependent,ordered,parallel",
+        value_delimiter = ','
+    )]
+    ycsb_systems: Vec<String>,
+    /// YCSB clients sweep: client counts, comma-separated.
+    #[arg(long, default_value = "1,4,16,64,256", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// YCSB clients sweep: Zipf θ.
+    #[arg(long, default_value_t = 0.99)]
+    theta: f64,
+    /// YCSB θ sweep: the θs, comma-separated.
+    #[arg(long, default_value = "0.5,0.7,0.9,0.99", value_delimiter = ',')]
+    thetas: Vec<f64>,
+    /// YCSB θ sweep: clients.
+    #[arg(long, default_value_t = 256)]
+    theta_clients: usize,
+    /// YCSB: keys.
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: u64,
+    /// YCSB: bytes per transaction record (id, read key, write key, filler).
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// YCSB: jitter bound on the leader → node 3 link, ms (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    ycsb_jitter_ms: f64,
+    /// Out-of-order nodes: apply threads (0: the driver thread applies).
+    #[arg(long, default_value_t = 0)]
+    apply_threads: usize,
+    /// Out-of-order nodes: node 1's election timeout, ms (nodes 2 and 3: 5 times it). The
+    /// driver heartbeats and resends unacknowledged entries every sixth of it (1000: every
+    /// 167 ms, near the ordered replica's 200 ms heartbeat and 400 ms resend).
+    #[arg(long, default_value_t = 1000)]
+    ooo_election_ms: u64,
+    /// One short point per system per workload (block at depth 8, YCSB at 16 clients,
+    /// θ 0.99, 1 repeat, 1 s each); exits non-zero if any system fails to run or report.
+    /// Overrides the sweep flags.
+    #[arg(long)]
+    smoke: bool,
+}
+
+fn ooo(a: OooArgs) -> AnyResult<()> {
+    use chorus_bench::ooo::{self as o, Part, System};
+    let systems = |v: &[String]| -> Result<Vec<System>, String> {
+        v.iter().map(|s| System::parse(s.trim())).collect()
+    };
+    let mut s = o::Settings {
+        dir: a.dir.clone(),
+        seconds: a.seconds,
+        warmup: a.warmup,
+        repeats: a.repeats,
+        parts: a
+            .parts
+            .iter()
+            .map(|p| Part::parse(p.trim()))
+            .collect::<Result<_, _>>()?,
+        depths: a.depths.clone(),
+        block_systems: systems(&a.block_systems)?,
+        block_bytes: a.block_bytes,
+        jitter_ms: a.jitter_ms,
+        ycsb_systems: systems(&a.ycsb_systems)?,
+        clients: a.clients.clone(),
+        theta: a.theta,
+        thetas: a.thetas.clone(),
+        theta_clients: a.theta_clients,
+        keys: a.keys,
+        value_bytes: a.value_bytes,
+        ycsb_jitter_ms: a.ycsb_jitter_ms,
+        apply_threads: a.apply_threads,
+        ooo_election_ms: a.ooo_election_ms,
+    };
+    if a.smoke {
+        s.parts = vec![Part::Block, Part::YcsbClients];
+        s.depths = vec![8];
+        s.clients = vec![16];
+        s.repeats = 1;
+        s.seconds = 1.0;
+        s.warmup = 0.3;
+    }
+    s.check()?;
+    let t0 = std::time::Instant::now();
+    let points = o::run(&s, |p| {
+        let x = match p.theta {
+            Some(t) => format!("clients {:>3} θ {t:.2}", p.clients),
+            None => format!("depth {:>2}", p.clients),
+        };
+        match &p.error {
+            None => eprintln!(
+                "[{:>5.0}s] r{} {:<12} {:<9} {x}: {:>8.0} ops/s  p50 {:>6.0} µs  cpu {}{}",
+                t0.elapsed().as_secs_f64(),
+                p.repeat,
+                p.part.name(),
+                p.system.name(),
+                p.ops_per_sec,
+                p.lat_p50_us,
+                p.cpu
+                    .iter()
+                    .map(|c| format!("{c:.2}"))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                p.gap.as_ref().map_or(String::new(), |g| format!(
+                    "  gap p50 {:.0} µs p99 {:.0} µs",
+                    g.median_us, g.p99_us
+                )),
+            ),
+            Some(e) => eprintln!(
+                "[{:>5.0}s] r{} {:<12} {:<9} {x}: FAILED: {e}",
+                t0.elapsed().as_secs_f64(),
+                p.repeat,
+                p.part.name(),
+                p.system.name()
+            ),
+        }
+    })?;
+    let summary = o::summarize(&points);
+    let failed: Vec<String> = points
+        .iter()
+        .filter_map(|p| {
+            p.error
+                .as_ref()
+                .map(|e| format!("{} {} {}: {e}", p.part.name(), p.system.name(), p.clients))
+        })
+        .collect();
+    let v = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "settings": s,
+        "machine": {
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        },
+        "points": points,
+        "medians": summary["medians"],
+        "ratios": summary["ratios"],
+        "failed": failed,
+    });
+    for r in summary["ratios"].as_array().into_iter().flatten() {
+        println!(
+            "{:<12} clients {:>3} θ {:<5} {:>9} / {:<9} throughput ×{:.2}{}",
+            r["part"].as_str().unwrap_or("?"),
+            r["clients"],
+            r["theta"].as_f64().map_or("-".into(), |t| format!("{t}")),
+            r["system"].as_str().unwrap_or("?"),
+            r["vs"].as_str().unwrap_or("?"),
+            r["throughput_ratio"].as_f64().unwrap_or(f64::NAN),
+            r["gap_lower_by"]
+                .as_f64()
+                .map_or(String::new(), |g| format!("  gap lower ×{g:.2}")),
+        );
+    }
+    if let Some(d) = &a.out {
+        std::fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
+        let f = d.join("results.json");
+        std::fs::write(&f, serde_json::to_string_pretty(&v)?)
+            .map_err(|e| format!("write {}: {e}", f.display()))?;
+        eprintln!("wrote {}", f.display());
+    }
+    if let Some(f) = &a.json {
+        std::fs::write(f, format!("{v}\n")).map_err(|e| format!("write {}: {e}", f.display()))?;
+    }
+    if !failed.is_empty() {
+        return Err(format!("{} point(s) failed:\n{}", failed.len(), failed.join("\n")).into());
+    }
+    Ok(())
+}
+
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> AnyResult<()> {
@@ -193,42 +410,37 @@ fn main() -> AnyResult<()> {
             duration,
             json,
         } => ceiling(&dir, size, batch_bytes, warmup, duration, json.as_deref()),
-        Cmd::Ooo {
+        Cmd::Ooo(a) => {
+            let a = *a;
+            if let Err(e) = ooo(a) {
+                eprintln!("chorus-bench ooo: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Cmd::Replica {
+            system,
+            id,
             dir,
-            depths,
-            seconds,
-            jitter_ms,
-            repeats,
-            json,
+            apply_threads,
+            election_ms,
+            record_applies,
         } => {
-            if depths.is_empty() || depths.contains(&0) || repeats == 0 || seconds <= 0.0 {
-                return Err("--depths must be positive, --repeats and --seconds above 0".into());
+            let r = chorus_bench::ooo::System::parse(&system).and_then(|sys| {
+                chorus_bench::ooo::replica_main(
+                    sys,
+                    id,
+                    dir,
+                    apply_threads,
+                    std::time::Duration::from_millis(election_ms),
+                    record_applies,
+                )
+            });
+            if let Err(e) = r {
+                eprintln!("chorus-bench replica {id}: {e}");
+                std::process::exit(1);
             }
-            let pts = chorus_bench::ooo::run(&dir, &depths, seconds, jitter_ms, repeats)?;
-            let mut summary = Vec::new();
-            for &d in &depths {
-                let med = |sys: &str| {
-                    let mut v: Vec<f64> = pts
-                        .iter()
-                        .filter(|p| p.system == sys && p.depth == d)
-                        .map(|p| p.iops)
-                        .collect();
-                    v.sort_by(|a, b| a.total_cmp(b));
-                    v[v.len() / 2]
-                };
-                let (p, o) = (med("parallel"), med("in-order"));
-                println!(
-                    "depth {d:>2}: parallel {p:>8.0}/s  in-order {o:>8.0}/s  ratio {:.2}",
-                    p / o
-                );
-                summary.push(
-                    serde_json::json!({"depth": d, "parallel": p, "in_order": o, "ratio": p / o}),
-                );
-            }
-            emit(
-                &serde_json::json!({"points": pts, "medians": summary}),
-                json.as_deref(),
-            )
+            Ok(())
         }
         Cmd::Floor {
             dir,

@@ -1,189 +1,1311 @@
-//! `chorus-bench ooo`: parallel mode against an in-order baseline in the same driver, with
-//! 4 KiB block writes at IO depths 1..32 and jitter on one replication link (the shape of
-//! PolarFS Fig. 7).
+//! `chorus-bench ooo`: the out-of-order modes against the ordered runtime, three replica
+//! **processes** per system, fsync on, loopback TCP (issue 6's benchmarks).
 //!
-//! Both systems are three [`OooNode`]s in this process (threads, not processes), each with
-//! its own directory and fdatasync on, over loopback TCP; the leader's link to one
-//! follower waits a random time below `--jitter-ms` before each write.
+//! # Setup (every system alike)
 //!
-//! - **parallel**: each record declares the one 4 KiB block it writes at a random LBA of a
-//!   1 GiB volume; entries commit as soon as a majority has them and apply unless they
-//!   overlap an unapplied predecessor.
-//! - **in-order**: dependent mode with every record reading and writing one key, so every
-//!   entry has its predecessor as RAW and WAW dependency: it commits only after its
-//!   predecessor committed and applies only after it applied — Raft's order, in the same
-//!   driver, replica code, store and transport. It is **not** the ordered (PALF) replica
-//!   of the main runtime, whose write path is different; comparing against that is still
-//!   to do.
+//! Node 1, the leader, runs in the benchmark process with the closed-loop clients
+//! co-located (as PALF measured and as `chorus bench --local --path embedded` does);
+//! nodes 2 and 3 are child processes of the same binary (`chorus-bench replica`, hidden),
+//! each with its own data directory, fdatasync-durable. Node 1 is made to lead: the
+//! ordered replica gets the highest election priority, an out-of-order node a tenth of
+//! the others' election timeout. Every point is a fresh cluster in fresh directories;
+//! the children are killed and reaped on every exit path (also when this process dies:
+//! `PR_SET_PDEATHSIG`) and the directories removed.
 //!
-//! Each point is a fresh cluster; the systems alternate per point and the command repeats
-//! the sweep `--repeats` times; the report gives medians.
+//! Jitter: a TCP proxy in this process in front of node 3's replication port, through
+//! which the leader dials node 3 ([`proxy`]): each chunk the leader sends is delayed by a
+//! random time in `[0, --jitter-ms)` but never overtakes an earlier one. The same proxy
+//! for every system (the out-of-order driver's own `link_jitter` is not used).
+//!
+//! # Systems
+//!
+//! - `ordered`: the main runtime ([`chorus_runtime::Env`], the PALF replica): records are
+//!   opaque bytes, committed and applied in log order.
+//! - `parallel`: [`OooNode`] in `Mode::Parallel { span: 2 }` (ParallelRaft): each record
+//!   declares block ranges.
+//! - `dependent`: [`OooNode`] in `Mode::Dependent` (DP-Raft): each record declares a read
+//!   set and a write set.
+//! - `in-order`: a same-driver control — dependent mode with every record reading and
+//!   writing key 0, so each entry waits for its predecessor to commit and apply.
+//!
+//! # Workloads
+//!
+//! - **block** (PolarFS Fig. 7): 4 KiB writes at a uniformly random 4 KiB block of a
+//!   1 GiB volume (2^18 blocks), IO depth = closed-loop clients. `parallel` declares the
+//!   block; `dependent` (if asked for) writes key = block and reads nothing; `in-order`
+//!   key 0; `ordered` carries the same 4 KiB opaquely.
+//! - **ycsb** (DP-Raft section 5): each transaction reads one key and writes one key,
+//!   both drawn from `--keys` (10 million) keys by Zipf(θ) ([`zipf`]); the record is
+//!   `--value-bytes` (100, the paper's record size) holding its id and the two keys.
+//!   `dependent` declares `read_set = [r]`, `write_set = [w]`; `parallel` is adapted as
+//!   the DP-Raft paper adapted ParallelRaft: key k is block range `[k, k+1)`, and the
+//!   record declares the ranges of both its read key and its write key (one range if they
+//!   are equal), so parallel mode treats a shared read key as a conflict too; `ordered`
+//!   carries the same bytes opaquely.
+//!
+//! # Follower apply gap (ycsb)
+//!
+//! Every record's first 8 bytes are a unique id. Each node notes `(id, CLOCK_MONOTONIC)`
+//! when it applies the record ([`node`] says what applying is for each system); the
+//! children write theirs to a file at the end of the point. The gap of a record is
+//! follower apply − leader apply, over the records the leader applied in the measured
+//! interval, pooled over both followers (also reported per follower).
 
-use std::net::TcpListener;
-use std::path::Path;
+pub mod gap;
+pub mod node;
+pub mod proxy;
+pub mod zipf;
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child as Proc, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{Declared, Mode};
-use chorus_core::replica::Outcome;
-use chorus_runtime::ooo::{OooNode, OooNodeConfig};
+use chorus_core::ooo::replica::Declared;
+use chorus_core::replica::{Outcome, Role};
+use chorus_core::rng::Rng;
+use chorus_runtime::ooo::OooNode;
+use chorus_runtime::LogHandle;
 
-/// One measured point.
+use gap::{mono_ns, GapStats};
+use node::{NodeOpts, Recorder, Running};
+use proxy::JitterProxy;
+use zipf::Zipf;
+
+/// A benchmarked system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum System {
+    /// The main runtime's ordered (PALF) replica.
+    Ordered,
+    /// Out-of-order parallel mode (ParallelRaft, span 2).
+    Parallel,
+    /// Out-of-order dependent mode (DP-Raft).
+    Dependent,
+    /// Dependent mode with every record conflicting with its predecessor.
+    InOrder,
+}
+
+impl System {
+    /// Every system.
+    pub const ALL: [System; 4] = [
+        System::Ordered,
+        System::Parallel,
+        System::Dependent,
+        System::InOrder,
+    ];
+
+    /// The name used on the command line and in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Ordered => "ordered",
+            System::Parallel => "parallel",
+            System::Dependent => "dependent",
+            System::InOrder => "in-order",
+        }
+    }
+
+    /// Parses a name from [`System::name`].
+    pub fn parse(s: &str) -> Result<Self, String> {
+        System::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| {
+                format!("unknown system {s:?}: expected ordered, parallel, dependent or in-order")
+            })
+    }
+}
+
+/// A part of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// 4 KiB block writes, IO depth swept.
+    Block,
+    /// YCSB-like transactions, clients swept at one θ.
+    YcsbClients,
+    /// YCSB-like transactions, θ swept at one client count.
+    YcsbTheta,
+}
+
+impl Part {
+    /// The name used on the command line and in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Block => "block",
+            Part::YcsbClients => "ycsb-clients",
+            Part::YcsbTheta => "ycsb-theta",
+        }
+    }
+
+    /// Parses a name from [`Part::name`].
+    pub fn parse(s: &str) -> Result<Self, String> {
+        [Part::Block, Part::YcsbClients, Part::YcsbTheta]
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| {
+                format!("unknown part {s:?}: expected block, ycsb-clients or ycsb-theta")
+            })
+    }
+}
+
+/// Everything a sweep needs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Settings {
+    /// Scratch directory for the nodes' data (a fresh subdirectory per point, removed).
+    pub dir: PathBuf,
+    /// Seconds measured per point.
+    pub seconds: f64,
+    /// Seconds of warm-up per point (after the leader committed a probe).
+    pub warmup: f64,
+    /// Sweeps (every point of every repeat is kept; medians are reported).
+    pub repeats: usize,
+    /// Which parts to run.
+    pub parts: Vec<Part>,
+    /// Block part: IO depths.
+    pub depths: Vec<usize>,
+    /// Block part: systems.
+    pub block_systems: Vec<System>,
+    /// Block part: bytes per write.
+    pub block_bytes: usize,
+    /// Block part: jitter bound on the leader → node 3 link, ms (0: no proxy).
+    pub jitter_ms: f64,
+    /// YCSB parts: systems.
+    pub ycsb_systems: Vec<System>,
+    /// YCSB clients sweep: client counts.
+    pub clients: Vec<usize>,
+    /// YCSB clients sweep: θ.
+    pub theta: f64,
+    /// YCSB θ sweep: the θs.
+    pub thetas: Vec<f64>,
+    /// YCSB θ sweep: clients.
+    pub theta_clients: usize,
+    /// YCSB: keys.
+    pub keys: u64,
+    /// YCSB: record bytes.
+    pub value_bytes: usize,
+    /// YCSB: jitter bound on the leader → node 3 link, ms (0: no proxy).
+    pub ycsb_jitter_ms: f64,
+    /// Out-of-order nodes: apply threads (0: the driver thread applies).
+    pub apply_threads: usize,
+    /// Out-of-order nodes: node 1's election timeout, ms; nodes 2 and 3 get
+    /// [`FOLLOWER_ELECTION_FACTOR`] times it, so node 1 campaigns first. The driver's
+    /// heartbeat and resend intervals are a sixth of a node's election timeout.
+    pub ooo_election_ms: u64,
+}
+
+/// How much longer the election timeout of nodes 2 and 3 is than node 1's.
+pub const FOLLOWER_ELECTION_FACTOR: u64 = 5;
+
+/// The election timeout of out-of-order node `id`.
+pub fn election_of(s: &Settings, id: u64) -> Duration {
+    let ms = if id == 1 {
+        s.ooo_election_ms
+    } else {
+        s.ooo_election_ms * FOLLOWER_ELECTION_FACTOR
+    };
+    Duration::from_millis(ms)
+}
+
+impl Settings {
+    /// Checks the ranges; the error names the flag.
+    pub fn check(&self) -> Result<(), String> {
+        let pos = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= 3600.0 {
+                Ok(())
+            } else {
+                Err(format!("--{name} {v}: expected 0 < seconds ≤ 3600"))
+            }
+        };
+        pos("seconds", self.seconds)?;
+        if !(0.0..=3600.0).contains(&self.warmup) {
+            return Err(format!(
+                "--warmup {}: expected 0 to 3600 seconds",
+                self.warmup
+            ));
+        }
+        if self.repeats == 0 || self.repeats > 100 {
+            return Err(format!("--repeats {}: expected 1 to 100", self.repeats));
+        }
+        if self.parts.is_empty() {
+            return Err("--parts: name at least one of block, ycsb-clients, ycsb-theta".into());
+        }
+        let counts = |name: &str, v: &[usize]| {
+            if v.is_empty() || v.iter().any(|&c| c == 0 || c > 4096) {
+                Err(format!("--{name} {v:?}: expected a list of 1 to 4096"))
+            } else {
+                Ok(())
+            }
+        };
+        let has = |p| self.parts.contains(&p);
+        if has(Part::Block) {
+            counts("depths", &self.depths)?;
+            if self.block_systems.is_empty() {
+                return Err("--block-systems: name at least one system".into());
+            }
+            if !(16..=(1 << 20)).contains(&self.block_bytes) {
+                return Err(format!(
+                    "--block-bytes {}: expected 16 to 1048576",
+                    self.block_bytes
+                ));
+            }
+        }
+        for (name, j) in [
+            ("jitter-ms", self.jitter_ms),
+            ("ycsb-jitter-ms", self.ycsb_jitter_ms),
+        ] {
+            if !(0.0..=1000.0).contains(&j) {
+                return Err(format!("--{name} {j}: expected 0 to 1000 ms"));
+            }
+        }
+        if has(Part::YcsbClients) || has(Part::YcsbTheta) {
+            if self.ycsb_systems.is_empty() {
+                return Err("--ycsb-systems: name at least one system".into());
+            }
+            if self.keys < 2 {
+                return Err(format!("--keys {}: expected at least 2", self.keys));
+            }
+            if !(24..=(1 << 20)).contains(&self.value_bytes) {
+                return Err(format!(
+                    "--value-bytes {}: expected 24 (id and two keys) to 1048576",
+                    self.value_bytes
+                ));
+            }
+        }
+        if has(Part::YcsbClients) {
+            counts("clients", &self.clients)?;
+            Zipf::new(2, self.theta).map_err(|e| format!("--theta: {e}"))?;
+        }
+        if has(Part::YcsbTheta) {
+            counts("theta-clients", &[self.theta_clients])?;
+            if self.thetas.is_empty() {
+                return Err("--thetas: name at least one θ".into());
+            }
+            for &t in &self.thetas {
+                Zipf::new(2, t).map_err(|e| format!("--thetas: {e}"))?;
+            }
+        }
+        if !(60..=60_000).contains(&self.ooo_election_ms) {
+            return Err(format!(
+                "--ooo-election-ms {}: expected 60 to 60000",
+                self.ooo_election_ms
+            ));
+        }
+        if self.apply_threads > 64 {
+            return Err(format!(
+                "--apply-threads {}: expected 0 to 64",
+                self.apply_threads
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One measured point (one system, one x value, one repeat).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Point {
-    /// `parallel` or `in-order`.
-    pub system: &'static str,
-    /// Appends in flight (closed-loop clients).
-    pub depth: usize,
-    /// Committed appends per second.
-    pub iops: f64,
+    /// The part.
+    pub part: Part,
+    /// The system.
+    pub system: System,
+    /// Repeat number (0-based).
+    pub repeat: usize,
+    /// Closed-loop clients (the IO depth of the block part).
+    pub clients: usize,
+    /// Zipf θ (YCSB parts).
+    pub theta: Option<f64>,
+    /// Committed appends (transactions) per second.
+    pub ops_per_sec: f64,
+    /// Appends that started and committed inside the measured interval.
+    pub committed: u64,
+    /// Appends that failed or were refused (whole run, warm-up included).
+    pub errors: u64,
+    /// Length of the measured interval.
+    pub seconds: f64,
+    /// Commit latency, mean, µs.
+    pub lat_mean_us: f64,
+    /// Commit latency, median, µs.
+    pub lat_p50_us: f64,
+    /// Commit latency, 99th percentile, µs.
+    pub lat_p99_us: f64,
+    /// CPU seconds per second of nodes 1 (with the clients and the proxy), 2 and 3.
+    pub cpu: Vec<f64>,
+    /// Follower apply gap over both followers (YCSB parts).
+    pub gap: Option<GapStats>,
+    /// The same per follower (node 2, node 3).
+    pub gap_per_follower: Vec<Option<GapStats>>,
+    /// Why the point failed, if it did (its figures are then zero).
+    pub error: Option<String>,
 }
 
-fn cluster(root: &Path, mode: Mode, jitter: Duration) -> Result<Vec<OooNode>, String> {
-    let listeners: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("bind: {e}"))?;
-    let addrs: Vec<_> = listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("local_addr: {e}"))?;
-    let mut nodes = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        let cfg = OooNodeConfig {
-            id: i as u64 + 1,
-            voters: addrs
-                .iter()
-                .enumerate()
-                .map(|(j, a)| (j as u64 + 1, *a))
-                .collect(),
-            mode,
-            dir: root.join(format!("n{}", i + 1)),
-            // Node 1 campaigns first (shorter timeout) and its link to node 3 jitters.
-            election_timeout: Duration::from_millis(if i == 0 { 100 } else { 1_000 }),
-            link_jitter: (i == 0).then_some((3, jitter)),
-            group: 1,
-            apply_threads: 0,
-        };
-        nodes.push(OooNode::start(cfg, l, Arc::new(|_| {})).map_err(|e| e.to_string())?);
-    }
-    Ok(nodes)
+/// What one point runs.
+#[derive(Clone, Debug)]
+struct Cell {
+    part: Part,
+    clients: usize,
+    theta: Option<f64>,
+    systems: Vec<System>,
 }
 
-fn point(
-    root: &Path,
-    system: &'static str,
-    depth: usize,
-    secs: f64,
-    jitter: Duration,
-) -> Result<Point, String> {
-    let dir = root.join(format!("{system}-{depth}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mode = if system == "parallel" {
-        Mode::Parallel { span: 2 }
-    } else {
-        Mode::Dependent
-    };
-    let nodes = Arc::new(cluster(&dir, mode, jitter)?);
-    let t0 = Instant::now();
-    let leader = loop {
-        if let Some(i) = (0..3).find(|&i| nodes[i].status().is_some_and(|s| s.serving)) {
-            break i;
+fn cells(s: &Settings) -> Vec<Cell> {
+    let mut v = Vec::new();
+    for &p in &s.parts {
+        match p {
+            Part::Block => v.extend(s.depths.iter().map(|&d| Cell {
+                part: p,
+                clients: d,
+                theta: None,
+                systems: s.block_systems.clone(),
+            })),
+            Part::YcsbClients => v.extend(s.clients.iter().map(|&c| Cell {
+                part: p,
+                clients: c,
+                theta: Some(s.theta),
+                systems: s.ycsb_systems.clone(),
+            })),
+            Part::YcsbTheta => v.extend(s.thetas.iter().map(|&t| Cell {
+                part: p,
+                clients: s.theta_clients,
+                theta: Some(t),
+                systems: s.ycsb_systems.clone(),
+            })),
         }
-        if t0.elapsed() > Duration::from_secs(10) {
-            return Err("no leader within 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let failed = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..depth)
-        .map(|c| {
-            let (nodes, done, stop, failed) =
-                (nodes.clone(), done.clone(), stop.clone(), failed.clone());
-            std::thread::spawn(move || {
-                let mut rng = chorus_core::rng::Rng::new(c as u64 + 1);
-                let data = vec![0xA5u8; 4096];
-                while !stop.load(Ordering::Relaxed) {
-                    let d = if system == "parallel" {
-                        let lba = rng.below(1 << 18);
-                        Declared::Blocks(vec![BlockRange::new(lba, 1).expect("one block")])
-                    } else {
-                        Declared::Txn {
-                            read_set: vec![0],
-                            write_set: vec![0],
-                        }
-                    };
-                    match nodes[leader].append(d, data.clone()) {
-                        Ok(Outcome::Committed) => {
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        _ => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    // Warm up, then count.
-    std::thread::sleep(Duration::from_millis(300));
-    let (c0, t) = (done.load(Ordering::Relaxed), Instant::now());
-    std::thread::sleep(Duration::from_secs_f64(secs));
-    let n = done.load(Ordering::Relaxed) - c0;
-    let el = t.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
     }
-    drop(nodes);
-    let _ = std::fs::remove_dir_all(&dir);
-    if failed.load(Ordering::Relaxed) > 0 {
-        return Err(format!(
-            "{system} depth {depth}: {} appends did not commit (leader change during the run?)",
-            failed.load(Ordering::Relaxed)
-        ));
-    }
-    Ok(Point {
-        system,
-        depth,
-        iops: n as f64 / el,
-    })
+    v
 }
 
-/// Runs the sweep; returns every point of every repeat.
-pub fn run(
-    root: &Path,
-    depths: &[usize],
-    secs: f64,
-    jitter_ms: f64,
-    repeats: usize,
-) -> Result<Vec<Point>, String> {
-    let jitter = Duration::from_secs_f64(jitter_ms / 1e3);
+/// Runs every part `repeats` times, the systems alternating point by point (their order
+/// rotates each point and repeat); `progress` sees each point as it is measured. A point
+/// that fails is kept with its error and the sweep goes on.
+pub fn run(s: &Settings, mut progress: impl FnMut(&Point)) -> Result<Vec<Point>, String> {
+    s.check()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    std::fs::create_dir_all(&s.dir).map_err(|e| format!("create {}: {e}", s.dir.display()))?;
+    let root = std::fs::canonicalize(&s.dir).map_err(|e| format!("{}: {e}", s.dir.display()))?;
+    let mut zipfs: HashMap<u64, Arc<Zipf>> = HashMap::new();
     let mut out = Vec::new();
-    for r in 0..repeats {
-        for &d in depths {
-            // Alternate which system goes first at each point.
-            let order = if (r + d) % 2 == 0 {
-                ["parallel", "in-order"]
-            } else {
-                ["in-order", "parallel"]
+    let all = cells(s);
+    for r in 0..s.repeats {
+        for (i, c) in all.iter().enumerate() {
+            let zipf = match c.theta {
+                Some(t) => Some(match zipfs.get(&t.to_bits()) {
+                    Some(z) => z.clone(),
+                    None => {
+                        let z = Arc::new(Zipf::new(s.keys, t)?);
+                        zipfs.insert(t.to_bits(), z.clone());
+                        z
+                    }
+                }),
+                None => None,
             };
-            for sys in order {
-                let p = point(root, sys, d, secs, jitter)?;
-                eprintln!(
-                    "repeat {r} {sys:>8} depth {d:>2}: {:>8.0} appends/s",
-                    p.iops
-                );
+            let n = c.systems.len();
+            for k in 0..n {
+                let sys = c.systems[(k + r + i) % n];
+                let p = point(&rt, &exe, &root, s, c, sys, r, zipf.clone());
+                progress(&p);
                 out.push(p);
             }
         }
     }
-    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(&root);
     Ok(out)
+}
+
+/// Runs one point; a failure becomes a point with `error` set.
+#[allow(clippy::too_many_arguments)]
+fn point(
+    rt: &tokio::runtime::Runtime,
+    exe: &Path,
+    root: &Path,
+    s: &Settings,
+    c: &Cell,
+    sys: System,
+    repeat: usize,
+    zipf: Option<Arc<Zipf>>,
+) -> Point {
+    let mut p = Point {
+        part: c.part,
+        system: sys,
+        repeat,
+        clients: c.clients,
+        theta: c.theta,
+        ops_per_sec: 0.0,
+        committed: 0,
+        errors: 0,
+        seconds: 0.0,
+        lat_mean_us: 0.0,
+        lat_p50_us: 0.0,
+        lat_p99_us: 0.0,
+        cpu: vec![],
+        gap: None,
+        gap_per_follower: vec![],
+        error: None,
+    };
+    let dir = root.join(format!(
+        "{}-{}-{}-r{repeat}",
+        c.part.name(),
+        sys.name(),
+        c.clients
+    ));
+    let r = measure(rt, exe, &dir, s, c, sys, zipf, &mut p);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = r {
+        p.error = Some(e);
+    }
+    p
+}
+
+/// How a client appends.
+#[derive(Clone)]
+enum Appender {
+    Ooo(Arc<OooNode>),
+    Ordered(LogHandle),
+}
+
+impl Appender {
+    /// Appends and waits: Ok(true) committed, Ok(false) failed, Err refused.
+    async fn append(&self, d: Option<Declared>, data: Vec<u8>) -> Result<bool, String> {
+        match self {
+            Appender::Ooo(n) => {
+                let d = d.ok_or("an out-of-order append needs a declaration")?;
+                match n.append_async(d, data).await {
+                    Ok(o) => Ok(o == Outcome::Committed),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            Appender::Ordered(h) => {
+                let a = h.append(&data, 0).map_err(|e| e.to_string())?;
+                let r = a.result.await.map_err(|e| e.to_string())?;
+                Ok(r.outcome == Outcome::Committed)
+            }
+        }
+    }
+}
+
+/// Makes one client's records.
+struct Gen {
+    part: Part,
+    sys: System,
+    rng: Rng,
+    zipf: Option<Arc<Zipf>>,
+    id_base: u64,
+    seq: u64,
+    bytes: usize,
+}
+
+/// Blocks of the block workload's volume (1 GiB of 4 KiB blocks).
+pub const VOLUME_BLOCKS: u64 = 1 << 18;
+
+impl Gen {
+    fn next(&mut self) -> (Option<Declared>, Vec<u8>) {
+        self.seq += 1;
+        let id = self.id_base | self.seq;
+        let mut data = vec![0xA5u8; self.bytes];
+        data[..8].copy_from_slice(&id.to_le_bytes());
+        let (r, w) = match self.part {
+            Part::Block => (None, self.rng.below(VOLUME_BLOCKS)),
+            _ => {
+                let z = self.zipf.as_ref().expect("ycsb has a zipf");
+                (Some(z.sample(&mut self.rng)), z.sample(&mut self.rng))
+            }
+        };
+        data[8..16].copy_from_slice(&w.to_le_bytes());
+        if let (Some(r), true) = (r, data.len() >= 24) {
+            data[16..24].copy_from_slice(&r.to_le_bytes());
+        }
+        (declare(self.sys, r, w), data)
+    }
+}
+
+/// What a record declares: `r` the key read (none for a block write), `w` the key or
+/// block written.
+pub fn declare(sys: System, r: Option<u64>, w: u64) -> Option<Declared> {
+    let block = |k: u64| BlockRange::new(k, 1).expect("one block");
+    match sys {
+        System::Ordered => None,
+        System::InOrder => Some(Declared::Txn {
+            read_set: vec![0],
+            write_set: vec![0],
+        }),
+        System::Dependent => Some(Declared::Txn {
+            read_set: r.into_iter().collect(),
+            write_set: vec![w],
+        }),
+        System::Parallel => {
+            let mut ranges = vec![block(w)];
+            if let Some(r) = r.filter(|&r| r != w) {
+                ranges.push(block(r));
+            }
+            Some(Declared::Blocks(ranges))
+        }
+    }
+}
+
+/// A child replica process and its line protocol (`chorus-bench replica`).
+struct Child {
+    id: u64,
+    proc: Proc,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    log: PathBuf,
+}
+
+impl Child {
+    fn spawn(
+        exe: &Path,
+        sys: System,
+        id: u64,
+        dir: &Path,
+        s: &Settings,
+        record: bool,
+    ) -> Result<Self, String> {
+        use std::os::unix::process::CommandExt;
+        let log = dir.join(format!("n{id}.log"));
+        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("replica")
+            .arg("--system")
+            .arg(sys.name())
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--dir")
+            .arg(dir.join(format!("n{id}")))
+            .arg("--apply-threads")
+            .arg(s.apply_threads.to_string())
+            .arg("--election-ms")
+            .arg(election_of(s, id).as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(f);
+        if record {
+            cmd.arg("--record-applies");
+        }
+        // SAFETY: prctl(2) is async-signal-safe; the closure only calls it.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Die with the benchmark, however it ends.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut proc = cmd.spawn().map_err(|e| format!("start node {id}: {e}"))?;
+        let stdin = proc.stdin.take();
+        let out = proc.stdout.take().ok_or("child stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Self {
+            id,
+            proc,
+            stdin,
+            lines,
+            log,
+        })
+    }
+
+    fn failure(&mut self, what: &str) -> String {
+        let st = match self.proc.try_wait() {
+            Ok(Some(st)) => format!("exited ({st})"),
+            _ => "still running".into(),
+        };
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        format!(
+            "node {} {what}; it {st}; last lines of its stderr:\n{}",
+            self.id,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn send(&mut self, line: &str) -> Result<(), String> {
+        let r = match self.stdin.as_mut() {
+            Some(i) => writeln!(i, "{line}").and_then(|()| i.flush()),
+            None => return Err(format!("node {}: stdin closed", self.id)),
+        };
+        r.map_err(|e| self.failure(&format!("did not take {line:?} ({e})")))
+    }
+
+    /// Waits for a line `word rest…`; returns `rest`.
+    fn expect(&mut self, word: &str, timeout: Duration) -> Result<String, String> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(l) => match l.strip_prefix(word) {
+                Some(rest) => Ok(rest.trim().to_string()),
+                None => Err(self.failure(&format!("said {l:?}, expected {word:?}"))),
+            },
+            Err(_) => Err(self.failure(&format!("did not say {word:?} within {timeout:?}"))),
+        }
+    }
+
+    /// Closes its stdin (it stops cleanly) and reaps it, killing it after `timeout`.
+    fn finish(&mut self, timeout: Duration) {
+        self.stdin.take();
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.proc.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.proc.kill();
+        let _ = self.proc.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.stdin.take();
+        if let Ok(None) = self.proc.try_wait() {
+            let _ = self.proc.kill();
+        }
+        let _ = self.proc.wait();
+    }
+}
+
+/// Parses `1=127.0.0.1:5000,2=…`.
+pub fn parse_peers(s: &str) -> Result<Vec<(u64, SocketAddr)>, String> {
+    s.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("peer {kv:?}: expected ID=HOST:PORT"))?;
+            let id: u64 = k
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&i| i > 0)
+                .ok_or_else(|| format!("peer id {k:?}: expected 1 or more"))?;
+            let a: SocketAddr = v
+                .trim()
+                .parse()
+                .map_err(|e| format!("peer address {v:?}: {e}"))?;
+            Ok((id, a))
+        })
+        .collect()
+}
+
+fn format_peers(p: &[(u64, SocketAddr)]) -> String {
+    p.iter()
+        .map(|(i, a)| format!("{i}={a}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A 3-node cluster: node 1 here, 2 and 3 as children. Dropping it stops everything.
+struct Cluster {
+    leader: Option<Running>,
+    children: Vec<Child>,
+    proxy: Option<JitterProxy>,
+    rec: Arc<Recorder>,
+}
+
+const STEP: Duration = Duration::from_secs(30);
+
+impl Cluster {
+    fn start(
+        exe: &Path,
+        dir: &Path,
+        s: &Settings,
+        sys: System,
+        jitter_ms: f64,
+        record: bool,
+    ) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let o1 = NodeOpts {
+            system: sys,
+            id: 1,
+            dir: dir.join("n1"),
+            apply_threads: s.apply_threads,
+            election: election_of(s, 1),
+        };
+        let (b1, a1) = node::bind(&o1)?;
+        let mut children = Vec::new();
+        for id in 2..=3 {
+            children.push(Child::spawn(exe, sys, id, dir, s, record)?);
+        }
+        let mut addrs = vec![(1, a1)];
+        for c in children.iter_mut() {
+            let a = c.expect("addr", STEP)?;
+            let a: SocketAddr = a
+                .parse()
+                .map_err(|e| format!("node {}: address {a:?}: {e}", c.id))?;
+            addrs.push((c.id, a));
+        }
+        let proxy = if jitter_ms > 0.0 {
+            let p = JitterProxy::start(
+                addrs[2].1,
+                Duration::from_secs_f64(jitter_ms / 1e3),
+                mono_ns(),
+            )
+            .map_err(|e| format!("jitter proxy: {e}"))?;
+            Some(p)
+        } else {
+            None
+        };
+        // The leader dials node 3 through the proxy; everyone else directly.
+        let mut lead_peers = addrs.clone();
+        if let Some(p) = &proxy {
+            lead_peers[2].1 = p.addr();
+        }
+        let rec = Arc::new(Recorder::new(record));
+        // The leader first, with node 3's proxy address set before any peer can
+        // announce its own address to it.
+        let leader = node::start(b1, &o1, &lead_peers, rec.clone())?;
+        let mut me = Cluster {
+            leader: Some(leader),
+            children,
+            proxy,
+            rec,
+        };
+        let line = format!("peers {}", format_peers(&addrs));
+        for c in me.children.iter_mut() {
+            c.send(&line)?;
+        }
+        for c in me.children.iter_mut() {
+            c.expect("started", STEP)?;
+        }
+        Ok(me)
+    }
+
+    fn check_children(&mut self) -> Result<(), String> {
+        for c in self.children.iter_mut() {
+            if let Ok(Some(_)) = c.proc.try_wait() {
+                return Err(c.failure("exited during the run"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until node 1 serves and has committed a probe; returns how to append.
+    fn wait_leader(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        sys: System,
+    ) -> Result<Appender, String> {
+        let deadline = Instant::now() + STEP;
+        loop {
+            self.check_children()?;
+            if Instant::now() > deadline {
+                return Err(format!("node 1 did not lead within {STEP:?}"));
+            }
+            let a = match self.leader.as_ref().ok_or("no leader node")? {
+                Running::Ooo(n) => n
+                    .status()
+                    .is_some_and(|s| s.serving)
+                    .then(|| Appender::Ooo(n.clone())),
+                Running::Ordered { log, .. } => {
+                    (log.role().role == Role::Leader).then(|| Appender::Ordered(log.clone()))
+                }
+            };
+            if let Some(a) = a {
+                let probe = declare(sys, Some(0), 0);
+                // Id 0: the probe (never matched by the gap statistics' window).
+                if rt.block_on(a.append(probe, vec![0u8; 16])) == Ok(true) {
+                    return Ok(a);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pids of nodes 1, 2, 3.
+    fn pids(&self) -> Vec<u32> {
+        let mut v = vec![std::process::id()];
+        v.extend(self.children.iter().map(|c| c.proc.id()));
+        v
+    }
+
+    /// Stops the cluster; with recording on, returns the applies of the leader and of
+    /// each follower.
+    fn finish(mut self, dir: &Path) -> Result<(Applies, Vec<Applies>), String> {
+        let mut followers = Vec::new();
+        if self.rec_on() {
+            for c in self.children.iter_mut() {
+                let f = dir.join(format!("applies-{}.bin", c.id));
+                c.send(&format!("dump {}", f.display()))?;
+                c.expect("dumped", STEP)?;
+                let b = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+                followers.push(gap::decode(&b)?);
+            }
+        }
+        let leader = self.rec.take();
+        if let Some(l) = self.leader.take() {
+            l.shutdown();
+        }
+        for c in self.children.iter_mut() {
+            c.finish(Duration::from_secs(10));
+        }
+        self.proxy.take();
+        Ok((leader, followers))
+    }
+
+    fn rec_on(&self) -> bool {
+        // The recorder is on exactly when the children were asked to record.
+        self.rec.is_on()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(l) = self.leader.take() {
+            l.shutdown();
+        }
+        // Children: killed and reaped by their own Drop.
+        self.children.clear();
+        self.proxy.take();
+    }
+}
+
+/// `(record id, CLOCK_MONOTONIC ns)` of every apply on one node.
+type Applies = Vec<(u64, u64)>;
+
+/// CPU ticks of a process (user + system).
+fn cpu_ticks(pid: u32) -> Result<u64, String> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    crate::procstat::parse_stat_cpu_ticks(&text, &path).map_err(|e| e.to_string())
+}
+
+fn ticks_per_sec() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// The nearest-rank quantile of sorted values.
+fn nearest_rank(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    exe: &Path,
+    dir: &Path,
+    s: &Settings,
+    c: &Cell,
+    sys: System,
+    zipf: Option<Arc<Zipf>>,
+    p: &mut Point,
+) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let ycsb = c.part != Part::Block;
+    let jitter = if ycsb { s.ycsb_jitter_ms } else { s.jitter_ms };
+    let mut cluster = Cluster::start(exe, dir, s, sys, jitter, ycsb)?;
+    let appender = cluster.wait_leader(rt, sys)?;
+    let pids = cluster.pids();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let bytes = if ycsb { s.value_bytes } else { s.block_bytes };
+    let tasks: Vec<_> = (0..c.clients)
+        .map(|i| {
+            let (stop, measuring, count, errors, a) = (
+                stop.clone(),
+                measuring.clone(),
+                count.clone(),
+                errors.clone(),
+                appender.clone(),
+            );
+            let mut g = Gen {
+                part: c.part,
+                sys,
+                rng: Rng::new(mono_ns() ^ ((i as u64 + 1) << 32)),
+                zipf: zipf.clone(),
+                id_base: (i as u64 + 1) << 40,
+                seq: 0,
+                bytes,
+            };
+            rt.spawn(async move {
+                let mut lat: Vec<u32> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let (d, data) = g.next();
+                    let t0 = Instant::now();
+                    let inside = measuring.load(Ordering::Relaxed);
+                    match a.append(d, data).await {
+                        Ok(true) => {
+                            // Only appends that started and ended inside the interval.
+                            if inside && measuring.load(Ordering::Relaxed) {
+                                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        _ => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(s.warmup));
+    let cpu0: Vec<u64> = pids
+        .iter()
+        .map(|&p| cpu_ticks(p))
+        .collect::<Result<_, _>>()?;
+    let (t0, m0) = (Instant::now(), mono_ns());
+    measuring.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs_f64(s.seconds));
+    measuring.store(false, Ordering::Relaxed);
+    let (el, m1) = (t0.elapsed().as_secs_f64(), mono_ns());
+    let cpu1: Vec<u64> = pids
+        .iter()
+        .map(|&p| cpu_ticks(p))
+        .collect::<Result<_, _>>()?;
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    // A client stuck on an append the leader never answers would hang here; one deadline
+    // for all of them.
+    let deadline = tokio::time::Instant::now() + STEP;
+    for t in tasks {
+        match rt.block_on(async { tokio::time::timeout_at(deadline, t).await }) {
+            Ok(Ok(l)) => lat.extend(l),
+            Ok(Err(e)) => return Err(format!("client task: {e}")),
+            Err(_) => return Err(format!("a client's append got no answer within {STEP:?}")),
+        }
+    }
+    cluster.check_children()?;
+    let tps = ticks_per_sec();
+    p.cpu = cpu0
+        .iter()
+        .zip(&cpu1)
+        .map(|(a, b)| (b - a) as f64 / tps / el)
+        .collect();
+    lat.sort_unstable();
+    p.committed = count.load(Ordering::Relaxed);
+    p.errors = errors.load(Ordering::Relaxed);
+    p.seconds = el;
+    p.ops_per_sec = p.committed as f64 / el;
+    p.lat_mean_us = lat.iter().map(|&l| l as f64).sum::<f64>() / lat.len().max(1) as f64;
+    p.lat_p50_us = nearest_rank(&lat, 0.5);
+    p.lat_p99_us = nearest_rank(&lat, 0.99);
+    let (leader, followers) = cluster.finish(dir)?;
+    if ycsb {
+        let lmap: HashMap<u64, u64> = leader.into_iter().collect();
+        let mut all = Vec::new();
+        for f in &followers {
+            let mut g = gap::gaps(&lmap, f, m0, m1);
+            all.extend_from_slice(&g);
+            p.gap_per_follower.push(gap::stats(&mut g));
+        }
+        p.gap = gap::stats(&mut all);
+        if p.gap.is_none() {
+            return Err(
+                "no record applied on both the leader and a follower in the interval".into(),
+            );
+        }
+    }
+    if p.committed == 0 {
+        return Err("nothing committed in the measured interval".into());
+    }
+    Ok(())
+}
+
+/// The hidden `chorus-bench replica` subcommand: runs node `id` of `system` in this
+/// process, speaking a line protocol with the benchmark on stdin/stdout:
+/// prints `addr HOST:PORT` once bound, reads `peers 1=A,2=B,3=C`, starts and prints
+/// `started`; then `dump PATH` writes the applies noted so far to PATH (pairs of
+/// little-endian u64: record id, `CLOCK_MONOTONIC` ns) and prints `dumped`; end of input
+/// or `exit` stops the node.
+pub fn replica_main(
+    system: System,
+    id: u64,
+    dir: PathBuf,
+    apply_threads: usize,
+    election: Duration,
+    record: bool,
+) -> Result<(), String> {
+    let o = NodeOpts {
+        system,
+        id,
+        dir,
+        apply_threads,
+        election,
+    };
+    let (b, a) = node::bind(&o)?;
+    let say = |l: &str| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{l}");
+        let _ = out.flush();
+    };
+    say(&format!("addr {a}"));
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if stdin
+        .read_line(&mut line)
+        .map_err(|e| format!("stdin: {e}"))?
+        == 0
+    {
+        return Ok(());
+    }
+    let peers = match line.trim().strip_prefix("peers ") {
+        Some(p) => parse_peers(p)?,
+        None => return Err(format!("expected `peers …`, got {line:?}")),
+    };
+    let rec = Arc::new(Recorder::new(record));
+    let running = node::start(b, &o, &peers, rec.clone())?;
+    say("started");
+    loop {
+        line.clear();
+        match stdin.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let l = line.trim();
+        if let Some(path) = l.strip_prefix("dump ") {
+            let v = rec.take();
+            std::fs::write(path, gap::encode(&v)).map_err(|e| format!("write {path}: {e}"))?;
+            say("dumped");
+        } else if l == "exit" {
+            break;
+        } else {
+            eprintln!("replica {id}: unknown command {l:?}");
+        }
+    }
+    running.shutdown();
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Medians over repeats of every (part, clients, θ, system), and the ratios the issue
+/// asks about, as JSON.
+pub fn summarize(points: &[Point]) -> serde_json::Value {
+    use serde_json::json;
+    type Key = (Part, usize, Option<u64>, System);
+    let mut groups: Vec<(Key, Vec<&Point>)> = Vec::new();
+    for p in points.iter().filter(|p| p.error.is_none()) {
+        let k = (p.part, p.clients, p.theta.map(f64::to_bits), p.system);
+        match groups.iter_mut().find(|g| g.0 == k) {
+            Some(g) => g.1.push(p),
+            None => groups.push((k, vec![p])),
+        }
+    }
+    let med = |ps: &[&Point], f: &dyn Fn(&Point) -> Option<f64>| {
+        median(ps.iter().filter_map(|p| f(p)).collect())
+    };
+    let mut medians = Vec::new();
+    let mut lookup: HashMap<Key, f64> = HashMap::new();
+    let mut gap_lookup: HashMap<Key, f64> = HashMap::new();
+    for (k, ps) in &groups {
+        let ops = med(ps, &|p| Some(p.ops_per_sec));
+        lookup.insert(*k, ops);
+        let gm = med(ps, &|p| p.gap.as_ref().map(|g| g.median_us));
+        if gm.is_finite() {
+            gap_lookup.insert(*k, gm);
+        }
+        let cpu: Vec<f64> = (0..3)
+            .map(|i| med(ps, &|p| p.cpu.get(i).copied()))
+            .collect();
+        let gp99 = med(ps, &|p| p.gap.as_ref().map(|g| g.p99_us));
+        medians.push(json!({
+            "part": k.0, "clients": k.1, "theta": k.2.map(f64::from_bits), "system": k.3,
+            "repeats": ps.len(),
+            "ops_per_sec": ops,
+            "lat_mean_us": med(ps, &|p| Some(p.lat_mean_us)),
+            "lat_p50_us": med(ps, &|p| Some(p.lat_p50_us)),
+            "lat_p99_us": med(ps, &|p| Some(p.lat_p99_us)),
+            "cpu": cpu,
+            "gap_median_us": gm.is_finite().then_some(gm),
+            "gap_p99_us": gp99.is_finite().then_some(gp99),
+        }));
+    }
+    let mut ratios = Vec::new();
+    let pairs: &[(Part, System, System)] = &[
+        (Part::Block, System::Parallel, System::Ordered),
+        (Part::Block, System::Parallel, System::InOrder),
+        (Part::Block, System::InOrder, System::Ordered),
+        (Part::YcsbClients, System::Dependent, System::Ordered),
+        (Part::YcsbClients, System::Dependent, System::Parallel),
+        (Part::YcsbClients, System::Parallel, System::Ordered),
+        (Part::YcsbTheta, System::Dependent, System::Ordered),
+        (Part::YcsbTheta, System::Dependent, System::Parallel),
+        (Part::YcsbTheta, System::Parallel, System::Ordered),
+    ];
+    for (k, _) in &groups {
+        for &(part, a, b) in pairs {
+            if k.0 != part || k.3 != a {
+                continue;
+            }
+            let kb = (k.0, k.1, k.2, b);
+            let (Some(x), Some(y)) = (lookup.get(k), lookup.get(&kb)) else {
+                continue;
+            };
+            let gap_ratio = match (gap_lookup.get(&kb), gap_lookup.get(k)) {
+                // How many times lower `a`'s median gap is than `b`'s.
+                (Some(gb), Some(ga)) if *ga > 0.0 => Some(gb / ga),
+                _ => None,
+            };
+            ratios.push(json!({
+                "part": part, "clients": k.1, "theta": k.2.map(f64::from_bits),
+                "system": a, "vs": b, "throughput_ratio": x / y,
+                "gap_lower_by": gap_ratio,
+            }));
+        }
+    }
+    json!({"medians": medians, "ratios": ratios})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_round_trip_and_bad_ones_are_named() {
+        let p = vec![
+            (1, "127.0.0.1:5000".parse().unwrap()),
+            (2, "127.0.0.1:6000".parse().unwrap()),
+        ];
+        assert_eq!(parse_peers(&format_peers(&p)).unwrap(), p);
+        assert!(parse_peers("1").unwrap_err().contains("ID=HOST:PORT"));
+        assert!(parse_peers("0=127.0.0.1:1")
+            .unwrap_err()
+            .contains("1 or more"));
+        assert!(parse_peers("1=nowhere").unwrap_err().contains("nowhere"));
+    }
+
+    #[test]
+    fn declarations_follow_the_documented_adaptation() {
+        // Parallel: the read key is a block too, once.
+        assert_eq!(
+            declare(System::Parallel, Some(5), 9),
+            Some(Declared::Blocks(vec![
+                BlockRange::new(9, 1).unwrap(),
+                BlockRange::new(5, 1).unwrap()
+            ]))
+        );
+        assert_eq!(
+            declare(System::Parallel, Some(9), 9),
+            Some(Declared::Blocks(vec![BlockRange::new(9, 1).unwrap()]))
+        );
+        assert_eq!(
+            declare(System::Dependent, Some(5), 9),
+            Some(Declared::Txn {
+                read_set: vec![5],
+                write_set: vec![9]
+            })
+        );
+        assert_eq!(
+            declare(System::InOrder, Some(5), 9),
+            Some(Declared::Txn {
+                read_set: vec![0],
+                write_set: vec![0]
+            })
+        );
+        assert_eq!(declare(System::Ordered, Some(5), 9), None);
+    }
+
+    #[test]
+    fn names_parse_back_and_unknown_ones_are_refused() {
+        for s in System::ALL {
+            assert_eq!(System::parse(s.name()).unwrap(), s);
+        }
+        assert!(System::parse("raft")
+            .unwrap_err()
+            .contains("expected ordered"));
+        assert!(Part::parse("x").unwrap_err().contains("expected block"));
+    }
+
+    #[test]
+    fn records_carry_a_unique_id_and_their_keys() {
+        let mut g = Gen {
+            part: Part::YcsbClients,
+            sys: System::Dependent,
+            rng: Rng::new(1),
+            zipf: Some(Arc::new(Zipf::new(1000, 0.9).unwrap())),
+            id_base: 3 << 40,
+            seq: 0,
+            bytes: 100,
+        };
+        let (d1, a) = g.next();
+        let (_, b) = g.next();
+        assert_eq!(a.len(), 100);
+        assert_ne!(a[..8], b[..8]);
+        let w = u64::from_le_bytes(a[8..16].try_into().unwrap());
+        let r = u64::from_le_bytes(a[16..24].try_into().unwrap());
+        assert_eq!(
+            d1,
+            Some(Declared::Txn {
+                read_set: vec![r],
+                write_set: vec![w]
+            })
+        );
+    }
+
+    #[test]
+    fn summary_takes_medians_and_ratios() {
+        let mk = |system, ops: f64, gap_us: f64| Point {
+            part: Part::YcsbClients,
+            system,
+            repeat: 0,
+            clients: 4,
+            theta: Some(0.99),
+            ops_per_sec: ops,
+            committed: 1,
+            errors: 0,
+            seconds: 1.0,
+            lat_mean_us: 1.0,
+            lat_p50_us: 1.0,
+            lat_p99_us: 1.0,
+            cpu: vec![0.5, 0.1, 0.1],
+            gap: Some(GapStats {
+                count: 1,
+                median_us: gap_us,
+                p99_us: gap_us,
+                mean_us: gap_us,
+                max_us: gap_us,
+            }),
+            gap_per_follower: vec![],
+            error: None,
+        };
+        let pts = vec![
+            mk(System::Dependent, 300.0, 50.0),
+            mk(System::Dependent, 100.0, 50.0),
+            mk(System::Dependent, 200.0, 50.0),
+            mk(System::Ordered, 100.0, 200.0),
+        ];
+        let s = summarize(&pts);
+        let r = s["ratios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["vs"] == "ordered")
+            .unwrap()
+            .clone();
+        assert_eq!(r["throughput_ratio"], 2.0);
+        assert_eq!(r["gap_lower_by"], 4.0);
+    }
 }

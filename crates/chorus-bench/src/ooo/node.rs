@@ -1,0 +1,195 @@
+//! One replica of a benchmarked system, started the same way in the benchmark process
+//! (node 1, the leader) and in a `chorus-bench replica` child process (nodes 2 and 3):
+//! bind first (so every node's address is known before any starts), then start with the
+//! peers' addresses.
+//!
+//! When asked to, a node records `(record id, CLOCK_MONOTONIC ns)` for every record it
+//! applies — the first 8 bytes of every benchmark record are its id:
+//! - out-of-order systems: the node's apply callback (the replica released the entry to
+//!   the state machine: committed, and its dependencies applied);
+//! - ordered: a replay thread following the committed tail ([`LogHandle::replay`]), i.e.
+//!   the record is committed *as this replica knows it* and read back in log order — what
+//!   an ordered state machine does to apply.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chorus_core::ooo::replica::Mode;
+use chorus_runtime::ooo::{OooNode, OooNodeConfig};
+use chorus_runtime::{Env, EnvConfig, LogHandle, Replayer};
+
+use super::gap::mono_ns;
+use super::System;
+
+/// The group every benchmark cluster uses.
+pub const GROUP: u64 = 1;
+
+/// Records applies (or does nothing when off).
+#[derive(Debug, Default)]
+pub struct Recorder {
+    on: bool,
+    applies: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Recorder {
+    /// A recorder; `on = false` makes [`Recorder::note`] free.
+    pub fn new(on: bool) -> Self {
+        Self {
+            on,
+            applies: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Notes that the record with these bytes was applied now.
+    pub fn note(&self, data: &[u8]) {
+        if !self.on || data.len() < 8 {
+            return;
+        }
+        let id = u64::from_le_bytes(data[..8].try_into().expect("8"));
+        let t = mono_ns();
+        if let Ok(mut v) = self.applies.lock() {
+            v.push((id, t));
+        }
+    }
+
+    /// Whether applies are noted.
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Everything noted so far.
+    pub fn take(&self) -> Vec<(u64, u64)> {
+        self.applies
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+}
+
+/// How to run one node.
+#[derive(Clone, Debug)]
+pub struct NodeOpts {
+    /// The system.
+    pub system: System,
+    /// Node id (1 leads).
+    pub id: u64,
+    /// Its own data directory.
+    pub dir: PathBuf,
+    /// Out-of-order nodes: threads applying committed entries (0: the driver thread).
+    pub apply_threads: usize,
+    /// Out-of-order nodes: this node's election timeout (the driver derives its
+    /// heartbeat and resend intervals from it: a sixth of it each).
+    pub election: Duration,
+}
+
+/// A node that holds its replication port but has not started replicating.
+pub enum Bound {
+    /// Out-of-order: the listener [`OooNode::start`] takes.
+    Ooo(TcpListener),
+    /// Ordered: the opened environment (it listens already; the group is created at
+    /// start).
+    Ordered(Env),
+}
+
+/// A running node.
+pub enum Running {
+    /// An out-of-order replica.
+    Ooo(Arc<OooNode>),
+    /// An ordered (PALF) replica.
+    Ordered {
+        /// Its environment.
+        env: Env,
+        /// The group.
+        log: LogHandle,
+        /// The tail follower recording applies, if recording.
+        replay: Option<Replayer>,
+    },
+}
+
+/// Binds node `o.id`'s replication port on loopback; returns it with the address.
+pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
+    std::fs::create_dir_all(&o.dir).map_err(|e| format!("create {}: {e}", o.dir.display()))?;
+    if o.system == System::Ordered {
+        let mut cfg = EnvConfig::new(o.id, o.dir.clone(), "127.0.0.1:0".parse().expect("address"));
+        // Node 1 leads: the clients are co-located with it (as `chorus bench --local`).
+        if o.id == 1 {
+            cfg.replica.priority = 100;
+        }
+        let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
+        let a = env.replication_addr();
+        Ok((Bound::Ordered(env), a))
+    } else {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+        let a = l.local_addr().map_err(|e| format!("local_addr: {e}"))?;
+        Ok((Bound::Ooo(l), a))
+    }
+}
+
+/// Starts a bound node; `peers` names every voter's address as *this* node should dial
+/// it (this node included).
+pub fn start(
+    b: Bound,
+    o: &NodeOpts,
+    peers: &[(u64, SocketAddr)],
+    rec: Arc<Recorder>,
+) -> Result<Running, String> {
+    match b {
+        Bound::Ooo(l) => {
+            let mode = match o.system {
+                System::Parallel => Mode::Parallel { span: 2 },
+                _ => Mode::Dependent,
+            };
+            let cfg = OooNodeConfig {
+                id: o.id,
+                group: GROUP,
+                voters: peers.to_vec(),
+                mode,
+                dir: o.dir.join("ooo"),
+                election_timeout: o.election,
+                // Jitter comes from the proxy, identically for every system.
+                link_jitter: None,
+                apply_threads: o.apply_threads,
+            };
+            let node = OooNode::start(cfg, l, Arc::new(move |e| rec.note(e.data())))
+                .map_err(|e| format!("node {}: start: {e}", o.id))?;
+            Ok(Running::Ooo(Arc::new(node)))
+        }
+        Bound::Ordered(env) => {
+            for &(id, a) in peers {
+                if id != o.id {
+                    env.set_peer_addr(id, a.to_string());
+                }
+            }
+            let ids: Vec<u64> = peers.iter().map(|p| p.0).collect();
+            let log = env
+                .create_group(GROUP, &ids, &[])
+                .map_err(|e| format!("node {}: create group: {e}", o.id))?;
+            let replay = if rec.on {
+                Some(
+                    log.replay(0, move |r| rec.note(&r.data))
+                        .map_err(|e| format!("node {}: replay: {e}", o.id))?,
+                )
+            } else {
+                None
+            };
+            Ok(Running::Ordered { env, log, replay })
+        }
+    }
+}
+
+impl Running {
+    /// Stops the node.
+    pub fn shutdown(self) {
+        match self {
+            Running::Ooo(n) => drop(n),
+            Running::Ordered { env, replay, .. } => {
+                if let Some(r) = replay {
+                    let _ = r.stop();
+                }
+                env.shutdown();
+            }
+        }
+    }
+}
