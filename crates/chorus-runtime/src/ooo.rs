@@ -3,8 +3,10 @@
 //!
 //! One driver thread owns the replica and executes its actions: the writes of everything
 //! the replica asked for go to the store's buffer and are synced with one `fdatasync`
-//! before any send, result or apply of that list runs, so nothing is acknowledged, voted
-//! or sent before what it depends on is durable (group commit over every event taken).
+//! before any acknowledgement, vote, result or apply of that list runs, so nothing is
+//! acknowledged, voted or reported before what it depends on is durable (group commit
+//! over every event taken). A leader's appends to followers leave before that sync, so
+//! the leader's fsync overlaps theirs (the replica's documented exception).
 //!
 //! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
 //! independent entries in parallel): the replica only releases together entries that do
@@ -292,6 +294,10 @@ impl OooNode {
                     // until they are synced (one fdatasync for the whole list). Delaying a
                     // send, result or apply past a later write only makes more durable
                     // before it; a hard-state save is ordered after the writes before it.
+                    // A leader's Append goes out at once, so followers write while this
+                    // node syncs (the replica's one exception: it promises nothing about
+                    // this disk, and the acknowledgements it draws are handled in a later
+                    // batch, after this sync).
                     let mut deferred = Vec::with_capacity(actions.len());
                     for a in actions {
                         match a {
@@ -311,6 +317,15 @@ impl OooNode {
                                     tracing::error!(error = %e, "saving the hard state failed; stopping");
                                     failed = true;
                                     break;
+                                }
+                            }
+                            Action::Send {
+                                to,
+                                msg: msg @ Msg::Append { .. },
+                            } => {
+                                if let Some(p) = peers.get(&to) {
+                                    c.msgs_out += 1;
+                                    let _ = p.send(frame(&encode_msg(&msg)));
                                 }
                             }
                             other => deferred.push(other),

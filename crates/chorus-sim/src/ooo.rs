@@ -357,7 +357,18 @@ impl Sim {
     }
 
     fn execute(&mut self, id: NodeId, a: Action, applies: &mut Vec<Entry>) {
-        if !matches!(a, Action::Write(_)) {
+        // A leader's Append may leave before the writes ahead of it are synced (the
+        // replica's one exception, so the leader's fsync overlaps its followers'); a
+        // crash cut right after it loses those writes while a follower has them.
+        let overlaps = matches!(
+            a,
+            Action::Write(_)
+                | Action::Send {
+                    msg: Msg::Append { .. },
+                    ..
+                }
+        );
+        if !overlaps {
             self.sync(id);
         }
         match a {

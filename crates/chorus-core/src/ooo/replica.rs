@@ -3,9 +3,19 @@
 //! time, outputs are [`Action`]s the driver drains with [`OooReplica::take_actions`] and
 //! executes **in order**. A [`Action::SaveHard`] or [`Action::Write`] must be durable
 //! before the driver executes the next action, so a message that follows a write in the
-//! list (an acknowledgement, a vote, an append to followers) never reaches anyone before
-//! what it promises is on disk (durability first; a driver may batch consecutive writes
-//! into one sync as long as it syncs before the next send).
+//! list (an acknowledgement, a vote) never reaches anyone before what it promises is on
+//! disk (durability first; a driver may batch writes into one sync as long as it syncs
+//! before the next action that depends on them).
+//!
+//! One exception lets the leader's fsync overlap its followers': a [`Msg::Append`] (sent
+//! only by a leader) may go out before the writes ahead of it are synced. It promises
+//! nothing about the leader's disk — it carries entries and the commit window — and the
+//! leader counts its own copy of a slot in a majority only when a follower's
+//! acknowledgement of that slot is processed, which happens in a later input, after the
+//! driver synced the writes of the input that sent it (a driver must finish an input's
+//! sync before handling the next input's actions). A window it carries only names slots
+//! decided that way. The simulator runs its drivers with this exception, crashing between
+//! the send and the sync.
 //!
 //! # Protocol
 //!
@@ -582,6 +592,8 @@ pub struct OooReplica {
     applying: BTreeSet<Seq>,
     mine: BTreeMap<Seq, u64>,
     actions: Vec<Action>,
+    /// Inputs arrived since the apply rules were last consulted.
+    apply_dirty: bool,
     stats: OooStats,
 }
 
@@ -637,6 +649,7 @@ impl OooReplica {
             applying: BTreeSet::new(),
             mine: BTreeMap::new(),
             actions: Vec::new(),
+            apply_dirty: false,
             stats: OooStats::default(),
         };
         r.reset_deadline();
@@ -649,8 +662,13 @@ impl OooReplica {
         r
     }
 
-    /// Drains the actions produced so far.
+    /// Drains the actions produced so far. The apply rules are consulted here, once per
+    /// drain rather than once per input: their walk is linear in the entries committed
+    /// but not applied, and a driver that feeds many inputs before draining pays it once.
     pub fn take_actions(&mut self) -> Vec<Action> {
+        if std::mem::take(&mut self.apply_dirty) {
+            self.pump_apply();
+        }
         std::mem::take(&mut self.actions)
     }
 
@@ -1546,7 +1564,7 @@ impl OooReplica {
         if self.role == Role::PendingFollower && self.mine.is_empty() {
             self.set_role(Role::Follower);
         }
-        self.pump_apply();
+        self.apply_dirty = true;
         if let Some(lead) = self.lead.as_ref() {
             if lead.sent_commits != self.commits {
                 self.broadcast(Vec::new());
