@@ -785,7 +785,10 @@ mod tests {
         groups.create(g.clone()).unwrap(); // same spec: accepted
         let mut other = g.clone();
         other.mode = "parallel".into();
-        assert!(matches!(groups.create(other), Err(OooGroupError::Exists(5))));
+        assert!(matches!(
+            groups.create(other),
+            Err(OooGroupError::Exists(5))
+        ));
         assert!(OooGroups::any_in(&dir.path().join("ooo")));
         groups.shutdown();
         let again = OooGroups::open(OooSettings {
