@@ -67,6 +67,9 @@ pub struct OooNodeConfig {
     pub link_jitter: Option<(NodeId, Duration)>,
     /// Threads applying committed entries (0: the driver thread applies).
     pub apply_threads: usize,
+    /// Bytes per second of streaming catch-up to one follower (0: no limit; pieces are
+    /// at most 128 KiB either way).
+    pub catchup_rate: u64,
 }
 
 /// The state machine callback: called once per committed entry the apply rules release,
@@ -178,6 +181,7 @@ impl OooNode {
         rc.heartbeat_interval = rc.election_timeout / 6;
         rc.resend_interval = rc.election_timeout / 6;
         rc.seed = cfg.id ^ std::process::id() as u64;
+        rc.catchup_rate = cfg.catchup_rate;
         let t0 = Instant::now();
         let now = move || t0.elapsed().as_nanos() as u64;
         let mut replica = OooReplica::recover(rc, hard, entries, now());

@@ -79,6 +79,7 @@ impl Cluster {
             group: 7,
             // Node 1 applies on its driver thread, nodes 2 and 3 on pools of 1 and 2.
             apply_threads: i,
+            catchup_rate: 0,
         };
         let st = self.states[i].clone();
         OooNode::start(cfg, l, Arc::new(move |e| apply_to(&st, e))).unwrap()

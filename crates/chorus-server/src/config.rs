@@ -99,6 +99,9 @@ pub struct OutOfOrderSection {
     /// Threads applying committed entries to the demo state machine, per group (0: the
     /// replica's driver thread applies).
     pub apply_threads: usize,
+    /// Streaming catch-up to one lagging follower, bytes per second (0: no limit), so a
+    /// follower coming back does not take the link from new appends.
+    pub catchup_bytes_per_sec: u64,
 }
 
 impl Default for OutOfOrderSection {
@@ -106,6 +109,7 @@ impl Default for OutOfOrderSection {
         Self {
             election_timeout_ms: 1000,
             apply_threads: 2,
+            catchup_bytes_per_sec: 64 << 20,
         }
     }
 }

@@ -337,6 +337,8 @@ pub struct OooSettings {
     pub election_timeout: Duration,
     /// Apply threads per group.
     pub apply_threads: usize,
+    /// Streaming catch-up bytes per second per follower (0: no limit).
+    pub catchup_rate: u64,
 }
 
 /// The node's out-of-order groups.
@@ -516,6 +518,7 @@ impl OooGroups {
                 election_timeout: self.settings.election_timeout,
                 link_jitter: None,
                 apply_threads: self.settings.apply_threads,
+                catchup_rate: self.settings.catchup_rate,
             },
             listener,
             apply,
@@ -768,6 +771,7 @@ mod tests {
             dir: dir.path().join("ooo"),
             election_timeout: Duration::from_millis(100),
             apply_threads: 0,
+            catchup_rate: 0,
         })
         .unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
@@ -796,6 +800,7 @@ mod tests {
             dir: dir.path().join("ooo"),
             election_timeout: Duration::from_millis(100),
             apply_threads: 0,
+            catchup_rate: 0,
         })
         .unwrap();
         assert_eq!(again.ids(), vec![5]);

@@ -106,6 +106,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             cfg.out_of_order.election_timeout_ms.max(10),
         ),
         apply_threads: cfg.out_of_order.apply_threads.min(64),
+        catchup_rate: cfg.out_of_order.catchup_bytes_per_sec,
     })?);
     for g in &cfg.groups {
         if !g.is_ordered() {

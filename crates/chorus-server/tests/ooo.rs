@@ -112,7 +112,7 @@ fn cluster() -> Cluster {
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
              [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\n\
              [groups.replicas]\n{replicas}\n\
-             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\n",
+             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\n",
             dir.path().join(format!("n{i}")).display(),
             i - 1
         )

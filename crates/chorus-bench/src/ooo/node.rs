@@ -151,6 +151,7 @@ pub fn start(
                 // Jitter comes from the proxy, identically for every system.
                 link_jitter: None,
                 apply_threads: o.apply_threads,
+                catchup_rate: 0,
             };
             let node = OooNode::start(cfg, l, Arc::new(move |e| rec.note(e.data())))
                 .map_err(|e| format!("node {}: start: {e}", o.id))?;
