@@ -572,13 +572,16 @@ impl Sim {
             .and_then(|n| n.replica.as_ref())
             .map_or(0, |r| r.pending());
         let burst = 1 + self.rng.below(4);
+        // Half the bursts reach the leader before it drains (as a driver that takes every
+        // queued append first): their entries leave in one message per follower.
+        let together = self.rng.chance(1, 2);
         for _ in 0..burst {
             let live = self.nodes[&id]
                 .replica
                 .as_ref()
                 .is_some_and(|r| r.is_serving());
             if inflight >= self.o.inflight || !live {
-                return;
+                break;
             }
             let space = self.o.space.max(8);
             let (declared, data) = match self.o.mode {
@@ -630,6 +633,11 @@ impl Sim {
                     break;
                 }
             }
+            if !together {
+                self.drain(id);
+            }
+        }
+        if together {
             self.drain(id);
         }
     }

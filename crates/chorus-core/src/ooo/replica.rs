@@ -594,6 +594,9 @@ pub struct OooReplica {
     actions: Vec<Action>,
     /// Inputs arrived since the apply rules were last consulted.
     apply_dirty: bool,
+    /// New entries of this leader's term not sent yet: they go out together, in one
+    /// message per follower, when the driver drains the actions.
+    outbox: Vec<Entry>,
     stats: OooStats,
 }
 
@@ -650,6 +653,7 @@ impl OooReplica {
             mine: BTreeMap::new(),
             actions: Vec::new(),
             apply_dirty: false,
+            outbox: Vec::new(),
             stats: OooStats::default(),
         };
         r.reset_deadline();
@@ -665,7 +669,17 @@ impl OooReplica {
     /// Drains the actions produced so far. The apply rules are consulted here, once per
     /// drain rather than once per input: their walk is linear in the entries committed
     /// but not applied, and a driver that feeds many inputs before draining pays it once.
+    ///
+    /// New appends are sent here too: every entry appended since the last drain goes to
+    /// each follower in one message (after the writes of those entries in the list), so a
+    /// driver that takes many appends before draining sends and acknowledges them once.
     pub fn take_actions(&mut self) -> Vec<Action> {
+        if !self.outbox.is_empty() {
+            let out = std::mem::take(&mut self.outbox);
+            for chunk in out.chunks(self.cfg.max_batch.max(1)) {
+                self.broadcast(chunk.to_vec());
+            }
+        }
         if std::mem::take(&mut self.apply_dirty) {
             self.pump_apply();
         }
@@ -819,6 +833,8 @@ impl OooReplica {
             self.hard.voted_for = None;
         }
         self.lead = None;
+        // Entries appended but not sent yet: this term's leader will not send them.
+        self.outbox.clear();
         self.votes.clear();
         self.leader = leader;
         self.set_role(if self.mine.is_empty() {
@@ -1185,7 +1201,7 @@ impl OooReplica {
             body,
         };
         self.write_local(e.clone(), term);
-        self.broadcast(vec![e]);
+        self.outbox.push(e);
         self.mine.insert(seq, eid);
         self.leader_ack(seq, me);
         self.finish();
@@ -1566,7 +1582,8 @@ impl OooReplica {
         }
         self.apply_dirty = true;
         if let Some(lead) = self.lead.as_ref() {
-            if lead.sent_commits != self.commits {
+            // New entries waiting in the outbox will carry the window.
+            if lead.sent_commits != self.commits && self.outbox.is_empty() {
                 self.broadcast(Vec::new());
             }
         }
