@@ -1,12 +1,16 @@
 //! A real driver for one out-of-order group replica: the pure [`OooReplica`] with its
 //! [`OooStore`] on the real file system (fdatasync) and plain TCP between processes.
 //!
-//! One driver thread owns the replica and executes its actions: the writes of everything
-//! the replica asked for go to the store's buffer and are synced with one `fdatasync`
-//! before any acknowledgement, vote, result or apply of that list runs, so nothing is
-//! acknowledged, voted or reported before what it depends on is durable (group commit
-//! over every event taken). A leader's appends to followers leave before that sync, so
-//! the leader's fsync overlaps theirs (the replica's documented exception).
+//! One driver thread owns the replica; one IO thread owns its store. The driver takes
+//! every queued event, lets the replica react and hands the writes (and hard-state saves)
+//! of that batch to the IO thread in order; the acknowledgements, votes, results and
+//! applies of the batch wait until the IO thread reports it — and every batch before it —
+//! durable, so nothing is acknowledged, voted or reported before what it depends on is on
+//! disk. Meanwhile the driver goes on taking events: its rounds overlap the syncs, and the
+//! IO thread puts every batch queued while it synced into one `fdatasync` (group commit).
+//! A leader's appends to followers leave at once (the replica's documented exception), and
+//! the replica counts the leader's own copy of a slot only when the driver reports it
+//! durable ([`OooReplica::persisted`]).
 //!
 //! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
 //! independent entries in parallel): the replica only releases together entries that do
@@ -155,6 +159,71 @@ enum Ev {
     Append(Declared, Vec<u8>, Reply),
     Applied(u64),
     Status(Sender<OooStatus>),
+    /// The IO thread made every batch up to this one durable, with this many fdatasyncs.
+    Synced {
+        upto: u64,
+        syncs: u64,
+    },
+    /// The IO thread failed (the store refuses everything after).
+    IoFailed(String),
+}
+
+/// A write for the IO thread, in the order the replica asked.
+enum IoOp {
+    Write(Entry),
+    Hard(chorus_core::ooo::replica::Hard),
+}
+
+/// What waits for an IO batch: the actions that may run only once the writes before
+/// them are durable, and the writes to report to the replica.
+struct Pending {
+    id: u64,
+    io: bool,
+    written: Vec<(u64, u64, u64)>,
+    actions: Vec<Action>,
+}
+
+/// The IO thread: executes batches in order; every batch it has taken when the queue runs
+/// dry shares one fdatasync (a hard-state save first syncs the writes before it).
+fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) {
+    while let Ok(first) = rx.recv() {
+        let mut upto = first.0;
+        let mut ops = first.1;
+        while let Ok((id, more)) = rx.try_recv() {
+            upto = id;
+            ops.extend(more);
+        }
+        let mut syncs = 0;
+        let mut unsynced = false;
+        let mut r = Ok(());
+        for op in ops {
+            r = match op {
+                IoOp::Write(e) => {
+                    unsynced = true;
+                    store.write(&e)
+                }
+                IoOp::Hard(h) => {
+                    syncs += std::mem::take(&mut unsynced) as u64;
+                    store.sync().and_then(|()| store.save_hard(&h))
+                }
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+        if r.is_ok() {
+            syncs += unsynced as u64;
+            r = store.sync();
+        }
+        let ev = match r {
+            Ok(()) => Ev::Synced { upto, syncs },
+            Err(e) => Ev::IoFailed(e.to_string()),
+        };
+        let failed = matches!(ev, Ev::IoFailed(_));
+        if tx.send(ev).is_err() || failed {
+            return;
+        }
+    }
 }
 
 /// A running out-of-order replica. Dropping it stops it.
@@ -175,7 +244,7 @@ impl OooNode {
         apply: ApplyFn,
     ) -> Result<Self, OooNodeError> {
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
-        let (mut store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
+        let (store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
         let mut rc = OooConfig::new(cfg.id, cfg.voters.iter().map(|v| v.0).collect(), cfg.mode);
         rc.election_timeout = cfg.election_timeout.as_nanos() as u64;
         rc.heartbeat_interval = rc.election_timeout / 6;
@@ -229,17 +298,24 @@ impl OooNode {
             peers.insert(p, ptx);
         }
         let stop2 = stop.clone();
+        let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
+        {
+            let tx = tx.clone();
+            threads.push(std::thread::spawn(move || io_loop(store, io_rx, tx)));
+        }
         threads.push(std::thread::spawn(move || {
-            // Dropping the work queue's sender when the driver ends stops the workers.
-            let work_tx = work_tx;
+            // Dropping the work queue's and the IO queue's senders when the driver ends
+            // stops the workers and the IO thread.
+            let (work_tx, io_tx) = (work_tx, io_tx);
             let mut waiters: HashMap<u64, Reply> = HashMap::new();
             let mut failed = false;
             let mut c = OooCounters::default();
-            // Writes buffered since the last sync (the store syncs only when there are).
-            let mut unsynced = false;
+            // Batches whose actions wait for their writes (and every earlier batch's).
+            let mut pending: std::collections::VecDeque<Pending> = Default::default();
+            let (mut next_id, mut synced_upto) = (0u64, 0u64);
             while !stop2.load(Ordering::Relaxed) && !failed {
-                // Group commit: take every event already queued (up to a bound) before
-                // executing the actions, so that their writes share one fdatasync.
+                // Take every event already queued (up to a bound) before draining the
+                // replica: their writes go to the IO thread as one batch.
                 let mut next = match rx.recv_timeout(Duration::from_millis(5)) {
                     Ok(ev) => Some(ev),
                     Err(RecvTimeoutError::Timeout) => None,
@@ -249,79 +325,100 @@ impl OooNode {
                 while let Some(ev) = next.take() {
                     taken += 1;
                     match ev {
-                    Ev::Msg(from, m) => {
-                        c.msgs_in += 1;
-                        replica.receive(now(), from, m)
-                    }
-                    Ev::Append(d, data, reply) => match replica.append(now(), d, data) {
-                        Ok(t) => {
-                            c.appends += 1;
-                            waiters.insert(t.eid, reply);
+                        Ev::Msg(from, m) => {
+                            c.msgs_in += 1;
+                            replica.receive(now(), from, m)
                         }
-                        Err(e) => {
-                            let _ = reply.send(Err(e.into()));
+                        Ev::Append(d, data, reply) => match replica.append(now(), d, data) {
+                            Ok(t) => {
+                                c.appends += 1;
+                                waiters.insert(t.eid, reply);
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(e.into()));
+                            }
+                        },
+                        Ev::Applied(seq) => {
+                            c.applied += 1;
+                            if let Err(e) = replica.applied(seq) {
+                                tracing::error!(error = %e, "apply report refused; stopping");
+                                failed = true;
+                            }
                         }
-                    },
-                    Ev::Applied(seq) => {
-                        c.applied += 1;
-                        if let Err(e) = replica.applied(seq) {
-                            tracing::error!(error = %e, "apply report refused; stopping");
+                        Ev::Status(reply) => {
+                            let _ = reply.send(OooStatus {
+                                mode,
+                                role: replica.role(),
+                                term: replica.term(),
+                                leader: replica.leader(),
+                                serving: replica.is_serving(),
+                                committed_head: replica.committed_head(),
+                                applied_head: replica.applied_head(),
+                                stats: replica.stats(),
+                                counters: c,
+                            });
+                        }
+                        Ev::Synced { upto, syncs } => {
+                            c.syncs += syncs;
+                            synced_upto = upto;
+                        }
+                        Ev::IoFailed(e) => {
+                            tracing::error!(error = %e, "out-of-order store failed; stopping");
                             failed = true;
                         }
-                    }
-                    Ev::Status(reply) => {
-                        let _ = reply.send(OooStatus {
-                            mode,
-                            role: replica.role(),
-                            term: replica.term(),
-                            leader: replica.leader(),
-                            serving: replica.is_serving(),
-                            committed_head: replica.committed_head(),
-                            applied_head: replica.applied_head(),
-                            stats: replica.stats(),
-                            counters: c,
-                        });
-                    }
                     }
                     if taken < 4096 {
                         next = rx.try_recv().ok();
                     }
                 }
+                if failed {
+                    break;
+                }
                 replica.tick(now());
-                // Execute until the replica is quiet (applies release more actions).
                 loop {
+                    // Batches now durable, in order: the replica learns which of its
+                    // writes are, and their waiting actions run.
+                    let mut ran = false;
+                    while pending
+                        .front()
+                        .is_some_and(|p| !p.io || p.id <= synced_upto)
+                    {
+                        let p = pending.pop_front().expect("front");
+                        if !p.written.is_empty() {
+                            replica.persisted(now(), &p.written);
+                        }
+                        run_actions(
+                            p.actions,
+                            &peers,
+                            &mut waiters,
+                            &mut c,
+                            pool.then_some(&work_tx),
+                            &apply,
+                            &mut replica,
+                        );
+                        ran = true;
+                    }
                     let actions = replica.take_actions();
-                    if actions.is_empty() {
+                    if actions.is_empty() && !ran {
                         break;
                     }
-                    // Writes go to the store's buffer as they come; everything else waits
-                    // until they are synced (one fdatasync for the whole list). Delaying a
-                    // send, result or apply past a later write only makes more durable
-                    // before it; a hard-state save is ordered after the writes before it.
-                    // A leader's Append goes out at once, so followers write while this
-                    // node syncs (the replica's one exception: it promises nothing about
-                    // this disk, and the acknowledgements it draws are handled in a later
-                    // batch, after this sync).
-                    let mut deferred = Vec::with_capacity(actions.len());
+                    // Writes and hard-state saves go to the IO thread in order; a leader's
+                    // Append goes out at once, so followers write while this node syncs
+                    // (the replica's one exception: it promises nothing about this disk);
+                    // everything else waits for the batch's writes and all before them.
+                    let mut ops = Vec::new();
+                    let mut written = Vec::new();
+                    let mut waiting = Vec::new();
                     for a in actions {
                         match a {
                             Action::Write(e) => {
-                                if store.write(&e).is_err() {
-                                    failed = true;
-                                    break;
-                                }
                                 c.writes += 1;
-                                unsynced = true;
+                                written.push((e.seq, e.eid, e.term));
+                                ops.push(IoOp::Write(e));
                             }
                             Action::SaveHard(h) => {
-                                c.syncs += std::mem::take(&mut unsynced) as u64;
                                 c.hard_saves += 1;
-                                let r = store.sync().and_then(|()| store.save_hard(&h));
-                                if let Err(e) = r {
-                                    tracing::error!(error = %e, "saving the hard state failed; stopping");
-                                    failed = true;
-                                    break;
-                                }
+                                ops.push(IoOp::Hard(h));
                             }
                             Action::Send {
                                 to,
@@ -332,54 +429,34 @@ impl OooNode {
                                     let _ = p.send(frame(&encode_msg(&msg)));
                                 }
                             }
-                            other => deferred.push(other),
+                            other => waiting.push(other),
                         }
                     }
-                    if failed {
-                        break;
+                    if ops.is_empty() && pending.is_empty() {
+                        // Depends on nothing unsynced.
+                        run_actions(
+                            waiting,
+                            &peers,
+                            &mut waiters,
+                            &mut c,
+                            pool.then_some(&work_tx),
+                            &apply,
+                            &mut replica,
+                        );
+                        continue;
                     }
-                    c.syncs += std::mem::take(&mut unsynced) as u64;
-                    if let Err(e) = store.sync() {
-                        tracing::error!(error = %e, "out-of-order store sync failed; stopping");
+                    next_id += 1;
+                    let io = !ops.is_empty();
+                    if io && io_tx.send((next_id, ops)).is_err() {
                         failed = true;
                         break;
                     }
-                    let mut applied = Vec::new();
-                    for a in deferred {
-                        match a {
-                            Action::Send { to, msg } => {
-                                if let Some(p) = peers.get(&to) {
-                                    c.msgs_out += 1;
-                                    let _ = p.send(frame(&encode_msg(&msg)));
-                                }
-                            }
-                            Action::Apply(e) if pool => {
-                                let _ = work_tx.send(e);
-                            }
-                            Action::Apply(e) => {
-                                apply(&e);
-                                c.applied += 1;
-                                applied.push(e.seq);
-                            }
-                            Action::Result { eid, seq, outcome } => {
-                                match outcome {
-                                    Outcome::Committed => c.committed += 1,
-                                    Outcome::Failed => c.failed += 1,
-                                }
-                                if let Some(w) = waiters.remove(&eid) {
-                                    let _ = w.send(Ok(OooResult { seq, outcome }));
-                                }
-                            }
-                            Action::Write(_)
-                            | Action::SaveHard(_)
-                            | Action::Committed(_)
-                            | Action::Role { .. }
-                            | Action::Serving { .. } => {}
-                        }
-                    }
-                    for s in applied {
-                        let _ = replica.applied(s);
-                    }
+                    pending.push_back(Pending {
+                        id: next_id,
+                        io,
+                        written,
+                        actions: waiting,
+                    });
                 }
             }
             // Whatever is still waiting learns that its result is unknown.
@@ -453,6 +530,57 @@ impl Drop for OooNode {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// Runs actions whose writes are durable: sends, results and applies (inline when there
+/// is no apply pool, reporting each applied slot to the replica).
+fn run_actions(
+    actions: Vec<Action>,
+    peers: &HashMap<NodeId, Sender<Vec<u8>>>,
+    waiters: &mut HashMap<u64, Reply>,
+    c: &mut OooCounters,
+    pool: Option<&Sender<Entry>>,
+    apply: &ApplyFn,
+    replica: &mut OooReplica,
+) {
+    let mut applied = Vec::new();
+    for a in actions {
+        match a {
+            Action::Send { to, msg } => {
+                if let Some(p) = peers.get(&to) {
+                    c.msgs_out += 1;
+                    let _ = p.send(frame(&encode_msg(&msg)));
+                }
+            }
+            Action::Apply(e) => match pool {
+                Some(w) => {
+                    let _ = w.send(e);
+                }
+                None => {
+                    apply(&e);
+                    c.applied += 1;
+                    applied.push(e.seq);
+                }
+            },
+            Action::Result { eid, seq, outcome } => {
+                match outcome {
+                    Outcome::Committed => c.committed += 1,
+                    Outcome::Failed => c.failed += 1,
+                }
+                if let Some(w) = waiters.remove(&eid) {
+                    let _ = w.send(Ok(OooResult { seq, outcome }));
+                }
+            }
+            Action::Write(_)
+            | Action::SaveHard(_)
+            | Action::Committed(_)
+            | Action::Role { .. }
+            | Action::Serving { .. } => {}
+        }
+    }
+    for s in applied {
+        let _ = replica.applied(s);
     }
 }
 

@@ -316,14 +316,25 @@ impl Sim {
             let cut_at = (self.faults_on && self.rng.chance(1, 400))
                 .then(|| self.rng.below(actions.len() as u64) as usize);
             let mut applies = Vec::new();
+            let mut written = Vec::new();
             for (i, a) in actions.into_iter().enumerate() {
                 if cut_at == Some(i) {
                     self.crash(id);
                     return;
                 }
+                if let Action::Write(e) = &a {
+                    written.push((e.seq, e.eid, e.term));
+                }
                 self.execute(id, a, &mut applies);
             }
             self.sync(id);
+            // Only now durable: the replica may count its own copies.
+            if !written.is_empty() {
+                let now = self.now;
+                if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.replica.as_mut()) {
+                    r.persisted(now, &written);
+                }
+            }
             // Apply the released batch in a random order, as parallel apply threads might.
             while !applies.is_empty() {
                 let i = self.rng.below(applies.len() as u64) as usize;

@@ -1004,7 +1004,8 @@ impl OooReplica {
         let mut merging = BTreeMap::new();
         for e in &merged {
             self.write_local(e.clone(), term);
-            merging.insert(e.seq, BTreeSet::from([me]));
+            // This replica's own copy counts once it is durable ([`Self::persisted`]).
+            merging.insert(e.seq, BTreeSet::new());
         }
         self.votes.clear();
         self.leader = Some(me);
@@ -1135,7 +1136,6 @@ impl OooReplica {
     ) -> Result<Ticket, OooAppendError> {
         self.now = self.now.max(now);
         let mode = self.cfg.mode;
-        let me = self.me();
         let term = self.hard.term;
         let leader = self.leader;
         let Some(lead) = self.lead.as_mut().filter(|l| l.commit.is_some()) else {
@@ -1203,9 +1203,45 @@ impl OooReplica {
         self.write_local(e.clone(), term);
         self.outbox.push(e);
         self.mine.insert(seq, eid);
-        self.leader_ack(seq, me);
+        // The leader's own copy counts toward a majority once it is durable
+        // ([`Self::persisted`]), so a driver may keep appending and replicating while
+        // its disk syncs.
         self.finish();
         Ok(Ticket { seq, eid })
+    }
+
+    /// The driver made these writes durable: the `(seq, eid, term)` of entries from
+    /// [`Action::Write`]s, reported in any later call once synced. A leader counts its own
+    /// copy of a slot toward a majority only from here — not when it asked for the write —
+    /// so a driver may overlap the leader's sync with replication and with the next
+    /// appends (Raft's leader writes its log in parallel with replicating it, for the same
+    /// reason). Reports of another term's versions, or of versions replaced since, are
+    /// ignored.
+    pub fn persisted(&mut self, now: Nanos, written: &[(Seq, u64, u64)]) {
+        self.now = self.now.max(now);
+        let (me, term) = (self.me(), self.hard.term);
+        for &(seq, eid, t) in written {
+            if t != term
+                || !self
+                    .log
+                    .get(&seq)
+                    .is_some_and(|s| s.entry.eid == eid && s.entry.term == t)
+            {
+                continue;
+            }
+            let Some(lead) = self.lead.as_mut() else {
+                break;
+            };
+            if lead.commit.is_none() {
+                if let Some(holders) = lead.merging.get_mut(&seq) {
+                    holders.insert(me);
+                }
+            } else {
+                self.leader_ack(seq, me);
+            }
+        }
+        self.check_merged();
+        self.finish();
     }
 
     fn leader_ack(&mut self, seq: Seq, node: NodeId) {
@@ -1637,9 +1673,12 @@ mod tests {
         fn run_with(&mut self, keep: impl Fn(NodeId, NodeId, &Msg) -> bool) {
             loop {
                 let mut msgs = Vec::new();
+                let mut progress = false;
                 for (&id, r) in &mut self.nodes {
+                    let mut written = Vec::new();
                     for a in r.take_actions() {
                         match a {
+                            Action::Write(e) => written.push((e.seq, e.eid, e.term)),
                             Action::Send { to, msg } => msgs.push((id, to, msg)),
                             Action::Result { eid, outcome, .. } => {
                                 self.results.push((id, eid, outcome))
@@ -1651,8 +1690,12 @@ mod tests {
                             _ => {}
                         }
                     }
+                    if !written.is_empty() {
+                        r.persisted(self.now, &written);
+                        progress = true;
+                    }
                 }
-                if msgs.is_empty() {
+                if msgs.is_empty() && !progress {
                     break;
                 }
                 for (from, to, m) in msgs.into_iter().filter(|(f, t, m)| keep(*f, *t, m)) {
