@@ -414,9 +414,10 @@ impl pb::chorus_server::Chorus for Service {
             return Err(Status::invalid_argument("group id 0 is reserved"));
         }
         if !matches!(r.mode.as_str(), "" | "ordered") {
+            // A group of another kind or spec is an error, not "already done".
             if self.env.group(r.group).is_ok() {
-                return Err(Status::already_exists(format!(
-                    "group {} already exists (an ordered group)",
+                return Err(Status::failed_precondition(format!(
+                    "group {} already exists as an ordered group",
                     r.group
                 )));
             }
@@ -435,7 +436,7 @@ impl pb::chorus_server::Chorus for Service {
             {
                 Ok(()) => Ok(Response::new(pb::Empty {})),
                 Err(e @ crate::ooo::OooGroupError::Exists(_)) => {
-                    Err(Status::already_exists(e.to_string()))
+                    Err(Status::failed_precondition(e.to_string()))
                 }
                 Err(e @ crate::ooo::OooGroupError::BadSpec { .. }) => {
                     Err(Status::invalid_argument(e.to_string()))
@@ -444,8 +445,8 @@ impl pb::chorus_server::Chorus for Service {
             };
         }
         if self.ooo.get(r.group).is_some() {
-            return Err(Status::already_exists(format!(
-                "group {} already exists (an out-of-order group)",
+            return Err(Status::failed_precondition(format!(
+                "group {} already exists as an out-of-order group",
                 r.group
             )));
         }

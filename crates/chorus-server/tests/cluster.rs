@@ -6,61 +6,33 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus_client::{pb, Client, ClientError};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::{free_port, Server};
 
 struct Node {
     id: u64,
     api: String,
     repl: String,
-    cfg: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
+    server: Server,
 }
 
-impl Node {
-    fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_chorus"))
-            .args(["server", "--config"])
-            .arg(&self.cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap(); // SIGKILL
-            c.wait().unwrap();
-        }
+impl std::ops::Deref for Node {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.server
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
+impl std::ops::DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.server
     }
 }
 
@@ -93,9 +65,7 @@ fn cluster(root: &Path, n: u64) -> Vec<Node> {
             id: i,
             api: format!("http://127.0.0.1:{api}"),
             repl: format!("127.0.0.1:{repl}"),
-            cfg,
-            log: root.join(format!("n{i}.log")),
-            child: None,
+            server: Server::new(cfg, root.join(format!("n{i}.log"))),
         };
         node.start();
         nodes.push(node);
@@ -375,9 +345,7 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
         id: 4,
         api: format!("http://127.0.0.1:{api4}"),
         repl: format!("127.0.0.1:{repl4}"),
-        cfg: cfg4,
-        log: root.path().join("n4.log"),
-        child: None,
+        server: Server::new(cfg4, root.path().join("n4.log")),
     };
     n4.start();
     let mut c4 = Client::new(vec![n4.api.clone()]);

@@ -8,9 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chorus_client::{pb, Client};
@@ -21,55 +19,11 @@ const DEP: u64 = 3;
 const BLOCKS: u64 = 16;
 const KEYS: u64 = 12;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Node {
-    cfg: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        self.child = Some(
-            Command::new(env!("CARGO_BIN_EXE_chorus"))
-                .args(["server", "--config"])
-                .arg(&self.cfg)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap(),
-        );
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+mod common;
+use common::{free_port, Server};
 
 struct Cluster {
-    nodes: Vec<Node>,
+    nodes: Vec<Server>,
     eps: Vec<String>,
     /// Metrics addresses.
     metrics: Vec<String>,
@@ -117,11 +71,7 @@ fn cluster() -> Cluster {
             i - 1
         )
         .unwrap();
-        let mut n = Node {
-            cfg,
-            log: dir.path().join(format!("n{i}.log")),
-            child: None,
-        };
+        let mut n = Server::new(cfg, dir.path().join(format!("n{i}.log")));
         n.start();
         nodes.push(n);
         eps.push(format!("http://127.0.0.1:{api}"));
@@ -268,8 +218,9 @@ async fn out_of_order_groups_through_the_server() {
         assert!(Instant::now() < end, "the nodes did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The dependent group is created over gRPC on every node.
-    c.create_group_with(pb::CreateGroupRequest {
+    // The dependent group is created over gRPC on every node; creating it again with the
+    // same spec is accepted, with another mode refused.
+    let create = pb::CreateGroupRequest {
         group: DEP,
         voters: vec![1, 2, 3],
         mode: "dependent".into(),
@@ -279,23 +230,30 @@ async fn out_of_order_groups_through_the_server() {
             .map(|(k, v)| (*k, v.clone()))
             .collect(),
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    // Creating it again with the same spec is accepted; with another mode it is refused.
-    c.create_group_with(pb::CreateGroupRequest {
-        group: DEP,
-        voters: vec![1, 2, 3],
-        mode: "dependent".into(),
-        replicas: cl
-            .dep_replicas
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    };
+    c.create_group_with(create.clone()).await.unwrap();
+    c.create_group_with(create.clone()).await.unwrap();
+    let err = c
+        .create_group_with(pb::CreateGroupRequest {
+            mode: "parallel".into(),
+            ..create
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already exists (with a different spec)"),
+        "{err}"
+    );
+    let err = c
+        .create_group(DEP, vec![1, 2, 3], vec![])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already exists as an out-of-order group"),
+        "{err}"
+    );
     serving(&eps, PAR, Duration::from_secs(30)).await;
     serving(&eps, DEP, Duration::from_secs(30)).await;
 
