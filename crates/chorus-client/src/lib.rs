@@ -248,6 +248,16 @@ impl Client {
         .await
     }
 
+    /// Endpoint `i` and a connection to it (an index past the list is `NoEndpoints`).
+    async fn at(&mut self, i: usize) -> Result<(String, ChorusClient<Channel>), ClientError> {
+        let ep = self
+            .endpoints
+            .get(i)
+            .cloned()
+            .ok_or(ClientError::NoEndpoints)?;
+        Ok((ep, self.conn(i).await?))
+    }
+
     /// Reads blocks of a parallel group's volume as the replica at endpoint `i` applied
     /// them.
     pub async fn read_blocks_at(
@@ -257,12 +267,7 @@ impl Client {
         start: u64,
         count: u64,
     ) -> Result<pb::ReadBlocksResponse, ClientError> {
-        let ep = self
-            .endpoints
-            .get(i)
-            .cloned()
-            .ok_or(ClientError::NoEndpoints)?;
-        let mut c = self.conn(i).await?;
+        let (ep, mut c) = self.at(i).await?;
         c.read_blocks(pb::ReadBlocksRequest {
             group,
             start,
@@ -281,12 +286,7 @@ impl Client {
         group: u64,
         keys: Vec<u64>,
     ) -> Result<pb::GetKeysResponse, ClientError> {
-        let ep = self
-            .endpoints
-            .get(i)
-            .cloned()
-            .ok_or(ClientError::NoEndpoints)?;
-        let mut c = self.conn(i).await?;
+        let (ep, mut c) = self.at(i).await?;
         c.get_keys(pb::GetKeysRequest { group, keys })
             .await
             .map(|r| r.into_inner())
@@ -453,8 +453,7 @@ impl Client {
         group: u64,
         priority: u32,
     ) -> Result<(), ClientError> {
-        let ep = self.endpoints[i].clone();
-        let mut c = self.conn(i).await?;
+        let (ep, mut c) = self.at(i).await?;
         c.set_priority(pb::SetPriorityRequest { group, priority })
             .await
             .map(|_| ())

@@ -423,28 +423,15 @@ impl OooNode {
                             Action::Send {
                                 to,
                                 msg: msg @ Msg::Append { .. },
-                            } => {
-                                if let Some(p) = peers.get(&to) {
-                                    c.msgs_out += 1;
-                                    let _ = p.send(frame(&encode_msg(&msg)));
-                                }
-                            }
+                            } => send(&peers, &mut c, to, &msg),
                             other => waiting.push(other),
                         }
                     }
-                    if ops.is_empty() && pending.is_empty() {
-                        // Depends on nothing unsynced.
-                        run_actions(
-                            waiting,
-                            &peers,
-                            &mut waiters,
-                            &mut c,
-                            pool.then_some(&work_tx),
-                            &apply,
-                            &mut replica,
-                        );
+                    if ops.is_empty() && waiting.is_empty() {
                         continue;
                     }
+                    // A batch without writes behind an empty queue runs at the top of
+                    // the next round.
                     next_id += 1;
                     let io = !ops.is_empty();
                     if io && io_tx.send((next_id, ops)).is_err() {
@@ -547,12 +534,7 @@ fn run_actions(
     let mut applied = Vec::new();
     for a in actions {
         match a {
-            Action::Send { to, msg } => {
-                if let Some(p) = peers.get(&to) {
-                    c.msgs_out += 1;
-                    let _ = p.send(frame(&encode_msg(&msg)));
-                }
-            }
+            Action::Send { to, msg } => send(peers, c, to, &msg),
             Action::Apply(e) => match pool {
                 Some(w) => {
                     let _ = w.send(e);
@@ -581,6 +563,14 @@ fn run_actions(
     }
     for s in applied {
         let _ = replica.applied(s);
+    }
+}
+
+/// Queues a message to a peer's writer (a lost one is the protocol's to resend).
+fn send(peers: &HashMap<NodeId, Sender<Vec<u8>>>, c: &mut OooCounters, to: NodeId, msg: &Msg) {
+    if let Some(p) = peers.get(&to) {
+        c.msgs_out += 1;
+        let _ = p.send(frame(&encode_msg(msg)));
     }
 }
 

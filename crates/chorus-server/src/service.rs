@@ -181,32 +181,30 @@ fn ooo_group_status(group: u64, node: u64, s: chorus_runtime::ooo::OooStatus) ->
     }
 }
 
-/// What an out-of-order record declares, read from the request.
+/// What an out-of-order record declares, read from the request (its shape only: whether
+/// it suits the group's mode is [`check_record`]'s to say).
 fn declared(mode: Mode, r: &pb::OutOfOrderRecord) -> Result<Declared, String> {
     let has_blocks = !r.blocks.is_empty();
     let has_sets = !r.read_set.is_empty() || !r.write_set.is_empty();
-    match mode {
-        Mode::Parallel { .. } if has_sets => {
-            Err("this is a parallel-mode group: declare block ranges, not read/write sets".into())
-        }
-        Mode::Dependent if has_blocks => {
-            Err("this is a dependent-mode group: declare read/write sets, not block ranges".into())
-        }
-        Mode::Parallel { .. } => r
-            .blocks
-            .iter()
-            .map(|b| {
-                BlockRange::new(b.start, b.count).ok_or_else(|| {
-                    format!("block range {}+{} is empty or overflows", b.start, b.count)
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Declared::Blocks),
-        Mode::Dependent => Ok(Declared::Txn {
+    if has_blocks && has_sets {
+        return Err("a record declares block ranges or read/write sets, not both".into());
+    }
+    // Nothing declared reads as the mode's own (empty) kind, refused by name there.
+    let blocks = has_blocks || (!has_sets && matches!(mode, Mode::Parallel { .. }));
+    if !blocks {
+        return Ok(Declared::Txn {
             read_set: r.read_set.clone(),
             write_set: r.write_set.clone(),
-        }),
+        });
     }
+    r.blocks
+        .iter()
+        .map(|b| {
+            BlockRange::new(b.start, b.count)
+                .ok_or_else(|| format!("block range {}+{} is empty or overflows", b.start, b.count))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Declared::Blocks)
 }
 
 fn read_batch(env: &Env, group: u64, from: u64, max: u32) -> Result<pb::ReadResponse, Status> {
