@@ -24,8 +24,15 @@
 //! groups given the same address by mistake never mix), and a broken connection drops
 //! what was queued (the protocol retransmits) and is redialled.
 //!
-//! Not done yet (issue 6): no TLS on this transport, no rate limit on catch-up, and the
-//! entries file is never compacted.
+//! **Checkpoints and compaction.** When the entries file passes `compact_bytes`, the
+//! driver reads the replica's applied head, has the state machine make everything
+//! applied durable ([`OooStateMachine::checkpoint`], on a helper thread), and then tells
+//! the replica, which saves the new base and lets the IO thread rewrite the file with the
+//! live tail only. A follower behind a leader's base gets the leader's
+//! [`OooStateMachine::image`] in pieces (PolarFS section 5.3) and installs it with
+//! [`OooStateMachine::restore`], again off the driver thread.
+//!
+//! Not done yet (issue 6): no TLS on this transport.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -74,11 +81,30 @@ pub struct OooNodeConfig {
     /// Bytes per second of streaming catch-up to one follower (0: no limit; pieces are
     /// at most 128 KiB either way).
     pub catchup_rate: u64,
+    /// Checkpoint the state machine and compact the entries file once it holds this many
+    /// bytes (0: never).
+    pub compact_bytes: u64,
 }
 
-/// The state machine callback: called once per committed entry the apply rules release,
-/// possibly on several threads at once for entries that do not conflict.
-pub type ApplyFn = Arc<dyn Fn(&Entry) + Send + Sync>;
+/// The state machine of an out-of-order group, as [`OooNode`] drives it.
+///
+/// Its writes must be blind (a block write, a put): after a restart, or after a
+/// checkpoint that caught entries applied out of order past the replica's base, entries
+/// from the base on are applied again over an image that may already hold them; blind
+/// writes, replayed in an order the apply rules allow, end in the same state.
+pub trait OooStateMachine: Send + Sync + 'static {
+    /// Applies a committed entry the apply rules released; called on several threads at
+    /// once for entries that do not conflict. An error stops the node (its state would
+    /// no longer follow the log).
+    fn apply(&self, e: &Entry) -> std::io::Result<()>;
+    /// Makes everything applied before the call durable (a checkpoint).
+    fn checkpoint(&self) -> std::io::Result<()>;
+    /// An image of the state, holding at least everything applied before the call.
+    fn image(&self) -> std::io::Result<Vec<u8>>;
+    /// Replaces the whole state with an image from [`OooStateMachine::image`] (another
+    /// replica's), durably. A damaged image is refused with an error, the state kept.
+    fn restore(&self, image: &[u8]) -> std::io::Result<()>;
+}
 
 /// Why an append through [`OooNode::append`] did not get a result.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +118,13 @@ pub enum OooNodeError {
     /// Storage failed when opening.
     #[error(transparent)]
     Storage(#[from] chorus_storage::StorageError),
+    /// The slot was compacted by the group before this replica (a deposed leader) learned
+    /// which entry committed there: the append may have committed or failed.
+    #[error("the result of the append at slot {seq} is unknown: the group compacted the slot before this replica learned its outcome")]
+    Unknown {
+        /// The append's slot.
+        seq: u64,
+    },
     /// The listener could not be used.
     #[error("replication listener: {0}")]
     Io(#[from] std::io::Error),
@@ -141,6 +174,16 @@ pub struct OooCounters {
     pub msgs_out: u64,
     /// Entries applied.
     pub applied: u64,
+    /// Checkpoints of the state machine taken for compaction.
+    pub checkpoints: u64,
+    /// Images taken for followers behind the base.
+    pub images: u64,
+    /// Images installed from a leader.
+    pub installs: u64,
+    /// Bytes of the entries file (synced part).
+    pub log_bytes: u64,
+    /// Every slot below is compacted.
+    pub base: u64,
 }
 
 /// The final result of an append.
@@ -159,19 +202,36 @@ enum Ev {
     Append(Declared, Vec<u8>, Reply),
     Applied(u64),
     Status(Sender<OooStatus>),
-    /// The IO thread made every batch up to this one durable, with this many fdatasyncs.
+    /// The IO thread made every batch up to this one durable, with this many fdatasyncs;
+    /// the entries file is `len` bytes.
     Synced {
         upto: u64,
         syncs: u64,
+        len: u64,
     },
     /// The IO thread failed (the store refuses everything after).
     IoFailed(String),
+    /// The state machine made everything below this slot durable.
+    Checkpointed(u64),
+    /// An image for a follower, covering every slot below `base`.
+    Image {
+        to: NodeId,
+        base: u64,
+        image: Vec<u8>,
+    },
+    /// The leader's image is installed here, covering every slot below this one.
+    Installed(u64),
+    /// The state machine refused the leader's image (its state kept).
+    InstallFailed(u64, String),
+    /// The state machine failed (apply, checkpoint or image).
+    SmFailed(String),
 }
 
 /// A write for the IO thread, in the order the replica asked.
 enum IoOp {
     Write(Entry),
     Hard(chorus_core::ooo::replica::Hard),
+    Compact(Vec<Entry>),
 }
 
 /// What waits for an IO batch: the actions that may run only once the writes before
@@ -206,6 +266,10 @@ fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) 
                     syncs += std::mem::take(&mut unsynced) as u64;
                     store.sync().and_then(|()| store.save_hard(&h))
                 }
+                IoOp::Compact(live) => {
+                    syncs += std::mem::take(&mut unsynced) as u64;
+                    store.compact(&live)
+                }
             };
             if r.is_err() {
                 break;
@@ -216,7 +280,11 @@ fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) 
             r = store.sync();
         }
         let ev = match r {
-            Ok(()) => Ev::Synced { upto, syncs },
+            Ok(()) => Ev::Synced {
+                upto,
+                syncs,
+                len: store.len(),
+            },
             Err(e) => Ev::IoFailed(e.to_string()),
         };
         let failed = matches!(ev, Ev::IoFailed(_));
@@ -241,10 +309,11 @@ impl OooNode {
     pub fn start(
         cfg: OooNodeConfig,
         listener: TcpListener,
-        apply: ApplyFn,
+        sm: Arc<dyn OooStateMachine>,
     ) -> Result<Self, OooNodeError> {
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
+        let mut log_bytes = store.len();
         let mut rc = OooConfig::new(cfg.id, cfg.voters.iter().map(|v| v.0).collect(), cfg.mode);
         rc.election_timeout = cfg.election_timeout.as_nanos() as u64;
         rc.heartbeat_interval = rc.election_timeout / 6;
@@ -271,12 +340,15 @@ impl OooNode {
         let (work_tx, work_rx) = mpsc::channel::<Entry>();
         let work_rx = Arc::new(Mutex::new(work_rx));
         for _ in 0..cfg.apply_threads {
-            let (rx, tx, apply) = (work_rx.clone(), tx.clone(), apply.clone());
+            let (rx, tx, sm) = (work_rx.clone(), tx.clone(), sm.clone());
             threads.push(std::thread::spawn(move || loop {
                 let next = rx.lock().map(|r| r.recv());
                 let Ok(Ok(e)) = next else { return };
-                apply(&e);
-                if tx.send(Ev::Applied(e.seq)).is_err() {
+                let ev = match sm.apply(&e) {
+                    Ok(()) => Ev::Applied(e.seq),
+                    Err(err) => Ev::SmFailed(format!("applying slot {}: {err}", e.seq)),
+                };
+                if tx.send(ev).is_err() {
                     return;
                 }
             }));
@@ -298,6 +370,8 @@ impl OooNode {
             peers.insert(p, ptx);
         }
         let stop2 = stop.clone();
+        let compact_bytes = cfg.compact_bytes;
+        let ev_tx = tx.clone();
         let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
         {
             let tx = tx.clone();
@@ -310,6 +384,8 @@ impl OooNode {
             let mut waiters: HashMap<u64, Reply> = HashMap::new();
             let mut failed = false;
             let mut c = OooCounters::default();
+            // A checkpoint is under way (at most one at a time).
+            let mut checkpointing = false;
             // Batches whose actions wait for their writes (and every earlier batch's).
             let mut pending: std::collections::VecDeque<Pending> = Default::default();
             let (mut next_id, mut synced_upto) = (0u64, 0u64);
@@ -346,6 +422,8 @@ impl OooNode {
                             }
                         }
                         Ev::Status(reply) => {
+                            c.log_bytes = log_bytes;
+                            c.base = replica.base();
                             let _ = reply.send(OooStatus {
                                 mode,
                                 role: replica.role(),
@@ -358,12 +436,40 @@ impl OooNode {
                                 counters: c,
                             });
                         }
-                        Ev::Synced { upto, syncs } => {
+                        Ev::Synced { upto, syncs, len } => {
                             c.syncs += syncs;
                             synced_upto = upto;
+                            log_bytes = len;
                         }
                         Ev::IoFailed(e) => {
                             tracing::error!(error = %e, "out-of-order store failed; stopping");
+                            failed = true;
+                        }
+                        Ev::Checkpointed(upto) => {
+                            checkpointing = false;
+                            c.checkpoints += 1;
+                            replica.compact(now(), upto);
+                        }
+                        Ev::Image { to, base, image } => {
+                            c.images += 1;
+                            replica.snapshot_ready(now(), to, base, image);
+                        }
+                        Ev::Installed(base) => {
+                            c.installs += 1;
+                            if let Err(e) = replica.installed(now(), base) {
+                                tracing::error!(error = %e, "install report refused; stopping");
+                                failed = true;
+                            }
+                        }
+                        Ev::InstallFailed(base, e) => {
+                            tracing::warn!(base, error = %e, "the leader's image was refused; it will be sent again");
+                            if let Err(e) = replica.install_failed(now(), base) {
+                                tracing::error!(error = %e, "install report refused; stopping");
+                                failed = true;
+                            }
+                        }
+                        Ev::SmFailed(e) => {
+                            tracing::error!(error = %e, "out-of-order state machine failed; stopping");
                             failed = true;
                         }
                     }
@@ -375,6 +481,23 @@ impl OooNode {
                     break;
                 }
                 replica.tick(now());
+                // Checkpoint, then compact, once the entries file passed its bound and
+                // something applied is not compacted yet.
+                let upto = replica.applied_head();
+                if compact_bytes > 0
+                    && !checkpointing
+                    && log_bytes >= compact_bytes
+                    && upto > replica.base()
+                {
+                    checkpointing = true;
+                    let (sm, tx) = (sm.clone(), ev_tx.clone());
+                    std::thread::spawn(move || {
+                        let _ = tx.send(match sm.checkpoint() {
+                            Ok(()) => Ev::Checkpointed(upto),
+                            Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
+                        });
+                    });
+                }
                 loop {
                     // Batches now durable, in order: the replica learns which of its
                     // writes are, and their waiting actions run.
@@ -389,11 +512,14 @@ impl OooNode {
                         }
                         run_actions(
                             p.actions,
-                            &peers,
+                            &Ctx {
+                                peers: &peers,
+                                pool: pool.then_some(&work_tx),
+                                sm: &sm,
+                                events: &ev_tx,
+                            },
                             &mut waiters,
                             &mut c,
-                            pool.then_some(&work_tx),
-                            &apply,
                             &mut replica,
                         );
                         ran = true;
@@ -420,6 +546,7 @@ impl OooNode {
                                 c.hard_saves += 1;
                                 ops.push(IoOp::Hard(h));
                             }
+                            Action::Compact { live, .. } => ops.push(IoOp::Compact(live)),
                             Action::Send {
                                 to,
                                 msg: msg @ Msg::Append { .. },
@@ -520,31 +647,69 @@ impl Drop for OooNode {
     }
 }
 
+/// What [`run_actions`] reaches besides the replica.
+struct Ctx<'a> {
+    peers: &'a HashMap<NodeId, Sender<Vec<u8>>>,
+    pool: Option<&'a Sender<Entry>>,
+    sm: &'a Arc<dyn OooStateMachine>,
+    events: &'a Sender<Ev>,
+}
+
 /// Runs actions whose writes are durable: sends, results and applies (inline when there
-/// is no apply pool, reporting each applied slot to the replica).
+/// is no apply pool, reporting each applied slot to the replica); images are taken and
+/// installed on helper threads, which report back as events.
 fn run_actions(
     actions: Vec<Action>,
-    peers: &HashMap<NodeId, Sender<Vec<u8>>>,
+    x: &Ctx<'_>,
     waiters: &mut HashMap<u64, Reply>,
     c: &mut OooCounters,
-    pool: Option<&Sender<Entry>>,
-    apply: &ApplyFn,
     replica: &mut OooReplica,
 ) {
     let mut applied = Vec::new();
     for a in actions {
         match a {
-            Action::Send { to, msg } => send(peers, c, to, &msg),
-            Action::Apply(e) => match pool {
+            Action::Send { to, msg } => send(x.peers, c, to, &msg),
+            Action::Apply(e) => match x.pool {
                 Some(w) => {
                     let _ = w.send(e);
                 }
-                None => {
-                    apply(&e);
-                    c.applied += 1;
-                    applied.push(e.seq);
-                }
+                None => match x.sm.apply(&e) {
+                    Ok(()) => {
+                        c.applied += 1;
+                        applied.push(e.seq);
+                    }
+                    Err(err) => {
+                        let _ = x
+                            .events
+                            .send(Ev::SmFailed(format!("applying slot {}: {err}", e.seq)));
+                    }
+                },
             },
+            Action::Snapshot { to } => {
+                // Read before the image is taken, so the image covers it.
+                let base = replica.applied_head();
+                let (sm, tx) = (x.sm.clone(), x.events.clone());
+                std::thread::spawn(move || {
+                    let _ = tx.send(match sm.image() {
+                        Ok(image) => Ev::Image { to, base, image },
+                        Err(e) => Ev::SmFailed(format!("taking an image: {e}")),
+                    });
+                });
+            }
+            Action::Install { base, image } => {
+                let (sm, tx) = (x.sm.clone(), x.events.clone());
+                std::thread::spawn(move || {
+                    let _ = tx.send(match sm.restore(&image) {
+                        Ok(()) => Ev::Installed(base),
+                        Err(e) => Ev::InstallFailed(base, e.to_string()),
+                    });
+                });
+            }
+            Action::Unknown { eid, seq } => {
+                if let Some(w) = waiters.remove(&eid) {
+                    let _ = w.send(Err(OooNodeError::Unknown { seq }));
+                }
+            }
             Action::Result { eid, seq, outcome } => {
                 match outcome {
                     Outcome::Committed => c.committed += 1,
@@ -556,6 +721,7 @@ fn run_actions(
             }
             Action::Write(_)
             | Action::SaveHard(_)
+            | Action::Compact { .. }
             | Action::Committed(_)
             | Action::Role { .. }
             | Action::Serving { .. } => {}

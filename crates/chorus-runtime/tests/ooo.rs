@@ -1,6 +1,8 @@
 //! Out-of-order groups for real: three nodes in this process, each with its own directory
 //! (fdatasync on), over loopback TCP. Parallel mode drives a block volume, dependent mode
-//! a key-value store; the leader is stopped and restarted from its directory.
+//! a key-value store; the leader is stopped and restarted from its directory. The entries
+//! files are compacted every few KiB, so a follower stopped for a while comes back behind
+//! the leader's base and installs the leader's image.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -9,13 +11,60 @@ use std::time::{Duration, Instant};
 
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Entry, Mode};
-use chorus_runtime::ooo::{OooNode, OooNodeConfig};
+use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStateMachine};
 use chorus_runtime::Outcome;
 
-type State = Arc<Mutex<BTreeMap<u64, u64>>>;
+/// A map in memory with a "durable" copy that survives a stop (the last checkpoint or
+/// installed image): a stopped node restarts from it, as from its disk.
+#[derive(Default)]
+struct Sm {
+    live: Mutex<BTreeMap<u64, u64>>,
+    durable: Mutex<BTreeMap<u64, u64>>,
+}
+
+type State = Arc<Sm>;
+
+impl Sm {
+    fn crash(&self) {
+        *self.live.lock().unwrap() = self.durable.lock().unwrap().clone();
+    }
+}
+
+impl OooStateMachine for Sm {
+    fn apply(&self, e: &Entry) -> std::io::Result<()> {
+        apply_to(&self.live, e);
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> std::io::Result<()> {
+        *self.durable.lock().unwrap() = self.live.lock().unwrap().clone();
+        Ok(())
+    }
+
+    fn image(&self) -> std::io::Result<Vec<u8>> {
+        let m = self.live.lock().unwrap();
+        Ok(m.iter()
+            .flat_map(|(k, v)| k.to_le_bytes().into_iter().chain(v.to_le_bytes()))
+            .collect())
+    }
+
+    fn restore(&self, image: &[u8]) -> std::io::Result<()> {
+        if !image.len().is_multiple_of(16) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "image length is not a multiple of 16",
+            ));
+        }
+        let u = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+        let m: BTreeMap<u64, u64> = image.chunks(16).map(|c| (u(&c[..8]), u(&c[8..]))).collect();
+        *self.durable.lock().unwrap() = m.clone();
+        *self.live.lock().unwrap() = m;
+        Ok(())
+    }
+}
 
 /// What an entry writes (blocks or one key) with the value: the first 8 bytes of data.
-fn apply_to(state: &State, e: &Entry) {
+fn apply_to(state: &Mutex<BTreeMap<u64, u64>>, e: &Entry) {
     let v = u64::from_le_bytes(e.data()[..8].try_into().unwrap_or([0; 8]));
     let mut s = state.lock().unwrap();
     match &e.body {
@@ -80,9 +129,20 @@ impl Cluster {
             // Node 1 applies on its driver thread, nodes 2 and 3 on pools of 1 and 2.
             apply_threads: i,
             catchup_rate: 0,
+            compact_bytes: 8 << 10,
         };
-        let st = self.states[i].clone();
-        OooNode::start(cfg, l, Arc::new(move |e| apply_to(&st, e))).unwrap()
+        OooNode::start(cfg, l, self.states[i].clone()).unwrap()
+    }
+
+    fn stop(&mut self, i: usize) {
+        self.nodes[i] = None;
+        self.states[i].crash();
+    }
+
+    fn restart(&mut self, i: usize) {
+        let listener = TcpListener::bind(self.addrs[i]).unwrap();
+        let n = self.start(i, listener);
+        self.nodes[i] = Some(n);
     }
 
     fn leader(&self) -> usize {
@@ -135,10 +195,10 @@ impl Cluster {
             let top = st.iter().map(|s| s.committed_head).max().unwrap();
             if st.iter().all(|s| s.applied_head == top) {
                 let live: Vec<_> = (0..3).filter(|&i| self.nodes[i].is_some()).collect();
-                let first = self.states[live[0]].lock().unwrap().clone();
+                let first = self.states[live[0]].live.lock().unwrap().clone();
                 for &i in &live[1..] {
                     assert_eq!(
-                        *self.states[i].lock().unwrap(),
+                        *self.states[i].live.lock().unwrap(),
                         first,
                         "node {} differs",
                         i + 1
@@ -161,15 +221,34 @@ fn run(mode: Mode) {
     c.converge();
     // Stop the leader; the others elect, merge and serve.
     let l = c.leader();
-    c.nodes[l] = None;
+    c.stop(l);
     c.append_many(200, 100);
-    // Restart it from its directory (its state machine replays the log).
-    *c.states[l].lock().unwrap() = BTreeMap::new();
-    let listener = TcpListener::bind(c.addrs[l]).unwrap();
-    let n = c.start(l, listener);
-    c.nodes[l] = Some(n);
+    // Restart it from its directory: its state machine starts from its last checkpoint
+    // and replays the log from its base.
+    c.restart(l);
     c.append_many(300, 50);
     c.converge();
+    let st = c.nodes[l].as_ref().unwrap().status().unwrap();
+    assert!(st.counters.base > 0, "compacted: {st:?}");
+    assert!(st.counters.log_bytes < 64 << 10, "{st:?}");
+    // Stop a follower while the others go on and compact past it: when it comes back it
+    // is behind the leader's base and installs the leader's image.
+    let l = c.leader();
+    let f = (l + 1) % 3;
+    c.stop(f);
+    c.append_many(350, 300);
+    let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
+    c.restart(f);
+    c.append_many(650, 20);
+    c.converge();
+    let st = c.nodes[f].as_ref().unwrap().status().unwrap();
+    assert!(
+        st.counters.installs >= 1 && st.stats.snapshots_installed >= 1,
+        "node {} came back behind base {} and did not install an image: {st:?}",
+        f + 1,
+        lead.counters.base
+    );
+    assert!(st.counters.base >= lead.counters.base, "{st:?} {lead:?}");
 }
 
 #[test]

@@ -102,6 +102,9 @@ pub struct OutOfOrderSection {
     /// Streaming catch-up to one lagging follower, bytes per second (0: no limit), so a
     /// follower coming back does not take the link from new appends.
     pub catchup_bytes_per_sec: u64,
+    /// Checkpoint the demo state machine and compact a group's entries file once it holds
+    /// this many bytes (0: never; the file then grows with the group's whole history).
+    pub compact_bytes: u64,
 }
 
 impl Default for OutOfOrderSection {
@@ -110,6 +113,7 @@ impl Default for OutOfOrderSection {
             election_timeout_ms: 1000,
             apply_threads: 2,
             catchup_bytes_per_sec: 64 << 20,
+            compact_bytes: 64 << 20,
         }
     }
 }

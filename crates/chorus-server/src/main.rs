@@ -15,6 +15,7 @@
 
 mod bench;
 mod config;
+mod demo;
 mod dev;
 mod local;
 mod ooo;

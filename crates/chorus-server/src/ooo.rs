@@ -8,31 +8,27 @@
 //!   appender) executed a transaction that read and wrote some keys and logs its redo;
 //!   replicas replay it by setting every written key to the record's bytes (`GetKeys`).
 //!
-//! Both states are rebuilt from the log at start (the replica re-applies every committed
-//! entry from slot 0: the entries file is not compacted yet), so the volume file is
-//! emptied when the group opens. A group lives in `DATA_DIR/ooo/<id>/`: the replica's
+//! Both are in [`crate::demo`], with their checkpoints and images: once a group's entries
+//! file passes `[out_of_order] compact_bytes`, the state is checkpointed and the file
+//! compacted; at start the state machine reopens from its checkpoint and the replica
+//! replays the log from its base. A group lives in `DATA_DIR/ooo/<id>/`: the replica's
 //! store (`entries.log`, `hard`), `group.toml` (its spec, written when it is created, so a
-//! restart reopens it without the configuration naming it) and `volume`.
+//! restart reopens it without the configuration naming it), and `volume` or `kv.image`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{Body, Declared, Entry, Mode};
+use chorus_core::ooo::replica::{Declared, Mode};
 use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStatus};
 
 use crate::config::GroupSpec;
 
-/// Bytes per block of a parallel group's volume.
-pub const BLOCK: u64 = 4096;
-/// Largest volume: 2^28 blocks (1 TiB, a sparse file).
-pub const MAX_BLOCKS: u64 = 1 << 28;
-/// Most blocks one `ReadBlocks` call returns.
-pub const MAX_READ_BLOCKS: u64 = 4096;
+pub use crate::demo::{DemoState, BLOCK, MAX_BLOCKS};
 
 /// Why an out-of-order group could not be created, opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -159,87 +155,6 @@ impl OooSpec {
     }
 }
 
-/// A demo state machine (see the module documentation).
-#[derive(Debug)]
-pub enum DemoState {
-    /// Parallel mode: a block volume.
-    Volume(std::fs::File),
-    /// Dependent mode: keys and values.
-    Kv(Mutex<HashMap<u64, Vec<u8>>>),
-}
-
-impl DemoState {
-    fn apply(&self, e: &Entry) -> std::io::Result<()> {
-        match (self, &e.body) {
-            (DemoState::Volume(f), Body::Parallel { ranges, data, .. }) => {
-                let mut at = 0usize;
-                for r in ranges {
-                    let n = ((r.end - r.start) * BLOCK) as usize;
-                    let chunk = data.get(at..at + n).ok_or_else(|| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            format!("slot {}: data shorter than its blocks", e.seq),
-                        )
-                    })?;
-                    f.write_all_at(chunk, r.start * BLOCK)?;
-                    at += n;
-                }
-                Ok(())
-            }
-            (
-                DemoState::Kv(m),
-                Body::Dependent {
-                    write_set, data, ..
-                },
-            ) => {
-                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
-                for k in write_set {
-                    m.insert(*k, data.clone());
-                }
-                Ok(())
-            }
-            // NULL slots hold nothing; a body of the other mode cannot reach a replica of
-            // this mode (the replica refuses it at append).
-            _ => Ok(()),
-        }
-    }
-
-    /// Reads `count` blocks from `start` (parallel groups).
-    pub fn read_blocks(&self, start: u64, count: u64) -> Result<Vec<u8>, String> {
-        let DemoState::Volume(f) = self else {
-            return Err("not a parallel-mode group".into());
-        };
-        if count == 0 || count > MAX_READ_BLOCKS {
-            return Err(format!(
-                "count {count}: read 1 to {MAX_READ_BLOCKS} blocks per call"
-            ));
-        }
-        if start.checked_add(count).is_none_or(|e| e > MAX_BLOCKS) {
-            return Err(format!(
-                "blocks {start}+{count} are past the volume's {MAX_BLOCKS} blocks"
-            ));
-        }
-        let mut buf = vec![0u8; (count * BLOCK) as usize];
-        let len = f.metadata().map_err(|e| e.to_string())?.len();
-        let off = start * BLOCK;
-        if off < len {
-            let n = ((len - off) as usize).min(buf.len());
-            f.read_exact_at(&mut buf[..n], off)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(buf)
-    }
-
-    /// Looks keys up (dependent groups).
-    pub fn get_keys(&self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, String> {
-        let DemoState::Kv(m) = self else {
-            return Err("not a dependent-mode group".into());
-        };
-        let m = m.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
-    }
-}
-
 /// Checks what an appender declares against the group's mode and demo state machine,
 /// before the record reaches the replica.
 pub fn check_record(mode: Mode, d: &Declared, data_len: usize) -> Result<(), String> {
@@ -339,6 +254,8 @@ pub struct OooSettings {
     pub apply_threads: usize,
     /// Streaming catch-up bytes per second per follower (0: no limit).
     pub catchup_rate: u64,
+    /// Checkpoint and compact a group's entries file past this many bytes (0: never).
+    pub compact_bytes: u64,
 }
 
 /// The node's out-of-order groups.
@@ -482,32 +399,19 @@ impl OooGroups {
             })?;
         let id = g.id;
         let dir = self.settings.dir.join(id.to_string());
-        let state = Arc::new(match spec.mode {
-            Mode::Parallel { .. } => {
-                let path = dir.join("volume");
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                    .map_err(io(id, &path))?;
-                DemoState::Volume(f)
+        std::fs::create_dir_all(&dir).map_err(io(id, &dir))?;
+        let state = Arc::new(
+            match spec.mode {
+                Mode::Parallel { .. } => DemoState::volume(&dir),
+                Mode::Dependent => DemoState::kv(&dir),
             }
-            Mode::Dependent => DemoState::Kv(Mutex::new(HashMap::new())),
-        });
+            .map_err(io(id, &dir))?,
+        );
         let me = self.settings.node;
         let listener = match listener {
             Some(l) => l,
             None => bind(&spec, me)?,
         };
-        let st = state.clone();
-        let apply = Arc::new(move |e: &Entry| {
-            if let Err(err) = st.apply(e) {
-                // The log stays correct; the demo state of this replica does not.
-                tracing::error!(group = id, seq = e.seq, error = %err, "demo state machine apply failed");
-            }
-        });
         let node = OooNode::start(
             OooNodeConfig {
                 id: me,
@@ -519,9 +423,10 @@ impl OooGroups {
                 link_jitter: None,
                 apply_threads: self.settings.apply_threads,
                 catchup_rate: self.settings.catchup_rate,
+                compact_bytes: self.settings.compact_bytes,
             },
             listener,
-            apply,
+            state.clone(),
         )
         .map_err(|source| OooGroupError::Node { group: id, source })?;
         tracing::info!(group = id, mode = %g.mode, "out-of-order group started");
@@ -543,7 +448,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 17] = [
+        let metrics: [(&str, &str, &str, Get); 22] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -640,6 +545,36 @@ impl OooGroups {
                 "counter",
                 "Catch-up pieces held back by the rate limit.",
                 |s| s.stats.catchup_deferred,
+            ),
+            (
+                "chorus_ooo_base_slots",
+                "gauge",
+                "Every slot below is compacted into the state machine's checkpoint.",
+                |s| s.counters.base,
+            ),
+            (
+                "chorus_ooo_log_bytes",
+                "gauge",
+                "Bytes of the entries file.",
+                |s| s.counters.log_bytes,
+            ),
+            (
+                "chorus_ooo_checkpoints_total",
+                "counter",
+                "State machine checkpoints taken to compact the entries file.",
+                |s| s.counters.checkpoints,
+            ),
+            (
+                "chorus_ooo_images_sent_total",
+                "counter",
+                "State machine images taken for followers behind the base.",
+                |s| s.counters.images,
+            ),
+            (
+                "chorus_ooo_images_installed_total",
+                "counter",
+                "Leader images installed here.",
+                |s| s.counters.installs,
             ),
         ];
         let statuses: Vec<(u64, &'static str, OooStatus)> = self
@@ -772,6 +707,7 @@ mod tests {
             election_timeout: Duration::from_millis(100),
             apply_threads: 0,
             catchup_rate: 0,
+            compact_bytes: 0,
         })
         .unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
@@ -801,46 +737,10 @@ mod tests {
             election_timeout: Duration::from_millis(100),
             apply_threads: 0,
             catchup_rate: 0,
+            compact_bytes: 0,
         })
         .unwrap();
         assert_eq!(again.ids(), vec![5]);
         again.shutdown();
-    }
-
-    #[test]
-    fn the_volume_reads_back_what_was_applied_and_zeros_elsewhere() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("volume"))
-            .unwrap();
-        let v = DemoState::Volume(f);
-        let mut data = vec![1u8; 4096];
-        data.extend(vec![2u8; 4096]);
-        let e = Entry {
-            seq: 0,
-            term: 1,
-            start: 0,
-            eid: 1,
-            body: Body::Parallel {
-                ranges: vec![
-                    BlockRange::new(3, 1).unwrap(),
-                    BlockRange::new(1, 1).unwrap(),
-                ],
-                look_behind: vec![],
-                data,
-            },
-        };
-        v.apply(&e).unwrap();
-        let b = v.read_blocks(0, 5).unwrap();
-        assert!(b[..4096].iter().all(|&x| x == 0));
-        assert!(b[4096..8192].iter().all(|&x| x == 2));
-        assert!(b[3 * 4096..4 * 4096].iter().all(|&x| x == 1));
-        assert!(b[4 * 4096..].iter().all(|&x| x == 0));
-        assert!(v.read_blocks(0, 0).is_err());
-        assert!(v.get_keys(&[1]).is_err());
     }
 }

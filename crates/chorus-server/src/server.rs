@@ -107,6 +107,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         ),
         apply_threads: cfg.out_of_order.apply_threads.min(64),
         catchup_rate: cfg.out_of_order.catchup_bytes_per_sec,
+        compact_bytes: cfg.out_of_order.compact_bytes,
     })?);
     for g in &cfg.groups {
         if !g.is_ordered() {

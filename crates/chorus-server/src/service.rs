@@ -88,6 +88,8 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::Refused(OooAppendError::WrongMode { .. }) => Status::invalid_argument(msg),
         E::Refused(_) => Status::resource_exhausted(msg),
         E::Stopped => Status::unavailable(msg),
+        // The append may have committed or failed: the caller must look (UNKNOWN).
+        E::Unknown { .. } => Status::unknown(msg),
         E::Storage(_) | E::Io(_) => Status::internal(msg),
     }
 }

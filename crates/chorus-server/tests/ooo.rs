@@ -4,7 +4,9 @@
 //! state equals the serial application of the committed records in slot order; the
 //! leader killed with SIGKILL, a new one serving, the killed node restarted (its groups
 //! reopened from disk without the configuration naming the created one) and caught up;
-//! wrong-mode requests refused by name.
+//! wrong-mode requests refused by name. Entries files are compacted every 8 KiB, so the
+//! killed node restarts from its state machine's checkpoint and comes back behind the
+//! leaders' bases: it installs their images.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -66,7 +68,7 @@ fn cluster() -> Cluster {
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
              [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\n\
              [groups.replicas]\n{replicas}\n\
-             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\n",
+             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\ncompact_bytes = 8192\n",
             dir.path().join(format!("n{i}")).display(),
             i - 1
         )
@@ -344,7 +346,7 @@ async fn out_of_order_groups_through_the_server() {
     serving(&live, DEP, Duration::from_secs(30)).await;
     let mut c = Client::new(live.clone());
     let mut after = Vec::new();
-    for i in 0..20u32 {
+    for i in 0..100u32 {
         let r = block_record(i as u64 % BLOCKS, 0xF000_0000 | i);
         let res = c.append_out_of_order(PAR, vec![r.clone()]).await.unwrap();
         assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
@@ -361,31 +363,38 @@ async fn out_of_order_groups_through_the_server() {
         want_vol[b..b + 4096].copy_from_slice(&r.data);
     }
     cl.nodes[(old - 1) as usize].start();
-    settled(&eps, PAR, par_head + 20).await;
-    settled(&eps, DEP, dep_head + 20).await;
+    settled(&eps, PAR, par_head + 100).await;
+    settled(&eps, DEP, dep_head + 100).await;
     for i in 0..3 {
         assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
         assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
     }
-    // The new leader's metrics count its commits, per group and mode.
-    let text = {
+    // The new leader's metrics count its commits and compactions, per group and mode;
+    // the restarted node installed both leaders' images.
+    let metric = |node: u64, name: &str, group: u64, mode: &str| -> u64 {
         use std::io::Read;
-        let mut s = std::net::TcpStream::connect(&cl.metrics[(new - 1) as usize]).unwrap();
+        let mut s = std::net::TcpStream::connect(&cl.metrics[(node - 1) as usize]).unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
-        let mut t = String::new();
-        s.read_to_string(&mut t).unwrap();
-        t
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} for group {group} in:\n{text}"))
     };
-    let commits = text
-        .lines()
-        .find(|l| {
-            l.starts_with("chorus_ooo_commits_total{")
-                && l.contains(&format!("group=\"{PAR}\",mode=\"parallel\""))
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no parallel commit counter in:\n{text}"));
-    assert!(commits >= 20, "{commits}");
+    let commits = metric(new, "chorus_ooo_commits_total", PAR, "parallel");
+    assert!(commits >= 100, "{commits}");
+    for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
+        assert!(metric(new, "chorus_ooo_checkpoints_total", g, mode) >= 1);
+        assert!(metric(new, "chorus_ooo_base_slots", g, mode) > 0);
+        assert!(metric(new, "chorus_ooo_log_bytes", g, mode) < 1 << 20);
+        let installed = metric(old, "chorus_ooo_images_installed_total", g, mode);
+        assert!(installed >= 1, "node {old} installed no image of group {g}");
+    }
     // `chorus status` shows both modes.
     let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(["status", "-o", "json", "-g", "0", "--endpoints"])

@@ -207,7 +207,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} committed={} failed={} crashes={} terms_served={} applied={} messages={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -217,6 +217,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("terms_served"),
         t("applied"),
         t("messages"),
+        t("checkpoints"),
+        t("images_installed"),
+        t("unknown_results"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -14,7 +14,13 @@
 //!   followers replay.
 //!
 //! Applies are run in a random order within each batch the replica releases, as a driver
-//! with several apply threads would. The checks, after every step and at the end:
+//! with several apply threads would.
+//!
+//! Two seeds in three also **compact**: from time to time a node checkpoints its state
+//! machine (an image kept on its disk, surviving crashes) and compacts the slots below its
+//! applied head, so a follower that falls behind a leader's base installs the leader's
+//! image, streamed in pieces over the same lossy network. A restarted node starts from its
+//! image and replays its log from the base. The checks, after every step and at the end:
 //!
 //! 1. every replica that commits a slot commits the same record there;
 //! 2. every append ends at most once, Committed only if the slot committed with it, Failed
@@ -67,6 +73,8 @@ pub struct OooOptions {
     pub inflight: usize,
     /// Ghost guard on. Turning it off takes effect only in the test-only `broken` build.
     pub ghost_guard: bool,
+    /// Checkpoint and compact (on the seeds not divisible by 3).
+    pub compact: bool,
 }
 
 impl Default for OooOptions {
@@ -80,6 +88,7 @@ impl Default for OooOptions {
             space: 64,
             inflight: 32,
             ghost_guard: true,
+            compact: true,
         }
     }
 }
@@ -159,11 +168,39 @@ fn writes(e: &Entry) -> Vec<(u64, u64)> {
     }
 }
 
+/// A state machine image: every key with its value and the slot that wrote it.
+type Image = BTreeMap<u64, (u64, Seq)>;
+
+fn encode_image(state: &HashMap<u64, u64>, writers: &HashMap<u64, Seq>) -> Vec<u8> {
+    let sorted: BTreeMap<u64, u64> = state.iter().map(|(&k, &v)| (k, v)).collect();
+    let mut out = Vec::with_capacity(sorted.len() * 24);
+    for (k, v) in sorted {
+        for x in [k, v, writers.get(&k).copied().unwrap_or(0)] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    out
+}
+
+fn decode_image(b: &[u8]) -> Option<Image> {
+    if !b.len().is_multiple_of(24) {
+        return None;
+    }
+    let u = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8"));
+    Some(
+        b.chunks(24)
+            .map(|c| (u(&c[..8]), (u(&c[8..16]), u(&c[16..]))))
+            .collect(),
+    )
+}
+
 struct Node {
     // Durable.
     /// The node's disk, and the real store on it (None while down).
     fs: Arc<SimFs>,
     store: Option<OooStore>,
+    /// The state machine's durable image (a checkpoint or an installed snapshot).
+    image: Image,
     /// Entries written to the store and not yet synced.
     unsynced: bool,
     // Volatile.
@@ -188,8 +225,8 @@ struct Sim {
     faults_on: bool,
     /// The committed log as first observed: slot -> (eid, entry).
     committed: BTreeMap<Seq, Entry>,
-    /// Appends: eid -> (node, incarnation, slot, result).
-    appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>)>,
+    /// Appends: eid -> (node, incarnation, slot, result, ended Unknown).
+    appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>, bool)>,
     violations: Vec<String>,
     stats: BTreeMap<&'static str, u64>,
 }
@@ -222,6 +259,7 @@ impl Sim {
                 Node {
                     fs,
                     store: Some(store),
+                    image: Image::new(),
                     unsynced: false,
                     replica: Some(r),
                     state: HashMap::new(),
@@ -245,6 +283,7 @@ impl Sim {
         c.resend_interval = 30 * MS;
         c.window = 256;
         c.max_batch = 64;
+        c.snapshot_retry = 400 * MS;
         // Half the seeds bound catch-up pieces in bytes and rate-limit streaming
         // catch-up (PolarFS section 5.3), so lagging followers catch up under the limit.
         if self.seed % 2 == 1 {
@@ -349,7 +388,45 @@ impl Sim {
                     self.violation(format!("node {id}: applied({}) refused: {why}", e.seq));
                 }
             }
+            self.maybe_checkpoint(id);
         }
+    }
+
+    /// Now and then: the state machine's image is made durable, then the replica compacts
+    /// below the applied head it covers.
+    fn maybe_checkpoint(&mut self, id: NodeId) {
+        if !self.o.compact || self.seed.is_multiple_of(3) || !self.rng.chance(1, 25) {
+            return;
+        }
+        let now = self.now;
+        let n = self.nodes.get_mut(&id).expect("node");
+        let Some(r) = n.replica.as_mut() else {
+            return;
+        };
+        let upto = r.applied_head();
+        if upto < r.base() + 16 {
+            return;
+        }
+        n.image = n
+            .state
+            .iter()
+            .map(|(&k, &v)| (k, (v, n.last_writer.get(&k).copied().unwrap_or(0))))
+            .collect();
+        r.compact(now, upto);
+        self.bump("checkpoints", 1);
+    }
+
+    /// The state machine restarts from its image. The image may hold writes of slots at
+    /// or past `base` (applied out of order before it was taken); those are applied again
+    /// from the log, so they are not counted as applied for the order check.
+    fn load_image(n: &mut Node, base: Seq) {
+        n.state = n.image.iter().map(|(&k, &(v, _))| (k, v)).collect();
+        n.last_writer = n
+            .image
+            .iter()
+            .filter(|(_, &(_, w))| w < base)
+            .map(|(&k, &(_, w))| (k, w))
+            .collect();
     }
 
     /// Makes the entries written so far durable (the replica's rule: before the next
@@ -404,6 +481,44 @@ impl Sim {
             Action::Role { .. } => {
                 self.nodes.get_mut(&id).expect("node").spec.clear();
             }
+            Action::Compact { base, live } => {
+                self.bump("compactions", 1);
+                let n = self.nodes.get_mut(&id).expect("node");
+                if let Err(e) = n.store.as_mut().expect("live").compact(&live) {
+                    self.violation(format!("node {id}: compacting below {base} failed: {e}"));
+                }
+            }
+            Action::Snapshot { to } => {
+                self.bump("images_taken", 1);
+                let n = self.nodes.get_mut(&id).expect("node");
+                let img = encode_image(&n.state, &n.last_writer);
+                let r = n.replica.as_mut().expect("live");
+                let base = r.applied_head();
+                r.snapshot_ready(self.now, to, base, img);
+            }
+            Action::Install { base, image } => {
+                self.bump("images_installed", 1);
+                let Some(img) = decode_image(&image) else {
+                    self.violation(format!("node {id}: an image arrived damaged"));
+                    return;
+                };
+                let n = self.nodes.get_mut(&id).expect("node");
+                n.image = img;
+                Self::load_image(n, base);
+                let r = n.replica.as_mut().expect("live");
+                if let Err(e) = r.installed(self.now, base) {
+                    self.violation(format!("node {id}: installed({base}) refused: {e}"));
+                }
+            }
+            Action::Unknown { eid, seq } => {
+                self.bump("unknown_results", 1);
+                match self.appends.get_mut(&eid) {
+                    Some(a) if a.3.is_none() && a.2 == seq => a.4 = true,
+                    _ => self.violation(format!(
+                        "node {id}: append {eid:#x} at slot {seq} ended Unknown after a result, or is not known"
+                    )),
+                }
+            }
             Action::Serving { term, start } => {
                 self.bump("terms_served", 1);
                 let n = self.nodes.get_mut(&id).expect("node");
@@ -430,7 +545,7 @@ impl Sim {
             Some(_) => {}
             None => {
                 // A result given before this commit was observed must agree.
-                if let Some(&(_, _, seq, Some(out))) = self.appends.get(&e.eid) {
+                if let Some(&(_, _, seq, Some(out), _)) = self.appends.get(&e.eid) {
                     if seq == e.seq && out == Outcome::Failed {
                         self.violation(format!(
                             "append {:#x} was told Failed, then slot {seq} committed with it",
@@ -456,8 +571,11 @@ impl Sim {
             self.violation(format!("node {id}: result for unknown append {eid:#x}"));
             return;
         };
-        if a.3.is_some() {
-            self.violation(format!("append {eid:#x} got a second result {out:?}"));
+        if a.3.is_some() || a.4 {
+            let unknown = a.4;
+            self.violation(format!(
+                "append {eid:#x} got a second result {out:?} (unknown before: {unknown})"
+            ));
             return;
         }
         a.3 = Some(out);
@@ -546,13 +664,12 @@ impl Sim {
         if n.replica.is_some() {
             return;
         }
-        n.state.clear();
-        n.last_writer.clear();
         n.spec.clear();
         let fs: Arc<dyn FileSystem> = n.fs.clone();
         match OooStore::open(fs, Path::new(DIR)) {
             Ok((store, hard, entries, rec)) => {
                 n.store = Some(store);
+                Self::load_image(n, hard.base);
                 n.replica = Some(OooReplica::recover(cfg, hard, entries, self.now));
                 self.bump("torn_bytes", rec.torn_bytes);
             }
@@ -636,7 +753,7 @@ impl Sim {
                             n.spec.insert(wk, (t.seq, wv));
                         }
                     }
-                    self.appends.insert(t.eid, (id, inc, t.seq, None));
+                    self.appends.insert(t.eid, (id, inc, t.seq, None, false));
                     self.bump("appends", 1);
                 }
                 Err(_) => {
@@ -777,9 +894,9 @@ impl Sim {
             }
         }
         let mut open = 0;
-        for (&eid, &(node, inc, seq, out)) in &self.appends {
+        for (&eid, &(node, inc, seq, out, unknown)) in &self.appends {
             let alive = self.nodes[&node].incarnation == inc && self.nodes[&node].replica.is_some();
-            if out.is_none() && alive {
+            if out.is_none() && !unknown && alive {
                 open += 1;
                 if open <= 3 {
                     problems.push(format!(

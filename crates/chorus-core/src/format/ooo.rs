@@ -26,24 +26,28 @@
 //! length, bytes). Dependent: `u64` base, RAW list of `u64`, WAW list of `u64`, write-set
 //! list of `u64`, data (`u32` length, bytes). A range with `start >= end` is refused.
 //!
-//! # Hard state (`HARD_SIZE` = 52 bytes)
+//! # Hard state (`HARD_SIZE` = 60 bytes)
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `0x4848_4F43` ("COHH") |
-//! | 4 | 2 | version, 1 |
+//! | 4 | 2 | version, 2 |
 //! | 6 | 2 | reserved, 0 |
 //! | 8 | 8 | term |
 //! | 16 | 8 | voted for (0: nobody; node ids are never 0) |
 //! | 24 | 8 | committed head |
 //! | 32 | 8 | leader start: term |
 //! | 40 | 8 | leader start: slot |
-//! | 48 | 4 | CRC32C of bytes 0..48 |
+//! | 48 | 8 | base: every slot below is compacted (in the state machine's durable image) |
+//! | 56 | 4 | CRC32C of bytes 0..56 |
+//!
+//! Version 1 (52 bytes: no base, the CRC at 48) is still read, as base 0.
 //!
 //! # Messages
 //!
-//! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack) and its fields in
-//! declaration order: integers as `u64`, `bool` as one byte 0/1, a [`CommitWindow`] as
+//! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack, 5 Snapshot) and its
+//! fields in declaration order: integers as `u64`, `bool` as one byte 0/1, a [`VoteLog`]
+//! as its four `u64` fields, a snapshot piece's data as `u32` length and bytes, a [`CommitWindow`] as
 //! `u64` head and a list of `u64` words, entries as a list of entry records (each a `u32`
 //! length and the record), a vote's versions as a list of (`u32` length, entry record,
 //! committed byte). The transport adds the framing and the checksum of the whole message.
@@ -62,8 +66,10 @@ pub const HARD_MAGIC: u32 = 0x4848_4F43;
 pub const ENTRY_HEADER_SIZE: usize = 48;
 /// Largest body of an entry record.
 pub const MAX_BODY: u32 = 64 << 20;
-/// Bytes of the hard state record.
-pub const HARD_SIZE: usize = 52;
+/// Bytes of the hard state record (version 2).
+pub const HARD_SIZE: usize = 60;
+/// Bytes of a version-1 hard state record (no base), still read.
+pub const HARD_SIZE_V1: usize = 52;
 
 const WHAT_ENTRY: &str = "out-of-order entry";
 const WHAT_HARD: &str = "out-of-order hard state";
@@ -303,26 +309,27 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
     })
 }
 
-/// Encodes the hard state: magic u32, version u16, reserved u16, term u64, voted-for u64
-/// (0 = none), committed head u64, leader-start term u64, leader-start slot u64, CRC32C
-/// u32 of the 48 bytes before it.
+/// Encodes the hard state: magic u32, version u16 (2), reserved u16, term u64, voted-for
+/// u64 (0 = none), committed head u64, leader-start term u64, leader-start slot u64, base
+/// u64, CRC32C u32 of the 56 bytes before it.
 pub fn encode_hard(h: &Hard) -> [u8; HARD_SIZE] {
     let mut out = Vec::with_capacity(HARD_SIZE);
     put_u32(&mut out, HARD_MAGIC);
-    out.extend_from_slice(&[1, 0, 0, 0]);
+    out.extend_from_slice(&[2, 0, 0, 0]);
     put_u64(&mut out, h.term);
     put_u64(&mut out, h.voted_for.unwrap_or(0));
     put_u64(&mut out, h.committed_head);
     put_u64(&mut out, h.leader_start.0);
     put_u64(&mut out, h.leader_start.1);
+    put_u64(&mut out, h.base);
     let crc = crc32c::crc32c(&out);
     put_u32(&mut out, crc);
     out.try_into().expect("fixed size")
 }
 
-/// Decodes the hard state.
+/// Decodes the hard state (version 2, or version 1 as base 0).
 pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
-    if buf.len() != HARD_SIZE {
+    if buf.len() != HARD_SIZE && buf.len() != HARD_SIZE_V1 {
         return Err(FormatError::FieldMismatch {
             what: WHAT_HARD,
             field: "record length",
@@ -340,16 +347,32 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
         });
     }
     let version = u16::from_le_bytes(r.take(2)?.try_into().expect("2"));
-    if version != 1 {
-        return Err(FormatError::UnknownVersion {
-            what: WHAT_HARD,
-            found: version,
-            supported: 1,
-        });
-    }
+    let body = match (version, buf.len()) {
+        (2, HARD_SIZE) => 56,
+        (1, HARD_SIZE_V1) => 48,
+        (1 | 2, n) => {
+            return Err(FormatError::FieldMismatch {
+                what: WHAT_HARD,
+                field: "record length for its version",
+                expected: if version == 2 {
+                    HARD_SIZE
+                } else {
+                    HARD_SIZE_V1
+                } as u64,
+                found: n as u64,
+            })
+        }
+        _ => {
+            return Err(FormatError::UnknownVersion {
+                what: WHAT_HARD,
+                found: version,
+                supported: 2,
+            })
+        }
+    };
     r.take(2)?;
-    let stored = u32::from_le_bytes(buf[48..52].try_into().expect("4"));
-    let crc = crc32c::crc32c(&buf[..48]);
+    let stored = u32::from_le_bytes(buf[body..body + 4].try_into().expect("4"));
+    let crc = crc32c::crc32c(&buf[..body]);
     if stored != crc {
         return Err(FormatError::HeaderChecksum {
             what: WHAT_HARD,
@@ -361,11 +384,13 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
     let voted = r.u64()?;
     let committed_head = r.u64()?;
     let leader_start = (r.u64()?, r.u64()?);
+    let base = if version == 2 { r.u64()? } else { 0 };
     Ok(Hard {
         term,
         voted_for: (voted != 0).then_some(voted),
         committed_head,
         leader_start,
+        base,
     })
 }
 
@@ -393,6 +418,7 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
                 log.last_term,
                 log.last_seq,
                 log.first_uncommitted,
+                log.base,
             ] {
                 put_u64(&mut out, x);
             }
@@ -436,6 +462,19 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             }
             put_u64(&mut out, *head);
         }
+        Msg::Snapshot {
+            term,
+            base,
+            offset,
+            total,
+            data,
+        } => {
+            out.push(5);
+            for x in [*term, *base, *offset, *total] {
+                put_u64(&mut out, x);
+            }
+            put_bytes(&mut out, data);
+        }
     }
     out
 }
@@ -456,6 +495,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 last_term: r.u64()?,
                 last_seq: r.u64()?,
                 first_uncommitted: r.u64()?,
+                base: r.u64()?,
             },
         },
         2 => {
@@ -505,6 +545,26 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 term,
                 seqs,
                 head: r.u64()?,
+            }
+        }
+        5 => {
+            let (term, base, offset, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let n = r.count("snapshot piece", 1)?;
+            let data = r.take(n)?.to_vec();
+            if offset.checked_add(n as u64).is_none_or(|end| end > total) {
+                return Err(FormatError::Malformed {
+                    what: WHAT_MSG,
+                    detail: format!(
+                        "snapshot piece {offset}+{n} runs past the image's {total} bytes"
+                    ),
+                });
+            }
+            Msg::Snapshot {
+                term,
+                base,
+                offset,
+                total,
+                data,
             }
         }
         t => {
@@ -581,10 +641,12 @@ mod tests {
             let mut w = CommitWindow::new(7);
             for s in c { w.commit(s); }
             let msgs = vec![
-                Msg::Vote { term, head: 3, log: VoteLog { last_term: 1, last_seq: 2, first_uncommitted: 3 } },
+                Msg::Vote { term, head: 3, log: VoteLog { last_term: 1, last_seq: 2, first_uncommitted: 3, base: 2 } },
                 Msg::VoteReply { term, granted: true, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (4, 5) },
                 Msg::Append { term, start: 9, entries: es.clone(), commits: w },
                 Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5 },
+                Msg::Snapshot { term, base: 40, offset: 3, total: 9, data: vec![1, 2, 3] },
+                Msg::Snapshot { term, base: 0, offset: 0, total: 0, data: vec![] },
             ];
             for m in msgs {
                 prop_assert_eq!(decode_msg(&encode_msg(&m)).unwrap(), m);
@@ -603,6 +665,8 @@ mod tests {
             prop_assert!(decode_entry(&b[..c]).is_err());
             let m = encode_msg(&Msg::Append { term: 1, start: 0, entries: vec![e], commits: CommitWindow::new(0) });
             let _ = decode_msg(&m[..cut % m.len()]);
+            let piece = encode_msg(&Msg::Snapshot { term: 1, base: 5, offset: 0, total: 4, data: vec![1, 2, 3, 4] });
+            prop_assert!(decode_msg(&piece[..cut % piece.len()]).is_err());
         }
 
         #[test]
@@ -620,9 +684,22 @@ mod tests {
             voted_for: Some(3),
             committed_head: 99,
             leader_start: (6, 40),
+            base: 77,
         };
         let b = encode_hard(&h);
         assert_eq!(decode_hard(&b).unwrap(), h);
+        // A version-1 record (no base) still reads, as base 0.
+        let mut v1 = b[..48].to_vec();
+        v1[4] = 1;
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_hard(&v1).unwrap(), Hard { base: 0, ..h });
+        let mut v2 = b.to_vec();
+        v2[4] = 1;
+        assert!(matches!(
+            decode_hard(&v2),
+            Err(FormatError::FieldMismatch { .. })
+        ));
         let mut d = b;
         d[20] ^= 1;
         assert!(matches!(

@@ -379,6 +379,9 @@ pub struct VoteLog {
     pub last_seq: Seq,
     /// First entry not known committed (the window head).
     pub first_uncommitted: Seq,
+    /// Every entry below is compacted into the replica's state-machine image
+    /// ([`crate::ooo::replica::Hard::base`]).
+    pub base: Seq,
 }
 
 /// Whether a replica whose log is `mine` grants its vote to a candidate whose log is
@@ -386,7 +389,21 @@ pub struct VoteLog {
 /// (higher term, or the same term and at least as far); (2) when both are equally new, the
 /// candidate's first uncommitted entry must not be behind ours, so that the pre-leader's
 /// merge range (from its first uncommitted entry on) stays as short as the quorum allows.
+///
+/// Compaction adds two rules ahead of these (PolarFS section 5.4: ParallelRaft picks "the
+/// node with newest checkpoint as the leader candidate"): a candidate whose first
+/// uncommitted entry is below our base is refused, since our answer could not carry the
+/// committed entries we compacted and the merge would decide those slots without them;
+/// a candidate whose base is past our first uncommitted entry is granted (by the first
+/// rule no one whose answer the merge needs has compacted past its head), so two replicas
+/// each refused by the other's older log and older checkpoint cannot block an election.
 pub fn grants_vote(mine: &VoteLog, theirs: &VoteLog) -> bool {
+    if theirs.first_uncommitted < mine.base {
+        return false;
+    }
+    if theirs.base > mine.first_uncommitted {
+        return true;
+    }
     let newer = (theirs.last_term, theirs.last_seq).cmp(&(mine.last_term, mine.last_seq));
     match newer {
         std::cmp::Ordering::Greater => true,
@@ -493,6 +510,7 @@ mod tests {
             last_term,
             last_seq,
             first_uncommitted,
+            base: 0,
         };
         let mine = v(3, 10, 6);
         assert!(grants_vote(&mine, &v(4, 2, 0)), "a higher last term wins");
@@ -507,6 +525,30 @@ mod tests {
         assert!(
             !grants_vote(&mine, &v(3, 10, 4)),
             "equally new, but the candidate would merge more than we would"
+        );
+    }
+
+    #[test]
+    fn compaction_rules_come_first() {
+        let v = |last_term, last_seq, first_uncommitted, base| VoteLog {
+            last_term,
+            last_seq,
+            first_uncommitted,
+            base,
+        };
+        let mine = v(3, 100, 60, 50);
+        assert!(
+            !grants_vote(&mine, &v(9, 200, 40, 0)),
+            "a newer log, but missing what we compacted"
+        );
+        assert!(grants_vote(&mine, &v(9, 200, 50, 0)));
+        assert!(
+            grants_vote(&mine, &v(2, 90, 80, 70)),
+            "an older log, but a checkpoint past our head"
+        );
+        assert!(
+            !grants_vote(&mine, &v(2, 90, 80, 60)),
+            "otherwise 4.4 rules"
         );
     }
 

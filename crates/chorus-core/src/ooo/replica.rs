@@ -202,6 +202,10 @@ pub struct Hard {
     /// its merge): versions of older terms from that slot on are dead
     /// ([`merge::drop_superseded`]).
     pub leader_start: (u64, Seq),
+    /// Every slot below is compacted: applied, and covered by the state machine's durable
+    /// image (a checkpoint the driver took, or a snapshot it installed), so the entries
+    /// are no longer kept. Saved only after that image is durable.
+    pub base: Seq,
 }
 
 /// Messages between replicas of an out-of-order group.
@@ -248,6 +252,21 @@ pub enum Msg {
         /// The follower's first uncommitted slot (resends start there).
         head: Seq,
     },
+    /// A piece of the leader's state-machine image, for a follower whose first
+    /// uncommitted slot the leader has compacted (PolarFS section 5.3, streaming catch-up:
+    /// the data, in bounded pieces, then the log from the image's base on).
+    Snapshot {
+        /// The leader's term.
+        term: u64,
+        /// The image covers every slot below this one.
+        base: Seq,
+        /// Where this piece starts in the image.
+        offset: u64,
+        /// The image's length.
+        total: u64,
+        /// The piece.
+        data: Vec<u8>,
+    },
 }
 
 /// Outputs of the replica, executed by the driver in order.
@@ -293,6 +312,41 @@ pub enum Action {
         term: u64,
         /// First slot of new entries.
         start: Seq,
+    },
+    /// Slots below `base` are compacted (the [`Action::SaveHard`] naming it is ahead in
+    /// the list): the driver may rewrite its entries file to hold only `live`, the
+    /// entries of the slots from `base` on, latest version of each.
+    Compact {
+        /// First slot kept.
+        base: Seq,
+        /// What the rewritten file holds.
+        live: Vec<Entry>,
+    },
+    /// Leader: follower `to` needs slots this replica compacted. The driver takes an
+    /// image of its state machine covering at least every slot below
+    /// [`OooReplica::applied_head`] as of now and hands it to
+    /// [`OooReplica::snapshot_ready`] with that head as its base.
+    Snapshot {
+        /// The follower.
+        to: NodeId,
+    },
+    /// Follower: replace the state machine with this image (it covers every slot below
+    /// `base`), durably, then call [`OooReplica::installed`]. No apply is in flight, and
+    /// none is released until then.
+    Install {
+        /// The image covers every slot below.
+        base: Seq,
+        /// The leader's image.
+        image: Vec<u8>,
+    },
+    /// A pending append whose slot was compacted by the group before this replica learned
+    /// which entry committed there (it installed a snapshot over it): its result cannot
+    /// be known here. It may have committed or failed; it is never reported again.
+    Unknown {
+        /// The append's identity.
+        eid: u64,
+        /// Its slot.
+        seq: Seq,
     },
 }
 
@@ -355,6 +409,9 @@ pub struct OooConfig {
     /// follower coming back does not take the link from new appends (PolarFS section
     /// 5.3's rate limit). Pieces the budget does not cover wait for a later ack or tick.
     pub catchup_rate: u64,
+    /// How long a leader waits for a follower to install a snapshot it streamed before it
+    /// takes a new image and starts over (a piece may have been lost).
+    pub snapshot_retry: Nanos,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether the ghost guard is on (NULL entries stamped with the new term and
@@ -377,6 +434,7 @@ impl OooConfig {
             max_batch: 256,
             max_batch_bytes: 128 << 10,
             catchup_rate: 0,
+            snapshot_retry: 2_000_000_000,
             seed: id,
             #[cfg(feature = "broken")]
             ghost_guard: true,
@@ -421,10 +479,13 @@ const HEAD_SAVE_EVERY: u64 = 1024;
 const APPLY_LIMIT: u64 = 1 << 24;
 
 impl Applier {
-    fn new(mode: Mode) -> Self {
+    /// Everything below `head` applied.
+    fn new(mode: Mode, head: Seq) -> Self {
         match mode {
-            Mode::Parallel { span } => Self::Parallel(ParallelApplier::new(span, 0, APPLY_LIMIT)),
-            Mode::Dependent => Self::Dependent(DepApplier::new(0, APPLY_LIMIT)),
+            Mode::Parallel { span } => {
+                Self::Parallel(ParallelApplier::new(span, head, APPLY_LIMIT))
+            }
+            Mode::Dependent => Self::Dependent(DepApplier::new(head, APPLY_LIMIT)),
         }
     }
 
@@ -515,6 +576,31 @@ struct Peer {
     /// computed.
     budget: u64,
     refilled: Nanos,
+    /// When the driver was last asked for an image for it (its head is below our base).
+    snap_asked: Option<Nanos>,
+    /// The image being streamed to it.
+    snap: Option<Outgoing>,
+}
+
+/// A state-machine image a leader streams to one follower.
+#[derive(Debug)]
+struct Outgoing {
+    base: Seq,
+    image: Vec<u8>,
+    /// Bytes sent.
+    sent: usize,
+    /// Every piece sent (an empty image is one empty piece).
+    finished: bool,
+    started: Nanos,
+}
+
+/// A state-machine image a follower is receiving.
+#[derive(Debug)]
+struct Incoming {
+    term: u64,
+    base: Seq,
+    total: u64,
+    buf: Vec<u8>,
 }
 
 /// Roughly the bytes an entry takes in a message (record bytes, sets and a fixed
@@ -570,6 +656,12 @@ pub struct OooStats {
     pub catchup_bytes: u64,
     /// Catch-up pieces held back by the rate limit.
     pub catchup_deferred: u64,
+    /// Compactions done ([`OooReplica::compact`]).
+    pub compactions: u64,
+    /// Images asked of the driver for followers behind the base.
+    pub snapshots_sent: u64,
+    /// Images installed from a leader.
+    pub snapshots_installed: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -597,6 +689,13 @@ pub struct OooReplica {
     /// New entries of this leader's term not sent yet: they go out together, in one
     /// message per follower, when the driver drains the actions.
     outbox: Vec<Entry>,
+    /// The image being received from the leader.
+    incoming: Option<Incoming>,
+    /// A received image waiting for the applies in flight to finish.
+    install: Option<(Seq, Vec<u8>)>,
+    /// The base of the image handed to the driver by [`Action::Install`], until
+    /// [`OooReplica::installed`].
+    installing: Option<Seq>,
     stats: OooStats,
 }
 
@@ -621,9 +720,13 @@ impl OooReplica {
                 )
             })
             .collect();
+        // Slots below the base are in the state machine's image; a compaction that
+        // crashed before rewriting the file leaves their entries behind.
+        let base = hard.base;
+        let mut log = log.split_off(&base);
         // The committed head is a lower bound; a slot missing below it (lost on disk)
         // lowers it to the hole.
-        let mut head = 0;
+        let mut head = base;
         while head < hard.committed_head && log.contains_key(&head) {
             head += 1;
         }
@@ -633,7 +736,7 @@ impl OooReplica {
         let quorum = cfg.voters.len() / 2 + 1;
         let mut r = Self {
             rng: Rng::new(cfg.seed ^ 0x00_0C0C),
-            applier: Applier::new(cfg.mode),
+            applier: Applier::new(cfg.mode, base),
             cfg,
             quorum,
             now,
@@ -654,6 +757,9 @@ impl OooReplica {
             actions: Vec::new(),
             apply_dirty: false,
             outbox: Vec::new(),
+            incoming: None,
+            install: None,
+            installing: None,
             stats: OooStats::default(),
         };
         r.reset_deadline();
@@ -787,6 +893,7 @@ impl OooReplica {
             last_term,
             last_seq,
             first_uncommitted: self.commits.head(),
+            base: self.hard.base,
         }
     }
 
@@ -866,6 +973,13 @@ impl OooReplica {
                 commits,
             } => self.on_append(from, term, start, entries, commits),
             Msg::Ack { term, seqs, head } => self.on_ack(from, term, seqs, head),
+            Msg::Snapshot {
+                term,
+                base,
+                offset,
+                total,
+                data,
+            } => self.on_snapshot(from, term, base, offset, total, data),
         }
         self.finish();
     }
@@ -1031,6 +1145,8 @@ impl OooReplica {
                             catching_up: false,
                             budget: 0,
                             refilled: self.now,
+                            snap_asked: None,
+                            snap: None,
                         },
                     )
                 })
@@ -1284,6 +1400,15 @@ impl OooReplica {
         self.save_hard();
         let mut seqs = Vec::with_capacity(entries.len());
         for e in entries {
+            // Below the base: committed, and held here in the state machine's durable
+            // image. A merging leader re-sends such slots (this replica may have granted
+            // its vote before compacting them); the merge decides a committed slot as
+            // its committed version, so the acknowledgement is true — and without it the
+            // merge could wait forever for a majority.
+            if e.seq < self.hard.base {
+                seqs.push((e.seq, e.eid));
+                continue;
+            }
             // A malformed entry is neither written nor acknowledged.
             if self.check_entry(&e).is_err() {
                 self.stats.refused += 1;
@@ -1393,6 +1518,12 @@ impl OooReplica {
         if peer.head >= self.commits.head() {
             peer.catching_up = false;
         }
+        if peer.head >= self.hard.base || peer.snap.as_ref().is_some_and(|o| head >= o.base) {
+            // Caught up with the log, or installed the image it was sent and still behind
+            // (this replica compacted again meanwhile): a fresh image, at once.
+            peer.snap = None;
+            peer.snap_asked = None;
+        }
         let catch_up = peer.catching_up && head >= peer.head;
         let h = peer.head;
         peer.acked = peer.acked.split_off(&h);
@@ -1405,7 +1536,9 @@ impl OooReplica {
         }
         if catch_up {
             let missing = self.missing_for(from);
-            if !missing.is_empty() && self.spend_catchup(from, &missing) {
+            if !missing.is_empty()
+                && self.spend_catchup(from, missing.iter().map(entry_bytes).sum())
+            {
                 self.actions.push(Action::Send {
                     to: from,
                     msg: Msg::Append {
@@ -1456,8 +1589,13 @@ impl OooReplica {
             }
             let mut sends = Vec::new();
             for p in self.peers() {
+                if self.snapshot_tick(p) {
+                    continue;
+                }
                 let missing = self.missing_for(p);
-                if !missing.is_empty() && self.spend_catchup(p, &missing) {
+                if !missing.is_empty()
+                    && self.spend_catchup(p, missing.iter().map(entry_bytes).sum())
+                {
                     sends.push((p, missing));
                 }
             }
@@ -1481,7 +1619,7 @@ impl OooReplica {
 
     /// Whether a piece for `p` fits its catch-up budget (charging it if so). Only a
     /// follower in streaming catch-up is limited: new appends and the merge are not.
-    fn spend_catchup(&mut self, p: NodeId, piece: &[Entry]) -> bool {
+    fn spend_catchup(&mut self, p: NodeId, need: u64) -> bool {
         // The bucket holds at most 100 ms of the rate (or two pieces, if more).
         let rate = self.cfg.catchup_rate;
         let (cap, now) = (
@@ -1491,7 +1629,7 @@ impl OooReplica {
         let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&p)) else {
             return false;
         };
-        if rate == 0 || !peer.catching_up {
+        if rate == 0 || !(peer.catching_up || peer.snap.is_some()) {
             return true;
         }
         let earned = (now.saturating_sub(peer.refilled) as u128 * rate as u128 / 1_000_000_000)
@@ -1500,7 +1638,6 @@ impl OooReplica {
             peer.budget = (peer.budget + earned).min(cap);
             peer.refilled = now;
         }
-        let need: u64 = piece.iter().map(entry_bytes).sum();
         // A piece larger than the cap (one huge entry) goes once the budget is full.
         if peer.budget >= need.min(cap) {
             peer.budget = peer.budget.saturating_sub(need);
@@ -1526,6 +1663,10 @@ impl OooReplica {
         let Some(peer) = lead.peers.get(&p) else {
             return Vec::new();
         };
+        if peer.head < self.hard.base && lead.merging.is_empty() {
+            // What it lacks first is compacted here: it gets an image ([`Self::snapshot_tick`]).
+            return Vec::new();
+        }
         let batch = self.cfg.max_batch.max(1);
         let merging = lead
             .merging
@@ -1559,6 +1700,310 @@ impl OooReplica {
         out
     }
 
+    /// The driver made its state machine durable after every slot below `upto` had been
+    /// applied (a checkpoint; PolarFS section 5.3: "all log entries before the checkpoint
+    /// are applied to data blocks and the checkpoint is allowed to contain some log
+    /// entries committed after the checkpoint"). Those slots are compacted: dropped here,
+    /// the new base saved, then an [`Action::Compact`] lets the driver drop them from its
+    /// file. `upto` is capped at the applied head; nothing happens while an image is being
+    /// installed.
+    ///
+    /// The image may hold effects of entries past `upto` (applied out of order); replaying
+    /// them after a restart writes the same values again in an order the apply rules
+    /// allow, so the state machine's writes must be blind (a block write, a put), as both
+    /// demo state machines' are.
+    pub fn compact(&mut self, now: Nanos, upto: Seq) {
+        self.now = self.now.max(now);
+        let upto = upto.min(self.applier.head());
+        if upto <= self.hard.base || self.install.is_some() || self.installing.is_some() {
+            return;
+        }
+        self.log = self.log.split_off(&upto);
+        self.hard.base = upto;
+        self.hard.committed_head = self.hard.committed_head.max(self.commits.head());
+        self.stats.compactions += 1;
+        self.save_hard();
+        let live = self.log.values().map(|s| s.entry.clone()).collect();
+        self.actions.push(Action::Compact { base: upto, live });
+        self.finish();
+    }
+
+    /// Every slot below this one is compacted ([`Hard::base`]).
+    pub fn base(&self) -> Seq {
+        self.hard.base
+    }
+
+    /// Leader: the image the driver took for follower `to` after an [`Action::Snapshot`].
+    /// It covers every slot below `base`, the applied head when the driver took it. It is
+    /// streamed in pieces of `max_batch_bytes` under the catch-up rate limit; the follower
+    /// installs it and continues from `base` with the log, which this replica still holds
+    /// from there on (an image whose base fell below a later compaction is dropped, and a
+    /// new one asked for at the next resend).
+    pub fn snapshot_ready(&mut self, now: Nanos, to: NodeId, base: Seq, image: Vec<u8>) {
+        self.now = self.now.max(now);
+        let (hard_base, applied, started) = (self.hard.base, self.applier.head(), self.now);
+        if let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&to)) {
+            if base >= hard_base && base <= applied && peer.head < base && peer.snap.is_none() {
+                peer.snap = Some(Outgoing {
+                    base,
+                    image,
+                    sent: 0,
+                    finished: false,
+                    started,
+                });
+                self.send_pieces(to);
+            } else {
+                peer.snap_asked = None;
+            }
+        }
+        self.finish();
+    }
+
+    /// Leader, at each resend: a follower whose first uncommitted slot is below our base
+    /// gets an image instead of entries. Asks the driver for one, streams the pieces the
+    /// budget allows, and starts over if the follower has not installed it `snapshot_retry`
+    /// after it began. Returns whether `p` is below the base.
+    fn snapshot_tick(&mut self, p: NodeId) -> bool {
+        let (now, base, retry) = (self.now, self.hard.base, self.cfg.snapshot_retry);
+        let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&p)) else {
+            return false;
+        };
+        if peer.head >= base {
+            return false;
+        }
+        if peer
+            .snap
+            .as_ref()
+            .is_some_and(|o| o.finished && now.saturating_sub(o.started) >= retry)
+        {
+            // Streamed and still not installed: a piece was lost, or the follower
+            // restarted. Take a fresh image.
+            peer.snap = None;
+            peer.snap_asked = None;
+        }
+        if peer.snap.is_none() {
+            if peer
+                .snap_asked
+                .is_none_or(|t| now.saturating_sub(t) >= retry)
+            {
+                peer.snap_asked = Some(now);
+                self.stats.snapshots_sent += 1;
+                self.actions.push(Action::Snapshot { to: p });
+            }
+            return true;
+        }
+        self.send_pieces(p);
+        true
+    }
+
+    /// Sends the pieces of `p`'s image that its catch-up budget covers.
+    fn send_pieces(&mut self, p: NodeId) {
+        let piece = self.cfg.max_batch_bytes.max(1);
+        let term = self.hard.term;
+        loop {
+            let Some(out) = self
+                .lead
+                .as_ref()
+                .and_then(|l| l.peers.get(&p))
+                .and_then(|x| x.snap.as_ref())
+            else {
+                return;
+            };
+            if out.finished {
+                return;
+            }
+            let end = (out.sent + piece).min(out.image.len());
+            if !self.spend_catchup(p, (end - out.sent) as u64 + 64) {
+                return;
+            }
+            let out = self
+                .lead
+                .as_mut()
+                .and_then(|l| l.peers.get_mut(&p))
+                .and_then(|x| x.snap.as_mut())
+                .expect("checked above");
+            let msg = Msg::Snapshot {
+                term,
+                base: out.base,
+                offset: out.sent as u64,
+                total: out.image.len() as u64,
+                data: out.image[out.sent..end].to_vec(),
+            };
+            out.sent = end;
+            out.finished = end == out.image.len();
+            self.actions.push(Action::Send { to: p, msg });
+        }
+    }
+
+    /// Follower: a piece of the leader's image. Pieces must arrive in order from offset
+    /// 0; a gap drops what was gathered (the leader starts over after `snapshot_retry`).
+    fn on_snapshot(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        base: Seq,
+        offset: u64,
+        total: u64,
+        data: Vec<u8>,
+    ) {
+        if term < self.hard.term {
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::Ack {
+                    term: self.hard.term,
+                    seqs: Vec::new(),
+                    head: self.commits.head(),
+                },
+            });
+            return;
+        }
+        if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
+            self.step_down(term, Some(from));
+        }
+        self.reset_deadline();
+        self.save_hard();
+        if base <= self.commits.head() || self.install.is_some() || self.installing.is_some() {
+            // The log from our head on does (or an image being installed will): say where
+            // we are, so the leader stops streaming.
+            self.incoming = None;
+            if self.install.is_none() && self.installing.is_none() {
+                self.actions.push(Action::Send {
+                    to: from,
+                    msg: Msg::Ack {
+                        term,
+                        seqs: Vec::new(),
+                        head: self.commits.head(),
+                    },
+                });
+            }
+            return;
+        }
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > total)
+        {
+            self.stats.refused += 1;
+            self.incoming = None;
+            return;
+        }
+        match &mut self.incoming {
+            _ if offset == 0 => {
+                self.incoming = Some(Incoming {
+                    term,
+                    base,
+                    total,
+                    buf: data,
+                })
+            }
+            Some(inc)
+                if inc.term == term
+                    && inc.base == base
+                    && inc.total == total
+                    && inc.buf.len() as u64 == offset =>
+            {
+                inc.buf.extend_from_slice(&data)
+            }
+            _ => {
+                self.incoming = None;
+                return;
+            }
+        }
+        if self
+            .incoming
+            .as_ref()
+            .is_some_and(|i| i.buf.len() as u64 == i.total)
+        {
+            let inc = self.incoming.take().expect("checked");
+            self.install = Some((inc.base, inc.buf));
+            self.try_install();
+        }
+    }
+
+    /// Hands a received image to the driver once no apply is in flight.
+    fn try_install(&mut self) {
+        if self.applying.is_empty() {
+            if let Some((base, image)) = self.install.take() {
+                self.installing = Some(base);
+                self.actions.push(Action::Install { base, image });
+            }
+        }
+    }
+
+    /// Follower: the driver installed the image of an [`Action::Install`] durably. Slots
+    /// below its base are dropped, the apply rules restart there (the slots from there on
+    /// that this replica holds committed are applied again: blind writes, see
+    /// [`Self::compact`]), the new base is saved and the leader learns our head.
+    ///
+    /// A pending append (a deposed leader's) at a slot below the base cannot learn which
+    /// entry committed there: it ends in [`Action::Unknown`].
+    pub fn installed(&mut self, now: Nanos, base: Seq) -> Result<(), OooError> {
+        self.now = self.now.max(now);
+        if self.installing != Some(base) {
+            return Err(OooError::Malformed {
+                seq: base,
+                detail: "installed without an Install action".into(),
+            });
+        }
+        self.installing = None;
+        self.stats.snapshots_installed += 1;
+        self.log = self.log.split_off(&base);
+        let kept = self.mine.split_off(&base);
+        for (seq, eid) in std::mem::replace(&mut self.mine, kept) {
+            self.actions.push(Action::Unknown { eid, seq });
+        }
+        let committed: Vec<Seq> = self
+            .log
+            .iter()
+            .filter(|(_, s)| s.committed)
+            .map(|(&s, _)| s)
+            .collect();
+        let mut w = CommitWindow::new(base);
+        for &s in &committed {
+            w.commit(s);
+        }
+        self.commits = w;
+        self.applier = Applier::new(self.cfg.mode, base);
+        for s in committed {
+            let e = self.log[&s].entry.clone();
+            if let Err(why) = self.applier.feed(&e) {
+                debug_assert!(false, "committed entry refused by the applier: {why}");
+            }
+        }
+        self.hard.base = base;
+        self.hard.committed_head = self.commits.head();
+        self.save_hard();
+        let live = self.log.values().map(|s| s.entry.clone()).collect();
+        self.actions.push(Action::Compact { base, live });
+        if let Some(l) = self.leader.filter(|_| self.lead.is_none()) {
+            self.actions.push(Action::Send {
+                to: l,
+                msg: Msg::Ack {
+                    term: self.hard.term,
+                    seqs: Vec::new(),
+                    head: self.commits.head(),
+                },
+            });
+        }
+        self.finish();
+        Ok(())
+    }
+
+    /// Follower: the driver could not install the image of an [`Action::Install`] (its
+    /// state machine refused it and kept its state). Applies resume; the leader sends a
+    /// new image after `snapshot_retry`.
+    pub fn install_failed(&mut self, now: Nanos, base: Seq) -> Result<(), OooError> {
+        self.now = self.now.max(now);
+        if self.installing != Some(base) {
+            return Err(OooError::Malformed {
+                seq: base,
+                detail: "install failure without an Install action".into(),
+            });
+        }
+        self.installing = None;
+        self.finish();
+        Ok(())
+    }
+
     /// Marks a slot this replica holds committed: observers, the applier, results.
     fn mark_committed(&mut self, s: Seq) {
         let Some(slot) = self.log.get_mut(&s) else {
@@ -1589,6 +2034,10 @@ impl OooReplica {
     }
 
     fn pump_apply(&mut self) {
+        if self.install.is_some() || self.installing.is_some() {
+            // The state machine is about to be replaced.
+            return;
+        }
         for s in self.applier.ready() {
             if self.applying.insert(s) {
                 let e = self.log[&s].entry.clone();
@@ -1606,6 +2055,7 @@ impl OooReplica {
             });
         }
         self.applier.applied(seq)?;
+        self.try_install();
         self.finish();
         Ok(())
     }
@@ -1637,30 +2087,57 @@ impl OooReplica {
 mod tests {
     use super::*;
 
-    /// Delivers every message at once, in order, with no faults; applies at once.
+    /// Delivers every message at once, in order, with no faults; applies at once to a
+    /// block map per node (the first block of each range gets the record).
     struct Net {
         nodes: BTreeMap<NodeId, OooReplica>,
         results: Vec<(NodeId, u64, Outcome)>,
         applied: BTreeMap<NodeId, Vec<Seq>>,
+        state: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>>,
         now: Nanos,
+    }
+
+    fn image(m: &BTreeMap<u64, Vec<u8>>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (k, v) in m {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+        out
+    }
+
+    fn restore(mut b: &[u8]) -> BTreeMap<u64, Vec<u8>> {
+        let mut m = BTreeMap::new();
+        while !b.is_empty() {
+            let k = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let n = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
+            m.insert(k, b[16..16 + n].to_vec());
+            b = &b[16 + n..];
+        }
+        m
     }
 
     impl Net {
         fn new(n: u64, mode: Mode) -> Self {
+            Self::with(n, mode, |_| {})
+        }
+
+        fn with(n: u64, mode: Mode, f: impl Fn(&mut OooConfig)) -> Self {
             let voters: Vec<NodeId> = (1..=n).collect();
             let nodes = voters
                 .iter()
                 .map(|&id| {
-                    (
-                        id,
-                        OooReplica::new(OooConfig::new(id, voters.clone(), mode), 0),
-                    )
+                    let mut cfg = OooConfig::new(id, voters.clone(), mode);
+                    f(&mut cfg);
+                    (id, OooReplica::new(cfg, 0))
                 })
                 .collect();
             Self {
                 nodes,
                 results: Vec::new(),
                 applied: BTreeMap::new(),
+                state: BTreeMap::new(),
                 now: 0,
             }
         }
@@ -1685,7 +2162,23 @@ mod tests {
                             }
                             Action::Apply(e) => {
                                 self.applied.entry(id).or_default().push(e.seq);
+                                if let Body::Parallel { ranges, data, .. } = &e.body {
+                                    let st = self.state.entry(id).or_default();
+                                    for rg in ranges {
+                                        st.insert(rg.start, data.clone());
+                                    }
+                                }
                                 r.applied(e.seq).expect("apply");
+                            }
+                            Action::Snapshot { to } => {
+                                let img = image(self.state.entry(id).or_default());
+                                r.snapshot_ready(self.now, to, r.applied_head(), img);
+                                progress = true;
+                            }
+                            Action::Install { base, image } => {
+                                self.state.insert(id, restore(&image));
+                                r.installed(self.now, base).expect("install");
+                                progress = true;
                             }
                             _ => {}
                         }
@@ -1710,6 +2203,69 @@ mod tests {
             self.run();
             assert!(self.nodes[&id].is_serving());
         }
+    }
+
+    #[test]
+    fn a_follower_behind_the_base_installs_the_leaders_image_and_continues() {
+        // Pieces of 64 bytes: the image goes in several.
+        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.max_batch_bytes = 64);
+        net.elect(1);
+        let cut = |f: NodeId, t: NodeId, _: &Msg| f != 3 && t != 3;
+        for i in 0..10u64 {
+            let d = Declared::Blocks(vec![BlockRange::new(i % 4, 1).unwrap()]);
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(net.now, d, vec![i as u8; 40])
+                .unwrap();
+            net.run_with(cut);
+        }
+        for id in [1, 2] {
+            let r = net.nodes.get_mut(&id).unwrap();
+            assert_eq!(r.applied_head(), 10);
+            r.compact(0, 10);
+            assert_eq!(r.base(), 10);
+            let acts = r.take_actions();
+            let save = acts
+                .iter()
+                .position(|a| matches!(a, Action::SaveHard(h) if h.base == 10));
+            let compact = acts
+                .iter()
+                .position(|a| matches!(a, Action::Compact { base: 10, live } if live.is_empty()));
+            assert!(
+                save.is_some() && compact.is_some() && save < compact,
+                "{acts:?}"
+            );
+        }
+        assert!(net.nodes[&3].applied_head() == 0);
+        // Node 3 is back: it is below the leader's base, so it gets the image, then the
+        // log from 10 on.
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        let d = Declared::Blocks(vec![BlockRange::new(7, 1).unwrap()]);
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(net.now, d, vec![99; 8])
+            .unwrap();
+        net.run();
+        let n3 = &net.nodes[&3];
+        assert_eq!(n3.stats().snapshots_installed, 1);
+        assert_eq!(n3.base(), 10);
+        assert_eq!(n3.applied_head(), 11);
+        assert_eq!(net.nodes[&1].stats().snapshots_sent, 1);
+        assert_eq!(net.state[&3], net.state[&1]);
+        assert_eq!(net.state[&1].len(), 5);
+        // Node 3 never applied the slots below the base: the image holds them.
+        assert_eq!(net.applied[&3], vec![10]);
+        // A candidate below a voter's base is refused: node 3 restarted from nothing
+        // cannot lead.
+        let fresh = OooReplica::new(
+            OooConfig::new(3, vec![1, 2, 3], Mode::Parallel { span: 2 }),
+            0,
+        );
+        assert!(!grants_vote(&net.nodes[&2].vote_log(), &fresh.vote_log()));
     }
 
     #[test]

@@ -1,0 +1,482 @@
+//! The demo state machines of out-of-order groups, with their checkpoints and images
+//! (`docs/formats.md`, "Demo state machine images").
+//!
+//! - **Block volume** (parallel groups): 4 KiB blocks in the sparse file `volume`, written
+//!   in place with `pwrite`. A checkpoint is an `fdatasync` of the file. Its image lists
+//!   the blocks that hold data (found with `SEEK_DATA`/`SEEK_HOLE`, all-zero blocks
+//!   skipped); installing one writes `volume.tmp`, syncs it and renames it over `volume`.
+//! - **Key-value store** (dependent groups, the WAL model): a map in memory. A checkpoint
+//!   writes its image to `kv.image` crash-atomically (`kv.image.tmp`, fsync, rename,
+//!   fsync the directory); at start the map is read back from there.
+//!
+//! Both only ever make blind writes, which the replica's replay from its base requires
+//! (`OooStateMachine`). Images are built in memory: this is a demo, sized for tests and
+//! benchmarks, not for a volume of terabytes.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
+
+use chorus_core::ooo::replica::{Body, Entry};
+use chorus_runtime::ooo::OooStateMachine;
+
+/// Bytes per block of a parallel group's volume.
+pub const BLOCK: u64 = 4096;
+/// Largest volume: 2^28 blocks (1 TiB, a sparse file).
+pub const MAX_BLOCKS: u64 = 1 << 28;
+/// Most blocks one `ReadBlocks` call returns.
+pub const MAX_READ_BLOCKS: u64 = 4096;
+
+/// Magic of a volume image ("COVI").
+const VOLUME_MAGIC: u32 = 0x4956_4F43;
+/// Magic of a key-value image ("COKV").
+const KV_MAGIC: u32 = 0x564B_4F43;
+
+fn bad(what: &str, detail: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{what}: {}", detail.into()),
+    )
+}
+
+/// Header `u32 magic | u32 version (1) | u64 count`, then the body, then a CRC32C of
+/// everything before it.
+fn seal(magic: u32, count: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + body.len() + 4);
+    out.extend_from_slice(&magic.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(body);
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Checks a sealed image and returns its count and body.
+fn open_seal<'a>(what: &str, magic: u32, b: &'a [u8]) -> io::Result<(u64, &'a [u8])> {
+    if b.len() < 20 {
+        return Err(bad(
+            what,
+            format!("{} bytes, shorter than a header", b.len()),
+        ));
+    }
+    let (head, crc) = b.split_at(b.len() - 4);
+    let want = u32::from_le_bytes(crc.try_into().expect("4"));
+    let have = crc32c::crc32c(head);
+    if want != have {
+        return Err(bad(
+            what,
+            format!("checksum {have:#010x}, expected {want:#010x}"),
+        ));
+    }
+    let m = u32::from_le_bytes(head[..4].try_into().expect("4"));
+    if m != magic {
+        return Err(bad(
+            what,
+            format!("magic {m:#010x}, expected {magic:#010x}"),
+        ));
+    }
+    let v = u32::from_le_bytes(head[4..8].try_into().expect("4"));
+    if v != 1 {
+        return Err(bad(what, format!("version {v}, only 1 is known")));
+    }
+    let count = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+    Ok((count, &head[16..]))
+}
+
+/// Writes `bytes` to `dir/name` crash-atomically.
+fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let f = std::fs::File::create(&tmp)?;
+    f.write_all_at(bytes, 0)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A demo state machine (see the module documentation).
+#[derive(Debug)]
+pub struct DemoState {
+    dir: PathBuf,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Volume(RwLock<std::fs::File>),
+    Kv(Mutex<HashMap<u64, Vec<u8>>>),
+}
+
+impl DemoState {
+    /// Opens (creating if needed) the block volume in `dir`.
+    pub fn volume(dir: &Path) -> io::Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("volume"))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            kind: Kind::Volume(RwLock::new(f)),
+        })
+    }
+
+    /// Opens the key-value store in `dir` from its last checkpoint (empty if none).
+    pub fn kv(dir: &Path) -> io::Result<Self> {
+        let path = dir.join("kv.image");
+        let map = match std::fs::read(&path) {
+            Ok(b) => decode_kv(&b).map_err(|e| bad(&path.display().to_string(), e.to_string()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => HashMap::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            kind: Kind::Kv(Mutex::new(map)),
+        })
+    }
+
+    fn file(&self) -> Option<std::sync::RwLockReadGuard<'_, std::fs::File>> {
+        match &self.kind {
+            Kind::Volume(f) => Some(f.read().unwrap_or_else(|p| p.into_inner())),
+            Kind::Kv(_) => None,
+        }
+    }
+
+    fn map(&self) -> Option<std::sync::MutexGuard<'_, HashMap<u64, Vec<u8>>>> {
+        match &self.kind {
+            Kind::Kv(m) => Some(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Kind::Volume(_) => None,
+        }
+    }
+
+    /// Reads `count` blocks from `start` (parallel groups).
+    pub fn read_blocks(&self, start: u64, count: u64) -> Result<Vec<u8>, String> {
+        let Some(f) = self.file() else {
+            return Err("not a parallel-mode group".into());
+        };
+        if count == 0 || count > MAX_READ_BLOCKS {
+            return Err(format!(
+                "count {count}: read 1 to {MAX_READ_BLOCKS} blocks per call"
+            ));
+        }
+        if start.checked_add(count).is_none_or(|e| e > MAX_BLOCKS) {
+            return Err(format!(
+                "blocks {start}+{count} are past the volume's {MAX_BLOCKS} blocks"
+            ));
+        }
+        let mut buf = vec![0u8; (count * BLOCK) as usize];
+        let len = f.metadata().map_err(|e| e.to_string())?.len();
+        let off = start * BLOCK;
+        if off < len {
+            let n = ((len - off) as usize).min(buf.len());
+            f.read_exact_at(&mut buf[..n], off)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(buf)
+    }
+
+    /// Looks keys up (dependent groups).
+    pub fn get_keys(&self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, String> {
+        let Some(m) = self.map() else {
+            return Err("not a dependent-mode group".into());
+        };
+        Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
+    }
+}
+
+impl OooStateMachine for DemoState {
+    fn apply(&self, e: &Entry) -> io::Result<()> {
+        match (&self.kind, &e.body) {
+            (Kind::Volume(_), Body::Parallel { ranges, data, .. }) => {
+                let f = self.file().expect("volume");
+                let mut at = 0usize;
+                for r in ranges {
+                    let n = ((r.end - r.start) * BLOCK) as usize;
+                    let chunk = data.get(at..at + n).ok_or_else(|| {
+                        bad(
+                            "volume",
+                            format!("slot {}: data shorter than its blocks", e.seq),
+                        )
+                    })?;
+                    f.write_all_at(chunk, r.start * BLOCK)?;
+                    at += n;
+                }
+                Ok(())
+            }
+            (
+                Kind::Kv(_),
+                Body::Dependent {
+                    write_set, data, ..
+                },
+            ) => {
+                let mut m = self.map().expect("kv");
+                for k in write_set {
+                    m.insert(*k, data.clone());
+                }
+                Ok(())
+            }
+            // NULL slots hold nothing; a body of the other mode cannot reach a replica of
+            // this mode (the replica refuses it on receipt).
+            _ => Ok(()),
+        }
+    }
+
+    fn checkpoint(&self) -> io::Result<()> {
+        match &self.kind {
+            Kind::Volume(_) => self.file().expect("volume").sync_data(),
+            Kind::Kv(_) => {
+                let image = self.image()?;
+                replace_file(&self.dir, "kv.image", &image)
+            }
+        }
+    }
+
+    fn image(&self) -> io::Result<Vec<u8>> {
+        match &self.kind {
+            Kind::Volume(_) => {
+                let f = self.file().expect("volume");
+                let (count, body) = volume_blocks(&f)?;
+                Ok(seal(VOLUME_MAGIC, count, &body))
+            }
+            Kind::Kv(_) => {
+                let m = self.map().expect("kv");
+                let mut keys: Vec<&u64> = m.keys().collect();
+                keys.sort_unstable();
+                let mut body = Vec::new();
+                for k in keys {
+                    let v = &m[k];
+                    body.extend_from_slice(&k.to_le_bytes());
+                    body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    body.extend_from_slice(v);
+                }
+                Ok(seal(KV_MAGIC, m.len() as u64, &body))
+            }
+        }
+    }
+
+    fn restore(&self, image: &[u8]) -> io::Result<()> {
+        match &self.kind {
+            Kind::Volume(lock) => {
+                let (count, body) = open_seal("volume image", VOLUME_MAGIC, image)?;
+                let rec = 8 + BLOCK as usize;
+                if body.len() as u64 != count.saturating_mul(rec as u64) {
+                    return Err(bad(
+                        "volume image",
+                        format!("{} body bytes for {count} blocks", body.len()),
+                    ));
+                }
+                let tmp = self.dir.join("volume.tmp");
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&tmp)?;
+                for r in body.chunks(rec) {
+                    let lba = u64::from_le_bytes(r[..8].try_into().expect("8"));
+                    if lba >= MAX_BLOCKS {
+                        return Err(bad(
+                            "volume image",
+                            format!("block {lba} is past the volume's {MAX_BLOCKS} blocks"),
+                        ));
+                    }
+                    f.write_all_at(&r[8..], lba * BLOCK)?;
+                }
+                f.sync_all()?;
+                // Swapped under the write lock: no apply runs during an install, and a
+                // read sees the old volume or the new one.
+                let mut cur = lock.write().unwrap_or_else(|p| p.into_inner());
+                std::fs::rename(&tmp, self.dir.join("volume"))?;
+                std::fs::File::open(&self.dir)?.sync_all()?;
+                *cur = f;
+                Ok(())
+            }
+            Kind::Kv(m) => {
+                let map = decode_kv(image)?;
+                replace_file(&self.dir, "kv.image", image)?;
+                *m.lock().unwrap_or_else(|p| p.into_inner()) = map;
+                Ok(())
+            }
+        }
+    }
+}
+
+fn decode_kv(b: &[u8]) -> io::Result<HashMap<u64, Vec<u8>>> {
+    let what = "key-value image";
+    let (count, mut body) = open_seal(what, KV_MAGIC, b)?;
+    if count > body.len() as u64 / 12 {
+        return Err(bad(what, format!("{count} keys in {} bytes", body.len())));
+    }
+    let mut m = HashMap::with_capacity(count as usize);
+    for i in 0..count {
+        if body.len() < 12 {
+            return Err(bad(what, format!("key {i} of {count} is cut short")));
+        }
+        let k = u64::from_le_bytes(body[..8].try_into().expect("8"));
+        let n = u32::from_le_bytes(body[8..12].try_into().expect("4")) as usize;
+        let v = body
+            .get(12..12 + n)
+            .ok_or_else(|| bad(what, format!("the value of key {k} is cut short")))?;
+        m.insert(k, v.to_vec());
+        body = &body[12 + n..];
+    }
+    if !body.is_empty() {
+        return Err(bad(
+            what,
+            format!("{} bytes after the last key", body.len()),
+        ));
+    }
+    Ok(m)
+}
+
+/// The blocks of the volume that hold data, as `u64 lba | 4096 bytes` records, with
+/// their count. Holes are skipped with `SEEK_DATA`/`SEEK_HOLE`, all-zero blocks too.
+fn volume_blocks(f: &std::fs::File) -> io::Result<(u64, Vec<u8>)> {
+    let len = f.metadata()?.len();
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut count = 0u64;
+    let mut pos: u64 = 0;
+    let mut block = vec![0u8; BLOCK as usize];
+    while pos < len {
+        // SAFETY: lseek on a descriptor this File owns; it only moves an offset the reads
+        // below do not use (they are positioned).
+        let mut data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        let mut hole = len as libc::off_t;
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENXIO) => break, // no data after pos
+                // A file system without SEEK_DATA: read everything from here.
+                Some(libc::EINVAL) => data = pos as libc::off_t,
+                _ => return Err(e),
+            }
+        } else {
+            // SAFETY: as above.
+            hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+            if hole < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let (first, end) = (data as u64 / BLOCK, (hole as u64).min(len).div_ceil(BLOCK));
+        for lba in first..end {
+            let n = f.read_at(&mut block, lba * BLOCK)?;
+            block[n..].fill(0);
+            if block.iter().any(|&x| x != 0) {
+                out.extend_from_slice(&lba.to_le_bytes());
+                out.extend_from_slice(&block);
+                count += 1;
+            }
+        }
+        pos = end * BLOCK;
+    }
+    Ok((count, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_core::ooo::parallel::BlockRange;
+    use chorus_core::ooo::replica::Body;
+
+    fn blocks(seq: u64, at: &[(u64, u8)]) -> Entry {
+        Entry {
+            seq,
+            term: 1,
+            start: 0,
+            eid: seq + 1,
+            body: Body::Parallel {
+                ranges: at
+                    .iter()
+                    .map(|&(b, _)| BlockRange::new(b, 1).unwrap())
+                    .collect(),
+                look_behind: vec![],
+                data: at.iter().flat_map(|&(_, x)| vec![x; 4096]).collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn the_volume_reads_back_what_was_applied_and_zeros_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = DemoState::volume(dir.path()).unwrap();
+        v.apply(&blocks(0, &[(3, 1), (1, 2)])).unwrap();
+        let b = v.read_blocks(0, 5).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 0));
+        assert!(b[4096..8192].iter().all(|&x| x == 2));
+        assert!(b[3 * 4096..4 * 4096].iter().all(|&x| x == 1));
+        assert!(b[4 * 4096..].iter().all(|&x| x == 0));
+        assert!(v.read_blocks(0, 0).is_err());
+        assert!(v.get_keys(&[1]).is_err());
+    }
+
+    #[test]
+    fn a_volume_image_carries_the_written_blocks_and_installs_elsewhere() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let va = DemoState::volume(a.path()).unwrap();
+        // Far apart: the scan must skip the hole between them.
+        va.apply(&blocks(0, &[(2, 7), (1 << 20, 9)])).unwrap();
+        va.apply(&blocks(1, &[(5, 0)])).unwrap(); // an all-zero block is not carried
+        let img = va.image().unwrap();
+        assert_eq!(img.len(), 16 + 2 * (8 + 4096) + 4);
+        let vb = DemoState::volume(b.path()).unwrap();
+        vb.apply(&blocks(0, &[(9, 3)])).unwrap(); // replaced by the image
+        vb.restore(&img).unwrap();
+        assert_eq!(vb.read_blocks(2, 1).unwrap(), vec![7; 4096]);
+        assert_eq!(vb.read_blocks(1 << 20, 1).unwrap(), vec![9; 4096]);
+        assert_eq!(vb.read_blocks(9, 1).unwrap(), vec![0; 4096]);
+        // It survives a reopen (it was renamed into place and synced).
+        drop(vb);
+        let vb = DemoState::volume(b.path()).unwrap();
+        assert_eq!(vb.read_blocks(2, 1).unwrap(), vec![7; 4096]);
+        // A damaged image is refused by name and the state kept.
+        let mut d = img.clone();
+        d[30] ^= 1;
+        let e = vb.restore(&d).unwrap_err().to_string();
+        assert!(e.contains("volume image: checksum"), "{e}");
+        assert_eq!(vb.read_blocks(1 << 20, 1).unwrap(), vec![9; 4096]);
+    }
+
+    #[test]
+    fn the_kv_store_checkpoints_reopens_and_refuses_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = DemoState::kv(dir.path()).unwrap();
+        let e = Entry {
+            seq: 0,
+            term: 1,
+            start: 0,
+            eid: 1,
+            body: Body::Dependent {
+                base: 0,
+                deps: Default::default(),
+                write_set: vec![4, 8],
+                data: b"v1".to_vec(),
+            },
+        };
+        kv.apply(&e).unwrap();
+        kv.checkpoint().unwrap();
+        let again = DemoState::kv(dir.path()).unwrap();
+        assert_eq!(
+            again.get_keys(&[4, 8, 9]).unwrap(),
+            vec![Some(b"v1".to_vec()), Some(b"v1".to_vec()), None]
+        );
+        let other = tempfile::tempdir().unwrap();
+        let kv2 = DemoState::kv(other.path()).unwrap();
+        kv2.restore(&kv.image().unwrap()).unwrap();
+        assert_eq!(kv2.get_keys(&[8]).unwrap(), vec![Some(b"v1".to_vec())]);
+        let mut d = std::fs::read(dir.path().join("kv.image")).unwrap();
+        let n = d.len();
+        d[n - 1] ^= 0xff;
+        std::fs::write(dir.path().join("kv.image"), &d).unwrap();
+        let err = DemoState::kv(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("kv.image") && err.contains("checksum"),
+            "{err}"
+        );
+        assert!(decode_kv(&d[..10]).is_err());
+    }
+}
