@@ -71,7 +71,7 @@ fn a_seed_replays_exactly() {
 /// liveness check of `clean`).
 #[test]
 fn rate_limited_catch_up_bites_and_still_finishes() {
-    for (mode, seed) in [(Mode::Parallel { span: 2 }, 1089), (Mode::Dependent, 1249)] {
+    for (mode, seed) in [(Mode::Parallel { span: 2 }, 1089), (Mode::Dependent, 1005)] {
         clean(mode, seed..seed + 1);
         let o = OooOptions {
             mode,
@@ -85,4 +85,44 @@ fn rate_limited_catch_up_bites_and_still_finishes() {
         );
         assert!(r.stats["catchup_limited_bytes"] > 0);
     }
+}
+
+/// Compaction and images: on two seeds in three the nodes checkpoint and compact, so
+/// followers fall behind a leader's base and install its image. Kept from development:
+/// dependent seed 133 never finished a merge (a voter compacted the merged slots after
+/// granting its vote and never acknowledged them), 1049 left both followers waiting
+/// `snapshot_retry` for every image while the leader compacted past each one.
+#[test]
+fn compaction_and_images_seeds() {
+    for (mode, seed) in [
+        (Mode::Dependent, 133),
+        (Mode::Dependent, 1049),
+        (Mode::Parallel { span: 2 }, 1000),
+        (Mode::Parallel { span: 2 }, 1001),
+    ] {
+        clean(mode, seed..seed + 1);
+        let o = OooOptions {
+            mode,
+            ..OooOptions::default()
+        };
+        let r = run_seed(seed, &o);
+        assert!(
+            r.stats.get("checkpoints").copied().unwrap_or(0) > 0,
+            "{:?}",
+            r.stats
+        );
+        assert!(
+            r.stats.get("compactions").copied().unwrap_or(0) > 0,
+            "{:?}",
+            r.stats
+        );
+        assert!(
+            r.stats.get("images_installed").copied().unwrap_or(0) > 0,
+            "{mode:?} seed {seed}: {:?}",
+            r.stats
+        );
+    }
+    // Seeds divisible by 3 do not compact: the paths without a base stay covered.
+    let r = run_seed(999, &OooOptions::default());
+    assert_eq!(r.stats.get("checkpoints"), None, "{:?}", r.stats);
 }
