@@ -25,14 +25,19 @@
 //! what was queued (the protocol retransmits) and is redialled.
 //!
 //! **Checkpoints and compaction.** When the entries file passes `compact_bytes`, the
-//! driver reads the replica's applied head, has the state machine make everything
+//! driver reads how far the replica may compact ([`OooReplica::compactable`]: the applied
+//! head, on a leader no further than its live followers' heads, unless the file reached
+//! four times its bound), has the state machine make everything
 //! applied durable ([`OooStateMachine::checkpoint`], on a helper thread), and then tells
 //! the replica, which saves the new base and lets the IO thread rewrite the file with the
 //! live tail only. A follower behind a leader's base gets the leader's
 //! [`OooStateMachine::image`] in pieces (PolarFS section 5.3) and installs it with
 //! [`OooStateMachine::restore`], again off the driver thread.
 //!
-//! Not done yet (issue 6): no TLS on this transport.
+//! With [`OooNodeConfig::tls`] every connection is mutual TLS with the same files and
+//! rules as the ordered transport (`crate::transport`): both ends present certificates
+//! of the cluster's CA and the dialling side checks the server name; a peer that fails
+//! the handshake is closed before it can send a byte of protocol.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -84,6 +89,8 @@ pub struct OooNodeConfig {
     /// Checkpoint the state machine and compact the entries file once it holds this many
     /// bytes (0: never).
     pub compact_bytes: u64,
+    /// Mutual TLS on every replication connection (None: plain TCP).
+    pub tls: Option<crate::transport::TlsFiles>,
 }
 
 /// The state machine of an out-of-order group, as [`OooNode`] drives it.
@@ -128,6 +135,9 @@ pub enum OooNodeError {
     /// The listener could not be used.
     #[error("replication listener: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS files could not be loaded.
+    #[error(transparent)]
+    Tls(crate::Error),
 }
 
 /// What the driver reports about its replica.
@@ -311,6 +321,12 @@ impl OooNode {
         listener: TcpListener,
         sm: Arc<dyn OooStateMachine>,
     ) -> Result<Self, OooNodeError> {
+        let tls = match &cfg.tls {
+            Some(f) => Some(Arc::new(
+                crate::transport::load_tls(f).map_err(OooNodeError::Tls)?,
+            )),
+            None => None,
+        };
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
         let mut log_bytes = store.len();
@@ -330,9 +346,9 @@ impl OooNode {
         // Inbound connections.
         listener.set_nonblocking(true)?;
         {
-            let (tx, stop, group) = (tx.clone(), stop.clone(), cfg.group);
+            let (tx, stop, group, tls) = (tx.clone(), stop.clone(), cfg.group, tls.clone());
             threads.push(std::thread::spawn(move || {
-                accept_loop(listener, group, tx, stop)
+                accept_loop(listener, group, tls, tx, stop)
             }));
         }
         // Apply workers: they take released entries from one queue and report each
@@ -364,8 +380,9 @@ impl OooNode {
             let (ptx, prx) = mpsc::channel::<Vec<u8>>();
             let (stop, hello) = (stop.clone(), (cfg.id, cfg.group));
             let jitter = cfg.link_jitter.filter(|j| j.0 == p).map(|j| j.1);
+            let tls = tls.clone();
             threads.push(std::thread::spawn(move || {
-                writer_loop(hello, a, prx, stop, jitter)
+                writer_loop(hello, a, tls, prx, stop, jitter)
             }));
             peers.insert(p, ptx);
         }
@@ -482,8 +499,13 @@ impl OooNode {
                 }
                 replica.tick(now());
                 // Checkpoint, then compact, once the entries file passed its bound and
-                // something applied is not compacted yet.
-                let upto = replica.applied_head();
+                // something applied is not compacted yet: up to what every live follower
+                // has, unless the file grew to four times its bound.
+                let upto = if log_bytes >= compact_bytes.saturating_mul(4) {
+                    replica.applied_head()
+                } else {
+                    replica.compactable()
+                };
                 if compact_bytes > 0
                     && !checkpointing
                     && log_bytes >= compact_bytes
@@ -748,13 +770,17 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     f
 }
 
-fn accept_loop(listener: TcpListener, group: u64, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
+type Tls = Option<Arc<crate::transport::Tls>>;
+
+fn accept_loop(listener: TcpListener, group: u64, tls: Tls, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
     let mut readers = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
-                let (tx, stop) = (tx.clone(), stop.clone());
-                readers.push(std::thread::spawn(move || reader_loop(s, group, tx, stop)));
+                let (tx, stop, tls) = (tx.clone(), stop.clone(), tls.clone());
+                readers.push(std::thread::spawn(move || {
+                    reader_loop(s, group, tls, tx, stop)
+                }));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(5));
@@ -772,9 +798,47 @@ fn accept_loop(listener: TcpListener, group: u64, tx: Sender<Ev>, stop: Arc<Atom
 
 /// Reads frames from one inbound connection until it breaks or a frame is bad (the
 /// connection is then closed: the sender redials, and the protocol retransmits).
-fn reader_loop(mut s: TcpStream, group: u64, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
-    let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+/// Completes a TLS handshake within `limit` (the socket may have a short read timeout).
+fn handshake<C, D>(
+    st: &mut rustls::StreamOwned<C, TcpStream>,
+    limit: Duration,
+) -> std::io::Result<()>
+where
+    C: std::ops::DerefMut + std::ops::Deref<Target = rustls::ConnectionCommon<D>>,
+    D: rustls::SideData,
+{
+    let end = Instant::now() + limit;
+    while st.conn.is_handshaking() {
+        match st.conn.complete_io(&mut st.sock) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && Instant::now() < end => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn reader_loop(tcp: TcpStream, group: u64, tls: Tls, tx: Sender<Ev>, stop: Arc<AtomicBool>) {
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut s: Box<dyn Read + Send> = match tls {
+        Some(t) => {
+            let Ok(conn) = rustls::ServerConnection::new(t.server.clone()) else {
+                return;
+            };
+            let mut st = rustls::StreamOwned::new(conn, tcp);
+            if let Err(e) = handshake(&mut st, Duration::from_secs(10)) {
+                tracing::warn!(error = %e, "out-of-order connection refused: TLS handshake failed");
+                return;
+            }
+            Box::new(st)
+        }
+        None => Box::new(tcp),
+    };
     let mut buf: Vec<u8> = Vec::new();
     let mut from: Option<NodeId> = None;
     let mut chunk = vec![0u8; 64 << 10];
@@ -851,11 +915,12 @@ fn reader_loop(mut s: TcpStream, group: u64, tx: Sender<Ev>, stop: Arc<AtomicBoo
 fn writer_loop(
     (me, group): (NodeId, u64),
     addr: SocketAddr,
+    tls: Tls,
     rx: Receiver<Vec<u8>>,
     stop: Arc<AtomicBool>,
     jitter: Option<Duration>,
 ) {
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<Box<dyn Write + Send>> = None;
     let mut rng = chorus_core::rng::Rng::new(me ^ addr.port() as u64);
     while !stop.load(Ordering::Relaxed) {
         let first = match rx.recv_timeout(Duration::from_millis(50)) {
@@ -872,22 +937,46 @@ fn writer_loop(
             out.extend_from_slice(&more);
         }
         if conn.is_none() {
-            match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let mut hello = me.to_le_bytes().to_vec();
+            hello.extend_from_slice(&group.to_le_bytes());
+            match dial(addr, tls.as_deref()) {
                 Ok(mut s) => {
-                    let _ = s.set_nodelay(true);
-                    let mut hello = me.to_le_bytes().to_vec();
-                    hello.extend_from_slice(&group.to_le_bytes());
-                    if s.write_all(&hello).is_ok() {
+                    if s.write_all(&hello).and_then(|()| s.flush()).is_ok() {
                         conn = Some(s);
                     }
                 }
-                Err(_) => continue, // dropped: the protocol resends
+                Err(e) => {
+                    tracing::debug!(%addr, error = %e, "out-of-order dial failed");
+                    continue; // dropped: the protocol resends
+                }
             }
         }
         if let Some(s) = conn.as_mut() {
-            if s.write_all(&out).is_err() {
+            if s.write_all(&out).and_then(|()| s.flush()).is_err() {
                 conn = None;
             }
         }
     }
+}
+
+/// Dials a peer (with TLS, completing the handshake within 5 s, so a refused certificate
+/// shows here and a silent peer cannot hold the writer).
+fn dial(
+    addr: SocketAddr,
+    tls: Option<&crate::transport::Tls>,
+) -> std::io::Result<Box<dyn Write + Send>> {
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+    tcp.set_nodelay(true)?;
+    tcp.set_write_timeout(Some(Duration::from_secs(5)))?;
+    Ok(match tls {
+        Some(t) => {
+            tcp.set_read_timeout(Some(Duration::from_millis(100)))?;
+            let conn = rustls::ClientConnection::new(t.client.clone(), t.name.clone())
+                .map_err(std::io::Error::other)?;
+            let mut st = rustls::StreamOwned::new(conn, tcp);
+            handshake(&mut st, Duration::from_secs(5))?;
+            Box::new(st)
+        }
+        None => Box::new(tcp),
+    })
 }

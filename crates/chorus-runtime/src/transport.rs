@@ -170,10 +170,12 @@ impl Conn {
     }
 }
 
-struct Tls {
-    server: Arc<rustls::ServerConfig>,
-    client: Arc<rustls::ClientConfig>,
-    name: rustls::pki_types::ServerName<'static>,
+/// Loaded TLS material: the server and client configurations of mutual TLS and the name
+/// every node's certificate carries. Shared with the out-of-order transport.
+pub(crate) struct Tls {
+    pub(crate) server: Arc<rustls::ServerConfig>,
+    pub(crate) client: Arc<rustls::ClientConfig>,
+    pub(crate) name: rustls::pki_types::ServerName<'static>,
 }
 
 struct Shared {
@@ -688,7 +690,7 @@ fn reader(s: &Arc<Shared>, tcp: TcpStream) -> Result<(), ReadError> {
     }
 }
 
-fn load_tls(files: &TlsFiles) -> Result<Tls, Error> {
+pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, Error> {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let bad = |what: &str, detail: String| Error::Config {
         setting: "tls".into(),

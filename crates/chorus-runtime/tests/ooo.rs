@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Entry, Mode};
 use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStateMachine};
+use chorus_runtime::transport::TlsFiles;
 use chorus_runtime::Outcome;
+
+mod common;
 
 /// A map in memory with a "durable" copy that survives a stop (the last checkpoint or
 /// installed image): a stopped node restarts from it, as from its disk.
@@ -90,10 +93,16 @@ struct Cluster {
     addrs: Vec<std::net::SocketAddr>,
     nodes: Vec<Option<OooNode>>,
     states: Vec<State>,
+    /// Each node's TLS files (none: plain TCP).
+    tls: Vec<Option<TlsFiles>>,
 }
 
 impl Cluster {
     fn new(mode: Mode) -> Self {
+        Self::with_tls(mode, vec![None, None, None])
+    }
+
+    fn with_tls(mode: Mode, tls: Vec<Option<TlsFiles>>) -> Self {
         let listeners: Vec<TcpListener> = (0..3)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
@@ -104,6 +113,7 @@ impl Cluster {
             addrs,
             nodes: Vec::new(),
             states: (0..3).map(|_| State::default()).collect(),
+            tls,
         };
         for (i, l) in listeners.into_iter().enumerate() {
             let n = c.start(i, l);
@@ -130,6 +140,7 @@ impl Cluster {
             apply_threads: i,
             catchup_rate: 0,
             compact_bytes: 8 << 10,
+            tls: self.tls[i].clone(),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()
     }
@@ -259,4 +270,55 @@ fn parallel_mode_replicates_over_tcp_and_survives_a_leader_restart() {
 #[test]
 fn dependent_mode_replicates_over_tcp_and_survives_a_leader_restart() {
     run(Mode::Dependent);
+}
+
+/// Mutual TLS on the out-of-order transport: nodes 1 and 2 hold certificates of the
+/// cluster's CA and replicate; node 3's certificate is from another CA, so its handshakes
+/// are refused both ways and it never receives an entry.
+#[test]
+fn out_of_order_groups_replicate_over_mutual_tls_and_refuse_a_stranger() {
+    let root = tempfile::tempdir().unwrap();
+    let (good, evil) = (common::ca(), common::ca());
+    let tls = (1..=3)
+        .map(|n| {
+            let authority = if n == 3 { &evil } else { &good };
+            Some(common::node_files(root.path(), authority, n))
+        })
+        .collect();
+    let c = Cluster::with_tls(Mode::Parallel { span: 2 }, tls);
+    let l = c.leader();
+    assert_ne!(l, 2, "the stranger cannot lead");
+    c.append_many(0, 50);
+    let other = 1 - l;
+    let t0 = Instant::now();
+    let want = c.nodes[l]
+        .as_ref()
+        .unwrap()
+        .status()
+        .unwrap()
+        .committed_head;
+    while c.nodes[other]
+        .as_ref()
+        .unwrap()
+        .status()
+        .unwrap()
+        .applied_head
+        < want
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no replication over TLS"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        *c.states[other].live.lock().unwrap(),
+        *c.states[l].live.lock().unwrap()
+    );
+    let s3 = c.nodes[2].as_ref().unwrap().status().unwrap();
+    assert_eq!(
+        s3.counters.msgs_in, 0,
+        "the stranger received messages: {s3:?}"
+    );
+    assert_eq!(s3.applied_head, 0);
 }

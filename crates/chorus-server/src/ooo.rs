@@ -256,6 +256,8 @@ pub struct OooSettings {
     pub catchup_rate: u64,
     /// Checkpoint and compact a group's entries file past this many bytes (0: never).
     pub compact_bytes: u64,
+    /// Mutual TLS on every group's replication connections (None: plain TCP).
+    pub tls: Option<chorus_runtime::transport::TlsFiles>,
 }
 
 /// The node's out-of-order groups.
@@ -326,12 +328,6 @@ impl OooGroups {
             }
         }
         Ok(me)
-    }
-
-    /// Whether `dir` (a node's `DATA_DIR/ooo`) holds any out-of-order group.
-    pub fn any_in(dir: &Path) -> bool {
-        std::fs::read_dir(dir)
-            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("group.toml").exists())))
     }
 
     /// Group ids.
@@ -424,6 +420,7 @@ impl OooGroups {
                 apply_threads: self.settings.apply_threads,
                 catchup_rate: self.settings.catchup_rate,
                 compact_bytes: self.settings.compact_bytes,
+                tls: self.settings.tls.clone(),
             },
             listener,
             state.clone(),
@@ -616,6 +613,12 @@ impl OooGroups {
 mod tests {
     use super::*;
 
+    /// Whether `dir` (a node's `DATA_DIR/ooo`) holds any out-of-order group's spec.
+    fn any_in(dir: &Path) -> bool {
+        std::fs::read_dir(dir)
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("group.toml").exists())))
+    }
+
     fn spec(mode: &str, voters: &[u64], replicas: &[(u64, &str)]) -> GroupSpec {
         let mut g = GroupSpec::ordered(5, voters.to_vec(), vec![]);
         g.mode = mode.into();
@@ -708,12 +711,13 @@ mod tests {
             apply_threads: 0,
             catchup_rate: 0,
             compact_bytes: 0,
+            tls: None,
         })
         .unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
         let e = groups.create(g).unwrap_err().to_string();
         assert!(e.contains(&format!("listen {addr}")), "{e}");
-        assert!(!OooGroups::any_in(&dir.path().join("ooo")));
+        assert!(!any_in(&dir.path().join("ooo")));
         assert!(groups.ids().is_empty());
         // A free port works, is found on disk, and reopens.
         drop(taken);
@@ -729,7 +733,7 @@ mod tests {
             groups.create(other),
             Err(OooGroupError::Exists(5))
         ));
-        assert!(OooGroups::any_in(&dir.path().join("ooo")));
+        assert!(any_in(&dir.path().join("ooo")));
         groups.shutdown();
         let again = OooGroups::open(OooSettings {
             node: 1,
@@ -738,6 +742,7 @@ mod tests {
             apply_threads: 0,
             catchup_rate: 0,
             compact_bytes: 0,
+            tls: None,
         })
         .unwrap();
         assert_eq!(again.ids(), vec![5]);

@@ -94,10 +94,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_writer(std::io::stderr)
         .init();
     let ooo_dir = cfg.data_dir.join("ooo");
-    let has_ooo = cfg.groups.iter().any(|g| !g.is_ordered()) || OooGroups::any_in(&ooo_dir);
-    if has_ooo && cfg.tls.is_some() {
-        return Err("out-of-order groups have no TLS transport yet: with [tls] set, use ordered groups only (docs/operations.md)".into());
-    }
+    let ooo_tls = env_cfg.tls.clone();
     let env = Env::open(env_cfg)?;
     let ooo = Arc::new(OooGroups::open(OooSettings {
         node: cfg.node,
@@ -108,6 +105,8 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         apply_threads: cfg.out_of_order.apply_threads.min(64),
         catchup_rate: cfg.out_of_order.catchup_bytes_per_sec,
         compact_bytes: cfg.out_of_order.compact_bytes,
+        // The same mutual TLS as the ordered transport, on every group's connections.
+        tls: ooo_tls,
     })?);
     for g in &cfg.groups {
         if !g.is_ordered() {

@@ -90,7 +90,7 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::Stopped => Status::unavailable(msg),
         // The append may have committed or failed: the caller must look (UNKNOWN).
         E::Unknown { .. } => Status::unknown(msg),
-        E::Storage(_) | E::Io(_) => Status::internal(msg),
+        E::Storage(_) | E::Io(_) | E::Tls(_) => Status::internal(msg),
     }
 }
 

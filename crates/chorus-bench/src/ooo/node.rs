@@ -182,6 +182,7 @@ pub fn start(
                 catchup_rate: 0,
                 // The ordered runtime's log is not truncated during a run either.
                 compact_bytes: 0,
+                tls: None,
             };
             let node =
                 OooNode::start(cfg, l, rec).map_err(|e| format!("node {}: start: {e}", o.id))?;

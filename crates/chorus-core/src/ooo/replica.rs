@@ -1733,6 +1733,27 @@ impl OooReplica {
         self.hard.base
     }
 
+    /// How far a checkpoint taken now may let [`Self::compact`] go without sending anyone
+    /// an image: the applied head, and on a leader no further than the first uncommitted
+    /// slot of any follower heard from within the election timeout (followers learn
+    /// commits a message later than the leader, so compacting to the leader's own head
+    /// would send every follower an image at every compaction). A follower that is not
+    /// heard from does not hold compaction back; it gets an image when it returns. A
+    /// driver short of space may compact to the applied head regardless (PolarFS section
+    /// 5.3 keeps entries "until short of resource or some threshold reached").
+    pub fn compactable(&self) -> Seq {
+        let applied = self.applier.head();
+        let Some(lead) = self.lead.as_ref() else {
+            return applied;
+        };
+        let timeout = self.cfg.election_timeout;
+        lead.peers
+            .values()
+            .filter(|p| self.now.saturating_sub(p.heard) < timeout)
+            .map(|p| p.head)
+            .fold(applied, Seq::min)
+    }
+
     /// Leader: the image the driver took for follower `to` after an [`Action::Snapshot`].
     /// It covers every slot below `base`, the applied head when the driver took it. It is
     /// streamed in pieces of `max_batch_bytes` under the catch-up rate limit; the follower
@@ -2220,6 +2241,10 @@ mod tests {
                 .unwrap();
             net.run_with(cut);
         }
+        // The leader heard node 3 lately (at its election): compacting now would send it an
+        // image, so `compactable` holds back at its head; a follower has no one to wait for.
+        assert_eq!(net.nodes[&1].compactable(), 0);
+        assert_eq!(net.nodes[&2].compactable(), 10);
         for id in [1, 2] {
             let r = net.nodes.get_mut(&id).unwrap();
             assert_eq!(r.applied_head(), 10);
