@@ -1369,6 +1369,32 @@ impl OooReplica {
         }
     }
 
+    /// A message from a leader of `term`: a stale one is answered with our term (so it
+    /// steps down) and refused; otherwise we follow it.
+    fn follow(&mut self, from: NodeId, term: u64) -> bool {
+        if term < self.hard.term {
+            self.send_head(from);
+            return false;
+        }
+        if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
+            self.step_down(term, Some(from));
+        }
+        self.reset_deadline();
+        true
+    }
+
+    /// An acknowledgement of nothing, carrying our term and first uncommitted slot.
+    fn send_head(&mut self, to: NodeId) {
+        self.actions.push(Action::Send {
+            to,
+            msg: Msg::Ack {
+                term: self.hard.term,
+                seqs: Vec::new(),
+                head: self.commits.head(),
+            },
+        });
+    }
+
     fn on_append(
         &mut self,
         from: NodeId,
@@ -1377,21 +1403,9 @@ impl OooReplica {
         entries: Vec<Entry>,
         window: CommitWindow,
     ) {
-        if term < self.hard.term {
-            self.actions.push(Action::Send {
-                to: from,
-                msg: Msg::Ack {
-                    term: self.hard.term,
-                    seqs: Vec::new(),
-                    head: self.commits.head(),
-                },
-            });
+        if !self.follow(from, term) {
             return;
         }
-        if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
-            self.step_down(term, Some(from));
-        }
-        self.reset_deadline();
         if self.hard.leader_start.0 < term {
             // Saved before the acknowledgement below: from now on this replica reports
             // older versions from `start` on as superseded.
@@ -1867,35 +1881,16 @@ impl OooReplica {
         total: u64,
         data: Vec<u8>,
     ) {
-        if term < self.hard.term {
-            self.actions.push(Action::Send {
-                to: from,
-                msg: Msg::Ack {
-                    term: self.hard.term,
-                    seqs: Vec::new(),
-                    head: self.commits.head(),
-                },
-            });
+        if !self.follow(from, term) {
             return;
         }
-        if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
-            self.step_down(term, Some(from));
-        }
-        self.reset_deadline();
         self.save_hard();
         if base <= self.commits.head() || self.install.is_some() || self.installing.is_some() {
             // The log from our head on does (or an image being installed will): say where
             // we are, so the leader stops streaming.
             self.incoming = None;
             if self.install.is_none() && self.installing.is_none() {
-                self.actions.push(Action::Send {
-                    to: from,
-                    msg: Msg::Ack {
-                        term,
-                        seqs: Vec::new(),
-                        head: self.commits.head(),
-                    },
-                });
+                self.send_head(from);
             }
             return;
         }
@@ -1996,14 +1991,7 @@ impl OooReplica {
         let live = self.log.values().map(|s| s.entry.clone()).collect();
         self.actions.push(Action::Compact { base, live });
         if let Some(l) = self.leader.filter(|_| self.lead.is_none()) {
-            self.actions.push(Action::Send {
-                to: l,
-                msg: Msg::Ack {
-                    term: self.hard.term,
-                    seqs: Vec::new(),
-                    head: self.commits.head(),
-                },
-            });
+            self.send_head(l);
         }
         self.finish();
         Ok(())
