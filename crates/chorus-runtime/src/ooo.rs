@@ -465,7 +465,14 @@ impl OooNode {
                         Ev::Checkpointed(upto) => {
                             checkpointing = false;
                             c.checkpoints += 1;
+                            let before = replica.base();
                             replica.compact(now(), upto);
+                            if replica.base() > before {
+                                // The file is rewritten next; its size is known again
+                                // when the IO thread reports. Until then, no second
+                                // checkpoint on the old size.
+                                log_bytes = 0;
+                            }
                         }
                         Ev::Image { to, base, image } => {
                             c.images += 1;

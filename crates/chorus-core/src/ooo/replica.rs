@@ -1729,7 +1729,13 @@ impl OooReplica {
     pub fn compact(&mut self, now: Nanos, upto: Seq) {
         self.now = self.now.max(now);
         let upto = upto.min(self.applier.head());
-        if upto <= self.hard.base || self.install.is_some() || self.installing.is_some() {
+        // Not while an image is coming in either: its base could fall below ours, and
+        // installing it would then take the state back.
+        if upto <= self.hard.base
+            || self.incoming.is_some()
+            || self.install.is_some()
+            || self.installing.is_some()
+        {
             return;
         }
         self.log = self.log.split_off(&upto);
