@@ -3,24 +3,30 @@
 //! serving before the merge completes, serial equivalence, liveness after healing).
 
 use chorus_core::ooo::replica::Mode;
-use chorus_sim::ooo::{run_seed, OooOptions};
+use chorus_sim::ooo::{run_seed, OooOptions, OooReport};
 
-fn clean(mode: Mode, seeds: std::ops::Range<u64>) {
+/// Runs one seed, which must be clean and commit something; returns its report.
+fn clean_seed(mode: Mode, seed: u64) -> OooReport {
     let o = OooOptions {
         mode,
         ..OooOptions::default()
     };
+    let r = run_seed(seed, &o);
+    assert!(
+        r.violations.is_empty(),
+        "{mode:?} seed {seed}: {:#?}",
+        r.violations
+    );
+    assert!(
+        r.stats.get("committed").copied().unwrap_or(0) > 0,
+        "seed {seed} committed nothing"
+    );
+    r
+}
+
+fn clean(mode: Mode, seeds: std::ops::Range<u64>) {
     for seed in seeds {
-        let r = run_seed(seed, &o);
-        assert!(
-            r.violations.is_empty(),
-            "{mode:?} seed {seed}: {:#?}",
-            r.violations
-        );
-        assert!(
-            r.stats.get("committed").copied().unwrap_or(0) > 0,
-            "seed {seed} committed nothing"
-        );
+        clean_seed(mode, seed);
     }
 }
 
@@ -72,12 +78,7 @@ fn a_seed_replays_exactly() {
 #[test]
 fn rate_limited_catch_up_bites_and_still_finishes() {
     for (mode, seed) in [(Mode::Parallel { span: 2 }, 1089), (Mode::Dependent, 1005)] {
-        clean(mode, seed..seed + 1);
-        let o = OooOptions {
-            mode,
-            ..OooOptions::default()
-        };
-        let r = run_seed(seed, &o);
+        let r = clean_seed(mode, seed);
         assert!(
             r.stats["catchup_deferred"] > 0,
             "{mode:?} seed {seed}: {:?}",
@@ -100,12 +101,7 @@ fn compaction_and_images_seeds() {
         (Mode::Parallel { span: 2 }, 1000),
         (Mode::Parallel { span: 2 }, 1001),
     ] {
-        clean(mode, seed..seed + 1);
-        let o = OooOptions {
-            mode,
-            ..OooOptions::default()
-        };
-        let r = run_seed(seed, &o);
+        let r = clean_seed(mode, seed);
         assert!(
             r.stats.get("checkpoints").copied().unwrap_or(0) > 0,
             "{:?}",

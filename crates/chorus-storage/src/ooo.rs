@@ -191,26 +191,7 @@ impl OooStore {
     /// Replaces the hard state crash-atomically.
     pub fn save_hard(&mut self, h: &Hard) -> Result<()> {
         self.check()?;
-        let tmp = self.dir.join(HARD_TMP);
-        let dst = self.dir.join(HARD);
-        let r = (|| {
-            let f = self
-                .fs
-                .open(&tmp, OpenOptions::create())
-                .map_err(io(&tmp, "open"))?;
-            f.set_len(0).map_err(io(&tmp, "truncate"))?;
-            f.write_all_at(&encode_hard(h), 0)
-                .map_err(io(&tmp, "write"))?;
-            f.sync_data().map_err(io(&tmp, "fdatasync"))?;
-            self.fs.rename(&tmp, &dst).map_err(io(&dst, "rename"))?;
-            self.fs
-                .sync_dir(&self.dir)
-                .map_err(io(&self.dir, "fsync dir"))
-        })();
-        if let Err(e) = &r {
-            self.failed = Some(e.to_string());
-        }
-        r
+        self.replace(HARD_TMP, HARD, &encode_hard(h)).map(drop)
     }
 
     /// Rewrites the entries file to hold only `live` (the latest version of every slot
@@ -219,37 +200,37 @@ impl OooStore {
     /// file whole.
     pub fn compact(&mut self, live: &[Entry]) -> Result<()> {
         self.sync()?;
-        let tmp = self.dir.join(ENTRIES_TMP);
-        let dst = self.dir.join(ENTRIES);
-        let r = (|| -> Result<(Box<dyn FsFile>, u64)> {
+        let mut bytes = Vec::new();
+        for e in live {
+            bytes.extend_from_slice(&encode_entry(e));
+        }
+        self.file = self.replace(ENTRIES_TMP, ENTRIES, &bytes)?;
+        self.end = bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `bytes` to `tmp`, syncs it, renames it over `dst` and syncs the directory;
+    /// returns the file. A failure fails the store (what reached the disk is unknown).
+    fn replace(&mut self, tmp: &str, dst: &str, bytes: &[u8]) -> Result<Box<dyn FsFile>> {
+        let (tmp, dst) = (self.dir.join(tmp), self.dir.join(dst));
+        let r = (|| -> Result<Box<dyn FsFile>> {
             let f = self
                 .fs
                 .open(&tmp, OpenOptions::create())
                 .map_err(io(&tmp, "open"))?;
             f.set_len(0).map_err(io(&tmp, "truncate"))?;
-            let mut bytes = Vec::new();
-            for e in live {
-                bytes.extend_from_slice(&encode_entry(e));
-            }
-            f.write_all_at(&bytes, 0).map_err(io(&tmp, "write"))?;
+            f.write_all_at(bytes, 0).map_err(io(&tmp, "write"))?;
             f.sync_data().map_err(io(&tmp, "fdatasync"))?;
             self.fs.rename(&tmp, &dst).map_err(io(&dst, "rename"))?;
             self.fs
                 .sync_dir(&self.dir)
                 .map_err(io(&self.dir, "fsync dir"))?;
-            Ok((f, bytes.len() as u64))
+            Ok(f)
         })();
-        match r {
-            Ok((f, end)) => {
-                self.file = f;
-                self.end = end;
-                Ok(())
-            }
-            Err(e) => {
-                self.failed = Some(e.to_string());
-                Err(e)
-            }
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
         }
+        r
     }
 
     /// Bytes of the entries file (synced part).

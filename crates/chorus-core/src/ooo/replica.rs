@@ -1959,14 +1959,7 @@ impl OooReplica {
     /// A pending append (a deposed leader's) at a slot below the base cannot learn which
     /// entry committed there: it ends in [`Action::Unknown`].
     pub fn installed(&mut self, now: Nanos, base: Seq) -> Result<(), OooError> {
-        self.now = self.now.max(now);
-        if self.installing != Some(base) {
-            return Err(OooError::Malformed {
-                seq: base,
-                detail: "installed without an Install action".into(),
-            });
-        }
-        self.installing = None;
+        self.install_reported(now, base)?;
         self.stats.snapshots_installed += 1;
         self.log = self.log.split_off(&base);
         let kept = self.mine.split_off(&base);
@@ -2007,15 +2000,21 @@ impl OooReplica {
     /// state machine refused it and kept its state). Applies resume; the leader sends a
     /// new image after `snapshot_retry`.
     pub fn install_failed(&mut self, now: Nanos, base: Seq) -> Result<(), OooError> {
+        self.install_reported(now, base)?;
+        self.finish();
+        Ok(())
+    }
+
+    /// The driver reports on the [`Action::Install`] of `base`: refused if there is none.
+    fn install_reported(&mut self, now: Nanos, base: Seq) -> Result<(), OooError> {
         self.now = self.now.max(now);
         if self.installing != Some(base) {
             return Err(OooError::Malformed {
                 seq: base,
-                detail: "install failure without an Install action".into(),
+                detail: "an install reported without an Install action".into(),
             });
         }
         self.installing = None;
-        self.finish();
         Ok(())
     }
 
