@@ -11,7 +11,7 @@
 //! everything after it until it is filled (the paper: "the maximum size of a log hole
 //! permitted").
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::{OooError, Seq};
 
@@ -110,6 +110,8 @@ struct Slot {
     ranges: Vec<BlockRange>,
     committed: bool,
     applied: bool,
+    /// Returned by [`ParallelApplier::take_ready`] (being applied).
+    returned: bool,
 }
 
 /// A replica's apply side: which committed entries may apply now, with holes.
@@ -126,6 +128,24 @@ pub struct ParallelApplier {
     committed_missing: BTreeSet<Seq>,
     /// Safety valve: entries held beyond `head + limit` are refused.
     limit: u64,
+    /// Incremental readiness for [`ParallelApplier::take_ready`]: its cost follows what
+    /// changed, not how many entries are held. A full walk per call made a follower whose
+    /// apply fell behind spend more on each message the further behind it was, until it
+    /// never caught up (measured: 46% of a lagging follower's CPU in the walk, 16,000
+    /// entries behind, at 256 clients).
+    ///
+    /// The ranges of every unapplied held entry and every known hole, by slot.
+    busy: Busy,
+    /// Holes (slots in `head..=top held` not held) whose ranges are unknown.
+    unknown: BTreeSet<Seq>,
+    /// Entries to check at the next call: newly committed, or woken.
+    candidates: BTreeSet<Seq>,
+    /// Committed entries found waiting, by the slot they wait on (the first unknown hole
+    /// before them, or an unapplied slot before them writing a block of theirs). Only a
+    /// change of that slot — held, applied, skipped, its ranges learned — can release
+    /// them, so only then are they checked again: a hot block's queue of conflicting
+    /// writes costs one check per apply, not a walk of the queue.
+    waiting: HashMap<Seq, Vec<Seq>>,
 }
 
 impl ParallelApplier {
@@ -139,6 +159,10 @@ impl ParallelApplier {
             known: BTreeMap::new(),
             committed_missing: BTreeSet::new(),
             limit,
+            busy: Busy::default(),
+            unknown: BTreeSet::new(),
+            candidates: BTreeSet::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -195,20 +219,70 @@ impl ParallelApplier {
         for (i, r) in e.look_behind.iter().enumerate() {
             let p = e.seq - 1 - i as u64;
             if p >= self.head && !self.held.contains_key(&p) {
-                self.known.insert(p, r.clone());
+                match self.known.insert(p, r.clone()) {
+                    Some(old) if old == *r => continue,
+                    Some(old) => self.busy.remove(p, &old),
+                    None => {}
+                }
+                self.busy.add(p, r);
+                self.unknown.remove(&p);
+                self.wake(p);
             }
         }
-        self.known.remove(&e.seq);
+        if let Some(old) = self.known.remove(&e.seq) {
+            self.busy.remove(e.seq, &old);
+        }
         let committed = self.committed_missing.remove(&e.seq);
+        self.busy.add(e.seq, &e.ranges);
+        self.hold(e.seq);
         self.held.insert(
             e.seq,
             Slot {
                 ranges: e.ranges.clone(),
                 committed,
                 applied: false,
+                returned: false,
             },
         );
+        if committed {
+            self.candidates.insert(e.seq);
+        }
+        // A filled hole may release entries after it.
+        self.wake(e.seq);
         Ok(())
+    }
+
+    /// Bookkeeping of the holes when `seq` becomes held: it is no longer one, and the
+    /// slots between the previous top and it are.
+    fn hold(&mut self, seq: Seq) {
+        self.unknown.remove(&seq);
+        let from = match self.held.keys().next_back() {
+            Some(&top) => top + 1,
+            None => self.head,
+        };
+        for g in from.max(self.head)..seq {
+            if !self.known.contains_key(&g) {
+                self.unknown.insert(g);
+            }
+        }
+    }
+
+    /// `seq` changed: what waited on it is checked again.
+    fn wake(&mut self, seq: Seq) {
+        if let Some(w) = self.waiting.remove(&seq) {
+            self.candidates.extend(w);
+        }
+    }
+
+    /// What a committed, held entry `p` writing `ranges` waits on, if anything: the
+    /// nearest unknown hole before it, else the nearest slot before it writing one of its
+    /// blocks. The nearest, so a queue of writes to one hot block waits in a chain (each
+    /// apply wakes one entry) rather than all on its first (each apply waking all).
+    fn blocker(&self, p: Seq, ranges: &[BlockRange]) -> Option<Seq> {
+        if let Some(&h) = self.unknown.range(..p).next_back() {
+            return Some(h);
+        }
+        self.busy.nearest_before(ranges, p)
     }
 
     /// The leader says `seq` is committed (from its commit window).
@@ -217,7 +291,12 @@ impl ParallelApplier {
             return;
         }
         match self.held.get_mut(&seq) {
-            Some(s) => s.committed = true,
+            Some(s) => {
+                if !s.committed {
+                    s.committed = true;
+                    self.candidates.insert(seq);
+                }
+            }
             None => {
                 self.committed_missing.insert(seq);
             }
@@ -253,12 +332,39 @@ impl ParallelApplier {
         out
     }
 
+    /// Committed entries that became ready since the last call, ascending: the same rule
+    /// as [`ParallelApplier::ready`], each entry returned once, at a cost that follows
+    /// what changed since the last call rather than the number of entries held.
+    pub fn take_ready(&mut self) -> Vec<Seq> {
+        let mut out = Vec::new();
+        for p in std::mem::take(&mut self.candidates) {
+            let Some(s) = self.held.get(&p) else { continue };
+            if s.applied || s.returned || !s.committed {
+                continue;
+            }
+            if let Some(b) = self.blocker(p, &s.ranges) {
+                self.waiting.entry(b).or_default().push(p);
+                continue;
+            }
+            self.held.get_mut(&p).expect("held").returned = true;
+            out.push(p);
+        }
+        out
+    }
+
     /// Records that `seq` (one of [`ParallelApplier::ready`]) was applied.
     pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
         match self.held.get_mut(&seq) {
-            Some(s) if s.committed => s.applied = true,
+            Some(s) if s.committed && !s.applied => {
+                s.applied = true;
+                let ranges = std::mem::take(&mut s.ranges);
+                self.busy.remove(seq, &ranges);
+                self.held.get_mut(&seq).expect("held").ranges = ranges;
+            }
+            Some(s) if s.committed => {}
             _ => return Err(OooError::not_applicable(seq)),
         }
+        self.wake(seq);
         self.advance();
         Ok(())
     }
@@ -270,16 +376,25 @@ impl ParallelApplier {
             return Ok(());
         }
         self.in_range(seq)?;
+        if let Some(old) = self.held.get(&seq).filter(|s| !s.applied) {
+            self.busy.remove(seq, &old.ranges.clone());
+        }
+        if let Some(old) = self.known.remove(&seq) {
+            self.busy.remove(seq, &old);
+        }
+        self.hold(seq);
         self.held.insert(
             seq,
             Slot {
                 ranges: Vec::new(),
                 committed: true,
                 applied: true,
+                returned: true,
             },
         );
-        self.known.remove(&seq);
         self.committed_missing.remove(&seq);
+        self.candidates.remove(&seq);
+        self.wake(seq);
         self.advance();
         Ok(())
     }
@@ -299,9 +414,68 @@ impl ParallelApplier {
     fn advance(&mut self) {
         while self.held.get(&self.head).is_some_and(|s| s.applied) {
             self.held.remove(&self.head);
-            self.known.remove(&self.head);
+            if let Some(old) = self.known.remove(&self.head) {
+                self.busy.remove(self.head, &old);
+            }
+            self.candidates.remove(&self.head);
             self.head += 1;
         }
+    }
+}
+
+/// The block ranges of slots, for "does any slot before `p` write a block of these
+/// ranges": keyed by (start, slot), with the longest range seen bounding how far back a
+/// lookup starts. Ranges are small in practice (a write's blocks), so a lookup touches
+/// the ranges near its own.
+#[derive(Clone, Debug, Default)]
+struct Busy {
+    by_start: BTreeMap<(u64, Seq), u64>,
+    /// Longest range added since the index was last empty.
+    longest: u64,
+}
+
+impl Busy {
+    fn add(&mut self, seq: Seq, ranges: &[BlockRange]) {
+        for r in ranges {
+            self.longest = self.longest.max(r.end - r.start);
+            self.by_start.insert((r.start, seq), r.end);
+        }
+    }
+
+    fn remove(&mut self, seq: Seq, ranges: &[BlockRange]) {
+        for r in ranges {
+            self.by_start.remove(&(r.start, seq));
+        }
+        if self.by_start.is_empty() {
+            self.longest = 0;
+        }
+    }
+
+    /// The last slot before `p` writing a block of `ranges`, if any.
+    fn nearest_before(&self, ranges: &[BlockRange], p: Seq) -> Option<Seq> {
+        let mut best: Option<Seq> = None;
+        for r in ranges {
+            // A range overlapping r starts before r.end, and at r.start + 1 - longest or
+            // later (it ends after r.start). Per start, the slots come in ascending
+            // order: look at the last ones before `p` only.
+            let mut next = (r.start + 1).saturating_sub(self.longest);
+            while let Some((&(start, _), _)) = self.by_start.range((next, 0)..(r.end, 0)).next() {
+                for (&(_, s), &end) in self.by_start.range((start, 0)..(start, p)).rev() {
+                    if best.is_some_and(|b| s <= b) {
+                        break;
+                    }
+                    if end > r.start {
+                        best = Some(s);
+                        break;
+                    }
+                }
+                match start.checked_add(1) {
+                    Some(n) => next = n,
+                    None => break,
+                }
+            }
+        }
+        best
     }
 }
 
@@ -428,6 +602,63 @@ mod tests {
     }
 
     proptest! {
+        /// `take_ready` against the full walk of `ready`, the rule's reference: after
+        /// any sequence of arrivals (with holes longer and shorter than the span),
+        /// commits, skips and applies, the entries `take_ready` has returned and that are
+        /// not applied yet are exactly those `ready` lists; and everything applies.
+        #[test]
+        fn take_ready_returns_exactly_what_ready_lists(
+            writes in proptest::collection::vec((0u64..24, 1u64..4, 1usize..3), 1..40),
+            ops in proptest::collection::vec((0u8..6, any::<u16>()), 0..200),
+            span in 1usize..4,
+        ) {
+            let mut lb = LookBehind::new(span, 0);
+            let entries: Vec<Stamped> = writes
+                .iter()
+                .map(|&(s, l, k)| {
+                    let rs = (0..k as u64).map(|i| r(s + 30 * i, l)).collect();
+                    lb.stamp(rs).unwrap()
+                })
+                .collect();
+            let n = entries.len();
+            let mut ap = ParallelApplier::new(span, 0, 64);
+            let mut out: BTreeSet<Seq> = BTreeSet::new();
+            let check = |ap: &mut ParallelApplier, out: &mut BTreeSet<Seq>| {
+                for s in ap.take_ready() {
+                    assert!(out.insert(s), "slot {s} returned twice");
+                }
+                let want: BTreeSet<Seq> = ap.ready().into_iter().collect();
+                assert_eq!(*out, want);
+            };
+            for (op, x) in ops {
+                let i = x as usize % n;
+                match op {
+                    0 | 1 => { let _ = ap.insert(&entries[i]); }
+                    2 => ap.commit(i as Seq),
+                    3 => {
+                        if let Some(&s) = out.iter().nth(x as usize % out.len().max(1)) {
+                            out.remove(&s);
+                            ap.applied(s).unwrap();
+                        }
+                    }
+                    4 => check(&mut ap, &mut out),
+                    // A merge decides a slot holds nothing (never one being applied).
+                    _ => if !out.contains(&(i as Seq)) { ap.skip(i as Seq).unwrap() },
+                }
+            }
+            check(&mut ap, &mut out);
+            for e in &entries {
+                let _ = ap.insert(e);
+                ap.commit(e.seq);
+            }
+            loop {
+                check(&mut ap, &mut out);
+                let Some(s) = out.pop_first() else { break };
+                ap.applied(s).unwrap();
+            }
+            prop_assert_eq!(ap.head(), n as u64);
+        }
+
         /// Whatever order entries arrive, commit and apply in, as long as every applied
         /// entry was `ready`, the blocks end up exactly as a serial application in
         /// sequence order leaves them; and every entry applies once all have arrived.

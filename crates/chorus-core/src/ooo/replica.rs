@@ -537,10 +537,11 @@ impl Applier {
         }
     }
 
-    fn ready(&self) -> Vec<Seq> {
+    /// Entries released since the last call (each once).
+    fn take_ready(&mut self) -> Vec<Seq> {
         match self {
-            Self::Parallel(a) => a.ready(),
-            Self::Dependent(a) => a.ready(),
+            Self::Parallel(a) => a.take_ready(),
+            Self::Dependent(a) => a.take_ready(),
         }
     }
 
@@ -773,8 +774,9 @@ impl OooReplica {
     }
 
     /// Drains the actions produced so far. The apply rules are consulted here, once per
-    /// drain rather than once per input: their walk is linear in the entries committed
-    /// but not applied, and a driver that feeds many inputs before draining pays it once.
+    /// drain rather than once per input, and incrementally: a drain checks the entries
+    /// committed or released since the last one, not everything held
+    /// ([`ParallelApplier::take_ready`], [`DepApplier::take_ready`]).
     ///
     /// New appends are sent here too: every entry appended since the last drain goes to
     /// each follower in one message (after the writes of those entries in the list), so a
@@ -2052,7 +2054,7 @@ impl OooReplica {
             // The state machine is about to be replaced.
             return;
         }
-        for s in self.applier.ready() {
+        for s in self.applier.take_ready() {
             if self.applying.insert(s) {
                 let e = self.log[&s].entry.clone();
                 self.actions.push(Action::Apply(e));
