@@ -3,14 +3,16 @@
 //!
 //! One driver thread owns the replica; one IO thread owns its store. The driver takes
 //! every queued event, lets the replica react and hands the writes (and hard-state saves)
-//! of that batch to the IO thread in order; the acknowledgements, votes, results and
-//! applies of the batch wait until the IO thread reports it — and every batch before it —
-//! durable, so nothing is acknowledged, voted or reported before what it depends on is on
-//! disk. Meanwhile the driver goes on taking events: its rounds overlap the syncs, and the
-//! IO thread puts every batch queued while it synced into one `fdatasync` (group commit).
-//! A leader's appends to followers leave at once (the replica's documented exception), and
-//! the replica counts the leader's own copy of a slot only when the driver reports it
-//! durable ([`OooReplica::persisted`]).
+//! of that batch to the IO thread in order; the acknowledgements and votes of the batch
+//! wait until the IO thread reports it — and every batch before it — durable, so nothing
+//! is acknowledged or voted before what it depends on is on disk. Meanwhile the driver goes
+//! on taking events: its rounds overlap the syncs, and the IO thread puts every batch
+//! queued while it synced into one `fdatasync` (group commit). A leader's appends to
+//! followers leave at once (the replica's first documented exception), and the replica
+//! counts the leader's own copy of a slot only when the driver reports it durable
+//! ([`OooReplica::persisted`]). Results leave at once too (the second exception: an
+//! outcome rests on durable copies only), and an apply waits for its own entry's write
+//! only, not for the other writes of its batch.
 //!
 //! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
 //! independent entries in parallel): the replica only releases together entries that do
@@ -406,6 +408,9 @@ impl OooNode {
             // Batches whose actions wait for their writes (and every earlier batch's).
             let mut pending: std::collections::VecDeque<Pending> = Default::default();
             let (mut next_id, mut synced_upto) = (0u64, 0u64);
+            // Slots whose latest write is not known durable yet, with its batch: an
+            // Apply of any other slot runs at once (its entry is on disk already).
+            let mut unsynced: HashMap<u64, u64> = HashMap::new();
             while !stop2.load(Ordering::Relaxed) && !failed {
                 // Take every event already queued (up to a bound) before draining the
                 // replica: their writes go to the IO thread as one batch.
@@ -536,6 +541,11 @@ impl OooNode {
                         .is_some_and(|p| !p.io || p.id <= synced_upto)
                     {
                         let p = pending.pop_front().expect("front");
+                        for w in &p.written {
+                            if unsynced.get(&w.0) == Some(&p.id) {
+                                unsynced.remove(&w.0);
+                            }
+                        }
                         if !p.written.is_empty() {
                             replica.persisted(now(), &p.written);
                         }
@@ -564,10 +574,12 @@ impl OooNode {
                     let mut ops = Vec::new();
                     let mut written = Vec::new();
                     let mut waiting = Vec::new();
+                    let id = next_id + 1;
                     for a in actions {
                         match a {
                             Action::Write(e) => {
                                 c.writes += 1;
+                                unsynced.insert(e.seq, id);
                                 written.push((e.seq, e.eid, e.term));
                                 ops.push(IoOp::Write(e));
                             }
@@ -580,6 +592,35 @@ impl OooNode {
                                 to,
                                 msg: msg @ Msg::Append { .. },
                             } => send(&peers, &mut c, to, &msg),
+                            // Outcomes rest on durable copies only (the replica's second
+                            // exception): the writer hears at once, not after this
+                            // batch's fsync of other appends. An Apply waits for its own
+                            // entry's write only (the state machine must never hold what
+                            // this disk could lose), not for other entries' writes.
+                            a @ (Action::Result { .. } | Action::Unknown { .. }) => run_actions(
+                                vec![a],
+                                &Ctx {
+                                    peers: &peers,
+                                    pool: pool.then_some(&work_tx),
+                                    sm: &sm,
+                                    events: &ev_tx,
+                                },
+                                &mut waiters,
+                                &mut c,
+                                &mut replica,
+                            ),
+                            Action::Apply(e) if !unsynced.contains_key(&e.seq) => run_actions(
+                                vec![Action::Apply(e)],
+                                &Ctx {
+                                    peers: &peers,
+                                    pool: pool.then_some(&work_tx),
+                                    sm: &sm,
+                                    events: &ev_tx,
+                                },
+                                &mut waiters,
+                                &mut c,
+                                &mut replica,
+                            ),
                             other => waiting.push(other),
                         }
                     }
@@ -588,7 +629,7 @@ impl OooNode {
                     }
                     // A batch without writes behind an empty queue runs at the top of
                     // the next round.
-                    next_id += 1;
+                    next_id = id;
                     let io = !ops.is_empty();
                     if io && io_tx.send((next_id, ops)).is_err() {
                         failed = true;

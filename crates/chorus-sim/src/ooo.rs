@@ -446,11 +446,15 @@ impl Sim {
 
     fn execute(&mut self, id: NodeId, a: Action, applies: &mut Vec<Entry>) {
         // A leader's Append may leave before the writes ahead of it are synced (the
-        // replica's one exception, so the leader's fsync overlaps its followers'); a
-        // crash cut right after it loses those writes while a follower has them.
+        // replica's first exception, so the leader's fsync overlaps its followers'); a
+        // crash cut right after it loses those writes while a follower has them. Results
+        // likewise (the second exception: an outcome rests on durable copies only); the
+        // checker then holds every Committed result to the entry surviving such a cut.
         let overlaps = matches!(
             a,
             Action::Write(_)
+                | Action::Result { .. }
+                | Action::Unknown { .. }
                 | Action::Send {
                     msg: Msg::Append { .. },
                     ..

@@ -17,6 +17,15 @@
 //! decided that way. The simulator runs its drivers with this exception, crashing between
 //! the send and the sync.
 //!
+//! A second exception: an [`Action::Result`] or [`Action::Unknown`] may be executed
+//! before the writes ahead of it are synced. An outcome depends on no write of this
+//! replica that is not yet durable: a slot is committed only from durable copies (a
+//! follower acknowledges after its sync, the leader counts its own copy from
+//! [`OooReplica::persisted`], a follower learns commits from such a leader's window), and
+//! whether the committed entry is this append's is read off that committed version. So a
+//! leader tells its writer as soon as a majority has the entry, not one local fsync of
+//! unrelated appends later. The simulator runs its drivers with this exception too.
+//!
 //! # Protocol
 //!
 //! * **Entries** occupy slots numbered by [`Seq`]. Each carries the term of the leader
