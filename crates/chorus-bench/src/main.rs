@@ -372,13 +372,6 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// mimalloc, as the `chorus` server binary uses: every system measured here (the ordered
-/// runtime and the out-of-order nodes, in this process and in the replica children) runs
-/// on the allocator production runs on. glibc's malloc/free were ~15% of the leader
-/// process's CPU in `perf` of the 256-client out-of-order point.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> AnyResult<()> {
     match Cli::parse().cmd {
         Cmd::Storage {
