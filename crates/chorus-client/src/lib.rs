@@ -358,6 +358,26 @@ impl Client {
         .await
     }
 
+    /// Reads committed entries of out-of-order `group` from slot `from_seq` on, in slot
+    /// order, from any replica that answers (each serves its own committed prefix).
+    pub async fn read_out_of_order(
+        &mut self,
+        group: u64,
+        from_seq: u64,
+        max_records: u32,
+    ) -> Result<pb::ReadOutOfOrderResponse, ClientError> {
+        self.on_any(|mut c| async move {
+            c.read_out_of_order(pb::ReadOutOfOrderRequest {
+                group,
+                from_seq,
+                max_records,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+    }
+
     /// Streams committed records of `group` from `from_lsn`, waiting for new ones.
     pub async fn tail(
         &mut self,

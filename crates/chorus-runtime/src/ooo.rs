@@ -55,7 +55,8 @@ use std::time::{Duration, Instant};
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
 use chorus_core::ooo::replica::{
-    Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReplica, OooStats,
+    Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReadError, OooReplica,
+    OooStats,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -198,6 +199,16 @@ pub struct OooCounters {
     pub base: u64,
 }
 
+/// Committed entries read from a replica ([`OooNode::read`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OooRead {
+    /// The entries, in slot order from the slot asked for, contiguous.
+    pub entries: Vec<Entry>,
+    /// The replica's first slot not known committed when read: a reader that reached it
+    /// has read everything committed here so far.
+    pub committed_head: u64,
+}
+
 /// The final result of an append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OooResult {
@@ -214,6 +225,8 @@ enum Ev {
     Append(Declared, Vec<u8>, Reply),
     Applied(u64),
     Status(Sender<OooStatus>),
+    /// Committed entries from a slot on (at most a count), with the committed head.
+    Read(u64, usize, Sender<Result<OooRead, OooReadError>>),
     /// The IO thread made every batch up to this one durable, with this many fdatasyncs;
     /// the entries file is `len` bytes.
     Synced {
@@ -458,6 +471,14 @@ impl OooNode {
                                 counters: c,
                             });
                         }
+                        Ev::Read(from, max, reply) => {
+                            let _ = reply.send(replica.read_committed(from, max).map(
+                                |entries| OooRead {
+                                    entries,
+                                    committed_head: replica.committed_head(),
+                                },
+                            ));
+                        }
                         Ev::Synced { upto, syncs, len } => {
                             c.syncs += syncs;
                             synced_upto = upto;
@@ -698,6 +719,15 @@ impl OooNode {
             }
             rx.await.map_err(|_| OooNodeError::Stopped)?
         }
+    }
+
+    /// Committed entries of this replica from slot `from` on, at most `max`, in slot order:
+    /// the committed prefix (see [`OooReplica::read_committed`]). Entries are read from
+    /// memory by the driver thread; `None` if the node stopped.
+    pub fn read(&self, from: u64, max: usize) -> Option<Result<OooRead, OooReadError>> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Ev::Read(from, max, tx)).ok()?;
+        rx.recv_timeout(Duration::from_secs(5)).ok()
     }
 
     /// The replica's status, or `None` if the node stopped.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chorus_client::pb;
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{Declared, Mode, OooAppendError};
+use chorus_core::ooo::replica::{Body, Declared, Mode, OooAppendError};
 use chorus_core::replica::{AppendError, ChangeError, Role};
 use chorus_runtime::{Env, Error, MembershipChange, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +18,45 @@ use crate::ooo::{check_record, OooGroup, OooGroups};
 
 /// Largest batch of records in one `Append` call.
 pub const MAX_APPEND_BATCH: usize = 10_000;
+
+/// Record bytes after which a `ReadOutOfOrder` response stops (well inside gRPC's 4 MiB
+/// default message bound with the metadata).
+const READ_OOO_BYTES: usize = 2 << 20;
+
+/// An out-of-order entry as `ReadOutOfOrder` returns it.
+fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> pb::OutOfOrderEntry {
+    let mut out = pb::OutOfOrderEntry {
+        seq: e.seq,
+        term: e.term,
+        null: e.is_null(),
+        ..Default::default()
+    };
+    match e.body {
+        Body::Null => {}
+        Body::Parallel { ranges, data, .. } => {
+            out.blocks = ranges
+                .iter()
+                .map(|r| pb::BlockRange {
+                    start: r.start,
+                    count: r.end - r.start,
+                })
+                .collect();
+            out.data = data;
+        }
+        Body::Dependent {
+            deps,
+            write_set,
+            data,
+            ..
+        } => {
+            out.write_set = write_set;
+            out.raw = deps.raw;
+            out.waw = deps.waw;
+            out.data = data;
+        }
+    }
+    out
+}
 
 /// The service.
 #[derive(Clone, Debug)]
@@ -42,7 +81,7 @@ impl Service {
                 match op {
                     "Append" => " (use AppendOutOfOrder, `chorus append --blocks` or `--writes`)",
                     "Read" | "Tail" => {
-                        " (read its applied state with ReadBlocks or GetKeys, `chorus state`)"
+                        " (read its log with ReadOutOfOrder, `chorus read`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
                     }
                     _ => " (not built for out-of-order groups yet)",
                 }
@@ -590,6 +629,42 @@ impl pb::chorus_server::Chorus for Service {
             Ok(Response::new(pb::ReadBlocksResponse {
                 data,
                 applied_seq: applied,
+            }))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+    }
+
+    async fn read_out_of_order(
+        &self,
+        req: Request<pb::ReadOutOfOrderRequest>,
+    ) -> Result<Response<pb::ReadOutOfOrderResponse>, Status> {
+        let r = req.into_inner();
+        let g = self.ooo_group(r.group, "ReadOutOfOrder")?;
+        let max = match r.max_records {
+            0 => 1000,
+            n => n.min(10_000),
+        } as usize;
+        tokio::task::spawn_blocking(move || {
+            let read = g
+                .node
+                .read(r.from_seq, max)
+                .ok_or_else(|| Status::unavailable(format!("group {} stopped", r.group)))?
+                .map_err(|e| Status::out_of_range(format!("group {}: {e}", r.group)))?;
+            let mut entries = Vec::new();
+            let mut bytes = 0usize;
+            for e in read.entries {
+                if bytes >= READ_OOO_BYTES {
+                    break;
+                }
+                bytes += e.data().len();
+                entries.push(ooo_entry(e));
+            }
+            let next_seq = entries.last().map_or(r.from_seq, |e| e.seq + 1);
+            Ok(Response::new(pb::ReadOutOfOrderResponse {
+                entries,
+                next_seq,
+                committed_seq: read.committed_head,
             }))
         })
         .await
