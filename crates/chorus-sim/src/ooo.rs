@@ -887,6 +887,36 @@ impl Sim {
                     diff.unwrap_or_else(|| "extra keys".into())
                 ));
             }
+            // The log as a reader gets it: the committed prefix from the base, every slot
+            // the version observed committed, contiguous up to the committed head.
+            match r.read_committed(r.base(), usize::MAX) {
+                Ok(es) => {
+                    let want = r.committed_head() - r.base().min(r.committed_head());
+                    if es.len() as u64 != want {
+                        problems.push(format!(
+                            "node {id} reads {} committed slots from its base {}, its committed head is {}",
+                            es.len(),
+                            r.base(),
+                            r.committed_head()
+                        ));
+                    }
+                    for (e, s) in es.iter().zip(r.base()..) {
+                        let same = self.committed.get(&e.seq).is_some_and(|c| {
+                            c.eid == e.eid && c.is_null() == e.is_null() && c.data() == e.data()
+                        });
+                        if e.seq != s || !same {
+                            problems.push(format!(
+                                "node {id} reads slot {} ({:#x}) where slot {s} committed {:?}",
+                                e.seq,
+                                e.eid,
+                                self.committed.get(&s).map(|c| c.eid)
+                            ));
+                            break;
+                        }
+                    }
+                }
+                Err(e) => problems.push(format!("node {id} cannot read from its base: {e}")),
+            }
             if r.applied_head() != end {
                 let holes = r.apply_holes();
                 problems.push(format!(
