@@ -24,7 +24,10 @@
 //! "Out-of-order groups"); each node dials every peer it sends to, announcing itself with
 //! `u64 node id | u64 group id` (a connection naming another group is closed, so two
 //! groups given the same address by mistake never mix), and a broken connection drops
-//! what was queued (the protocol retransmits) and is redialled.
+//! what was queued (the protocol retransmits) and is redialled. A writer thread per peer
+//! dials and writes; while a plain-TCP connection is up and nothing is queued for it, the
+//! driver writes a frame itself with a non-blocking send and queues only what the socket
+//! did not take (no wake-up of the writer thread on the common path).
 //!
 //! **Checkpoints and compaction.** When the entries file passes `compact_bytes`, the
 //! driver reads how far the replica may compact ([`OooReplica::compactable`]: the applied
@@ -430,6 +433,12 @@ impl OooNode {
             // Slots whose latest write is not known durable yet, with its batch: an
             // Apply of any other slot runs at once (its entry is on disk already).
             let mut unsynced: HashMap<u64, u64> = HashMap::new();
+            let ctx = Ctx {
+                peers: &peers,
+                pool: pool.then_some(&work_tx),
+                sm: &sm,
+                events: &ev_tx,
+            };
             while !stop2.load(Ordering::Relaxed) && !failed {
                 // Take every event already queued (up to a bound) before draining the
                 // replica: their writes go to the IO thread as one batch.
@@ -576,18 +585,7 @@ impl OooNode {
                         if !p.written.is_empty() {
                             replica.persisted(now(), &p.written);
                         }
-                        run_actions(
-                            p.actions,
-                            &Ctx {
-                                peers: &peers,
-                                pool: pool.then_some(&work_tx),
-                                sm: &sm,
-                                events: &ev_tx,
-                            },
-                            &mut waiters,
-                            &mut c,
-                            &mut replica,
-                        );
+                        run_actions(p.actions, &ctx, &mut waiters, &mut c, &mut replica);
                         ran = true;
                     }
                     let actions = replica.take_actions();
@@ -596,11 +594,14 @@ impl OooNode {
                     }
                     // Writes and hard-state saves go to the IO thread in order; a leader's
                     // Append goes out at once, so followers write while this node syncs
-                    // (the replica's one exception: it promises nothing about this disk);
-                    // everything else waits for the batch's writes and all before them.
+                    // (the replica's first exception: it promises nothing about this disk);
+                    // results run at once too (the second exception), and so does an
+                    // apply whose own entry is on disk; everything else waits for the
+                    // batch's writes and all before them.
                     let mut ops = Vec::new();
                     let mut written = Vec::new();
                     let mut waiting = Vec::new();
+                    let mut now_actions = Vec::new();
                     let id = next_id + 1;
                     for a in actions {
                         match a {
@@ -619,37 +620,21 @@ impl OooNode {
                                 to,
                                 msg: msg @ Msg::Append { .. },
                             } => send(&peers, &mut c, to, &msg),
-                            // Outcomes rest on durable copies only (the replica's second
-                            // exception): the writer hears at once, not after this
-                            // batch's fsync of other appends. An Apply waits for its own
-                            // entry's write only (the state machine must never hold what
-                            // this disk could lose), not for other entries' writes.
-                            a @ (Action::Result { .. } | Action::Unknown { .. }) => run_actions(
-                                vec![a],
-                                &Ctx {
-                                    peers: &peers,
-                                    pool: pool.then_some(&work_tx),
-                                    sm: &sm,
-                                    events: &ev_tx,
-                                },
-                                &mut waiters,
-                                &mut c,
-                                &mut replica,
-                            ),
-                            Action::Apply(e) if !unsynced.contains_key(&e.seq) => run_actions(
-                                vec![Action::Apply(e)],
-                                &Ctx {
-                                    peers: &peers,
-                                    pool: pool.then_some(&work_tx),
-                                    sm: &sm,
-                                    events: &ev_tx,
-                                },
-                                &mut waiters,
-                                &mut c,
-                                &mut replica,
-                            ),
+                            // Outcomes rest on durable copies only: the writer hears at
+                            // once, not after this batch's fsync of other appends. An
+                            // Apply waits for its own entry's write only (the state
+                            // machine must never hold what this disk could lose).
+                            a @ (Action::Result { .. } | Action::Unknown { .. }) => {
+                                now_actions.push(a)
+                            }
+                            Action::Apply(e) if !unsynced.contains_key(&e.seq) => {
+                                now_actions.push(Action::Apply(e))
+                            }
                             other => waiting.push(other),
                         }
+                    }
+                    if !now_actions.is_empty() {
+                        run_actions(now_actions, &ctx, &mut waiters, &mut c, &mut replica);
                     }
                     if ops.is_empty() && waiting.is_empty() {
                         continue;

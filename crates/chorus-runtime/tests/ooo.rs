@@ -332,14 +332,10 @@ fn out_of_order_groups_replicate_over_mutual_tls_and_refuse_a_stranger() {
         .status()
         .unwrap()
         .committed_head;
-    while c.nodes[other]
-        .as_ref()
-        .unwrap()
-        .status()
-        .unwrap()
-        .applied_head
-        < want
-    {
+    // Both must have applied it: a writer hears its result as soon as the entry commits,
+    // which may be before the leader's own apply.
+    let applied = |i: usize| c.nodes[i].as_ref().unwrap().status().unwrap().applied_head;
+    while applied(other) < want || applied(l) < want {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
             "no replication over TLS"
