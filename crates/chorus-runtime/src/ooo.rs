@@ -56,7 +56,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chorus_core::format::meta::NodeId;
+use chorus_core::format::ooo::encode_group;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
+use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::replica::{
     Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReadError, OooReplica,
     OooStats,
@@ -106,10 +108,12 @@ pub struct OooNodeConfig {
 /// from the base on are applied again over an image that may already hold them; blind
 /// writes, replayed in an order the apply rules allow, end in the same state.
 pub trait OooStateMachine: Send + Sync + 'static {
-    /// Applies a committed entry the apply rules released; called on several threads at
-    /// once for entries that do not conflict. An error stops the node (its state would
-    /// no longer follow the log).
-    fn apply(&self, e: &Entry) -> std::io::Result<()>;
+    /// Applies the records of the committed entry at `slot`, in their order (the group of
+    /// records the driver packed into it; [`chorus_core::ooo::group`]), once the apply
+    /// rules released it; called on several threads at once for entries that do not
+    /// conflict. NULL slots are not passed. An error stops the node (its state would no
+    /// longer follow the log).
+    fn apply(&self, slot: u64, records: &[Record]) -> std::io::Result<()>;
     /// Makes everything applied before the call durable (a checkpoint).
     fn checkpoint(&self) -> std::io::Result<()>;
     /// An image of the state, holding at least everything applied before the call.
@@ -172,11 +176,13 @@ pub struct OooStatus {
 /// What the driver counted since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OooCounters {
-    /// Appends accepted as leader.
+    /// Appends (records) accepted as leader.
     pub appends: u64,
-    /// Appends reported committed.
+    /// Group entries those appends were packed into.
+    pub groups: u64,
+    /// Appends (records) reported committed.
     pub committed: u64,
-    /// Appends reported failed.
+    /// Appends (records) reported failed.
     pub failed: u64,
     /// Entries written to the store.
     pub writes: u64,
@@ -217,6 +223,8 @@ pub struct OooRead {
 pub struct OooResult {
     /// Its slot.
     pub seq: u64,
+    /// Its place among the records of the slot's group entry.
+    pub index: u32,
     /// Committed or Failed.
     pub outcome: Outcome,
 }
@@ -378,9 +386,9 @@ impl OooNode {
             threads.push(std::thread::spawn(move || loop {
                 let next = rx.lock().map(|r| r.recv());
                 let Ok(Ok(e)) = next else { return };
-                let ev = match sm.apply(&e) {
+                let ev = match apply_entry(&*sm, &e) {
                     Ok(()) => Ev::Applied(e.seq),
-                    Err(err) => Ev::SmFailed(format!("applying slot {}: {err}", e.seq)),
+                    Err(err) => Ev::SmFailed(err),
                 };
                 if tx.send(ev).is_err() {
                     return;
@@ -422,7 +430,11 @@ impl OooNode {
             // Dropping the work queue's and the IO queue's senders when the driver ends
             // stops the workers and the IO thread.
             let (work_tx, io_tx) = (work_tx, io_tx);
-            let mut waiters: HashMap<u64, Reply> = HashMap::new();
+            // The writers of each group entry in flight, by entry id, in record order.
+            let mut waiters: HashMap<u64, Vec<Reply>> = HashMap::new();
+            // Records taken this round, packed into group entries once the round's events
+            // are all taken.
+            let mut staged: Vec<(Record, Reply)> = Vec::new();
             let mut failed = false;
             let mut c = OooCounters::default();
             // A checkpoint is under way (at most one at a time).
@@ -455,11 +467,8 @@ impl OooNode {
                             c.msgs_in += 1;
                             replica.receive(now(), from, m)
                         }
-                        Ev::Append(d, data, reply) => match replica.append(now(), d, data) {
-                            Ok(t) => {
-                                c.appends += 1;
-                                waiters.insert(t.eid, reply);
-                            }
+                        Ev::Append(declared, data, reply) => match group::check(mode, &declared) {
+                            Ok(()) => staged.push((Record { declared, data }, reply)),
                             Err(e) => {
                                 let _ = reply.send(Err(e.into()));
                             }
@@ -544,6 +553,9 @@ impl OooNode {
                 }
                 if failed {
                     break;
+                }
+                if !staged.is_empty() {
+                    append_groups(&mut replica, mode, now(), &mut staged, &mut waiters, &mut c);
                 }
                 replica.tick(now());
                 // Checkpoint, then compact, once the entries file passed its bound and
@@ -656,7 +668,7 @@ impl OooNode {
                 }
             }
             // Whatever is still waiting learns that its result is unknown.
-            for (_, w) in waiters {
+            for w in waiters.into_values().flatten().chain(staged.into_iter().map(|s| s.1)) {
                 let _ = w.send(Err(OooNodeError::Stopped));
             }
         }));
@@ -738,6 +750,49 @@ impl Drop for OooNode {
     }
 }
 
+/// Packs the records taken this round into group entries ([`group::split`] bounds them)
+/// and appends each with the union of its records' declarations; a refused group's
+/// writers hear why.
+fn append_groups(
+    replica: &mut OooReplica,
+    mode: Mode,
+    now: u64,
+    staged: &mut Vec<(Record, Reply)>,
+    waiters: &mut HashMap<u64, Vec<Reply>>,
+    c: &mut OooCounters,
+) {
+    let lens = group::split(staged.iter().map(|s| s.0.data.len()));
+    let mut rest = std::mem::take(staged).into_iter();
+    for n in lens {
+        let (records, replies): (Vec<Record>, Vec<Reply>) = rest.by_ref().take(n).unzip();
+        let declared = group::union(mode, &records);
+        match replica.append(now, declared, encode_group(&records)) {
+            Ok(t) => {
+                c.appends += n as u64;
+                c.groups += 1;
+                waiters.insert(t.eid, replies);
+            }
+            // The group is refused whole (not the leader, or the window is full): each
+            // of its writers hears why.
+            Err(e) => {
+                for r in replies {
+                    let _ = r.send(Err(e.clone().into()));
+                }
+            }
+        }
+    }
+}
+
+/// Decodes a committed entry's group and applies its records; a failure names the slot.
+fn apply_entry(sm: &dyn OooStateMachine, e: &Entry) -> Result<(), String> {
+    if e.is_null() {
+        return Ok(());
+    }
+    let records = group::records(e).map_err(|err| format!("slot {}: {err}", e.seq))?;
+    sm.apply(e.seq, &records)
+        .map_err(|err| format!("applying slot {}: {err}", e.seq))
+}
+
 /// What [`run_actions`] reaches besides the replica.
 struct Ctx<'a> {
     peers: &'a HashMap<NodeId, Arc<Link>>,
@@ -752,7 +807,7 @@ struct Ctx<'a> {
 fn run_actions(
     actions: Vec<Action>,
     x: &Ctx<'_>,
-    waiters: &mut HashMap<u64, Reply>,
+    waiters: &mut HashMap<u64, Vec<Reply>>,
     c: &mut OooCounters,
     replica: &mut OooReplica,
 ) {
@@ -764,15 +819,13 @@ fn run_actions(
                 Some(w) => {
                     let _ = w.send(e);
                 }
-                None => match x.sm.apply(&e) {
+                None => match apply_entry(&**x.sm, &e) {
                     Ok(()) => {
                         c.applied += 1;
                         applied.push(e.seq);
                     }
                     Err(err) => {
-                        let _ = x
-                            .events
-                            .send(Ev::SmFailed(format!("applying slot {}: {err}", e.seq)));
+                        let _ = x.events.send(Ev::SmFailed(err));
                     }
                 },
             },
@@ -797,17 +850,28 @@ fn run_actions(
                 });
             }
             Action::Unknown { eid, seq } => {
-                if let Some(w) = waiters.remove(&eid) {
+                for w in waiters.remove(&eid).unwrap_or_default() {
                     let _ = w.send(Err(OooNodeError::Unknown { seq }));
                 }
             }
             Action::Result { eid, seq, outcome } => {
-                match outcome {
-                    Outcome::Committed => c.committed += 1,
-                    Outcome::Failed => c.failed += 1,
-                }
-                if let Some(w) = waiters.remove(&eid) {
-                    let _ = w.send(Ok(OooResult { seq, outcome }));
+                // Every record of the group gets the entry's outcome, in its order.
+                for (index, w) in waiters
+                    .remove(&eid)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                {
+                    match outcome {
+                        Outcome::Committed => c.committed += 1,
+                        Outcome::Failed => c.failed += 1,
+                    }
+                    let index = index as u32;
+                    let _ = w.send(Ok(OooResult {
+                        seq,
+                        index,
+                        outcome,
+                    }));
                 }
             }
             Action::Write(_)

@@ -9,8 +9,9 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chorus_core::ooo::group::Record;
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{Body, Declared, Entry, Mode};
+use chorus_core::ooo::replica::{Declared, Mode};
 use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStateMachine};
 use chorus_runtime::transport::TlsFiles;
 use chorus_runtime::Outcome;
@@ -23,6 +24,8 @@ mod common;
 struct Sm {
     live: Mutex<BTreeMap<u64, u64>>,
     durable: Mutex<BTreeMap<u64, u64>>,
+    /// Every record applied, by (slot, place in its group).
+    applied: Mutex<BTreeMap<(u64, u32), Record>>,
 }
 
 type State = Arc<Sm>;
@@ -34,8 +37,12 @@ impl Sm {
 }
 
 impl OooStateMachine for Sm {
-    fn apply(&self, e: &Entry) -> std::io::Result<()> {
-        apply_to(&self.live, e);
+    fn apply(&self, slot: u64, records: &[Record]) -> std::io::Result<()> {
+        let mut seen = self.applied.lock().unwrap();
+        for (i, r) in records.iter().enumerate() {
+            apply_to(&self.live, r);
+            seen.insert((slot, i as u32), r.clone());
+        }
         Ok(())
     }
 
@@ -66,24 +73,23 @@ impl OooStateMachine for Sm {
     }
 }
 
-/// What an entry writes (blocks or one key) with the value: the first 8 bytes of data.
-fn apply_to(state: &Mutex<BTreeMap<u64, u64>>, e: &Entry) {
-    let v = u64::from_le_bytes(e.data()[..8].try_into().unwrap_or([0; 8]));
+/// What a record writes (blocks or keys) with the value: the first 8 bytes of data.
+fn apply_to(state: &Mutex<BTreeMap<u64, u64>>, r: &Record) {
+    let v = u64::from_le_bytes(r.data[..8].try_into().unwrap_or([0; 8]));
     let mut s = state.lock().unwrap();
-    match &e.body {
-        Body::Parallel { ranges, .. } => {
+    match &r.declared {
+        Declared::Blocks(ranges) => {
             for r in ranges {
                 for b in r.start..r.end {
                     s.insert(b, v);
                 }
             }
         }
-        Body::Dependent { write_set, .. } => {
+        Declared::Txn { write_set, .. } => {
             for k in write_set {
                 s.insert(*k, v);
             }
         }
-        Body::Null => {}
     }
 }
 
@@ -172,25 +178,66 @@ impl Cluster {
         panic!("no serving leader within 20 s");
     }
 
+    /// Record `i`'s declaration and bytes.
+    fn record(&self, i: u64) -> (Declared, Vec<u8>) {
+        let v = i * 7919 + 1;
+        let d = match self.mode {
+            Mode::Parallel { .. } => {
+                Declared::Blocks(vec![BlockRange::new(i % 13, 1 + i % 3).unwrap()])
+            }
+            Mode::Dependent => Declared::Txn {
+                read_set: vec![i % 5],
+                write_set: vec![i % 11],
+            },
+        };
+        (d, v.to_le_bytes().to_vec())
+    }
+
+    /// Appends one record after another, each waiting for its result (one per group).
     fn append_many(&self, from: u64, n: u64) {
         let l = self.leader();
         let node = self.nodes[l].as_ref().unwrap();
         for i in from..from + n {
-            let v = i * 7919 + 1;
-            let d = match self.mode {
-                Mode::Parallel { .. } => {
-                    Declared::Blocks(vec![BlockRange::new(i % 13, 1 + i % 3).unwrap()])
-                }
-                Mode::Dependent => Declared::Txn {
-                    read_set: vec![i % 5],
-                    write_set: vec![i % 11],
-                },
-            };
-            assert_eq!(
-                node.append(d, v.to_le_bytes().to_vec()).unwrap(),
-                Outcome::Committed
-            );
+            let (d, data) = self.record(i);
+            assert_eq!(node.append(d, data).unwrap(), Outcome::Committed);
         }
+    }
+
+    /// Submits `n` records at once, so the driver packs them into group entries, and
+    /// checks their results: all committed, at (slot, index) places increasing in
+    /// submission order, some slots holding several records. Returns the places.
+    fn append_burst(&self, from: u64, n: u64) -> Vec<(u64, u32)> {
+        let l = self.leader();
+        let node = self.nodes[l].as_ref().unwrap();
+        let futs: Vec<_> = (from..from + n)
+            .map(|i| {
+                let (d, data) = self.record(i);
+                node.submit(d, data)
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let places: Vec<(u64, u32)> = rt.block_on(async {
+            let mut out = Vec::new();
+            for f in futs {
+                let r = f.await.unwrap();
+                assert_eq!(r.outcome, Outcome::Committed);
+                out.push((r.seq, r.index));
+            }
+            out
+        });
+        assert!(
+            places.windows(2).all(|w| w[0] < w[1]),
+            "places not increasing in submission order: {places:?}"
+        );
+        let slots: std::collections::BTreeSet<u64> = places.iter().map(|p| p.0).collect();
+        assert!(
+            (slots.len() as u64) < n,
+            "{n} records submitted at once took {} slots: none was grouped",
+            slots.len()
+        );
+        places
     }
 
     /// Every live node applies up to the leader's committed head and holds the same state.
@@ -230,6 +277,22 @@ fn run(mode: Mode) {
     let mut c = Cluster::new(mode);
     c.append_many(0, 200);
     c.converge();
+    // A burst is packed into group entries; every replica applies each record at the
+    // place its writer was told (slot, and place in the slot's group).
+    let places = c.append_burst(1000, 300);
+    c.converge();
+    for (i, st) in c.states.iter().enumerate() {
+        let seen = st.applied.lock().unwrap();
+        for (k, p) in places.iter().enumerate() {
+            let (declared, data) = c.record(1000 + k as u64);
+            assert_eq!(
+                seen.get(p),
+                Some(&Record { declared, data }),
+                "node {} at {p:?}",
+                i + 1
+            );
+        }
+    }
     // Stop the leader; the others elect, merge and serve.
     let l = c.leader();
     c.stop(l);

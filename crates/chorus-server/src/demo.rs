@@ -20,7 +20,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
-use chorus_core::ooo::replica::{Body, Entry};
+use chorus_core::ooo::group::Record;
+use chorus_core::ooo::replica::Declared;
 use chorus_runtime::ooo::OooStateMachine;
 
 /// Bytes per block of a parallel group's volume.
@@ -189,40 +190,40 @@ impl DemoState {
 }
 
 impl OooStateMachine for DemoState {
-    fn apply(&self, e: &Entry) -> io::Result<()> {
-        match (&self.kind, &e.body) {
-            (Kind::Volume(_), Body::Parallel { ranges, data, .. }) => {
-                let f = self.file().expect("volume");
-                let mut at = 0usize;
-                for r in ranges {
-                    let n = ((r.end - r.start) * BLOCK) as usize;
-                    let chunk = data.get(at..at + n).ok_or_else(|| {
-                        bad(
-                            "volume",
-                            format!("slot {}: data shorter than its blocks", e.seq),
-                        )
-                    })?;
-                    f.write_all_at(chunk, r.start * BLOCK)?;
-                    at += n;
+    fn apply(&self, slot: u64, records: &[Record]) -> io::Result<()> {
+        for (i, rec) in records.iter().enumerate() {
+            match (&self.kind, &rec.declared) {
+                (Kind::Volume(_), Declared::Blocks(ranges)) => {
+                    let f = self.file().expect("volume");
+                    let mut at = 0usize;
+                    for r in ranges {
+                        let n = ((r.end - r.start) * BLOCK) as usize;
+                        let chunk = rec.data.get(at..at + n).ok_or_else(|| {
+                            bad(
+                                "volume",
+                                format!("slot {slot} record {i}: data shorter than its blocks"),
+                            )
+                        })?;
+                        f.write_all_at(chunk, r.start * BLOCK)?;
+                        at += n;
+                    }
                 }
-                Ok(())
-            }
-            (
-                Kind::Kv(_),
-                Body::Dependent {
-                    write_set, data, ..
-                },
-            ) => {
-                let mut m = self.map().expect("kv");
-                for k in write_set {
-                    m.insert(*k, data.clone());
+                (Kind::Kv(_), Declared::Txn { write_set, .. }) => {
+                    let mut m = self.map().expect("kv");
+                    for k in write_set {
+                        m.insert(*k, rec.data.clone());
+                    }
                 }
-                Ok(())
+                // The driver hands over only records of the group's own mode.
+                _ => {
+                    return Err(bad(
+                        "state",
+                        format!("slot {slot} record {i}: a record of the other mode"),
+                    ))
+                }
             }
-            // NULL slots hold nothing; a body of the other mode cannot reach a replica of
-            // this mode (the replica refuses it on receipt).
-            _ => Ok(()),
         }
+        Ok(())
     }
 
     fn checkpoint(&self) -> io::Result<()> {
@@ -381,30 +382,23 @@ fn volume_blocks(f: &std::fs::File) -> io::Result<(u64, Vec<u8>)> {
 mod tests {
     use super::*;
     use chorus_core::ooo::parallel::BlockRange;
-    use chorus_core::ooo::replica::Body;
 
-    fn blocks(seq: u64, at: &[(u64, u8)]) -> Entry {
-        Entry {
-            seq,
-            term: 1,
-            start: 0,
-            eid: seq + 1,
-            body: Body::Parallel {
-                ranges: at
-                    .iter()
+    fn blocks(at: &[(u64, u8)]) -> Vec<Record> {
+        vec![Record {
+            declared: Declared::Blocks(
+                at.iter()
                     .map(|&(b, _)| BlockRange::new(b, 1).unwrap())
                     .collect(),
-                look_behind: vec![],
-                data: at.iter().flat_map(|&(_, x)| vec![x; 4096]).collect(),
-            },
-        }
+            ),
+            data: at.iter().flat_map(|&(_, x)| vec![x; 4096]).collect(),
+        }]
     }
 
     #[test]
     fn the_volume_reads_back_what_was_applied_and_zeros_elsewhere() {
         let dir = tempfile::tempdir().unwrap();
         let v = DemoState::volume(dir.path()).unwrap();
-        v.apply(&blocks(0, &[(3, 1), (1, 2)])).unwrap();
+        v.apply(0, &blocks(&[(3, 1), (1, 2)])).unwrap();
         let b = v.read_blocks(0, 5).unwrap();
         assert!(b[..4096].iter().all(|&x| x == 0));
         assert!(b[4096..8192].iter().all(|&x| x == 2));
@@ -419,12 +413,12 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let va = DemoState::volume(a.path()).unwrap();
         // Far apart: the scan must skip the hole between them.
-        va.apply(&blocks(0, &[(2, 7), (1 << 20, 9)])).unwrap();
-        va.apply(&blocks(1, &[(5, 0)])).unwrap(); // an all-zero block is not carried
+        va.apply(0, &blocks(&[(2, 7), (1 << 20, 9)])).unwrap();
+        va.apply(1, &blocks(&[(5, 0)])).unwrap(); // an all-zero block is not carried
         let img = va.image().unwrap();
         assert_eq!(img.len(), 16 + 2 * (8 + 4096) + 4);
         let vb = DemoState::volume(b.path()).unwrap();
-        vb.apply(&blocks(0, &[(9, 3)])).unwrap(); // replaced by the image
+        vb.apply(0, &blocks(&[(9, 3)])).unwrap(); // replaced by the image
         vb.restore(&img).unwrap();
         assert_eq!(vb.read_blocks(2, 1).unwrap(), vec![7; 4096]);
         assert_eq!(vb.read_blocks(1 << 20, 1).unwrap(), vec![9; 4096]);
@@ -445,19 +439,19 @@ mod tests {
     fn the_kv_store_checkpoints_reopens_and_refuses_damage() {
         let dir = tempfile::tempdir().unwrap();
         let kv = DemoState::kv(dir.path()).unwrap();
-        let e = Entry {
-            seq: 0,
-            term: 1,
-            start: 0,
-            eid: 1,
-            body: Body::Dependent {
-                base: 0,
-                deps: Default::default(),
-                write_set: vec![4, 8],
-                data: b"v1".to_vec(),
+        // A group of two records: the later one wins key 8.
+        let txn = |w: Vec<u64>, v: &[u8]| Record {
+            declared: Declared::Txn {
+                read_set: vec![],
+                write_set: w,
             },
+            data: v.to_vec(),
         };
-        kv.apply(&e).unwrap();
+        kv.apply(0, &[txn(vec![4, 8], b"v0"), txn(vec![8, 4], b"v1")])
+            .unwrap();
+        // A record of the other mode is refused by name.
+        let e = kv.apply(1, &blocks(&[(1, 1)])).unwrap_err().to_string();
+        assert!(e.contains("slot 1 record 0"), "{e}");
         kv.checkpoint().unwrap();
         let again = DemoState::kv(dir.path()).unwrap();
         assert_eq!(

@@ -550,50 +550,66 @@ fn print_records(out: Output, recs: &[pb::Record]) {
     }
 }
 
-/// Prints out-of-order entries: slot, term, what the record declared, its bytes.
+/// Prints out-of-order entries, one row per record of each entry's group: slot, place in
+/// the group, term, what the record declared (and the entry's RAW/WAW predecessors), its
+/// bytes. A NULL slot is one row without records.
 fn print_ooo_entries(out: Output, es: &[pb::OutOfOrderEntry]) {
     let mut so = std::io::stdout().lock();
+    let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     for e in es {
-        let blocks: Vec<String> = e
-            .blocks
-            .iter()
-            .map(|b| format!("{}+{}", b.start, b.count))
-            .collect();
-        let _ = match out {
-            Output::Json => writeln!(
-                so,
-                "{}",
-                json!({"seq": e.seq, "term": e.term, "null": e.null, "blocks": blocks,
-                       "write_set": e.write_set, "raw": e.raw, "waw": e.waw,
-                       "data": printable(&e.data)})
-            ),
-            Output::Table => {
-                let declared = if e.null {
-                    "(null)".to_string()
-                } else if !blocks.is_empty() {
-                    format!("blocks {}", blocks.join(","))
-                } else {
-                    let list =
-                        |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-                    let mut d = format!("writes {}", list(&e.write_set));
-                    if !e.raw.is_empty() {
-                        d += &format!(" raw {}", list(&e.raw));
-                    }
-                    if !e.waw.is_empty() {
-                        d += &format!(" waw {}", list(&e.waw));
-                    }
-                    d
-                };
-                writeln!(
+        if e.null {
+            let _ = match out {
+                Output::Json => writeln!(
                     so,
-                    "{:>10} {:>6}  {:<28} {}",
-                    e.seq,
-                    e.term,
-                    declared,
-                    printable(&e.data)
-                )
-            }
-        };
+                    "{}",
+                    json!({"seq": e.seq, "term": e.term, "null": true})
+                ),
+                Output::Table => writeln!(so, "{:>10} {:>5} {:>6}  (null)", e.seq, "-", e.term),
+            };
+            continue;
+        }
+        for (i, r) in e.records.iter().enumerate() {
+            let blocks: Vec<String> = r
+                .blocks
+                .iter()
+                .map(|b| format!("{}+{}", b.start, b.count))
+                .collect();
+            let _ = match out {
+                Output::Json => writeln!(
+                    so,
+                    "{}",
+                    json!({"seq": e.seq, "index": i, "term": e.term, "null": false,
+                           "blocks": blocks, "read_set": r.read_set, "write_set": r.write_set,
+                           "raw": e.raw, "waw": e.waw, "data": printable(&r.data)})
+                ),
+                Output::Table => {
+                    let declared = if !blocks.is_empty() {
+                        format!("blocks {}", blocks.join(","))
+                    } else {
+                        let mut d = format!("writes {}", list(&r.write_set));
+                        if !r.read_set.is_empty() {
+                            d += &format!(" reads {}", list(&r.read_set));
+                        }
+                        if !e.raw.is_empty() {
+                            d += &format!(" raw {}", list(&e.raw));
+                        }
+                        if !e.waw.is_empty() {
+                            d += &format!(" waw {}", list(&e.waw));
+                        }
+                        d
+                    };
+                    writeln!(
+                        so,
+                        "{:>10} {:>5} {:>6}  {:<28} {}",
+                        e.seq,
+                        i,
+                        e.term,
+                        declared,
+                        printable(&r.data)
+                    )
+                }
+            };
+        }
     }
 }
 
@@ -601,7 +617,10 @@ fn print_ooo_entries(out: Output, es: &[pb::OutOfOrderEntry]) {
 async fn read_ooo(a: &ReadArgs, c: &mut Client) -> Result<ExitCode, ClientError> {
     let r = c.read_out_of_order(a.ep.group, a.from, a.max).await?;
     if a.ep.output == Output::Table {
-        println!("{:>10} {:>6}  {:<28} DATA", "SLOT", "TERM", "DECLARED");
+        println!(
+            "{:>10} {:>5} {:>6}  {:<28} DATA",
+            "SLOT", "INDEX", "TERM", "DECLARED"
+        );
     }
     print_ooo_entries(a.ep.output, &r.entries);
     if a.ep.output == Output::Table {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_client::pb;
+use chorus_core::ooo::group;
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Mode, OooAppendError};
 use chorus_core::replica::{AppendError, ChangeError, Role};
@@ -23,39 +24,57 @@ pub const MAX_APPEND_BATCH: usize = 10_000;
 /// default message bound with the metadata).
 const READ_OOO_BYTES: usize = 2 << 20;
 
-/// An out-of-order entry as `ReadOutOfOrder` returns it.
-fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> pb::OutOfOrderEntry {
+fn pb_ranges(rs: &[BlockRange]) -> Vec<pb::BlockRange> {
+    rs.iter()
+        .map(|r| pb::BlockRange {
+            start: r.start,
+            count: r.end - r.start,
+        })
+        .collect()
+}
+
+/// An out-of-order entry as `ReadOutOfOrder` returns it, its group split into records; an
+/// entry whose data is not a group is an error naming its slot.
+fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> Result<pb::OutOfOrderEntry, String> {
+    let records = group::records(&e)
+        .map_err(|err| format!("slot {}: {err}", e.seq))?
+        .into_iter()
+        .map(|r| match r.declared {
+            Declared::Blocks(rs) => pb::OutOfOrderRecord {
+                data: r.data,
+                blocks: pb_ranges(&rs),
+                ..Default::default()
+            },
+            Declared::Txn {
+                read_set,
+                write_set,
+            } => pb::OutOfOrderRecord {
+                data: r.data,
+                read_set,
+                write_set,
+                ..Default::default()
+            },
+        })
+        .collect();
     let mut out = pb::OutOfOrderEntry {
         seq: e.seq,
         term: e.term,
         null: e.is_null(),
+        records,
         ..Default::default()
     };
     match e.body {
         Body::Null => {}
-        Body::Parallel { ranges, data, .. } => {
-            out.blocks = ranges
-                .iter()
-                .map(|r| pb::BlockRange {
-                    start: r.start,
-                    count: r.end - r.start,
-                })
-                .collect();
-            out.data = data;
-        }
+        Body::Parallel { ranges, .. } => out.blocks = pb_ranges(&ranges),
         Body::Dependent {
-            deps,
-            write_set,
-            data,
-            ..
+            deps, write_set, ..
         } => {
             out.write_set = write_set;
             out.raw = deps.raw;
             out.waw = deps.waw;
-            out.data = data;
         }
     }
-    out
+    Ok(out)
 }
 
 /// The service.
@@ -597,6 +616,7 @@ impl pb::chorus_server::Chorus for Service {
             match p.await {
                 Ok(r) => results.push(pb::OutOfOrderResult {
                     seq: r.seq,
+                    index: r.index,
                     outcome: match r.outcome {
                         Outcome::Committed => pb::Outcome::Committed,
                         Outcome::Failed => pb::Outcome::Failed,
@@ -658,7 +678,7 @@ impl pb::chorus_server::Chorus for Service {
                     break;
                 }
                 bytes += e.data().len();
-                entries.push(ooo_entry(e));
+                entries.push(ooo_entry(e).map_err(Status::data_loss)?);
             }
             let next_seq = entries.last().map_or(r.from_seq, |e| e.seq + 1);
             Ok(Response::new(pb::ReadOutOfOrderResponse {

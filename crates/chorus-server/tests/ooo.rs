@@ -159,14 +159,15 @@ fn txn_record(read: u64, write: u64, tag: u32) -> pb::OutOfOrderRecord {
 }
 
 /// Runs `writers` concurrent writers of `per` records each on `group`; returns every
-/// committed record's (slot, record). Any other result fails the test (no faults here).
+/// committed record's place (slot, index in the slot's group) and the record, in place
+/// order. Any other result fails the test (no faults here).
 async fn write_concurrently(
     eps: &[String],
     group: u64,
     writers: u32,
     per: u32,
     make: fn(u32, u32) -> pb::OutOfOrderRecord,
-) -> Vec<(u64, pb::OutOfOrderRecord)> {
+) -> Vec<((u64, u32), pb::OutOfOrderRecord)> {
     let mut tasks = Vec::new();
     for w in 0..writers {
         let eps = eps.to_vec();
@@ -178,7 +179,7 @@ async fn write_concurrently(
                 let res = c.append_out_of_order(group, vec![r.clone()]).await.unwrap();
                 assert_eq!(res.len(), 1);
                 assert_eq!(res[0].outcome, pb::Outcome::Committed as i32, "{res:?}");
-                got.push((res[0].seq, r));
+                got.push(((res[0].seq, res[0].index), r));
             }
             got
         }));
@@ -188,20 +189,24 @@ async fn write_concurrently(
         all.extend(t.await.unwrap());
     }
     all.sort_by_key(|(s, _)| *s);
-    let mut seqs: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
-    seqs.dedup();
-    assert_eq!(seqs.len(), all.len(), "two appends reported the same slot");
+    let mut places: Vec<(u64, u32)> = all.iter().map(|(s, _)| *s).collect();
+    places.dedup();
+    assert_eq!(
+        places.len(),
+        all.len(),
+        "two appends reported the same place"
+    );
     all
 }
 
 /// Every replica reads the group's log (`ReadOutOfOrder`) from the highest base among
-/// them as the committed records in slot order, with what each declared; a read below a
-/// replica's base is OUT_OF_RANGE naming the base. `chorus read` prints the same slots.
-/// Returns how many records it compared.
+/// them as the committed records in (slot, index) order, with what each declared; a read
+/// below a replica's base is OUT_OF_RANGE naming the base. `chorus read` prints the same
+/// places. Returns how many records it compared.
 async fn log_reads_match(
     eps: &[String],
     group: u64,
-    committed: &[(u64, pb::OutOfOrderRecord)],
+    committed: &[((u64, u32), pb::OutOfOrderRecord)],
 ) -> usize {
     let mut bases = Vec::new();
     for ep in eps {
@@ -222,22 +227,43 @@ async fn log_reads_match(
         });
     }
     let from = *bases.iter().max().unwrap();
-    let want: Vec<_> = committed.iter().filter(|(s, _)| *s >= from).collect();
+    let want: Vec<_> = committed.iter().filter(|(s, _)| s.0 >= from).collect();
     let mut first: Option<Vec<pb::OutOfOrderEntry>> = None;
     for ep in eps {
         let mut c = Client::new(vec![ep.clone()]);
         let r = c.read_out_of_order(group, from, 10_000).await.unwrap();
         let es: Vec<_> = r.entries.into_iter().filter(|e| !e.null).collect();
+        let recs: Vec<_> = es
+            .iter()
+            .flat_map(|e| {
+                e.records
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, r)| ((e.seq, i as u32), r))
+            })
+            .collect();
         assert_eq!(
-            es.len(),
+            recs.len(),
             want.len(),
             "group {group} from slot {from} on {ep}"
         );
-        for (e, (seq, rec)) in es.iter().zip(&want) {
-            assert_eq!(e.seq, *seq);
-            assert_eq!(e.data, rec.data);
-            assert_eq!(e.blocks, rec.blocks);
-            assert_eq!(e.write_set, rec.write_set);
+        for ((place, got), (want_place, rec)) in recs.iter().zip(&want) {
+            assert_eq!(place, want_place);
+            assert_eq!(*got, rec);
+        }
+        // An entry declares the union of its records' declarations.
+        for e in &es {
+            for r in &e.records {
+                assert!(r.write_set.iter().all(|k| e.write_set.contains(k)), "{e:?}");
+                for b in &r.blocks {
+                    assert!(
+                        e.blocks
+                            .iter()
+                            .any(|u| u.start <= b.start && b.start + b.count <= u.start + u.count),
+                        "{e:?}"
+                    );
+                }
+            }
         }
         match &first {
             None => first = Some(es),
@@ -258,14 +284,19 @@ async fn log_reads_match(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let seqs: Vec<u64> = String::from_utf8(out.stdout)
+    let places: Vec<(u64, u32)> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| !v["null"].as_bool().unwrap())
-        .map(|v| v["seq"].as_u64().unwrap())
+        .map(|v| {
+            (
+                v["seq"].as_u64().unwrap(),
+                v["index"].as_u64().unwrap() as u32,
+            )
+        })
         .collect();
-    assert_eq!(seqs, want.iter().map(|(s, _)| *s).collect::<Vec<_>>());
+    assert_eq!(places, want.iter().map(|(s, _)| *s).collect::<Vec<_>>());
     want.len()
 }
 
@@ -359,8 +390,8 @@ async fn out_of_order_groups_through_the_server() {
     for (_, r) in &dep {
         want_kv[r.write_set[0] as usize] = Some(r.data.clone());
     }
-    let par_head = settled(&eps, PAR, par.last().unwrap().0 + 1).await;
-    let dep_head = settled(&eps, DEP, dep.last().unwrap().0 + 1).await;
+    let par_head = settled(&eps, PAR, par.last().unwrap().0 .0 + 1).await;
+    let dep_head = settled(&eps, DEP, dep.last().unwrap().0 .0 + 1).await;
     for i in 0..3 {
         assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
         assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);

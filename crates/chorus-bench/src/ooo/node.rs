@@ -36,8 +36,14 @@ pub struct Recorder {
 /// The benchmark's state machine only notes when each record applied; it keeps no state,
 /// so it has nothing to checkpoint or copy (the benchmark never compacts).
 impl chorus_runtime::ooo::OooStateMachine for Recorder {
-    fn apply(&self, e: &chorus_core::ooo::replica::Entry) -> std::io::Result<()> {
-        self.note(e.data());
+    fn apply(
+        &self,
+        _slot: u64,
+        records: &[chorus_core::ooo::group::Record],
+    ) -> std::io::Result<()> {
+        for r in records {
+            self.note(&r.data);
+        }
         Ok(())
     }
 

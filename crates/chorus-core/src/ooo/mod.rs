@@ -21,10 +21,12 @@
 //! Entries are numbered by [`Seq`], consecutive from 0 in a group. Everything here is a
 //! deterministic function of its inputs (no clock, IO or randomness: DESIGN.md principle
 //! 1), so the simulator and property tests drive it directly. [`replica`] is the replica
-//! of an out-of-order group built on them, run by the simulator (`chorus_sim::ooo`). The
-//! runtime, storage files, wire encoding and CLI do not serve these groups yet (issue 6).
+//! of an out-of-order group built on them, run by the simulator (`chorus_sim::ooo`) and by
+//! the runtime (`chorus_runtime::ooo`); [`group`] is how the runtime packs many writers'
+//! records into one entry.
 
 pub mod dependent;
+pub mod group;
 pub mod merge;
 pub mod parallel;
 pub mod replica;

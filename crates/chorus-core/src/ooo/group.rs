@@ -1,0 +1,284 @@
+//! Group entries: several writers' records carried in one slot.
+//!
+//! The replica orders, commits and applies *entries*; what an entry declares (block
+//! ranges, or read and write sets) is all the commit and apply rules look at. A driver that
+//! takes many appends at once packs them into one entry — PALF's group entry (section
+//! 4.1), ParallelRaft's and DP-Raft's "group" — whose declaration is the **union** of its
+//! records' declarations and whose data is the records themselves, each with its own
+//! declaration ([`crate::format::ooo::encode_group`]). This is sound because a union only
+//! adds conflicts: an entry that declares more waits for more, never for less; and the
+//! records of one entry are applied together, in their order inside it, so what they do to
+//! each other is their order in the group, exactly as if they had had consecutive slots.
+//! What the group saves is everything paid per entry: header, metadata, one write, one
+//! acknowledgement, one commit-window bit, one apply release.
+//!
+//! Every record of a group gets the group's outcome: an entry commits or fails whole, so
+//! each writer still hears exactly one of Committed or Failed.
+
+use super::parallel::BlockRange;
+use super::replica::{Body, Declared, Entry, Mode, OooAppendError};
+use super::OooError;
+use crate::format::ooo::decode_group;
+use crate::format::FormatError;
+
+/// Records a driver puts in one group entry, at most.
+pub const MAX_GROUP_RECORDS: usize = 256;
+
+/// Record bytes a driver puts in one group entry, at most — PolarFS's catch-up piece
+/// (section 5.3: 128 KiB), so that a group fits one catch-up piece; a single larger record
+/// gets an entry of its own.
+pub const MAX_GROUP_BYTES: usize = 128 << 10;
+
+/// One writer's record inside a group entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// What the record declares.
+    pub declared: Declared,
+    /// The record's bytes.
+    pub data: Vec<u8>,
+}
+
+/// Checks one record's declaration against the group's mode before it joins a group, so a
+/// bad record is refused alone instead of failing the group it would have joined.
+pub fn check(mode: Mode, declared: &Declared) -> Result<(), OooAppendError> {
+    match (mode, declared) {
+        (Mode::Parallel { .. }, Declared::Blocks(rs)) => {
+            if let Some(r) = rs.iter().find(|r| r.start >= r.end) {
+                return Err(OooAppendError::Refused(OooError::Malformed {
+                    seq: 0,
+                    detail: format!("empty block range {}..{}", r.start, r.end),
+                }));
+            }
+            Ok(())
+        }
+        (Mode::Dependent, Declared::Txn { .. }) => Ok(()),
+        (mode, d) => Err(OooAppendError::WrongMode {
+            declared: match d {
+                Declared::Blocks(_) => "block-range",
+                Declared::Txn { .. } => "read/write-set",
+            },
+            mode,
+        }),
+    }
+}
+
+/// The union of the records' declarations, in canonical form: block ranges sorted with
+/// overlapping and adjacent ones merged; read and write sets sorted without repeats.
+/// The records must all be of one kind (checked by [`check`] against one mode); a record
+/// of the other kind is left out.
+pub fn union(mode: Mode, records: &[Record]) -> Declared {
+    match mode {
+        Mode::Parallel { .. } => {
+            let mut all: Vec<BlockRange> = records
+                .iter()
+                .filter_map(|r| match &r.declared {
+                    Declared::Blocks(rs) => Some(rs.iter().copied()),
+                    Declared::Txn { .. } => None,
+                })
+                .flatten()
+                .collect();
+            all.sort_by_key(|r| (r.start, r.end));
+            let mut out: Vec<BlockRange> = Vec::with_capacity(all.len());
+            for r in all {
+                match out.last_mut() {
+                    Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                    _ => out.push(r),
+                }
+            }
+            Declared::Blocks(out)
+        }
+        Mode::Dependent => {
+            let (mut read_set, mut write_set) = (Vec::new(), Vec::new());
+            for r in records {
+                if let Declared::Txn {
+                    read_set: rs,
+                    write_set: ws,
+                } = &r.declared
+                {
+                    read_set.extend_from_slice(rs);
+                    write_set.extend_from_slice(ws);
+                }
+            }
+            for s in [&mut read_set, &mut write_set] {
+                s.sort_unstable();
+                s.dedup();
+            }
+            Declared::Txn {
+                read_set,
+                write_set,
+            }
+        }
+    }
+}
+
+/// Splits records, in order, into groups of at most [`MAX_GROUP_RECORDS`] records and
+/// [`MAX_GROUP_BYTES`] record bytes (a record larger than that alone). Returns each
+/// group's length.
+pub fn split(sizes: impl IntoIterator<Item = usize>) -> Vec<usize> {
+    let mut out = Vec::new();
+    let (mut n, mut bytes) = (0usize, 0usize);
+    for s in sizes {
+        if n > 0 && (n == MAX_GROUP_RECORDS || bytes + s > MAX_GROUP_BYTES) {
+            out.push(n);
+            (n, bytes) = (0, 0);
+        }
+        n += 1;
+        bytes += s;
+    }
+    if n > 0 {
+        out.push(n);
+    }
+    out
+}
+
+/// The records of a group entry, in their order (none for NULL). An entry whose data is
+/// not a group payload, or holds a record of the other mode's kind, is an error naming
+/// the slot.
+pub fn records(e: &Entry) -> Result<Vec<Record>, FormatError> {
+    let blocks = match &e.body {
+        Body::Null => return Ok(Vec::new()),
+        Body::Parallel { .. } => true,
+        Body::Dependent { .. } => false,
+    };
+    let rs = decode_group(e.data())?;
+    if let Some(i) = rs
+        .iter()
+        .position(|r| matches!(r.declared, Declared::Blocks(_)) != blocks)
+    {
+        return Err(FormatError::Malformed {
+            what: "out-of-order group payload",
+            detail: format!(
+                "slot {}: record {i} is not of its entry's mode ({})",
+                e.seq,
+                if blocks { "parallel" } else { "dependent" }
+            ),
+        });
+    }
+    Ok(rs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn blocks(rs: &[(u64, u64)]) -> Record {
+        Record {
+            declared: Declared::Blocks(
+                rs.iter()
+                    .map(|&(start, end)| BlockRange { start, end })
+                    .collect(),
+            ),
+            data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn block_union_merges_overlapping_and_adjacent_ranges() {
+        let u = union(
+            Mode::Parallel { span: 2 },
+            &[
+                blocks(&[(10, 12), (0, 1)]),
+                blocks(&[(1, 3), (11, 15)]),
+                blocks(&[(20, 21)]),
+            ],
+        );
+        assert_eq!(
+            u,
+            Declared::Blocks(vec![
+                BlockRange { start: 0, end: 3 },
+                BlockRange { start: 10, end: 15 },
+                BlockRange { start: 20, end: 21 },
+            ])
+        );
+    }
+
+    #[test]
+    fn txn_union_is_sorted_without_repeats() {
+        let t = |r: &[u64], w: &[u64]| Record {
+            declared: Declared::Txn {
+                read_set: r.to_vec(),
+                write_set: w.to_vec(),
+            },
+            data: vec![1],
+        };
+        assert_eq!(
+            union(Mode::Dependent, &[t(&[5, 1], &[9]), t(&[1], &[9, 2])]),
+            Declared::Txn {
+                read_set: vec![1, 5],
+                write_set: vec![2, 9],
+            }
+        );
+    }
+
+    #[test]
+    fn check_refuses_the_other_mode_and_empty_ranges() {
+        let txn = Declared::Txn {
+            read_set: vec![],
+            write_set: vec![1],
+        };
+        assert!(matches!(
+            check(Mode::Parallel { span: 2 }, &txn),
+            Err(OooAppendError::WrongMode { .. })
+        ));
+        assert!(check(Mode::Dependent, &txn).is_ok());
+        assert!(matches!(
+            check(Mode::Parallel { span: 2 }, &blocks(&[(4, 4)]).declared),
+            Err(OooAppendError::Refused(OooError::Malformed { .. }))
+        ));
+        assert!(matches!(
+            check(Mode::Dependent, &blocks(&[(4, 5)]).declared),
+            Err(OooAppendError::WrongMode { .. })
+        ));
+    }
+
+    #[test]
+    fn split_bounds_records_and_bytes() {
+        assert_eq!(split([]), Vec::<usize>::new());
+        assert_eq!(split([10; 600]), vec![256, 256, 88]);
+        // 32 records of 4 KiB fill exactly one group; the 33rd starts the next.
+        assert_eq!(split([4096; 33]), vec![32, 1]);
+        // A record larger than the bound goes alone.
+        assert_eq!(split([10, 200 << 10, 10]), vec![1, 1, 1]);
+    }
+
+    proptest! {
+        /// Every block a record writes is in the union, and the union holds no block that
+        /// no record writes; its ranges are sorted, disjoint and not adjacent.
+        #[test]
+        fn block_union_covers_exactly_the_records_blocks(
+            recs in proptest::collection::vec(
+                proptest::collection::vec((0u64..60, 1u64..6), 0..4), 0..8)
+        ) {
+            let records: Vec<Record> = recs
+                .iter()
+                .map(|rs| blocks(&rs.iter().map(|&(s, n)| (s, s + n)).collect::<Vec<_>>()))
+                .collect();
+            let Declared::Blocks(u) = union(Mode::Parallel { span: 2 }, &records) else {
+                panic!("parallel union is blocks");
+            };
+            for w in u.windows(2) {
+                prop_assert!(w[0].end < w[1].start);
+            }
+            for b in 0..70u64 {
+                let written = recs.iter().flatten().any(|&(s, n)| s <= b && b < s + n);
+                let covered = u.iter().any(|r| r.start <= b && b < r.end);
+                prop_assert_eq!(written, covered, "block {}", b);
+            }
+        }
+
+        /// Groups keep the records' order, hold every record once and respect both bounds.
+        #[test]
+        fn split_respects_both_bounds(sizes in proptest::collection::vec(0usize..70_000, 0..700)) {
+            let groups = split(sizes.iter().copied());
+            prop_assert_eq!(groups.iter().sum::<usize>(), sizes.len());
+            let mut at = 0;
+            for n in groups {
+                prop_assert!((1..=MAX_GROUP_RECORDS).contains(&n));
+                let bytes: usize = sizes[at..at + n].iter().sum();
+                prop_assert!(n == 1 || bytes <= MAX_GROUP_BYTES);
+                at += n;
+            }
+        }
+    }
+}
