@@ -413,14 +413,14 @@ async fn append_out_of_order(
         Output::Json => {
             let v: Vec<_> = outcomes
                 .iter()
-                .map(|r| json!({"slot": r.seq, "outcome": outcome(r.outcome)}))
+                .map(|r| json!({"slot": r.seq, "index": r.index, "outcome": outcome(r.outcome)}))
                 .collect();
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }
         Output::Table => {
-            println!("{:>14}  OUTCOME", "SLOT");
+            println!("{:>14} {:>5}  OUTCOME", "SLOT", "INDEX");
             for r in &outcomes {
-                println!("{:>14}  {}", r.seq, outcome(r.outcome));
+                println!("{:>14} {:>5}  {}", r.seq, r.index, outcome(r.outcome));
             }
         }
     }

@@ -42,6 +42,10 @@ struct Args {
     /// Run without faults (workload only).
     #[arg(long)]
     no_faults: bool,
+    /// Out-of-order groups: one record per entry, no group payload (the trajectories of
+    /// seeds found before entries carried groups).
+    #[arg(long)]
+    no_groups: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -158,9 +162,13 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         mode: m,
         faults: !args.no_faults,
         fault_time: args.fault_secs * 1_000 * MS,
+        groups: !args.no_groups,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
+    if args.no_groups {
+        broken_flag = " --no-groups".into();
+    }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" {
             eprintln!("chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard");
@@ -171,7 +179,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
             return ExitCode::from(2);
         }
         o.ghost_guard = false;
-        broken_flag = format!(" --broken {b}");
+        broken_flag += &format!(" --broken {b}");
     }
     let (start, count) = match args.seed {
         Some(s) => (s, 1),
@@ -194,7 +202,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
             for v in &r.violations {
                 println!("  {v}");
             }
-            let features = if broken_flag.is_empty() {
+            let features = if args.broken.is_none() {
                 ""
             } else {
                 " --features broken"
@@ -207,10 +215,11 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
+        t("records"),
         t("committed"),
         t("failed"),
         t("crashes"),

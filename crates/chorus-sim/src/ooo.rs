@@ -13,6 +13,12 @@
 //!   against its current state plus its admitted, not yet applied writes, then logs it;
 //!   followers replay.
 //!
+//! Half the entries are **groups** of 2–3 records, as the runtime packs concurrent
+//! appends (`chorus_core::ooo::group`): the entry declares the union of its records'
+//! declarations and its records apply in their order inside it; a dependent group's
+//! transactions are executed in that order too (a later one reads what an earlier one of
+//! the same group wrote).
+//!
 //! Applies are run in a random order within each batch the replica releases, as a driver
 //! with several apply threads would.
 //!
@@ -30,13 +36,16 @@
 //! 4. a leader announces serving only when every slot below its first new one is
 //!    committed on it (it never serves before its merge completes);
 //! 5. after healing, every replica's state equals the serial application of the
-//!    committed log in slot order, and (dependent mode) every committed transaction read
-//!    exactly the value the serial order gives it — no dirty read of a failed write.
+//!    committed log in slot order (records in group order), and (dependent mode) every
+//!    committed transaction read exactly the value the serial order gives it — no dirty
+//!    read of a failed write.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use chorus_core::format::meta::NodeId;
+use chorus_core::format::ooo::encode_group;
+use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Action, Body, Declared, Entry, Mode, Msg, OooConfig, OooReplica};
 use chorus_core::ooo::Seq;
@@ -75,6 +84,10 @@ pub struct OooOptions {
     pub ghost_guard: bool,
     /// Checkpoint and compact (on the seeds not divisible by 3).
     pub compact: bool,
+    /// Entries carry groups of records (half of them 2–3 records), as the runtime packs
+    /// them; off, every entry is one record with its bytes as the entry's data — the
+    /// trajectories of the seeds found before groups existed.
+    pub groups: bool,
 }
 
 impl Default for OooOptions {
@@ -89,6 +102,7 @@ impl Default for OooOptions {
             inflight: 32,
             ghost_guard: true,
             compact: true,
+            groups: true,
         }
     }
 }
@@ -151,21 +165,47 @@ fn mix(a: u64, b: u64) -> u64 {
     x ^ x >> 29
 }
 
-/// What an entry writes: blocks (parallel) or one key (dependent), with the values.
-fn writes(e: &Entry) -> Vec<(u64, u64)> {
-    match &e.body {
-        Body::Null => Vec::new(),
-        Body::Parallel { ranges, data, .. } => {
-            let t = token_of(data).unwrap_or(0);
-            ranges
-                .iter()
-                .flat_map(|r| (r.start..r.end).map(move |b| (b, t)))
-                .collect()
-        }
-        Body::Dependent { data, .. } => decode_txn(data)
-            .map(|[_, _, wk, wv]| vec![(wk, wv)])
-            .unwrap_or_default(),
+/// The records of an entry, in order: with `groups`, its group payload (as the runtime
+/// packs records: `chorus_core::ooo::group`; none for data that is not a group); without,
+/// the entry is one record with the entry's own declaration. None for NULL.
+fn records(e: &Entry, groups: bool) -> Vec<Record> {
+    if groups {
+        return group::records(e).unwrap_or_default();
     }
+    let declared = match &e.body {
+        Body::Null => return Vec::new(),
+        Body::Parallel { ranges, .. } => Declared::Blocks(ranges.clone()),
+        Body::Dependent { write_set, .. } => Declared::Txn {
+            read_set: Vec::new(),
+            write_set: write_set.clone(),
+        },
+    };
+    vec![Record {
+        declared,
+        data: e.data().to_vec(),
+    }]
+}
+
+/// What an entry writes, record by record in the group's order: blocks (parallel) or one
+/// key (dependent) per record, with the values.
+fn writes(e: &Entry, groups: bool) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for r in records(e, groups) {
+        match &r.declared {
+            Declared::Blocks(ranges) => {
+                let t = token_of(&r.data).unwrap_or(0);
+                out.extend(
+                    ranges
+                        .iter()
+                        .flat_map(|r| (r.start..r.end).map(move |b| (b, t))),
+                );
+            }
+            Declared::Txn { .. } => {
+                out.extend(decode_txn(&r.data).map(|[_, _, wk, wv]| (wk, wv)));
+            }
+        }
+    }
+    out
 }
 
 /// A state machine image: every key with its value and the slot that wrote it.
@@ -604,7 +644,7 @@ impl Sim {
         self.bump("applied", 1);
         let n = self.nodes.get_mut(&id).expect("node");
         let mut bad = None;
-        for (k, v) in writes(e) {
+        for (k, v) in writes(e, self.o.groups) {
             if let Some(&w) = n.last_writer.get(&k) {
                 if w > e.seq {
                     bad = Some((k, w));
@@ -716,49 +756,73 @@ impl Sim {
                 break;
             }
             let space = self.o.space.max(8);
-            let (declared, data) = match self.o.mode {
-                Mode::Parallel { .. } => {
-                    let len = 1 + self.rng.below(4);
-                    let start = self.rng.below(space - len);
-                    let token = self.rng.next_u64();
-                    (
-                        Declared::Blocks(vec![BlockRange::new(start, len).expect("non-empty")]),
-                        token.to_le_bytes().to_vec(),
-                    )
-                }
-                Mode::Dependent => {
-                    let rk = self.rng.below(space);
-                    let wk = self.rng.below(space);
-                    let n = &self.nodes[&id];
-                    let rv = n
-                        .spec
-                        .get(&rk)
-                        .map(|&(_, v)| v)
-                        .or_else(|| n.state.get(&rk).copied())
-                        .unwrap_or(0);
-                    let wv = mix(rv, self.rng.next_u64());
-                    (
-                        Declared::Txn {
-                            read_set: vec![rk],
-                            write_set: vec![wk],
-                        },
-                        encode_txn(rk, rv, wk, wv),
-                    )
-                }
+            // Half the entries are groups of 2-3 records declaring the union of their
+            // records' declarations, as the runtime packs concurrent appends.
+            let size = if !self.o.groups || self.rng.chance(1, 2) {
+                1
+            } else {
+                2 + self.rng.below(2)
+            };
+            // A transaction of the group reads what the records before it in the group
+            // wrote (the leader executes them in order).
+            let mut own: HashMap<u64, u64> = HashMap::new();
+            let mut recs = Vec::new();
+            for _ in 0..size {
+                recs.push(match self.o.mode {
+                    Mode::Parallel { .. } => {
+                        let len = 1 + self.rng.below(4);
+                        let start = self.rng.below(space - len);
+                        let token = self.rng.next_u64();
+                        Record {
+                            declared: Declared::Blocks(vec![
+                                BlockRange::new(start, len).expect("non-empty")
+                            ]),
+                            data: token.to_le_bytes().to_vec(),
+                        }
+                    }
+                    Mode::Dependent => {
+                        let rk = self.rng.below(space);
+                        let wk = self.rng.below(space);
+                        let n = &self.nodes[&id];
+                        let rv = own
+                            .get(&rk)
+                            .copied()
+                            .or_else(|| n.spec.get(&rk).map(|&(_, v)| v))
+                            .or_else(|| n.state.get(&rk).copied())
+                            .unwrap_or(0);
+                        let wv = mix(rv, self.rng.next_u64());
+                        own.insert(wk, wv);
+                        Record {
+                            declared: Declared::Txn {
+                                read_set: vec![rk],
+                                write_set: vec![wk],
+                            },
+                            data: encode_txn(rk, rv, wk, wv),
+                        }
+                    }
+                });
+            }
+            let (declared, data) = if self.o.groups {
+                (group::union(self.o.mode, &recs), encode_group(&recs))
+            } else {
+                (recs[0].declared.clone(), recs[0].data.clone())
             };
             let now = self.now;
             let n = self.nodes.get_mut(&id).expect("node");
             let inc = n.incarnation;
             let r = n.replica.as_mut().expect("serving");
-            match r.append(now, declared, data.clone()) {
+            match r.append(now, declared, data) {
                 Ok(t) => {
-                    if let Some([_, _, wk, wv]) = decode_txn(&data) {
-                        if self.o.mode == Mode::Dependent {
-                            n.spec.insert(wk, (t.seq, wv));
+                    if self.o.mode == Mode::Dependent {
+                        for r in &recs {
+                            if let Some([_, _, wk, wv]) = decode_txn(&r.data) {
+                                n.spec.insert(wk, (t.seq, wv));
+                            }
                         }
                     }
                     self.appends.insert(t.eid, (id, inc, t.seq, None, false));
                     self.bump("appends", 1);
+                    self.bump("records", recs.len() as u64);
                 }
                 Err(_) => {
                     self.bump("appends_refused", 1);
@@ -859,16 +923,25 @@ impl Sim {
                 ));
                 break;
             };
-            if let (Mode::Dependent, Some([rk, rv, _, _])) = (self.o.mode, decode_txn(e.data())) {
-                let want = serial.get(&rk).copied().unwrap_or(0);
-                if rv != want {
-                    problems.push(format!(
-                        "committed transaction at slot {s} read key {rk} = {rv:#x}, the serial order gives {want:#x}"
-                    ));
+            if self.o.mode == Mode::Dependent {
+                // Record by record: a transaction reads what the records before it in the
+                // serial order (its own group's included) wrote.
+                for (i, r) in records(e, self.o.groups).iter().enumerate() {
+                    let Some([rk, rv, wk, wv]) = decode_txn(&r.data) else {
+                        continue;
+                    };
+                    let want = serial.get(&rk).copied().unwrap_or(0);
+                    if rv != want {
+                        problems.push(format!(
+                            "committed transaction at slot {s} record {i} read key {rk} = {rv:#x}, the serial order gives {want:#x}"
+                        ));
+                    }
+                    serial.insert(wk, wv);
                 }
-            }
-            for (k, v) in writes(e) {
-                serial.insert(k, v);
+            } else {
+                for (k, v) in writes(e, self.o.groups) {
+                    serial.insert(k, v);
+                }
             }
         }
         let mut heads = Vec::new();
