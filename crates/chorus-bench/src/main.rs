@@ -293,7 +293,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         };
         match &p.error {
             None => eprintln!(
-                "[{:>5.0}s] r{} {:<12} {:<9} {x}: {:>8.0} ops/s  p50 {:>6.0} µs  cpu {}{}",
+                "[{:>5.0}s] r{} {:<12} {:<9} {x}: {:>8.0} ops/s  p50 {:>6.0} µs  cpu {}{}{}",
                 t0.elapsed().as_secs_f64(),
                 p.repeat,
                 p.part.name(),
@@ -309,6 +309,12 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
                     "  gap p50 {:.0} µs p99 {:.0} µs",
                     g.median_us, g.p99_us
                 )),
+                match (p.records_per_entry, p.terms) {
+                    (Some(r), Some((a, b))) if a != b =>
+                        format!("  {r:.1} rec/entry  TERM {a}->{b}"),
+                    (Some(r), _) => format!("  {r:.1} rec/entry"),
+                    _ => String::new(),
+                },
             ),
             Some(e) => eprintln!(
                 "[{:>5.0}s] r{} {:<12} {:<9} {x}: FAILED: {e}",

@@ -341,6 +341,12 @@ pub struct Point {
     pub gap_per_follower: Vec<Option<GapStats>>,
     /// Why the point failed, if it did (its figures are then zero).
     pub error: Option<String>,
+    /// Out-of-order systems: node 1's terms during the measured interval (from, to): a
+    /// change means it lost leadership (a stall of an election timeout or more).
+    pub terms: Option<(u64, u64)>,
+    /// Out-of-order systems: records per group entry node 1 appended in the measured
+    /// interval.
+    pub records_per_entry: Option<f64>,
 }
 
 /// What one point runs.
@@ -450,6 +456,8 @@ fn point(
         gap: None,
         gap_per_follower: vec![],
         error: None,
+        terms: None,
+        records_per_entry: None,
     };
     let dir = root.join(format!(
         "{}-{}-{}-r{repeat}",
@@ -970,11 +978,22 @@ fn measure(
         .iter()
         .map(|&p| cpu_ticks(p))
         .collect::<Result<_, _>>()?;
+    let ooo_status = || match &cluster.leader {
+        Some(Running::Ooo(n)) => n.status(),
+        _ => None,
+    };
+    let st0 = ooo_status();
     let (t0, m0) = (Instant::now(), mono_ns());
     measuring.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs_f64(s.seconds));
     measuring.store(false, Ordering::Relaxed);
     let (el, m1) = (t0.elapsed().as_secs_f64(), mono_ns());
+    if let (Some(a), Some(b)) = (st0, ooo_status()) {
+        p.terms = Some((a.term, b.term));
+        let groups = b.counters.groups.saturating_sub(a.counters.groups);
+        let appends = b.counters.appends.saturating_sub(a.counters.appends);
+        p.records_per_entry = Some(appends as f64 / groups.max(1) as f64);
+    }
     let cpu1: Vec<u64> = pids
         .iter()
         .map(|&p| cpu_ticks(p))
@@ -1290,6 +1309,8 @@ mod tests {
             }),
             gap_per_follower: vec![],
             error: None,
+            terms: None,
+            records_per_entry: None,
         };
         let pts = vec![
             mk(System::Dependent, 300.0, 50.0),
