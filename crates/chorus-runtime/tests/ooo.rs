@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use chorus_core::ooo::group::Record;
 use chorus_core::ooo::parallel::BlockRange;
+use chorus_core::ooo::replica::OooAppendError;
 use chorus_core::ooo::replica::{Declared, Mode};
-use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStateMachine};
+use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooNodeError, OooStateMachine};
 use chorus_runtime::transport::TlsFiles;
 use chorus_runtime::Outcome;
 
@@ -293,6 +294,57 @@ fn run(mode: Mode) {
             );
         }
     }
+    // A burst sent to a follower is refused whole, every record by name (a group is
+    // refused as one entry; each of its writers hears why), and a record of the other
+    // mode is refused alone, before it could join a group.
+    let l = c.leader();
+    let f = c.nodes[(l + 1) % 3].as_ref().unwrap();
+    let futs: Vec<_> = (0..20)
+        .map(|i| {
+            let (d, data) = c.record(i);
+            f.submit(d, data)
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for r in rt.block_on(async {
+        let mut out = Vec::new();
+        for fut in futs {
+            out.push(fut.await);
+        }
+        out
+    }) {
+        assert!(
+            matches!(
+                r,
+                Err(OooNodeError::Refused(OooAppendError::NotLeader { .. }))
+            ),
+            "{r:?}"
+        );
+    }
+    let other = match mode {
+        Mode::Parallel { .. } => Declared::Txn {
+            read_set: vec![],
+            write_set: vec![1],
+        },
+        Mode::Dependent => Declared::Blocks(vec![BlockRange::new(0, 1).unwrap()]),
+    };
+    let leader = c.nodes[l].as_ref().unwrap();
+    let (good, bad) = rt.block_on(async {
+        let (d, data) = c.record(7);
+        let good = leader.submit(d, data);
+        let bad = leader.submit(other, vec![0; 8]);
+        (good.await, bad.await)
+    });
+    assert_eq!(good.unwrap().outcome, Outcome::Committed);
+    assert!(
+        matches!(
+            bad,
+            Err(OooNodeError::Refused(OooAppendError::WrongMode { .. }))
+        ),
+        "{bad:?}"
+    );
     // Stop the leader; the others elect, merge and serve.
     let l = c.leader();
     c.stop(l);

@@ -357,9 +357,8 @@ impl ParallelApplier {
         match self.held.get_mut(&seq) {
             Some(s) if s.committed && !s.applied => {
                 s.applied = true;
-                let ranges = std::mem::take(&mut s.ranges);
-                self.busy.remove(seq, &ranges);
-                self.held.get_mut(&seq).expect("held").ranges = ranges;
+                // `held` and `busy` are disjoint fields: no need to move the ranges out.
+                self.busy.remove(seq, &s.ranges);
             }
             Some(s) if s.committed => {}
             _ => return Err(OooError::not_applicable(seq)),
@@ -377,7 +376,7 @@ impl ParallelApplier {
         }
         self.in_range(seq)?;
         if let Some(old) = self.held.get(&seq).filter(|s| !s.applied) {
-            self.busy.remove(seq, &old.ranges.clone());
+            self.busy.remove(seq, &old.ranges);
         }
         if let Some(old) = self.known.remove(&seq) {
             self.busy.remove(seq, &old);
