@@ -445,7 +445,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 22] = [
+        let metrics: [(&str, &str, &str, Get); 23] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -470,6 +470,12 @@ impl OooGroups {
                 "counter",
                 "Appends accepted as leader.",
                 |s| s.counters.appends,
+            ),
+            (
+                "chorus_ooo_group_entries_total",
+                "counter",
+                "Group entries the accepted appends were packed into (appends / entries = records per entry).",
+                |s| s.counters.groups,
             ),
             (
                 "chorus_ooo_commits_total",

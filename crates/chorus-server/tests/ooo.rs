@@ -501,6 +501,14 @@ async fn out_of_order_groups_through_the_server() {
     };
     let commits = metric(new, "chorus_ooo_commits_total", PAR, "parallel");
     assert!(commits >= 100, "{commits}");
+    // Every accepted append was packed into some group entry, never more entries than
+    // appends.
+    let appends = metric(new, "chorus_ooo_appends_total", PAR, "parallel");
+    let entries = metric(new, "chorus_ooo_group_entries_total", PAR, "parallel");
+    assert!(
+        (1..=appends).contains(&entries),
+        "{entries} entries for {appends} appends"
+    );
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
         assert!(metric(new, "chorus_ooo_checkpoints_total", g, mode) >= 1);
         assert!(metric(new, "chorus_ooo_base_slots", g, mode) > 0);
