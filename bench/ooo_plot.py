@@ -86,9 +86,12 @@ def block(res, d):
         a2.set_ylim(bottom=0)
     else:
         empty(a1, "the block part")
-    jit = res["settings"]["jitter_ms"]
+    st = res["settings"]
+    jit = st["jitter_ms"]
+    links = "nodes 2 and 3" if st.get("jitter_links", 1) == 2 else "node 3"
+    how = "frames reordered" if st.get("reorder", False) else "order kept"
     fig.suptitle(f"4 KiB random block writes, 3 replica processes, fsync, "
-                 f"0–{jit:g} ms jitter leader→node 3")
+                 f"0–{jit:g} ms jitter leader→{links} ({how})")
     fig.tight_layout()
     fig.savefig(os.path.join(d, "block_iops.png"), dpi=120)
     plt.close(fig)

@@ -231,6 +231,14 @@ struct OooArgs {
     /// YCSB: jitter bound on the leader → node 3 link, ms (0: none).
     #[arg(long, default_value_t = 0.0)]
     ycsb_jitter_ms: f64,
+    /// The jitter delays each replication frame by its own draw, so frames overtake one
+    /// another (one link standing for several connections, one slow: PolarFS 5.1),
+    /// instead of delaying the byte stream in order.
+    #[arg(long)]
+    reorder: bool,
+    /// Leader → follower links given the jitter: 1 (node 3) or 2 (nodes 2 and 3).
+    #[arg(long, default_value_t = 1)]
+    jitter_links: usize,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -273,6 +281,8 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         keys: a.keys,
         value_bytes: a.value_bytes,
         ycsb_jitter_ms: a.ycsb_jitter_ms,
+        reorder: a.reorder,
+        jitter_links: a.jitter_links,
         apply_threads: a.apply_threads,
         ooo_election_ms: a.ooo_election_ms,
     };

@@ -14,7 +14,11 @@
 //!
 //! Jitter: a TCP proxy in this process in front of node 3's replication port, through
 //! which the leader dials node 3 ([`proxy`]): each chunk the leader sends is delayed by a
-//! random time in `[0, --jitter-ms)` but never overtakes an earlier one. The same proxy
+//! random time in `[0, --jitter-ms)` but never overtakes an earlier one. With
+//! `--reorder` each *frame* is delayed by its own draw and may overtake earlier ones (a
+//! link of several connections, one of them slow: PolarFS section 5.1); with
+//! `--jitter-links 2` node 2's link is proxied the same way, so no majority avoids the
+//! jitter. The same proxy
 //! for every system (the out-of-order driver's own `link_jitter` is not used).
 //!
 //! # Systems
@@ -74,7 +78,7 @@ use chorus_runtime::LogHandle;
 
 use gap::{mono_ns, GapStats};
 use node::{NodeOpts, Recorder, Running};
-use proxy::JitterProxy;
+use proxy::{Framing, JitterProxy, Shape};
 use zipf::Zipf;
 
 /// A benchmarked system.
@@ -191,6 +195,11 @@ pub struct Settings {
     pub value_bytes: usize,
     /// YCSB: jitter bound on the leader → node 3 link, ms (0: no proxy).
     pub ycsb_jitter_ms: f64,
+    /// The jitter reorders whole frames (each delayed by its own draw, PolarFS 5.1's
+    /// slow connection among several) instead of keeping byte order ([`proxy::Shape`]).
+    pub reorder: bool,
+    /// How many leader → follower links get the jitter: 1 (node 3) or 2 (nodes 2 and 3).
+    pub jitter_links: usize,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Out-of-order nodes: node 1's election timeout, ms; nodes 2 and 3 get
@@ -262,6 +271,12 @@ impl Settings {
             if !(0.0..=1000.0).contains(&j) {
                 return Err(format!("--{name} {j}: expected 0 to 1000 ms"));
             }
+        }
+        if !(1..=2).contains(&self.jitter_links) {
+            return Err(format!(
+                "--jitter-links {}: expected 1 (node 3) or 2 (nodes 2 and 3)",
+                self.jitter_links
+            ));
         }
         if has(Part::YcsbClients) || has(Part::YcsbTheta) {
             if self.ycsb_systems.is_empty() {
@@ -718,7 +733,7 @@ fn format_peers(p: &[(u64, SocketAddr)]) -> String {
 struct Cluster {
     leader: Option<Running>,
     children: Vec<Child>,
-    proxy: Option<JitterProxy>,
+    proxies: Vec<JitterProxy>,
     rec: Arc<Recorder>,
 }
 
@@ -754,30 +769,40 @@ impl Cluster {
                 .map_err(|e| format!("node {}: address {a:?}: {e}", c.id))?;
             addrs.push((c.id, a));
         }
-        let proxy = if jitter_ms > 0.0 {
-            let p = JitterProxy::start(
-                addrs[2].1,
-                Duration::from_secs_f64(jitter_ms / 1e3),
-                mono_ns(),
-            )
-            .map_err(|e| format!("jitter proxy: {e}"))?;
-            Some(p)
+        // The proxies: in front of node 3, and node 2 too with two jittered links.
+        let shape = if s.reorder {
+            Shape::Reorder(match sys {
+                System::Ordered => Framing::Ordered,
+                _ => Framing::OutOfOrder,
+            })
         } else {
-            None
+            Shape::KeepOrder
         };
-        // The leader dials node 3 through the proxy; everyone else directly.
+        let mut proxies = Vec::new();
         let mut lead_peers = addrs.clone();
-        if let Some(p) = &proxy {
-            lead_peers[2].1 = p.addr();
+        if jitter_ms > 0.0 {
+            for i in (3 - s.jitter_links..3).rev() {
+                let p = JitterProxy::start_shaped(
+                    addrs[i].1,
+                    Duration::from_secs_f64(jitter_ms / 1e3),
+                    mono_ns() ^ i as u64,
+                    shape,
+                )
+                .map_err(|e| format!("jitter proxy: {e}"))?;
+                // The leader dials a jittered node through its proxy; everyone else
+                // directly.
+                lead_peers[i].1 = p.addr();
+                proxies.push(p);
+            }
         }
         let rec = Arc::new(Recorder::new(record));
-        // The leader first, with node 3's proxy address set before any peer can
+        // The leader first, with the proxies' addresses set before any peer can
         // announce its own address to it.
         let leader = node::start(b1, &o1, &lead_peers, rec.clone())?;
         let mut me = Cluster {
             leader: Some(leader),
             children,
-            proxy,
+            proxies,
             rec,
         };
         let line = format!("peers {}", format_peers(&addrs));
@@ -858,7 +883,7 @@ impl Cluster {
         for c in self.children.iter_mut() {
             c.finish(Duration::from_secs(10));
         }
-        self.proxy.take();
+        self.proxies.clear();
         Ok((leader, followers))
     }
 
@@ -875,7 +900,7 @@ impl Drop for Cluster {
         }
         // Children: killed and reaped by their own Drop.
         self.children.clear();
-        self.proxy.take();
+        self.proxies.clear();
     }
 }
 

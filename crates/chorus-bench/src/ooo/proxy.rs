@@ -1,13 +1,25 @@
 //! A jittery replication link, identical for every system: a TCP proxy in front of one
-//! node's replication port. Each chunk of bytes read from the dialling side is forwarded
-//! after a random delay below a bound, but never before the chunk read before it (its
-//! due time is `max(arrival + U[0, bound), previous due time)`), so byte order is kept —
-//! a link whose one-way delay jitters. The other direction is copied without delay.
+//! node's replication port. What the dialling side sends is delayed; the other direction
+//! is copied without delay. Two shapes ([`Shape`]):
+//!
+//! - **Keep order**: each chunk of bytes read is forwarded after a random delay below a
+//!   bound, but never before the chunk read before it (its due time is
+//!   `max(arrival + U[0, bound), previous due time)`) — a link whose one-way delay
+//!   jitters, as one TCP connection does.
+//! - **Reorder**: the proxy cuts the stream into the transport's frames and delays each
+//!   *frame* by its own `U[0, bound)`, so a later frame overtakes an earlier one that drew
+//!   a longer delay. This is one link standing for several connections between the same
+//!   two nodes, one of which is momentarily slow: PolarFS section 5.1's case ("when one
+//!   connection blocks or becomes slow, log entries would arrive at follower out of
+//!   order"). Frames stay whole and the connection's lead-in (the out-of-order
+//!   transport's 16-byte preamble, the ordered transport's Hello frame) goes first.
 //!
 //! Both replication transports (the ordered runtime's and the out-of-order driver's) dial
-//! a peer and only write on that connection, so the proxy in front of node 3 delays
-//! exactly what the leader sends to node 3.
+//! a peer and only write on that connection, so the proxy in front of a node delays
+//! exactly what the leader sends to it.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +28,52 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use chorus_core::format::wire::FRAME_HEADER_SIZE;
 use chorus_core::rng::Rng;
+
+/// How the frames of a replication connection are laid out, so the reordering proxy can
+/// move whole frames (`docs/formats.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// The ordered runtime's transport (`chorus_core::format::wire`): 20-byte header with
+    /// `body_len` (u32 LE) at offset 8, then the body; the first frame is the Hello.
+    Ordered,
+    /// The out-of-order driver's transport: a 16-byte preamble (`u64 node | u64 group`),
+    /// then frames `u32 length | u32 CRC32C | message`.
+    OutOfOrder,
+}
+
+impl Framing {
+    /// Bytes sent before the first frame that may be delayed: they go at once.
+    fn lead_in(self, buf: &[u8]) -> Option<usize> {
+        match self {
+            Framing::Ordered => self.frame_len(buf),
+            Framing::OutOfOrder => (buf.len() >= 16).then_some(16),
+        }
+    }
+
+    /// The length of the whole frame at the start of `buf`, once its header is there.
+    fn frame_len(self, buf: &[u8]) -> Option<usize> {
+        let (hdr, at) = match self {
+            Framing::Ordered => (FRAME_HEADER_SIZE, 8),
+            Framing::OutOfOrder => (8, 0),
+        };
+        if buf.len() < hdr {
+            return None;
+        }
+        let body = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+        Some(hdr + body)
+    }
+}
+
+/// How the proxy delays what the dialler sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Chunks delayed by up to the bound, byte order kept.
+    KeepOrder,
+    /// Each frame of this framing delayed by its own draw; frames may overtake.
+    Reorder(Framing),
+}
 
 /// A running proxy; dropping it closes every connection and stops its threads.
 pub struct JitterProxy {
@@ -30,6 +87,16 @@ impl JitterProxy {
     /// Listens on a free loopback port and forwards every connection to `upstream`,
     /// delaying the dialler's bytes by up to `bound` (random, seeded with `seed`).
     pub fn start(upstream: SocketAddr, bound: Duration, seed: u64) -> std::io::Result<Self> {
+        Self::start_shaped(upstream, bound, seed, Shape::KeepOrder)
+    }
+
+    /// As [`JitterProxy::start`], delaying in the given [`Shape`].
+    pub fn start_shaped(
+        upstream: SocketAddr,
+        bound: Duration,
+        seed: u64,
+        shape: Shape,
+    ) -> std::io::Result<Self> {
         let l = TcpListener::bind("127.0.0.1:0")?;
         let addr = l.local_addr()?;
         l.set_nonblocking(true)?;
@@ -45,7 +112,7 @@ impl JitterProxy {
                     match l.accept() {
                         Ok((down, _)) => {
                             n += 1;
-                            match pipe(down, upstream, bound, seed ^ n, &st, &sk) {
+                            match pipe(down, upstream, bound, seed ^ n, shape, &st, &sk) {
                                 Ok(t) => threads.extend(t),
                                 Err(e) => eprintln!("jitter proxy: connection dropped: {e}"),
                             }
@@ -88,12 +155,16 @@ impl Drop for JitterProxy {
     }
 }
 
+/// A frame longer than this is not a replication frame (both transports refuse far less).
+const MAX_FRAME: usize = 256 << 20;
+
 /// Starts the three threads of one proxied connection.
 fn pipe(
     down: TcpStream,
     upstream: SocketAddr,
     bound: Duration,
     seed: u64,
+    shape: Shape,
     stop: &Arc<AtomicBool>,
     socks: &Arc<Mutex<Vec<TcpStream>>>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
@@ -115,22 +186,57 @@ fn pipe(
     };
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let mut threads = Vec::new();
-    // Dialler → upstream, read side: stamp each chunk with its due time.
+    // Dialler → upstream, read side: stamp each chunk (or frame) with its due time.
     {
         let (mut down, close, stop) = (down.try_clone()?, close.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
             let mut rng = Rng::new(seed);
             let mut last = Instant::now();
             let mut buf = vec![0u8; 256 << 10];
-            while !stop.load(Ordering::Relaxed) {
-                match down.read(&mut buf) {
+            // Reorder: bytes read but not yet a whole frame, and whether the lead-in went.
+            let mut pending: Vec<u8> = Vec::new();
+            let mut led = false;
+            'read: while !stop.load(Ordering::Relaxed) {
+                let n = match down.read(&mut buf) {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let wait = Duration::from_nanos(rng.below(bound.as_nanos() as u64));
-                        let due = (Instant::now() + wait).max(last);
+                    Ok(n) => n,
+                };
+                let mut draw = || Duration::from_nanos(rng.below(bound.as_nanos() as u64));
+                match shape {
+                    Shape::KeepOrder => {
+                        let due = (Instant::now() + draw()).max(last);
                         last = due;
                         if tx.send((due, buf[..n].to_vec())).is_err() {
                             break;
+                        }
+                    }
+                    Shape::Reorder(framing) => {
+                        pending.extend_from_slice(&buf[..n]);
+                        loop {
+                            let (len, due) = if led {
+                                match framing.frame_len(&pending) {
+                                    Some(len) => (len, Instant::now() + draw()),
+                                    None => break,
+                                }
+                            } else {
+                                match framing.lead_in(&pending) {
+                                    Some(len) => (len, Instant::now()),
+                                    None => break,
+                                }
+                            };
+                            if len > MAX_FRAME {
+                                eprintln!("jitter proxy: a {len}-byte frame; closing");
+                                break 'read;
+                            }
+                            if pending.len() < len {
+                                break;
+                            }
+                            led = true;
+                            let rest = pending.split_off(len);
+                            let frame = std::mem::replace(&mut pending, rest);
+                            if tx.send((due, frame)).is_err() {
+                                break 'read;
+                            }
                         }
                     }
                 }
@@ -138,17 +244,38 @@ fn pipe(
             close();
         }));
     }
-    // Dialler → upstream, write side: each chunk at its due time, in order.
+    // Dialler → upstream, write side: whatever is due first goes first (in the order read
+    // among equal due times; with KeepOrder the due times never decrease).
     {
         let (mut up, close) = (up.try_clone()?, close.clone());
         threads.push(std::thread::spawn(move || {
-            while let Ok((due, bytes)) = rx.recv() {
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                if up.write_all(&bytes).is_err() {
-                    break;
+            let mut heap: BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>> = BinaryHeap::new();
+            let mut seq = 0u64;
+            let mut open = true;
+            while open || !heap.is_empty() {
+                let next = heap.peek().map(|Reverse((due, _, _))| *due);
+                let got = match next {
+                    Some(due) if due <= Instant::now() => {
+                        let Reverse((_, _, bytes)) = heap.pop().expect("peeked");
+                        if up.write_all(&bytes).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    Some(due) if open => rx.recv_timeout(due - Instant::now().min(due)),
+                    Some(due) => {
+                        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                        continue;
+                    }
+                    None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                };
+                match got {
+                    Ok((due, bytes)) => {
+                        seq += 1;
+                        heap.push(Reverse((due, seq, bytes)));
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
                 }
             }
             close();
@@ -218,6 +345,116 @@ mod tests {
         }
         let got = reader.join().unwrap();
         assert!(got == sent, "bytes reordered or corrupted by the proxy");
+        drop(c);
+        drop(p);
+        server.join().unwrap();
+    }
+
+    /// Reads `n` out-of-order-transport frames (after the preamble) from `r`.
+    fn read_ooo_frames(r: &mut TcpStream, n: usize) -> ([u8; 16], Vec<Vec<u8>>) {
+        let mut pre = [0u8; 16];
+        r.read_exact(&mut pre).unwrap();
+        let mut frames = Vec::new();
+        for _ in 0..n {
+            let mut h = [0u8; 8];
+            r.read_exact(&mut h).unwrap();
+            let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; len];
+            r.read_exact(&mut body).unwrap();
+            // The "CRC" field carries the frame's number here, its body len copies of it.
+            let k = u32::from_le_bytes(h[4..].try_into().unwrap());
+            assert!(body.iter().all(|&b| b == k as u8), "frame {k} torn");
+            frames.push(h.iter().chain(&body).copied().collect());
+        }
+        (pre, frames)
+    }
+
+    #[test]
+    fn reordering_moves_whole_frames_and_sends_the_preamble_first() {
+        let (up, server) = echo_server();
+        let shape = Shape::Reorder(Framing::OutOfOrder);
+        let p = JitterProxy::start_shaped(up, Duration::from_millis(4), 7, shape).unwrap();
+        let mut c = TcpStream::connect(p.addr()).unwrap();
+        c.set_nodelay(true).unwrap();
+        let pre: [u8; 16] = std::array::from_fn(|i| 0xA0 + i as u8);
+        let mut sent = Vec::new();
+        for k in 0..300u32 {
+            let len = 1 + (k as usize * 37) % 3000;
+            let mut f = (len as u32).to_le_bytes().to_vec();
+            f.extend_from_slice(&k.to_le_bytes());
+            f.extend(std::iter::repeat_n(k as u8, len));
+            sent.push(f);
+        }
+        let mut r = c.try_clone().unwrap();
+        let reader = std::thread::spawn(move || read_ooo_frames(&mut r, 300));
+        // Written in pieces that cut frames anywhere, and the preamble split too.
+        let mut bytes = pre.to_vec();
+        for f in &sent {
+            bytes.extend_from_slice(f);
+        }
+        for (i, chunk) in bytes.chunks(1499).enumerate() {
+            c.write_all(chunk).unwrap();
+            if i % 3 == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let (got_pre, got) = reader.join().unwrap();
+        assert_eq!(got_pre, pre, "the preamble must arrive first and whole");
+        let mut sorted = got.clone();
+        sorted.sort_by_key(|f| u32::from_le_bytes(f[4..8].try_into().unwrap()));
+        assert!(sorted == sent, "frames lost, duplicated or altered");
+        assert!(
+            got != sent,
+            "no frame overtook another in 300 under 4 ms of jitter"
+        );
+        drop(c);
+        drop(p);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn an_ordered_transport_hello_goes_first_then_frames_reorder() {
+        let (up, server) = echo_server();
+        let shape = Shape::Reorder(Framing::Ordered);
+        let p = JitterProxy::start_shaped(up, Duration::from_millis(4), 3, shape).unwrap();
+        let mut c = TcpStream::connect(p.addr()).unwrap();
+        // Frames laid out as the wire format's: 20-byte header, body_len at offset 8; byte
+        // 0 numbers the frame.
+        let frame = |k: u8, len: usize| {
+            let mut f = vec![0u8; FRAME_HEADER_SIZE];
+            f[0] = k;
+            f[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+            f.extend(std::iter::repeat_n(k, len));
+            f
+        };
+        let frames: Vec<Vec<u8>> = (0..200u8).map(|k| frame(k, 10 + k as usize * 5)).collect();
+        let total: usize = frames.iter().map(Vec::len).sum();
+        let mut r = c.try_clone().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut n = 0;
+            while n < total {
+                let mut h = [0u8; FRAME_HEADER_SIZE];
+                r.read_exact(&mut h).unwrap();
+                let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+                let mut body = vec![0u8; len];
+                r.read_exact(&mut body).unwrap();
+                assert!(body.iter().all(|&b| b == h[0]), "frame {} torn", h[0]);
+                n += FRAME_HEADER_SIZE + len;
+                got.push(h[0]);
+            }
+            got
+        });
+        for f in &frames {
+            c.write_all(f).unwrap();
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let got = reader.join().unwrap();
+        assert_eq!(got[0], 0, "the Hello (first frame) must go first");
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..200u8).collect::<Vec<_>>());
+        assert!(got.windows(2).any(|w| w[0] > w[1]), "nothing reordered");
         drop(c);
         drop(p);
         server.join().unwrap();
