@@ -61,7 +61,7 @@ use chorus_core::format::ooo::{decode_msg, encode_msg};
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::replica::{
     Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReadError, OooReplica,
-    OooStats,
+    OooStats, OooTransferError,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -236,6 +236,8 @@ enum Ev {
     Append(Declared, Vec<u8>, Reply),
     Applied(u64),
     Status(Sender<OooStatus>),
+    /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
+    Transfer(NodeId, Sender<Result<(), OooTransferError>>),
     /// Committed entries from a slot on (at most a count), with the committed head.
     Read(u64, usize, Sender<Result<OooRead, OooReadError>>),
     /// The IO thread made every batch up to this one durable, with this many fdatasyncs;
@@ -495,6 +497,9 @@ impl OooNode {
                                 counters: c,
                             });
                         }
+                        Ev::Transfer(to, reply) => {
+                            let _ = reply.send(replica.transfer_leader(now(), to));
+                        }
                         Ev::Read(from, max, reply) => {
                             let _ = reply.send(replica.read_committed(from, max).map(
                                 |entries| OooRead {
@@ -730,6 +735,17 @@ impl OooNode {
     pub fn read(&self, from: u64, max: usize) -> Option<Result<OooRead, OooReadError>> {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Ev::Read(from, max, tx)).ok()?;
+        rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// Starts handing leadership to node `to` ([`OooReplica::transfer_leader`]): this
+    /// node, a serving leader, refuses appends ([`OooAppendError::Transferring`]) until
+    /// `to` has caught up and campaigns, or for an election timeout if it does not.
+    /// Returns once the transfer is under way, not when `to` leads: watch
+    /// [`OooNode::status`]. `None` if the node stopped.
+    pub fn transfer_leader(&self, to: NodeId) -> Option<Result<(), OooTransferError>> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Ev::Transfer(to, tx)).ok()?;
         rx.recv_timeout(Duration::from_secs(5)).ok()
     }
 

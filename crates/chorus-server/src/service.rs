@@ -144,6 +144,8 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
             s
         }
         E::Refused(OooAppendError::WrongMode { .. }) => Status::invalid_argument(msg),
+        // As the ordered mode's AppendError::Transferring: retry at the new leader.
+        E::Refused(OooAppendError::Transferring { .. }) => Status::failed_precondition(msg),
         E::Refused(_) => Status::resource_exhausted(msg),
         E::Stopped => Status::unavailable(msg),
         // The append may have committed or failed: the caller must look (UNKNOWN).
@@ -558,7 +560,28 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "TransferLeader")?;
+        if self.ooo.get(r.group).is_some() {
+            let g = self.ooo_group(r.group, "TransferLeader")?;
+            return tokio::task::spawn_blocking(move || {
+                use chorus_core::ooo::replica::OooTransferError as E;
+                match g.node.transfer_leader(r.to) {
+                    None => Err(Status::unavailable(format!("group {} stopped", r.group))),
+                    Some(Ok(())) => Ok(Response::new(pb::Empty {})),
+                    Some(Err(e @ E::NotLeader { leader })) => {
+                        let mut s = Status::failed_precondition(format!("group {}: {e}", r.group));
+                        if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
+                            s.metadata_mut().insert("chorus-leader", v);
+                        }
+                        Err(s)
+                    }
+                    Some(Err(e @ E::NotVoter { .. })) => {
+                        Err(Status::invalid_argument(format!("group {}: {e}", r.group)))
+                    }
+                }
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        }
         let log = self.env.group(r.group).map_err(status)?;
         log.transfer_leader(r.to).map_err(status)?;
         Ok(Response::new(pb::Empty {}))

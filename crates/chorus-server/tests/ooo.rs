@@ -446,6 +446,32 @@ async fn out_of_order_groups_through_the_server() {
         .to_string();
     assert!(err.contains("not a parallel-mode group"), "{err}");
 
+    // Leader transfer on the dependent group: the named voter leads within a few round
+    // trips and takes appends; a node outside the group is refused by name.
+    let from = serving(&eps, DEP, Duration::from_secs(5)).await;
+    let to = if from == 3 { 1 } else { from + 1 };
+    let err = c.transfer_leader(DEP, 9).await.unwrap_err().to_string();
+    assert!(err.contains("node 9 is not a voter"), "{err}");
+    c.transfer_leader(DEP, to).await.unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = serving(&eps, DEP, Duration::from_secs(20)).await;
+        if now == to {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "group {DEP}: node {to} never led after the transfer (node {now} does)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let res = c
+        .append_out_of_order(DEP, vec![txn_record(1, 2, 0xE000_0000)])
+        .await
+        .unwrap();
+    assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+    want_kv[2] = Some(0xE000_0000u32.to_le_bytes().to_vec());
+
     // Kill the parallel group's leader; a new one serves; appends go on; the killed node
     // restarts, reopens both groups and catches up.
     let old = serving(&eps, PAR, Duration::from_secs(5)).await;

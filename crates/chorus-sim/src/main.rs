@@ -46,6 +46,10 @@ struct Args {
     /// seeds found before entries carried groups).
     #[arg(long)]
     no_groups: bool,
+    /// Out-of-order groups: no operator leader transfers (the trajectories of seeds found
+    /// before transfers existed).
+    #[arg(long)]
+    no_transfers: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -163,11 +167,15 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         faults: !args.no_faults,
         fault_time: args.fault_secs * 1_000 * MS,
         groups: !args.no_groups,
+        transfers: !args.no_transfers,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
     if args.no_groups {
         broken_flag = " --no-groups".into();
+    }
+    if args.no_transfers {
+        broken_flag.push_str(" --no-transfers");
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" {
@@ -215,7 +223,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -229,6 +237,8 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("checkpoints"),
         t("images_installed"),
         t("unknown_results"),
+        t("transfers_asked"),
+        t("transfers_completed"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -19,6 +19,10 @@
 //! transactions are executed in that order too (a later one reads what an earlier one of
 //! the same group wrote).
 //!
+//! An operator **transfers leadership** every 200–700 ms of the fault time: the serving
+//! leader is asked to hand over to another voter at random, whatever the faults are doing
+//! to it (`OooOptions::transfers`).
+//!
 //! Applies are run in a random order within each batch the replica releases, as a driver
 //! with several apply threads would.
 //!
@@ -88,6 +92,11 @@ pub struct OooOptions {
     /// them; off, every entry is one record with its bytes as the entry's data — the
     /// trajectories of the seeds found before groups existed.
     pub groups: bool,
+    /// An operator asks the serving leader to hand leadership to another voter every
+    /// 200–700 ms of the fault time ([`OooReplica::transfer_leader`]), drawn from a
+    /// random stream of its own; off, the trajectories of the seeds found before
+    /// transfers existed replay exactly.
+    pub transfers: bool,
 }
 
 impl Default for OooOptions {
@@ -103,6 +112,7 @@ impl Default for OooOptions {
             ghost_guard: true,
             compact: true,
             groups: true,
+            transfers: true,
         }
     }
 }
@@ -129,13 +139,19 @@ pub struct OooReport {
 
 #[derive(Debug)]
 enum Ev {
-    Deliver { from: NodeId, to: NodeId, msg: Msg },
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        msg: Msg,
+    },
     Tick(NodeId),
     Client,
     Crash(NodeId),
     Restart(NodeId),
     Partition(NodeId),
     Heal,
+    /// An operator's leader transfer.
+    Transfer,
 }
 
 /// A transaction's record in dependent mode: read `rk` (seeing `rv`), write `wk := wv`.
@@ -269,6 +285,11 @@ struct Sim {
     appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>, bool)>,
     violations: Vec<String>,
     stats: BTreeMap<&'static str, u64>,
+    /// Draws of the leader transfers, apart from `rng` (so that turning transfers off
+    /// leaves every other draw where it was).
+    trng: Rng,
+    /// The last transfer asked: (from, to, the leader's term then).
+    last_transfer: Option<(NodeId, NodeId, u64)>,
 }
 
 impl Sim {
@@ -286,6 +307,8 @@ impl Sim {
             appends: HashMap::new(),
             violations: Vec::new(),
             stats: BTreeMap::new(),
+            trng: Rng::new(seed ^ 0x5452_414e_5346_4552),
+            last_transfer: None,
             o,
         };
         for id in 1..=s.o.voters as NodeId {
@@ -313,7 +336,56 @@ impl Sim {
             s.at(t, Ev::Tick(id));
         }
         s.at(MS, Ev::Client);
+        if s.o.transfers {
+            let mut t = 300 * MS;
+            while t < s.o.fault_time {
+                s.at(t, Ev::Transfer);
+                t += 200 * MS + s.trng.below(500 * MS);
+            }
+        }
         s
+    }
+
+    /// An operator asks the serving leader, if there is one, to hand over to another
+    /// voter; notes whether the previous transfer's target became the leader.
+    fn transfer(&mut self) {
+        let serving = self
+            .nodes
+            .iter()
+            .find(|(_, n)| n.replica.as_ref().is_some_and(|r| r.is_serving()))
+            .map(|(&id, n)| (id, n.replica.as_ref().expect("serving").term()));
+        if let (Some((from, to, term)), Some((id, now_term))) = (self.last_transfer, serving) {
+            if id == to && now_term > term {
+                self.bump("transfers_completed", 1);
+            } else if id == from && now_term == term {
+                self.bump("transfers_not_completed", 1);
+            }
+        }
+        self.last_transfer = None;
+        let Some((id, term)) = serving else {
+            return;
+        };
+        let others: Vec<NodeId> = (1..=self.o.voters as NodeId).filter(|&v| v != id).collect();
+        if others.is_empty() {
+            return;
+        }
+        let to = others[self.trng.below(others.len() as u64) as usize];
+        let now = self.now;
+        let r = self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.replica.as_mut())
+            .expect("serving");
+        match r.transfer_leader(now, to) {
+            Ok(()) => {
+                self.bump("transfers_asked", 1);
+                self.last_transfer = Some((id, to, term));
+            }
+            Err(e) => self.violation(format!(
+                "node {id}, serving, refused a transfer to voter {to}: {e}"
+            )),
+        }
+        self.drain(id);
     }
 
     fn config(&self, id: NodeId) -> OooConfig {
@@ -878,6 +950,7 @@ impl Sim {
                     n.cut = false;
                 }
             }
+            Ev::Transfer => self.transfer(),
         }
         true
     }
@@ -1077,6 +1150,14 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     sim.stats.insert("catchup_limited_bytes", bytes);
     sim.stats.insert("catchup_deferred", deferred);
+    let (sent, campaigns) = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| (r.stats().transfers, r.stats().transfer_campaigns))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    sim.stats.insert("transfer_timeouts_sent_live", sent);
+    sim.stats.insert("transfer_campaigns_live", campaigns);
     OooReport {
         seed,
         violations: sim.violations,

@@ -54,7 +54,8 @@
 //!
 //! # Messages
 //!
-//! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack, 5 Snapshot) and its
+//! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack, 5 Snapshot, 6
+//! TimeoutNow) and its
 //! fields in declaration order: integers as `u64`, `bool` as one byte 0/1, a [`VoteLog`]
 //! as its four `u64` fields, a snapshot piece's data as `u32` length and bytes, a [`CommitWindow`] as
 //! `u64` head and a list of `u64` words, entries as a list of entry records (each a `u32`
@@ -558,6 +559,10 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             }
             put_bytes(&mut out, data);
         }
+        Msg::TimeoutNow { term } => {
+            out.push(6);
+            put_u64(&mut out, *term);
+        }
     }
     out
 }
@@ -650,6 +655,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 data,
             }
         }
+        6 => Msg::TimeoutNow { term: r.u64()? },
         t => {
             return Err(FormatError::Malformed {
                 what: WHAT_MSG,
@@ -789,6 +795,7 @@ mod tests {
                 Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5 },
                 Msg::Snapshot { term, base: 40, offset: 3, total: 9, data: vec![1, 2, 3] },
                 Msg::Snapshot { term, base: 0, offset: 0, total: 0, data: vec![] },
+                Msg::TimeoutNow { term },
             ];
             for m in msgs {
                 prop_assert_eq!(decode_msg(&encode_msg(&m)).unwrap(), m);

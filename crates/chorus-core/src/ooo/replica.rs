@@ -65,6 +65,12 @@
 //!   leader that steps down keeps its pending appends and decides them as it learns the
 //!   commits (a pending follower, PALF section 4.1); a commit is final, so no append is
 //!   ever Failed and then Committed.
+//! * **Leader transfer** ([`OooReplica::transfer_leader`]): the leader stops taking
+//!   appends, waits until everything it has is committed and the target reports a first
+//!   uncommitted slot at its end (so the target's vote log is as new as any voter's and
+//!   it wins), then sends [`Msg::TimeoutNow`]; the target campaigns at once and merges
+//!   as any new leader. Given up after an election timeout. It only moves a campaign
+//!   earlier, so the safety argument is unchanged.
 //! * **Restart**: the driver hands back the saved [`Hard`] state and the entries on disk.
 //!   The saved committed head is a lower bound (it is saved after the writes it covers);
 //!   the replica re-applies its committed prefix, so a state machine rebuilt from nothing
@@ -276,6 +282,13 @@ pub enum Msg {
         /// The piece.
         data: Vec<u8>,
     },
+    /// Leader transfer: the leader of `term` has seen this follower hold and know
+    /// committed every slot it has, and asks it to campaign now rather than after an
+    /// election timeout (the ordered mode's transfer, PALF section 4; Raft's TimeoutNow).
+    TimeoutNow {
+        /// The leader's term.
+        term: u64,
+    },
 }
 
 /// Outputs of the replica, executed by the driver in order.
@@ -402,6 +415,30 @@ pub enum OooAppendError {
     /// The window is full or the declaration is malformed.
     #[error(transparent)]
     Refused(#[from] OooError),
+    /// The leader is handing leadership to another replica
+    /// ([`OooReplica::transfer_leader`]); append there once it leads.
+    #[error("leadership is being transferred to node {to}")]
+    Transferring {
+        /// The replica leadership goes to.
+        to: NodeId,
+    },
+}
+
+/// Why a leader transfer was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OooTransferError {
+    /// Only a serving leader (its merge done) hands leadership over.
+    #[error("not the serving leader (leader hint: {leader:?})")]
+    NotLeader {
+        /// The leader this replica follows, if any.
+        leader: Option<NodeId>,
+    },
+    /// The target is not a voter of this group.
+    #[error("node {to} is not a voter of this group")]
+    NotVoter {
+        /// The node named.
+        to: NodeId,
+    },
 }
 
 /// Settings of an out-of-order replica.
@@ -661,6 +698,17 @@ struct Lead {
     last_resend: Nanos,
     /// The commit window last sent.
     sent_commits: CommitWindow,
+    /// A leader transfer under way.
+    transfer: Option<Transfer>,
+}
+
+/// A leader transfer: appends are refused until `until`; once `to` holds and knows
+/// committed every slot below `end`, it is told to campaign ([`Msg::TimeoutNow`]).
+#[derive(Clone, Copy, Debug)]
+struct Transfer {
+    to: NodeId,
+    until: Nanos,
+    sent: bool,
 }
 
 /// Counters for tests and metrics.
@@ -686,6 +734,13 @@ pub struct OooStats {
     pub snapshots_sent: u64,
     /// Images installed from a leader.
     pub snapshots_installed: u64,
+    /// Leader transfers whose target was told to campaign ([`Msg::TimeoutNow`] sent).
+    pub transfers: u64,
+    /// Leader transfers given up: the target did not catch up within an election timeout
+    /// (appends resumed).
+    pub transfers_expired: u64,
+    /// Campaigns started on a leader's [`Msg::TimeoutNow`].
+    pub transfer_campaigns: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -1033,8 +1088,87 @@ impl OooReplica {
                 total,
                 data,
             } => self.on_snapshot(from, term, base, offset, total, data),
+            Msg::TimeoutNow { term } => self.on_timeout_now(from, term),
         }
         self.finish();
+    }
+
+    /// Hands leadership to `to` (PALF section 4's leader transfer, as the ordered mode
+    /// does it): new appends are refused with [`OooAppendError::Transferring`]; once
+    /// every slot this leader has is committed and `to` reports knowing so (its first
+    /// uncommitted slot is our end — so it holds them all, and its vote log is as new as
+    /// any voter's), `to` is sent [`Msg::TimeoutNow`] and campaigns at once. Its merge
+    /// then runs as after any election. If that has not happened within an election
+    /// timeout, the transfer is given up and appends resume here. Nothing about safety
+    /// changes: a TimeoutNow only makes a replica campaign earlier than its timer would.
+    pub fn transfer_leader(&mut self, now: Nanos, to: NodeId) -> Result<(), OooTransferError> {
+        self.now = self.now.max(now);
+        if !self.cfg.voters.contains(&to) {
+            return Err(OooTransferError::NotVoter { to });
+        }
+        let until = self.now + self.cfg.election_timeout;
+        let leader = self.leader;
+        let Some(lead) = self.lead.as_mut().filter(|l| l.commit.is_some()) else {
+            return Err(OooTransferError::NotLeader { leader });
+        };
+        if to == self.cfg.id {
+            // Already the leader: a transfer to ourselves is done (and cancels one under
+            // way).
+            lead.transfer = None;
+            return Ok(());
+        }
+        lead.transfer = Some(Transfer {
+            to,
+            until,
+            sent: false,
+        });
+        self.check_transfer();
+        self.finish();
+        Ok(())
+    }
+
+    /// The leader transfer under way, if any: the target.
+    pub fn transferring_to(&self) -> Option<NodeId> {
+        self.lead.as_ref()?.transfer.map(|t| t.to)
+    }
+
+    /// Sends the transfer's TimeoutNow once its target has caught up.
+    fn check_transfer(&mut self) {
+        let head = self.commits.head();
+        let term = self.hard.term;
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        let Some(t) = lead.transfer.as_mut().filter(|t| !t.sent) else {
+            return;
+        };
+        let caught_up =
+            head >= lead.end && lead.peers.get(&t.to).is_some_and(|p| p.head >= lead.end);
+        if caught_up {
+            t.sent = true;
+            let to = t.to;
+            self.stats.transfers += 1;
+            self.actions.push(Action::Send {
+                to,
+                msg: Msg::TimeoutNow { term },
+            });
+        }
+    }
+
+    fn on_timeout_now(&mut self, from: NodeId, term: u64) {
+        // Only from the leader we follow in its term, and not while an image is being
+        // installed (our log would not be what the leader saw).
+        if term != self.hard.term
+            || self.leader != Some(from)
+            || self.lead.is_some()
+            || self.incoming.is_some()
+            || self.install.is_some()
+            || self.installing.is_some()
+        {
+            return;
+        }
+        self.stats.transfer_campaigns += 1;
+        self.campaign();
     }
 
     fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog) {
@@ -1207,6 +1341,7 @@ impl OooReplica {
             last_send: self.now,
             last_resend: self.now,
             sent_commits: self.commits.clone(),
+            transfer: None,
         });
         for chunk in merged.chunks(self.cfg.max_batch.max(1)) {
             self.broadcast(chunk.to_vec());
@@ -1310,6 +1445,9 @@ impl OooReplica {
         let Some(lead) = self.lead.as_mut().filter(|l| l.commit.is_some()) else {
             return Err(OooAppendError::NotLeader { leader });
         };
+        if let Some(t) = &lead.transfer {
+            return Err(OooAppendError::Transferring { to: t.to });
+        }
         let commit = lead.commit.as_mut().expect("serving");
         let body_of = |seq| -> Result<(), OooError> {
             if let Declared::Blocks(r) = &declared {
@@ -1629,6 +1767,7 @@ impl OooReplica {
             for s in acked {
                 self.leader_ack(s, from);
             }
+            self.check_transfer();
         }
     }
 
@@ -1647,6 +1786,12 @@ impl OooReplica {
             self.step_down(self.hard.term, None);
             return;
         }
+        if lead.transfer.is_some_and(|t| now >= t.until) {
+            lead.transfer = None;
+            self.stats.transfers_expired += 1;
+        }
+        self.check_transfer();
+        let lead = self.lead.as_mut().expect("leading");
         if now.saturating_sub(lead.last_resend) >= self.cfg.resend_interval {
             lead.last_resend = now;
             let committed = self.commits.head();
@@ -2341,6 +2486,123 @@ mod tests {
             0,
         );
         assert!(!grants_vote(&net.nodes[&2].vote_log(), &fresh.vote_log()));
+    }
+
+    #[test]
+    fn a_leader_hands_leadership_to_a_caught_up_follower_and_gives_up_on_a_cut_one() {
+        let mut net = Net::new(3, Mode::Dependent);
+        net.elect(1);
+        let hb = net.nodes[&1].cfg.heartbeat_interval;
+        let txn = |k: u64| Declared::Txn {
+            read_set: vec![k],
+            write_set: vec![k + 1],
+        };
+        for k in 0..4 {
+            let now = net.now;
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(now, txn(k), vec![k as u8])
+                .unwrap();
+        }
+        net.run();
+        // Refusals: a follower cannot hand over, nor can anyone to a stranger.
+        let now = net.now;
+        assert_eq!(
+            net.nodes.get_mut(&2).unwrap().transfer_leader(now, 3),
+            Err(OooTransferError::NotLeader { leader: Some(1) })
+        );
+        assert_eq!(
+            net.nodes.get_mut(&1).unwrap().transfer_leader(now, 9),
+            Err(OooTransferError::NotVoter { to: 9 })
+        );
+        // To node 3 while node 3 is cut off: appends are refused meanwhile, and after an
+        // election timeout the transfer is given up and appends resume.
+        let cut = |f: NodeId, t: NodeId, _: &Msg| f != 3 && t != 3;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(now, txn(5), vec![5])
+            .unwrap();
+        net.run_with(cut);
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .transfer_leader(now, 3)
+            .unwrap();
+        assert_eq!(net.nodes[&1].transferring_to(), Some(3));
+        assert_eq!(
+            net.nodes.get_mut(&1).unwrap().append(now, txn(9), vec![]),
+            Err(OooAppendError::Transferring { to: 3 })
+        );
+        let timeout = net.nodes[&1].cfg.election_timeout;
+        let mut waited = 0;
+        while net.nodes[&1].transferring_to().is_some() {
+            assert!(waited <= timeout + hb, "the transfer never gave up");
+            net.now += hb;
+            waited += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run_with(cut);
+        }
+        let r1 = &net.nodes[&1];
+        assert!(r1.is_serving(), "node 1 kept leading");
+        assert_eq!((r1.stats().transfers, r1.stats().transfers_expired), (0, 1));
+        let now = net.now;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(now, txn(20), vec![20])
+            .unwrap();
+        net.run();
+        // To node 2, connected: it catches up on the next heartbeat, is told to campaign,
+        // wins and merges; node 1 follows it.
+        let now = net.now;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .transfer_leader(now, 2)
+            .unwrap();
+        for _ in 0..3 {
+            net.now += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run();
+        }
+        assert_eq!(net.nodes[&1].stats().transfers, 1);
+        assert_eq!(net.nodes[&2].stats().transfer_campaigns, 1);
+        assert!(
+            net.nodes[&2].is_serving(),
+            "node 2 leads after the transfer"
+        );
+        assert_eq!(net.nodes[&1].leader(), Some(2));
+        assert_eq!(net.nodes[&3].leader(), Some(2));
+        let now = net.now;
+        net.nodes
+            .get_mut(&2)
+            .unwrap()
+            .append(now, txn(30), vec![30])
+            .unwrap();
+        net.run();
+        // Every append ended once, committed: five, the one after the given-up transfer,
+        // and the new leader's.
+        assert_eq!(net.results.len(), 7, "{:?}", net.results);
+        assert!(net.results.iter().all(|r| r.2 == Outcome::Committed));
+        net.now += hb;
+        let now = net.now;
+        net.nodes.get_mut(&2).unwrap().tick(now);
+        net.run();
+        let head = net.nodes[&2].applied_head();
+        let log = net.nodes[&2].read_committed(0, 100).unwrap();
+        assert_eq!(log.iter().filter(|e| !e.is_null()).count(), 7);
+        for id in 1..=3 {
+            assert_eq!(net.nodes[&id].applied_head(), head, "node {id}");
+            assert_eq!(
+                net.nodes[&id].read_committed(0, 100).unwrap(),
+                log,
+                "node {id}"
+            );
+        }
     }
 
     #[test]
