@@ -223,7 +223,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -239,6 +239,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("unknown_results"),
         t("transfers_asked"),
         t("transfers_completed"),
+        t("transfers_not_completed"),
     );
     if bad > 0 {
         ExitCode::from(1)

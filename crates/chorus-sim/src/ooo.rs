@@ -347,21 +347,20 @@ impl Sim {
     }
 
     /// An operator asks the serving leader, if there is one, to hand over to another
-    /// voter; notes whether the previous transfer's target became the leader.
+    /// voter; notes whether the previous transfer was left undone.
     fn transfer(&mut self) {
         let serving = self
             .nodes
             .iter()
             .find(|(_, n)| n.replica.as_ref().is_some_and(|r| r.is_serving()))
             .map(|(&id, n)| (id, n.replica.as_ref().expect("serving").term()));
-        if let (Some((from, to, term)), Some((id, now_term))) = (self.last_transfer, serving) {
-            if id == to && now_term > term {
-                self.bump("transfers_completed", 1);
-            } else if id == from && now_term == term {
+        // The previous transfer, if no new term was served since: given up or still
+        // under way with the old leader serving (a completion is counted at `Serving`).
+        if let Some((from, _, term)) = self.last_transfer.take() {
+            if serving == Some((from, term)) {
                 self.bump("transfers_not_completed", 1);
             }
         }
-        self.last_transfer = None;
         let Some((id, term)) = serving else {
             return;
         };
@@ -637,6 +636,15 @@ impl Sim {
             }
             Action::Serving { term, start } => {
                 self.bump("terms_served", 1);
+                // The first term served after a transfer was asked: its target's, or not.
+                if let Some((_, to, t)) = self.last_transfer {
+                    if term > t {
+                        if id == to {
+                            self.bump("transfers_completed", 1);
+                        }
+                        self.last_transfer = None;
+                    }
+                }
                 let n = self.nodes.get_mut(&id).expect("node");
                 n.spec.clear();
                 let head = n.replica.as_ref().map_or(0, |r| r.committed_head());
