@@ -269,6 +269,7 @@ enum Ev {
 enum IoOp {
     Write(Entry),
     Hard(chorus_core::ooo::replica::Hard),
+    Members(chorus_core::ooo::replica::Membership),
     Compact(Vec<Entry>),
 }
 
@@ -303,6 +304,10 @@ fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) 
                 IoOp::Hard(h) => {
                     syncs += std::mem::take(&mut unsynced) as u64;
                     store.sync().and_then(|()| store.save_hard(&h))
+                }
+                IoOp::Members(m) => {
+                    syncs += std::mem::take(&mut unsynced) as u64;
+                    store.sync().and_then(|()| store.save_membership(&m))
                 }
                 IoOp::Compact(live) => {
                     syncs += std::mem::take(&mut unsynced) as u64;
@@ -357,6 +362,7 @@ impl OooNode {
         };
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
+        let members = store.load_membership()?;
         let mut log_bytes = store.len();
         let mut rc = OooConfig::new(cfg.id, cfg.voters.iter().map(|v| v.0).collect(), cfg.mode);
         rc.election_timeout = cfg.election_timeout.as_nanos() as u64;
@@ -366,7 +372,7 @@ impl OooNode {
         rc.catchup_rate = cfg.catchup_rate;
         let t0 = Instant::now();
         let now = move || t0.elapsed().as_nanos() as u64;
-        let mut replica = OooReplica::recover(rc, hard, entries, now());
+        let mut replica = OooReplica::recover(rc, hard, members, entries, now());
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel::<Ev>();
@@ -465,10 +471,14 @@ impl OooNode {
                 while let Some(ev) = next.take() {
                     taken += 1;
                     match ev {
-                        Ev::Msg(from, m) => {
+                        // Only the configured voters are heard: this runtime does not change
+                        // an out-of-order group's voters (the replica would take a newer
+                        // membership from any node).
+                        Ev::Msg(from, m) if peers.contains_key(&from) => {
                             c.msgs_in += 1;
                             replica.receive(now(), from, m)
                         }
+                        Ev::Msg(..) => {}
                         Ev::Append(declared, data, reply) => match group::check(mode, &declared) {
                             Ok(()) => staged.push((Record { declared, data }, reply)),
                             Err(e) => {
@@ -632,6 +642,7 @@ impl OooNode {
                                 c.hard_saves += 1;
                                 ops.push(IoOp::Hard(h));
                             }
+                            Action::SaveMembership(m) => ops.push(IoOp::Members(m)),
                             Action::Compact { live, .. } => ops.push(IoOp::Compact(live)),
                             Action::Send {
                                 to,
@@ -892,6 +903,7 @@ fn run_actions(
             }
             Action::Write(_)
             | Action::SaveHard(_)
+            | Action::SaveMembership(_)
             | Action::Compact { .. }
             | Action::Committed(_)
             | Action::Role { .. }

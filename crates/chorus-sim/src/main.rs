@@ -50,6 +50,10 @@ struct Args {
     /// before transfers existed).
     #[arg(long)]
     no_transfers: bool,
+    /// Out-of-order groups: no operator membership changes and no spare node (the
+    /// trajectories of seeds found before membership changes existed).
+    #[arg(long)]
+    no_changes: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -168,11 +172,15 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         fault_time: args.fault_secs * 1_000 * MS,
         groups: !args.no_groups,
         transfers: !args.no_transfers,
+        changes: !args.no_changes,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
     if args.no_groups {
         broken_flag = " --no-groups".into();
+    }
+    if args.no_changes {
+        broken_flag.push_str(" --no-changes");
     }
     if args.no_transfers {
         broken_flag.push_str(" --no-transfers");
@@ -223,7 +231,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -240,6 +248,8 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("transfers_asked"),
         t("transfers_completed"),
         t("transfers_not_completed"),
+        t("changes_asked"),
+        t("membership_changes"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -23,6 +23,12 @@
 //! leader is asked to hand over to another voter at random, whatever the faults are doing
 //! to it (`OooOptions::transfers`).
 //!
+//! An operator **changes the voters** every 300–800 ms of the fault time
+//! (`OooOptions::changes`): the serving leader is asked to add the spare node, remove a
+//! voter (itself included) or replace one with the spare, keeping three or four voters;
+//! the spare starts knowing no voters and catches up from the leader. Nodes outside the
+//! final membership are left out of the final checks of caught-up state.
+//!
 //! Applies are run in a random order within each batch the replica releases, as a driver
 //! with several apply threads would.
 //!
@@ -51,7 +57,10 @@ use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::encode_group;
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::parallel::BlockRange;
-use chorus_core::ooo::replica::{Action, Body, Declared, Entry, Mode, Msg, OooConfig, OooReplica};
+use chorus_core::ooo::replica::{
+    Action, Body, Declared, Entry, Membership, Mode, Msg, OooConfig, OooMembershipChange,
+    OooReplica,
+};
 use chorus_core::ooo::Seq;
 use chorus_core::replica::{Nanos, Outcome};
 use chorus_core::rng::Rng;
@@ -97,6 +106,11 @@ pub struct OooOptions {
     /// random stream of its own; off, the trajectories of the seeds found before
     /// transfers existed replay exactly.
     pub transfers: bool,
+    /// An operator changes the voters every 300–800 ms of the fault time
+    /// ([`OooReplica::change_membership`]) among the voters and one spare node, drawn
+    /// from a random stream of its own; off, there is no spare node and the trajectories
+    /// of the seeds found before membership changes existed replay exactly.
+    pub changes: bool,
 }
 
 impl Default for OooOptions {
@@ -113,6 +127,7 @@ impl Default for OooOptions {
             compact: true,
             groups: true,
             transfers: true,
+            changes: true,
         }
     }
 }
@@ -152,6 +167,8 @@ enum Ev {
     Heal,
     /// An operator's leader transfer.
     Transfer,
+    /// An operator's membership change.
+    Change,
 }
 
 /// A transaction's record in dependent mode: read `rk` (seeing `rv`), write `wk := wv`.
@@ -290,6 +307,10 @@ struct Sim {
     trng: Rng,
     /// The last transfer asked: (from, to, the leader's term then).
     last_transfer: Option<(NodeId, NodeId, u64)>,
+    /// Draws of the membership changes, apart from `rng`.
+    crng: Rng,
+    /// Print roles, memberships and crashes to stderr (`CHORUS_SIM_TRACE` set).
+    trace: bool,
 }
 
 impl Sim {
@@ -309,9 +330,11 @@ impl Sim {
             stats: BTreeMap::new(),
             trng: Rng::new(seed ^ 0x5452_414e_5346_4552),
             last_transfer: None,
+            crng: Rng::new(seed ^ 0x4348_414e_4745_5321),
+            trace: std::env::var_os("CHORUS_SIM_TRACE").is_some(),
             o,
         };
-        for id in 1..=s.o.voters as NodeId {
+        for id in 1..=s.node_count() as NodeId {
             let r = OooReplica::new(s.config(id), 0);
             let fs = Arc::new(SimFs::new(mix(seed, id)));
             let dyn_fs: Arc<dyn FileSystem> = fs.clone();
@@ -343,17 +366,77 @@ impl Sim {
                 t += 200 * MS + s.trng.below(500 * MS);
             }
         }
+        if s.o.changes {
+            let mut t = 400 * MS;
+            while t < s.o.fault_time {
+                s.at(t, Ev::Change);
+                t += 300 * MS + s.crng.below(500 * MS);
+            }
+        }
         s
+    }
+
+    /// Voters plus the spare node when membership changes are on.
+    fn node_count(&self) -> usize {
+        self.o.voters + usize::from(self.o.changes)
+    }
+
+    /// The serving leader, if any, with its term.
+    fn serving(&self) -> Option<(NodeId, u64)> {
+        self.nodes
+            .iter()
+            .find(|(_, n)| n.replica.as_ref().is_some_and(|r| r.is_serving()))
+            .map(|(&id, n)| (id, n.replica.as_ref().expect("serving").term()))
+    }
+
+    /// An operator asks the serving leader, if there is one, to change the voters: add
+    /// the node that is not a voter, remove one, or replace one with it (three or four
+    /// voters kept).
+    fn change(&mut self) {
+        let Some((id, _)) = self.serving() else {
+            return;
+        };
+        let r = self.nodes[&id].replica.as_ref().expect("serving");
+        let voters = r.membership().voters.clone();
+        let outside: Vec<NodeId> = (1..=self.node_count() as NodeId)
+            .filter(|n| !voters.contains(n))
+            .collect();
+        let pick = |rng: &mut Rng, v: &[NodeId]| v[rng.below(v.len() as u64) as usize];
+        let change = match (voters.len(), outside.is_empty()) {
+            (n, false) if n < 3 || (n == 3 && self.crng.chance(1, 2)) => {
+                OooMembershipChange::AddVoter(pick(&mut self.crng, &outside))
+            }
+            (3, false) => OooMembershipChange::Replace {
+                remove: pick(&mut self.crng, &voters),
+                add: pick(&mut self.crng, &outside),
+            },
+            _ => OooMembershipChange::Remove(pick(&mut self.crng, &voters)),
+        };
+        let now = self.now;
+        let r = self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.replica.as_mut())
+            .expect("serving");
+        if self.trace {
+            eprintln!("{:>6}us node {id} asked {change:?}", self.now / 1000);
+        }
+        match r.change_membership(now, change) {
+            Ok(()) => self.bump("changes_asked", 1),
+            Err(chorus_core::ooo::replica::OooChangeError::InProgress { .. }) => {
+                self.bump("changes_busy", 1)
+            }
+            Err(e) => self.violation(format!(
+                "node {id}, serving, refused the change {change:?} of voters {voters:?}: {e}"
+            )),
+        }
+        self.drain(id);
     }
 
     /// An operator asks the serving leader, if there is one, to hand over to another
     /// voter; notes whether the previous transfer was left undone.
     fn transfer(&mut self) {
-        let serving = self
-            .nodes
-            .iter()
-            .find(|(_, n)| n.replica.as_ref().is_some_and(|r| r.is_serving()))
-            .map(|(&id, n)| (id, n.replica.as_ref().expect("serving").term()));
+        let serving = self.serving();
         // The previous transfer, if no new term was served since: given up or still
         // under way with the old leader serving (a completion is counted at `Serving`).
         if let Some((from, _, term)) = self.last_transfer.take() {
@@ -364,7 +447,12 @@ impl Sim {
         let Some((id, term)) = serving else {
             return;
         };
-        let others: Vec<NodeId> = (1..=self.o.voters as NodeId).filter(|&v| v != id).collect();
+        let voters = self.nodes[&id]
+            .replica
+            .as_ref()
+            .map(|r| r.membership().voters.clone())
+            .unwrap_or_default();
+        let others: Vec<NodeId> = voters.into_iter().filter(|&v| v != id).collect();
         if others.is_empty() {
             return;
         }
@@ -388,7 +476,13 @@ impl Sim {
     }
 
     fn config(&self, id: NodeId) -> OooConfig {
-        let mut c = OooConfig::new(id, (1..=self.o.voters as NodeId).collect(), self.o.mode);
+        // The spare node starts knowing no voters: it joins when a change adds it.
+        let voters = if id as usize <= self.o.voters {
+            (1..=self.o.voters as NodeId).collect()
+        } else {
+            Vec::new()
+        };
+        let mut c = OooConfig::new(id, voters, self.o.mode);
         c.election_timeout = 150 * MS;
         c.heartbeat_interval = 30 * MS;
         c.resend_interval = 30 * MS;
@@ -556,6 +650,20 @@ impl Sim {
     }
 
     fn execute(&mut self, id: NodeId, a: Action, applies: &mut Vec<Entry>) {
+        if self.trace {
+            match &a {
+                Action::SaveMembership(_) | Action::Role { .. } | Action::Serving { .. } => {
+                    let r = self.nodes[&id].replica.as_ref();
+                    eprintln!(
+                        "{:>6}us node {id} {a:?} (term {:?}, heads {:?})",
+                        self.now / 1000,
+                        r.map(|r| r.term()),
+                        r.map(|r| (r.committed_head(), r.applied_head()))
+                    )
+                }
+                _ => {}
+            }
+        }
         // A leader's Append may leave before the writes ahead of it are synced (the
         // replica's first exception, so the leader's fsync overlaps its followers'); a
         // crash cut right after it loses those writes while a follower has them. Results
@@ -579,6 +687,13 @@ impl Sim {
                 let n = self.nodes.get_mut(&id).expect("node");
                 if let Err(e) = n.store.as_mut().expect("live").save_hard(&h) {
                     self.violation(format!("node {id}: saving the hard state failed: {e}"));
+                }
+            }
+            Action::SaveMembership(m) => {
+                self.bump("memberships_saved", 1);
+                let n = self.nodes.get_mut(&id).expect("node");
+                if let Err(e) = n.store.as_mut().expect("live").save_membership(&m) {
+                    self.violation(format!("node {id}: saving the membership failed: {e}"));
                 }
             }
             Action::Write(e) => {
@@ -770,6 +885,9 @@ impl Sim {
 
     fn crash(&mut self, id: NodeId) {
         let n = self.nodes.get_mut(&id).expect("node");
+        if self.trace {
+            eprintln!("{:>6}us node {id} crashes", self.now / 1000);
+        }
         if n.replica.take().is_some() {
             // Unsynced writes are lost, the last one possibly torn.
             n.store = None;
@@ -792,9 +910,16 @@ impl Sim {
         let fs: Arc<dyn FileSystem> = n.fs.clone();
         match OooStore::open(fs, Path::new(DIR)) {
             Ok((store, hard, entries, rec)) => {
+                let members = match store.load_membership() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.violation(format!("node {id}: the membership does not load: {e}"));
+                        return;
+                    }
+                };
                 n.store = Some(store);
                 Self::load_image(n, hard.base);
-                n.replica = Some(OooReplica::recover(cfg, hard, entries, self.now));
+                n.replica = Some(OooReplica::recover(cfg, hard, members, entries, self.now));
                 self.bump("torn_bytes", rec.torn_bytes);
             }
             Err(e) => {
@@ -926,6 +1051,17 @@ impl Sim {
         let ev = self.events[i].take().expect("event once");
         match ev {
             Ev::Deliver { from, to, msg } => {
+                if self.trace && self.now > 5_500 * MS {
+                    if let Msg::Vote { .. } | Msg::VoteReply { granted: _, .. } = &msg {
+                        let short = match &msg {
+                            Msg::VoteReply { term, granted, .. } => {
+                                format!("VoteReply {{ term: {term}, granted: {granted} }}")
+                            }
+                            m => format!("{m:?}"),
+                        };
+                        eprintln!("{:>6}us {from} -> {to}: {short}", self.now / 1000);
+                    }
+                }
                 if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.replica.as_mut()) {
                     r.receive(t, from, msg);
                     self.bump("messages", 1);
@@ -959,6 +1095,7 @@ impl Sim {
                 }
             }
             Ev::Transfer => self.transfer(),
+            Ev::Change => self.change(),
         }
         true
     }
@@ -967,7 +1104,7 @@ impl Sim {
         let mut t = 100 * MS;
         while t < self.o.fault_time {
             t += 50 * MS + self.rng.below(300 * MS);
-            let id = 1 + self.rng.below(self.o.voters as u64);
+            let id = 1 + self.rng.below(self.node_count() as u64);
             if self.rng.chance(1, 2) {
                 self.at(t, Ev::Crash(id));
             } else {
@@ -1025,11 +1162,23 @@ impl Sim {
                 }
             }
         }
+        // The final membership: the serving leader's (or the newest any live replica
+        // holds). Nodes outside it (the spare, a removed voter, a node added by a joint
+        // stage that a later leader abandoned) are not sent the log, so they are not held
+        // to it.
+        let live = || self.nodes.values().filter_map(|n| n.replica.as_ref());
+        let last: Option<Membership> = live()
+            .find(|r| r.is_serving())
+            .or_else(|| live().max_by_key(|r| r.membership().version))
+            .map(|r| r.membership().clone());
         let mut heads = Vec::new();
         for (&id, n) in &self.nodes {
             let Some(r) = n.replica.as_ref() else {
                 continue;
             };
+            if last.as_ref().is_some_and(|m| !m.is_member(id)) {
+                continue;
+            }
             heads.push((id, r.applied_head()));
             if r.applied_head() == end && n.state != serial {
                 let diff = serial
@@ -1104,10 +1253,13 @@ impl Sim {
                 .iter()
                 .map(|(id, n)| match &n.replica {
                     Some(r) => format!(
-                        "{id}: {:?} term {} serving {} {:?}",
+                        "{id}: {:?} term {} serving {} heads {}/{} {:?} {:?}",
                         r.role(),
                         r.term(),
                         r.is_serving(),
+                        r.committed_head(),
+                        r.applied_head(),
+                        r.membership(),
                         r.stats()
                     ),
                     None => format!("{id}: down"),
@@ -1165,6 +1317,13 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .map(|r| (r.stats().transfers, r.stats().transfer_campaigns))
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     sim.stats.insert("transfer_timeouts_sent_live", sent);
+    let changes: u64 = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| r.stats().membership_changes)
+        .sum();
+    sim.stats.insert("membership_changes", changes);
     sim.stats.insert("transfer_campaigns_live", campaigns);
     OooReport {
         seed,

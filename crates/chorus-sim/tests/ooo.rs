@@ -5,7 +5,8 @@
 use chorus_core::ooo::replica::Mode;
 use chorus_sim::ooo::{run_seed, OooOptions, OooReport};
 
-/// Runs one seed with the default mix (groups, leader transfers), which must be clean
+/// Runs one seed with the default mix (groups, leader transfers, membership changes),
+/// which must be clean
 /// and commit something; returns its report.
 fn clean_seed(mode: Mode, seed: u64) -> OooReport {
     check(
@@ -19,8 +20,8 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
-/// transfers: every seed run this way was found before transfers existed and replays its
-/// trajectory exactly.
+/// transfers or membership changes: every seed run this way was found before those
+/// existed and replays its trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
         seed,
@@ -28,6 +29,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             mode,
             groups,
             transfers: false,
+            changes: false,
             ..OooOptions::default()
         },
     )
@@ -133,6 +135,45 @@ fn leader_transfers_hand_over_and_stay_safe() {
             asked >= 15 && done * 10 >= asked * 9,
             "{mode:?} without faults: {asked} looked at, {done} completed"
         );
+    }
+}
+
+/// Operators change the voters during the fault time (the default mix): changes are
+/// asked and complete — the spare joins and catches up, voters leaders included are
+/// removed — with every check clean; without faults nearly every change completes, and
+/// with changes off no spare node exists and nothing is asked.
+#[test]
+fn membership_changes_complete_and_stay_safe() {
+    for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
+        let (mut asked, mut done) = (0, 0);
+        for seed in 0..6 {
+            let r = clean_seed(mode, seed);
+            asked += r.stats.get("changes_asked").copied().unwrap_or(0);
+            done += r.stats.get("membership_changes").copied().unwrap_or(0);
+        }
+        assert!(
+            asked > 0 && done > 0,
+            "{mode:?}: {asked} asked, {done} completed"
+        );
+        let (mut asked, mut done) = (0, 0);
+        for seed in 0..5 {
+            let r = check(
+                seed,
+                &OooOptions {
+                    mode,
+                    faults: false,
+                    ..OooOptions::default()
+                },
+            );
+            asked += r.stats["changes_asked"];
+            done += r.stats.get("membership_changes").copied().unwrap_or(0);
+        }
+        assert!(
+            asked >= 15 && done * 10 >= asked * 9,
+            "{mode:?} without faults: {asked} asked, {done} completed"
+        );
+        let r = clean_seed_with(mode, 1, true);
+        assert_eq!(r.stats.get("changes_asked"), None, "{:?}", r.stats);
     }
 }
 

@@ -29,10 +29,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chorus_core::format::ooo::{
-    decode_entry, decode_hard, encode_entry, encode_hard, entry_len, ENTRY_MAGIC, HARD_SIZE,
+    decode_entry, decode_hard, decode_membership, encode_entry, encode_hard, encode_membership,
+    entry_len, ENTRY_MAGIC, HARD_SIZE, MAX_VOTERS,
 };
 use chorus_core::format::FormatError;
-use chorus_core::ooo::replica::{Entry, Hard};
+use chorus_core::ooo::replica::{Entry, Hard, Membership};
 use chorus_core::ooo::Seq;
 
 use crate::fs::{FileSystem, FsFile, OpenOptions};
@@ -42,6 +43,8 @@ const ENTRIES: &str = "entries.log";
 const HARD: &str = "hard";
 const HARD_TMP: &str = "hard.tmp";
 const ENTRIES_TMP: &str = "entries.tmp";
+const MEMBERS: &str = "members";
+const MEMBERS_TMP: &str = "members.tmp";
 
 /// What [`OooStore::open`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,6 +191,39 @@ impl OooStore {
         Ok(())
     }
 
+    /// The membership last saved ([`OooStore::save_membership`]), if any: `None` for a
+    /// group that has kept the voters it was created with.
+    pub fn load_membership(&self) -> Result<Option<Membership>> {
+        let path = self.dir.join(MEMBERS);
+        if !self.fs.exists(&path).map_err(io(&path, "stat"))? {
+            return Ok(None);
+        }
+        let f = self
+            .fs
+            .open(&path, OpenOptions::read_only())
+            .map_err(io(&path, "open"))?;
+        let len = f.len().map_err(io(&path, "stat"))?;
+        // Header, version, two full sets of voters and the joint flag at most.
+        let max = 16 + 16 + 2 * (4 + 8 * MAX_VOTERS as u64) + 1;
+        let mut b = vec![0u8; len.min(max + 1) as usize];
+        f.read_exact_at(&mut b, 0).map_err(io(&path, "read"))?;
+        decode_membership(&b)
+            .map(Some)
+            .map_err(|source| StorageError::CorruptRecord {
+                path,
+                file_offset: 0,
+                source,
+            })
+    }
+
+    /// Replaces the membership crash-atomically (`members`: written to `members.tmp`,
+    /// synced, renamed over, directory synced).
+    pub fn save_membership(&mut self, m: &Membership) -> Result<()> {
+        self.check()?;
+        self.replace(MEMBERS_TMP, MEMBERS, &encode_membership(m))
+            .map(drop)
+    }
+
     /// Replaces the hard state crash-atomically.
     pub fn save_hard(&mut self, h: &Hard) -> Result<()> {
         self.check()?;
@@ -319,6 +355,40 @@ mod tests {
             "last write of a slot wins"
         );
         assert_eq!(rec.records, 3);
+    }
+
+    #[test]
+    fn the_membership_survives_a_crash_and_damage_is_named() {
+        let fs = Arc::new(SimFs::new(4));
+        let (mut s, _, _, _) = open(&fs);
+        assert_eq!(s.load_membership().unwrap(), None, "a group's first voters");
+        let joint = Membership {
+            version: (3, 1),
+            voters: vec![1, 2, 4],
+            prev: Some(vec![1, 2, 3]),
+        };
+        s.save_membership(&joint).unwrap();
+        fs.crash(CrashMode::Prefix);
+        let (mut s, _, _, _) = open(&fs);
+        assert_eq!(s.load_membership().unwrap(), Some(joint));
+        let last = Membership {
+            version: (3, 2),
+            voters: vec![1, 2, 4],
+            prev: None,
+        };
+        s.save_membership(&last).unwrap();
+        assert_eq!(s.load_membership().unwrap(), Some(last));
+        // A damaged file is refused by name, never taken for the first voters.
+        let dynfs: Arc<dyn FileSystem> = fs.clone();
+        let path = Path::new("/g/members");
+        let f = dynfs.open(path, OpenOptions::create()).unwrap();
+        f.write_all_at(&[0xFF], 20).unwrap();
+        f.sync_data().unwrap();
+        let (s, _, _, _) = open(&fs);
+        match s.load_membership() {
+            Err(StorageError::CorruptRecord { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

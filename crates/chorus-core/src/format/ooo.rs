@@ -66,7 +66,7 @@ use super::{FormatError, Reader};
 use crate::ooo::dependent::{Deps, VoteLog};
 use crate::ooo::group::Record;
 use crate::ooo::parallel::BlockRange;
-use crate::ooo::replica::{Body, Declared, Entry, Hard, Msg};
+use crate::ooo::replica::{Body, Declared, Entry, Hard, Membership, Msg};
 use crate::ooo::{CommitWindow, Seq};
 
 /// Magic of an entry record ("COEE").
@@ -88,6 +88,11 @@ const WHAT_ENTRY: &str = "out-of-order entry";
 const WHAT_HARD: &str = "out-of-order hard state";
 const WHAT_MSG: &str = "out-of-order message";
 const WHAT_GROUP: &str = "out-of-order group payload";
+const WHAT_MEMBERS: &str = "out-of-order membership";
+/// Magic of the membership record, "COMM".
+pub const MEMBERS_MAGIC: u32 = 0x4D4D_4F43;
+/// Voters a membership may name in each set (a bound for decoding, far above any group).
+pub const MAX_VOTERS: usize = 64;
 
 /// Field readers of the out-of-order formats, on the shared [`Reader`].
 impl Reader<'_> {
@@ -478,6 +483,105 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
     })
 }
 
+/// The membership's fields: version term u64, version count u64, voters (list of u64),
+/// a byte 1 and the previous voters (list of u64) during a joint stage or a byte 0.
+fn put_membership(out: &mut Vec<u8>, m: &Membership) {
+    put_u64(out, m.version.0);
+    put_u64(out, m.version.1);
+    put_u64s(out, &m.voters);
+    match &m.prev {
+        Some(p) => {
+            out.push(1);
+            put_u64s(out, p);
+        }
+        None => out.push(0),
+    }
+}
+
+fn read_voters(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<u64>, FormatError> {
+    let v = r.u64s(field)?;
+    if v.len() > MAX_VOTERS || v.contains(&0) || v.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(FormatError::Malformed {
+            what: WHAT_MEMBERS,
+            detail: format!("{field} {v:?}: at most {MAX_VOTERS} node ids, ascending, none 0"),
+        });
+    }
+    Ok(v)
+}
+
+fn read_membership(r: &mut Reader<'_>) -> Result<Membership, FormatError> {
+    let version = (r.u64()?, r.u64()?);
+    let voters = read_voters(r, "voters")?;
+    let prev = if r.flag("joint stage")? {
+        Some(read_voters(r, "previous voters")?)
+    } else {
+        None
+    };
+    Ok(Membership {
+        version,
+        voters,
+        prev,
+    })
+}
+
+/// Encodes the membership record of the `members` file: magic u32, version u16 (1),
+/// reserved u16, body length u32, CRC32C u32 of the body, then the body
+/// (the membership fields described in `docs/formats.md`).
+pub fn encode_membership(m: &Membership) -> Vec<u8> {
+    let mut body = Vec::new();
+    put_membership(&mut body, m);
+    let mut out = Vec::with_capacity(16 + body.len());
+    put_u32(&mut out, MEMBERS_MAGIC);
+    out.extend_from_slice(&[1, 0, 0, 0]);
+    put_u32(&mut out, body.len() as u32);
+    put_u32(&mut out, crc32c::crc32c(&body));
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Decodes the membership record.
+pub fn decode_membership(buf: &[u8]) -> Result<Membership, FormatError> {
+    let mut r = Reader::new(buf, WHAT_MEMBERS, "");
+    let magic = r.u32()?;
+    if magic != MEMBERS_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: WHAT_MEMBERS,
+            expected: MEMBERS_MAGIC.into(),
+            found: magic.into(),
+        });
+    }
+    let version = u16::from_le_bytes(r.take(2)?.try_into().expect("2"));
+    if version != 1 {
+        return Err(FormatError::UnknownVersion {
+            what: WHAT_MEMBERS,
+            found: version,
+            supported: 1,
+        });
+    }
+    if r.take(2)? != [0, 0] {
+        return Err(FormatError::Malformed {
+            what: WHAT_MEMBERS,
+            detail: "reserved bytes are not zero".into(),
+        });
+    }
+    let n = r.u32()? as usize;
+    let stored = r.u32()?;
+    let body = r.take(n)?;
+    r.done()?;
+    let crc = crc32c::crc32c(body);
+    if stored != crc {
+        return Err(FormatError::HeaderChecksum {
+            what: WHAT_MEMBERS,
+            expected: stored,
+            found: crc,
+        });
+    }
+    let mut b = Reader::new(body, WHAT_MEMBERS, "");
+    let m = read_membership(&mut b)?;
+    b.done()?;
+    Ok(m)
+}
+
 fn put_window(out: &mut Vec<u8>, w: &CommitWindow) {
     put_u64(out, w.head());
     put_u64s(out, w.bits());
@@ -494,7 +598,12 @@ fn put_entries(out: &mut Vec<u8>, es: &[Entry]) {
 pub fn encode_msg(m: &Msg) -> Vec<u8> {
     let mut out = Vec::new();
     match m {
-        Msg::Vote { term, head, log } => {
+        Msg::Vote {
+            term,
+            head,
+            log,
+            config,
+        } => {
             out.push(1);
             for x in [
                 *term,
@@ -503,6 +612,8 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
                 log.last_seq,
                 log.first_uncommitted,
                 log.base,
+                config.0,
+                config.1,
             ] {
                 put_u64(&mut out, x);
             }
@@ -529,12 +640,15 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             start,
             entries,
             commits,
+            config,
         } => {
             out.push(3);
             put_u64(&mut out, *term);
             put_u64(&mut out, *start);
             put_entries(&mut out, entries);
             put_window(&mut out, commits);
+            put_u64(&mut out, config.0);
+            put_u64(&mut out, config.1);
         }
         Msg::Ack { term, seqs, head } => {
             out.push(4);
@@ -563,6 +677,25 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             out.push(6);
             put_u64(&mut out, *term);
         }
+        Msg::Config { term, membership } => {
+            out.push(7);
+            put_u64(&mut out, *term);
+            put_membership(&mut out, membership);
+        }
+        Msg::Newer { membership } => {
+            out.push(9);
+            put_membership(&mut out, membership);
+        }
+        Msg::ConfigAck {
+            term,
+            version,
+            head,
+        } => {
+            out.push(8);
+            for x in [*term, version.0, version.1, *head] {
+                put_u64(&mut out, x);
+            }
+        }
     }
     out
 }
@@ -585,6 +718,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 first_uncommitted: r.u64()?,
                 base: r.u64()?,
             },
+            config: (r.u64()?, r.u64()?),
         },
         2 => {
             let term = r.u64()?;
@@ -621,6 +755,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 start,
                 entries,
                 commits,
+                config: (r.u64()?, r.u64()?),
             }
         }
         4 => {
@@ -656,6 +791,18 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
             }
         }
         6 => Msg::TimeoutNow { term: r.u64()? },
+        7 => Msg::Config {
+            term: r.u64()?,
+            membership: read_membership(&mut r)?,
+        },
+        9 => Msg::Newer {
+            membership: read_membership(&mut r)?,
+        },
+        8 => Msg::ConfigAck {
+            term: r.u64()?,
+            version: (r.u64()?, r.u64()?),
+            head: r.u64()?,
+        },
         t => {
             return Err(FormatError::Malformed {
                 what: WHAT_MSG,
@@ -789,9 +936,13 @@ mod tests {
             let mut w = CommitWindow::new(7);
             for s in c { w.commit(s); }
             let msgs = vec![
-                Msg::Vote { term, head: 3, log: VoteLog { last_term: 1, last_seq: 2, first_uncommitted: 3, base: 2 } },
+                Msg::Vote { term, head: 3, log: VoteLog { last_term: 1, last_seq: 2, first_uncommitted: 3, base: 2 }, config: (term, 2) },
+                Msg::Config { term, membership: Membership { version: (term, 1), voters: vec![1, 2, 4], prev: Some(vec![1, 2, 3]) } },
+                Msg::Config { term, membership: Membership { version: (0, 0), voters: vec![7], prev: None } },
+                Msg::ConfigAck { term, version: (term, 3), head: 11 },
+                Msg::Newer { membership: Membership { version: (term, 2), voters: vec![2, 3], prev: None } },
                 Msg::VoteReply { term, granted: true, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (4, 5) },
-                Msg::Append { term, start: 9, entries: es.clone(), commits: w },
+                Msg::Append { term, start: 9, entries: es.clone(), commits: w, config: (term, 4) },
                 Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5 },
                 Msg::Snapshot { term, base: 40, offset: 3, total: 9, data: vec![1, 2, 3] },
                 Msg::Snapshot { term, base: 0, offset: 0, total: 0, data: vec![] },
@@ -812,7 +963,7 @@ mod tests {
             prop_assert!(decode_entry(&d).is_err());
             let c = cut % b.len();
             prop_assert!(decode_entry(&b[..c]).is_err());
-            let m = encode_msg(&Msg::Append { term: 1, start: 0, entries: vec![e], commits: CommitWindow::new(0) });
+            let m = encode_msg(&Msg::Append { term: 1, start: 0, entries: vec![e], commits: CommitWindow::new(0), config: (0, 0) });
             let _ = decode_msg(&m[..cut % m.len()]);
             let piece = encode_msg(&Msg::Snapshot { term: 1, base: 5, offset: 0, total: 4, data: vec![1, 2, 3, 4] });
             prop_assert!(decode_msg(&piece[..cut % piece.len()]).is_err());
@@ -823,6 +974,39 @@ mod tests {
             let _ = decode_msg(&b);
             let _ = decode_entry(&b);
             let _ = decode_hard(&b);
+        }
+    }
+
+    #[test]
+    fn memberships_round_trip_and_damage_is_named() {
+        for m in [
+            Membership::initial(vec![1, 2, 3]),
+            Membership {
+                version: (9, 2),
+                voters: vec![1, 2, 4],
+                prev: Some(vec![1, 2, 3]),
+            },
+        ] {
+            let b = encode_membership(&m);
+            assert_eq!(decode_membership(&b).unwrap(), m);
+            for i in 0..b.len() {
+                let mut d = b.clone();
+                d[i] ^= 0x10;
+                assert!(decode_membership(&d).is_err(), "flip at {i}");
+                assert!(decode_membership(&b[..i]).is_err(), "cut at {i}");
+            }
+        }
+        // Voters out of order, repeated or 0 are refused even under a valid checksum.
+        for voters in [vec![2, 1], vec![1, 1], vec![0, 1]] {
+            let m = Membership {
+                version: (1, 1),
+                voters,
+                prev: None,
+            };
+            assert!(matches!(
+                decode_membership(&encode_membership(&m)),
+                Err(FormatError::Malformed { .. })
+            ));
         }
     }
 

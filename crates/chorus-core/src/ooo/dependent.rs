@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
-use super::{CommitWindow, OooError, Seq};
+use super::{CommitWindow, OooError, Quorum, Seq};
 use crate::format::meta::NodeId;
 
 /// The predecessors an entry must wait for.
@@ -60,7 +60,7 @@ struct Pending {
 /// Algorithm 1 — a majority has the entry and every RAW predecessor is committed.
 #[derive(Clone, Debug)]
 pub struct DepLeader<K> {
-    quorum: usize,
+    quorum: Quorum,
     window: u64,
     next: Seq,
     commits: CommitWindow,
@@ -78,7 +78,7 @@ pub struct DepLeader<K> {
 impl<K: Clone + Eq + Hash> DepLeader<K> {
     /// A leader whose next entry is `next` (everything before committed), committing with
     /// `quorum` acknowledgements, at most `window` entries in flight.
-    pub fn new(quorum: usize, window: u64, next: Seq) -> Self {
+    pub fn new(quorum: Quorum, window: u64, next: Seq) -> Self {
         Self {
             quorum,
             window,
@@ -169,7 +169,9 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             let Some(p) = self.pending.get(&s) else {
                 continue;
             };
-            if p.acks.len() >= self.quorum && p.raw.iter().all(|&r| self.commits.is_committed(r)) {
+            if self.quorum.reached_by(&p.acks)
+                && p.raw.iter().all(|&r| self.commits.is_committed(r))
+            {
                 self.pending.remove(&s);
                 self.commits.commit(s);
                 out.push(s);
@@ -186,6 +188,37 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
     /// Whether `seq` is committed.
     pub fn is_committed(&self, seq: Seq) -> bool {
         self.commits.is_committed(seq)
+    }
+
+    /// Changes who must acknowledge (a membership change moved to its next stage).
+    /// Returns the entries the new quorum commits at once, ascending: a smaller set of
+    /// voters may already hold pending entries.
+    pub fn set_quorum(&mut self, quorum: Quorum) -> Vec<Seq> {
+        self.quorum = quorum;
+        let mut out = Vec::new();
+        loop {
+            let ready: Vec<Seq> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| {
+                    self.quorum.reached_by(&p.acks)
+                        && p.raw.iter().all(|&r| self.commits.is_committed(r))
+                })
+                .map(|(&s, _)| s)
+                .collect();
+            if ready.is_empty() {
+                break;
+            }
+            for s in ready {
+                self.pending.remove(&s);
+                self.waiters.remove(&s);
+                self.commits.commit(s);
+                out.push(s);
+            }
+        }
+        out.sort_unstable();
+        self.prune();
+        out
     }
 
     fn prune(&mut self) {
@@ -573,7 +606,7 @@ mod tests {
         // write a; L4 reads b and c; L5 reads b, "last modified by L2", and writes d, last
         // written by L4; L3 touches nothing of theirs. For b to be last modified by L2, L2
         // writes b as well, so the value of b that L4 read is L2's too.
-        let mut l = DepLeader::<&str>::new(2, 64, 1);
+        let mut l = DepLeader::<&str>::new(Quorum::Count(2), 64, 1);
         let e1 = l.admit(&[], &["a", "b"]).unwrap();
         let e2 = l.admit(&[], &["a", "c", "b"]).unwrap();
         let e3 = l.admit(&["x"], &["y"]).unwrap();
@@ -589,7 +622,7 @@ mod tests {
 
     #[test]
     fn a_raw_dependent_waits_for_its_predecessor_to_commit() {
-        let mut l = DepLeader::<u32>::new(2, 64, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
         let w = l.admit(&[], &[7]).unwrap();
         let r = l.admit(&[7], &[8]).unwrap();
         assert_eq!(r.deps.raw, vec![w.seq]);
@@ -609,7 +642,7 @@ mod tests {
 
     #[test]
     fn independent_entries_commit_out_of_order() {
-        let mut l = DepLeader::<u32>::new(2, 64, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
         for k in 0..3 {
             l.admit(&[k], &[k]).unwrap();
         }
@@ -621,7 +654,7 @@ mod tests {
 
     #[test]
     fn the_window_bounds_entries_in_flight() {
-        let mut l = DepLeader::<u32>::new(1, 2, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::Count(1), 2, 0);
         l.admit(&[], &[1]).unwrap();
         l.admit(&[], &[1]).unwrap();
         assert!(matches!(
@@ -706,7 +739,7 @@ mod tests {
     fn a_broken_waw_chain_still_orders_writers() {
         // q and p write k, e writes k; p is merged away (never committed). e must still
         // apply after q.
-        let mut l = DepLeader::<u32>::new(1, 16, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::Count(1), 16, 0);
         let q = l.admit(&[], &[5]).unwrap();
         let p = l.admit(&[], &[5]).unwrap();
         let e = l.admit(&[], &[5]).unwrap();
@@ -738,7 +771,7 @@ mod tests {
             acks in proptest::collection::vec((any::<u16>(), 1u64..4), 0..150),
         ) {
             let n = txns.len();
-            let mut l = DepLeader::<u8>::new(2, 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
             let entries: Vec<DepEntry<u8>> =
                 txns.iter().map(|(r, w)| l.admit(r, w).unwrap()).collect();
             let mut held: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
@@ -786,7 +819,7 @@ mod tests {
             let n = txns.len();
             // Admit with some commits in between, so bases move and some writers fall
             // below later entries' bases.
-            let mut l = DepLeader::<u8>::new(2, 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
             let mut acks = acks.into_iter();
             let mut entries = Vec::new();
             for (r, w) in &txns {
@@ -839,7 +872,7 @@ mod tests {
             picks in proptest::collection::vec(any::<u16>(), 300),
         ) {
             let n = txns.len();
-            let mut l = DepLeader::<u8>::new(2, 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
             let entries: Vec<DepEntry<u8>> = txns
                 .iter()
                 .map(|(r, w)| l.admit(r, w).unwrap())

@@ -71,6 +71,13 @@
 //!   it wins), then sends [`Msg::TimeoutNow`]; the target campaigns at once and merges
 //!   as any new leader. Given up after an election timeout. It only moves a campaign
 //!   earlier, so the safety argument is unchanged.
+//! * **Membership changes** ([`OooReplica::change_membership`], [`Membership`]): kept
+//!   outside the log and saved on their own ([`Action::SaveMembership`]); a joint stage
+//!   (majorities of the old and the new voters for every decision) then a final one,
+//!   each accepted by a majority before the next; appends go on throughout. Votes
+//!   compare membership epochs, a leader re-stamps its membership at election, and a
+//!   follower takes entries only under the leader's membership epoch, so log order and
+//!   membership order never disagree.
 //! * **Restart**: the driver hands back the saved [`Hard`] state and the entries on disk.
 //!   The saved committed head is a lower bound (it is saved after the writes it covers);
 //!   the replica re-applies its committed prefix, so a state machine rebuilt from nothing
@@ -81,7 +88,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog};
 use super::merge::{self, MergeOptions, Version};
 use super::parallel::{BlockRange, LookBehind, ParallelApplier, Stamped};
-use super::{CommitWindow, OooError, Seq};
+use super::{CommitWindow, OooError, Quorum, Seq};
 use crate::format::meta::NodeId;
 use crate::replica::{Nanos, Outcome, Role};
 use crate::rng::Rng;
@@ -223,6 +230,115 @@ pub struct Hard {
     pub base: Seq,
 }
 
+/// The voters of an out-of-order group, kept beside the hard state rather than in the log
+/// (PALF section 4.3 keeps its membership in meta storage too): entries do not have to be
+/// decided before a change, and a change does not wait on a hole.
+///
+/// A change goes through two stages, each accepted before the next (Raft's joint
+/// consensus): the **joint** membership (`prev` set: every decision — a vote won, a slot
+/// committed, a merge done — needs a majority of the old voters *and* of the new), then
+/// the **final** one (`prev` empty). A replica accepts the joint membership only once it
+/// holds every slot below the leader's end when the change began (its first uncommitted
+/// slot is past it), so the new voters hold what the old ones decided alone.
+/// Versions order memberships; a replica never votes for a candidate whose membership is
+/// of an earlier change (see `epoch`), and a leader re-stamps its membership with its
+/// term once the group's voters have ever changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// (term of the leader that set it, its count in that term); (0, 0) for the voters
+    /// the group was created with.
+    pub version: (u64, u64),
+    /// The voters (after the change, in its joint stage).
+    pub voters: Vec<NodeId>,
+    /// During a change's joint stage: the voters before it.
+    pub prev: Option<Vec<NodeId>>,
+}
+
+impl Membership {
+    /// The voters a group was created with.
+    pub fn initial(mut voters: Vec<NodeId>) -> Self {
+        voters.sort_unstable();
+        voters.dedup();
+        Self {
+            version: (0, 0),
+            voters,
+            prev: None,
+        }
+    }
+
+    /// Who must agree to a decision under this membership.
+    pub fn quorum(&self) -> Quorum {
+        let mut sets = vec![self.voters.clone()];
+        sets.extend(self.prev.clone());
+        Quorum::Majorities(sets)
+    }
+
+    /// Whether `id` votes under this membership (in either stage's set).
+    pub fn is_member(&self, id: NodeId) -> bool {
+        self.voters.contains(&id) || self.prev.as_ref().is_some_and(|p| p.contains(&id))
+    }
+
+    /// Every voter of either set, ascending, each once.
+    pub fn members(&self) -> Vec<NodeId> {
+        let mut all: BTreeSet<NodeId> = self.voters.iter().copied().collect();
+        all.extend(self.prev.iter().flatten().copied());
+        all.into_iter().collect()
+    }
+}
+
+/// The change a membership version belongs to: a leader numbers the joint stage of each
+/// change it makes odd and the final stage the next even number, so both stages of one
+/// change share an epoch. Votes compare epochs, not versions: once a change's joint stage
+/// is accepted, a replica holding it may still win against one holding the final stage
+/// (its joint quorum includes a majority of the new voters, so it sees whatever they
+/// decided), and refusing it could leave no replica able to win — the final stage's
+/// holders may lag in the log behind the joint stage's.
+fn epoch(v: (u64, u64)) -> (u64, u64) {
+    (v.0, v.1.div_ceil(2))
+}
+
+/// A change of an out-of-order group's voters ([`OooReplica::change_membership`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OooMembershipChange {
+    /// Adds a voter (it catches up from the leader, by image if the log was compacted).
+    AddVoter(NodeId),
+    /// Removes a voter (the leader too: it steps down once the change is accepted).
+    Remove(NodeId),
+    /// Removes one voter and adds another in one change.
+    Replace {
+        /// The voter leaving.
+        remove: NodeId,
+        /// The voter joining.
+        add: NodeId,
+    },
+}
+
+/// Why a membership change was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OooChangeError {
+    /// Only a serving leader changes the membership.
+    #[error("not the serving leader (leader hint: {leader:?})")]
+    NotLeader {
+        /// The leader this replica follows, if any.
+        leader: Option<NodeId>,
+    },
+    /// A change is still under way; one at a time.
+    #[error("a membership change is under way (to voters {to:?})")]
+    InProgress {
+        /// The voters it moves to.
+        to: Vec<NodeId>,
+    },
+    /// The change does not fit the voters (adding a voter, removing a non-voter, leaving
+    /// none, node id 0).
+    #[error("{detail} (voters {voters:?})")]
+    Invalid {
+        /// What was wrong.
+        detail: String,
+        /// The current voters.
+        voters: Vec<NodeId>,
+    },
+}
+
 /// Messages between replicas of an out-of-order group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Msg {
@@ -234,6 +350,8 @@ pub enum Msg {
         head: Seq,
         /// Its log, for the vote rule.
         log: VoteLog,
+        /// Its [`Membership::version`]: a voter with a newer one refuses.
+        config: (u64, u64),
     },
     /// The answer; a grant carries the voter's versions from the candidate's head on.
     VoteReply {
@@ -257,6 +375,11 @@ pub enum Msg {
         entries: Vec<Entry>,
         /// What is committed.
         commits: CommitWindow,
+        /// The leader's [`Membership::version`]: a follower holding a membership of an
+        /// earlier change takes no entries until it has the leader's (so a replica whose
+        /// log is newer never holds an older membership, and votes cannot deadlock
+        /// between the two orders).
+        config: (u64, u64),
     },
     /// A follower holds these slots (as the leader of `term` sent them) durably.
     Ack {
@@ -289,6 +412,32 @@ pub enum Msg {
         /// The leader's term.
         term: u64,
     },
+    /// The leader's membership: the follower saves it and answers with
+    /// [`Msg::ConfigAck`].
+    Config {
+        /// The leader's term.
+        term: u64,
+        /// The membership.
+        membership: Membership,
+    },
+    /// The answer to a candidate whose membership is older than the voter's (it missed
+    /// the leader's [`Msg::Config`]): the voter's membership, which the candidate takes.
+    /// Memberships are only set by leaders, and taking a newer one is what the lost
+    /// message would have done; a candidate that a change removed learns so and stops
+    /// campaigning, and one that lagged stops splitting the votes of those that can win.
+    Newer {
+        /// The voter's membership.
+        membership: Membership,
+    },
+    /// A follower holds this membership durably; `head` is its first uncommitted slot.
+    ConfigAck {
+        /// The follower's term.
+        term: u64,
+        /// The [`Membership::version`] it holds.
+        version: (u64, u64),
+        /// Its first uncommitted slot.
+        head: Seq,
+    },
 }
 
 /// Outputs of the replica, executed by the driver in order.
@@ -296,6 +445,9 @@ pub enum Msg {
 pub enum Action {
     /// Save the hard state durably before the next action.
     SaveHard(Hard),
+    /// Save the membership durably before the next action (it is handed back to
+    /// [`OooReplica::recover`]).
+    SaveMembership(Membership),
     /// Write this entry at its slot (replacing what is there) durably before the next
     /// action.
     Write(Entry),
@@ -361,9 +513,10 @@ pub enum Action {
         /// The leader's image.
         image: Vec<u8>,
     },
-    /// A pending append whose slot was compacted by the group before this replica learned
-    /// which entry committed there (it installed a snapshot over it): its result cannot
-    /// be known here. It may have committed or failed; it is never reported again.
+    /// A pending append whose result cannot be known here: its slot was compacted by the
+    /// group before this replica learned which entry committed there (it installed a
+    /// snapshot over it), or a membership change removed this replica before it learned.
+    /// It may have committed or failed; it is never reported again.
     Unknown {
         /// The append's identity.
         eid: u64,
@@ -422,6 +575,12 @@ pub enum OooAppendError {
         /// The replica leadership goes to.
         to: NodeId,
     },
+    /// A membership change under way removes this leader: append at the next one.
+    #[error("this leader is being removed from the group (new voters {voters:?})")]
+    Leaving {
+        /// The voters after the change.
+        voters: Vec<NodeId>,
+    },
 }
 
 /// Why a leader transfer was refused.
@@ -446,7 +605,9 @@ pub enum OooTransferError {
 pub struct OooConfig {
     /// This replica.
     pub id: NodeId,
-    /// Every voter, this replica included.
+    /// The voters the group was created with (this replica included, unless it joins an
+    /// existing group: then empty, and it learns the membership from the leader). A
+    /// saved [`Membership`] handed to [`OooReplica::recover`] takes precedence.
     pub voters: Vec<NodeId>,
     /// The group's mode.
     pub mode: Mode,
@@ -641,6 +802,25 @@ struct Peer {
     snap_asked: Option<Nanos>,
     /// The image being streamed to it.
     snap: Option<Outgoing>,
+    /// The [`Membership::version`] it last said it holds.
+    config: Option<(u64, u64)>,
+}
+
+impl Peer {
+    fn new(now: Nanos) -> Self {
+        Self {
+            head: 0,
+            acked: BTreeSet::new(),
+            heard: now,
+            tick_head: 0,
+            catching_up: false,
+            budget: 0,
+            refilled: now,
+            snap_asked: None,
+            snap: None,
+            config: None,
+        }
+    }
 }
 
 /// A state-machine image a leader streams to one follower.
@@ -700,6 +880,21 @@ struct Lead {
     sent_commits: CommitWindow,
     /// A leader transfer under way.
     transfer: Option<Transfer>,
+    /// A membership change under way.
+    change: Option<Change>,
+    /// Memberships set in this term so far (the second half of their versions).
+    versions: u64,
+}
+
+/// A membership change under way on the leader: its joint stage is accepted by a
+/// majority of both sets that hold every slot below `barrier`, then its final stage by a
+/// majority of the new voters.
+#[derive(Clone, Debug)]
+struct Change {
+    /// The leader's end when the change began.
+    barrier: Seq,
+    /// In the final stage.
+    last: bool,
 }
 
 /// A leader transfer: appends are refused until `until`; once `to` holds and knows
@@ -741,13 +936,18 @@ pub struct OooStats {
     pub transfers_expired: u64,
     /// Campaigns started on a leader's [`Msg::TimeoutNow`].
     pub transfer_campaigns: u64,
+    /// Membership changes completed (final stage accepted) by this replica as leader.
+    pub membership_changes: u64,
+    /// Memberships adopted from a leader.
+    pub memberships_adopted: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
 #[derive(Debug)]
 pub struct OooReplica {
     cfg: OooConfig,
-    quorum: usize,
+    members: Membership,
+    quorum: Quorum,
     rng: Rng,
     now: Nanos,
     hard: Hard,
@@ -781,11 +981,18 @@ pub struct OooReplica {
 impl OooReplica {
     /// A replica with nothing on disk.
     pub fn new(cfg: OooConfig, now: Nanos) -> Self {
-        Self::recover(cfg, Hard::default(), Vec::new(), now)
+        Self::recover(cfg, Hard::default(), None, Vec::new(), now)
     }
 
-    /// A replica restarted from its saved hard state and the entries on disk.
-    pub fn recover(cfg: OooConfig, hard: Hard, entries: Vec<Entry>, now: Nanos) -> Self {
+    /// A replica restarted from its saved hard state, membership (`None` if none was
+    /// saved: the configured voters) and the entries on disk.
+    pub fn recover(
+        cfg: OooConfig,
+        hard: Hard,
+        membership: Option<Membership>,
+        entries: Vec<Entry>,
+        now: Nanos,
+    ) -> Self {
         let mut log: BTreeMap<Seq, Slot> = entries
             .into_iter()
             .map(|entry| {
@@ -812,8 +1019,10 @@ impl OooReplica {
         for (_, s) in log.range_mut(..head) {
             s.committed = true;
         }
-        let quorum = cfg.voters.len() / 2 + 1;
+        let members = membership.unwrap_or_else(|| Membership::initial(cfg.voters.clone()));
+        let quorum = members.quorum();
         let mut r = Self {
+            members,
             rng: Rng::new(cfg.seed ^ 0x00_0C0C),
             applier: Applier::new(cfg.mode, base),
             cfg,
@@ -958,13 +1167,25 @@ impl OooReplica {
         self.cfg.id
     }
 
+    /// Every other voter of the membership (both sets during a change's joint stage).
     fn peers(&self) -> Vec<NodeId> {
-        self.cfg
-            .voters
-            .iter()
-            .copied()
+        self.members
+            .members()
+            .into_iter()
             .filter(|&v| v != self.cfg.id)
             .collect()
+    }
+
+    /// The group's membership as this replica holds it.
+    pub fn membership(&self) -> &Membership {
+        &self.members
+    }
+
+    /// Whether `nodes` and this replica form a quorum of the membership.
+    fn quorum_with_me(&self, nodes: impl IntoIterator<Item = NodeId>) -> bool {
+        let mut set: BTreeSet<NodeId> = nodes.into_iter().collect();
+        set.insert(self.me());
+        self.quorum.reached_by(&set)
     }
 
     fn reset_deadline(&mut self) {
@@ -1011,7 +1232,13 @@ impl OooReplica {
         if self.lead.is_some() {
             self.lead_tick();
         } else if self.now >= self.deadline {
-            self.campaign();
+            if self.members.is_member(self.me()) {
+                self.campaign();
+            } else {
+                // Not a voter (joining and not told the membership yet, or removed): it
+                // only follows.
+                self.reset_deadline();
+            }
         }
         self.finish();
     }
@@ -1027,6 +1254,7 @@ impl OooReplica {
         self.save_hard();
         let head = self.commits.head();
         let log = self.vote_log();
+        let config = self.members.version;
         for p in self.peers() {
             self.actions.push(Action::Send {
                 to: p,
@@ -1034,10 +1262,11 @@ impl OooReplica {
                     term: self.hard.term,
                     head,
                     log,
+                    config,
                 },
             });
         }
-        if self.quorum <= 1 {
+        if self.quorum_with_me([]) {
             self.become_leader();
         }
     }
@@ -1063,11 +1292,19 @@ impl OooReplica {
     /// A message from `from`.
     pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Msg) {
         self.now = self.now.max(now);
-        if from == self.me() || !self.cfg.voters.contains(&from) {
+        // Messages from nodes outside the membership are taken too: a leader of a newer
+        // membership, a candidate this replica has not heard of yet. Each rule counts only
+        // the voters of its membership.
+        if from == self.me() || from == 0 {
             return;
         }
         match msg {
-            Msg::Vote { term, head, log } => self.on_vote(from, term, head, log),
+            Msg::Vote {
+                term,
+                head,
+                log,
+                config,
+            } => self.on_vote(from, term, head, log, config),
             Msg::VoteReply {
                 term,
                 granted,
@@ -1079,7 +1316,8 @@ impl OooReplica {
                 start,
                 entries,
                 commits,
-            } => self.on_append(from, term, start, entries, commits),
+                config,
+            } => self.on_append(from, term, start, entries, commits, config),
             Msg::Ack { term, seqs, head } => self.on_ack(from, term, seqs, head),
             Msg::Snapshot {
                 term,
@@ -1089,6 +1327,17 @@ impl OooReplica {
                 data,
             } => self.on_snapshot(from, term, base, offset, total, data),
             Msg::TimeoutNow { term } => self.on_timeout_now(from, term),
+            Msg::Config { term, membership } => self.on_config(from, term, membership),
+            Msg::Newer { membership } => {
+                if membership.version > self.members.version && self.lead.is_none() {
+                    self.adopt(membership);
+                }
+            }
+            Msg::ConfigAck {
+                term,
+                version,
+                head,
+            } => self.on_config_ack(from, term, version, head),
         }
         self.finish();
     }
@@ -1103,7 +1352,7 @@ impl OooReplica {
     /// changes: a TimeoutNow only makes a replica campaign earlier than its timer would.
     pub fn transfer_leader(&mut self, now: Nanos, to: NodeId) -> Result<(), OooTransferError> {
         self.now = self.now.max(now);
-        if !self.cfg.voters.contains(&to) {
+        if !self.members.voters.contains(&to) {
             return Err(OooTransferError::NotVoter { to });
         }
         let until = self.now + self.cfg.election_timeout;
@@ -1155,6 +1404,257 @@ impl OooReplica {
         }
     }
 
+    /// Changes the group's voters (PALF section 4.3's membership change, here by joint
+    /// consensus outside the log; see [`Membership`]). Appends go on meanwhile: while the
+    /// joint membership stands they commit with a majority of both sets. The leader
+    /// stays until the final membership is accepted, then steps down if it is not a
+    /// voter of it. One change at a time.
+    pub fn change_membership(
+        &mut self,
+        now: Nanos,
+        change: OooMembershipChange,
+    ) -> Result<(), OooChangeError> {
+        self.now = self.now.max(now);
+        let leader = self.leader;
+        let Some(lead) = self.lead.as_ref().filter(|l| l.commit.is_some()) else {
+            return Err(OooChangeError::NotLeader { leader });
+        };
+        if lead.change.is_some() {
+            return Err(OooChangeError::InProgress {
+                to: self.members.voters.clone(),
+            });
+        }
+        let old = self.members.voters.clone();
+        let invalid = |detail: String| OooChangeError::Invalid {
+            detail,
+            voters: old.clone(),
+        };
+        let (remove, add) = match change {
+            OooMembershipChange::AddVoter(n) => (None, Some(n)),
+            OooMembershipChange::Remove(n) => (Some(n), None),
+            OooMembershipChange::Replace { remove, add } => (Some(remove), Some(add)),
+        };
+        let mut new = old.clone();
+        if let Some(n) = remove {
+            if !new.contains(&n) {
+                return Err(invalid(format!("node {n} is not a voter")));
+            }
+            new.retain(|&v| v != n);
+        }
+        if let Some(n) = add {
+            if n == 0 {
+                return Err(invalid("node id 0 is reserved".into()));
+            }
+            if old.contains(&n) {
+                return Err(invalid(format!("node {n} is a voter already")));
+            }
+            new.push(n);
+            new.sort_unstable();
+        }
+        if new.is_empty() {
+            return Err(invalid("the change would leave no voter".into()));
+        }
+        let now = self.now;
+        let lead = self.lead.as_mut().expect("serving");
+        for &n in &new {
+            if n != self.cfg.id {
+                lead.peers.entry(n).or_insert_with(|| Peer::new(now));
+            }
+        }
+        lead.change = Some(Change {
+            barrier: lead.end,
+            last: false,
+        });
+        self.set_membership(Membership {
+            version: (0, 0),
+            voters: new,
+            prev: Some(old),
+        });
+        self.finish();
+        Ok(())
+    }
+
+    /// The membership change under way, if any: the voters it moves to.
+    pub fn changing_to(&self) -> Option<&[NodeId]> {
+        self.lead.as_ref()?.change.as_ref()?;
+        Some(&self.members.voters)
+    }
+
+    /// Leader: takes `m` under a fresh version of this term, saves it, and tells every
+    /// follower (the voters of both sets, and any voter being removed).
+    fn set_membership(&mut self, mut m: Membership) {
+        let term = self.hard.term;
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        lead.versions += 1;
+        m.version = (term, lead.versions);
+        self.quorum = m.quorum();
+        self.members = m.clone();
+        self.actions.push(Action::SaveMembership(m));
+        let quorum = self.quorum.clone();
+        let committed = self
+            .lead
+            .as_mut()
+            .and_then(|l| l.commit.as_mut())
+            .map(|c| c.set_quorum(quorum))
+            .unwrap_or_default();
+        for s in committed {
+            self.mark_committed(s);
+        }
+        self.send_config(None);
+    }
+
+    /// Leader of a group whose voters ever changed: our membership takes our term, so
+    /// that a replica holding entries of this term holds this membership or a newer one
+    /// (see `Msg::Append::config`), and every follower is sent it. A joint stage keeps an
+    /// odd number, so that its final stage shares its epoch; a final membership takes 0.
+    fn restamp(&mut self) {
+        let term = self.hard.term;
+        let mut m = self.members.clone();
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        lead.versions = u64::from(m.prev.is_some());
+        m.version = (term, lead.versions);
+        self.quorum = m.quorum();
+        self.members = m.clone();
+        self.actions.push(Action::SaveMembership(m));
+        self.send_config(None);
+    }
+
+    /// Leader: sends the membership to `to`, or to every follower.
+    fn send_config(&mut self, to: Option<NodeId>) {
+        let Some(lead) = self.lead.as_ref() else {
+            return;
+        };
+        let targets: Vec<NodeId> = match to {
+            Some(p) => vec![p],
+            None => lead.peers.keys().copied().collect(),
+        };
+        for p in targets {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::Config {
+                    term: self.hard.term,
+                    membership: self.members.clone(),
+                },
+            });
+        }
+    }
+
+    /// Leader: moves the change under way to its next stage once the current one is
+    /// accepted.
+    fn check_change(&mut self) {
+        let Some(lead) = self.lead.as_ref() else {
+            return;
+        };
+        let Some(change) = lead.change.clone() else {
+            return;
+        };
+        if lead.commit.is_none() {
+            return;
+        }
+        let version = self.members.version;
+        let acceptors: Vec<NodeId> = lead
+            .peers
+            .iter()
+            .filter(|(_, p)| p.config == Some(version) && (change.last || p.head >= change.barrier))
+            .map(|(&id, _)| id)
+            .collect();
+        // Our own copy of the membership was saved before it was sent, and the slots
+        // below the barrier were written before that.
+        if !self.quorum_with_me(acceptors) {
+            return;
+        }
+        if change.last
+            && !self.members.voters.contains(&self.cfg.id)
+            && self.commits.head() < lead.end
+        {
+            // A leader removing itself decides its own appends before it goes: once it
+            // steps down, no leader sends it commits any more.
+            return;
+        }
+        if !change.last {
+            let voters = self.members.voters.clone();
+            if let Some(c) = self.lead.as_mut().and_then(|l| l.change.as_mut()) {
+                c.last = true;
+            }
+            self.set_membership(Membership {
+                version: (0, 0),
+                voters,
+                prev: None,
+            });
+            return;
+        }
+        self.stats.membership_changes += 1;
+        let voters = self.members.voters.clone();
+        let lead = self.lead.as_mut().expect("leading");
+        lead.change = None;
+        lead.peers.retain(|p, _| voters.contains(p));
+        if !voters.contains(&self.cfg.id) {
+            // Removed: the remaining voters elect a leader among themselves.
+            self.step_down(self.hard.term, None);
+        }
+    }
+
+    /// Follower: the leader's membership.
+    fn on_config(&mut self, from: NodeId, term: u64, membership: Membership) {
+        if !self.follow(from, term) {
+            return;
+        }
+        self.save_hard();
+        if membership != self.members {
+            self.adopt(membership);
+        }
+        self.send_config_ack(from);
+    }
+
+    /// Follower: takes a membership from a leader (or a removal notice), durably.
+    fn adopt(&mut self, membership: Membership) {
+        self.stats.memberships_adopted += 1;
+        self.quorum = membership.quorum();
+        self.members = membership.clone();
+        self.actions.push(Action::SaveMembership(membership));
+        if !self.members.is_member(self.me()) {
+            // Removed: no leader will send this replica commits again, so the results of
+            // appends it took as a leader can no longer be learnt here.
+            for (seq, eid) in std::mem::take(&mut self.mine) {
+                self.actions.push(Action::Unknown { eid, seq });
+            }
+            if self.role == Role::PendingFollower {
+                self.set_role(Role::Follower);
+            }
+        }
+    }
+
+    fn on_config_ack(&mut self, from: NodeId, term: u64, version: (u64, u64), head: Seq) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+            return;
+        }
+        if term < self.hard.term {
+            return;
+        }
+        let now = self.now;
+        let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&from)) else {
+            return;
+        };
+        peer.heard = now;
+        peer.head = head;
+        peer.config = Some(version);
+        if version != self.members.version {
+            if self.members.version == (0, 0) {
+                // The voters changed once, and we still hold the group's first
+                // membership: it takes our term (and goes to every follower).
+                self.restamp();
+            } else {
+                self.send_config(Some(from));
+            }
+        }
+        self.check_change();
+    }
+
     fn on_timeout_now(&mut self, from: NodeId, term: u64) {
         // Only from the leader we follow in its term, and not while an image is being
         // installed (our log would not be what the leader saw).
@@ -1171,7 +1671,41 @@ impl OooReplica {
         self.campaign();
     }
 
-    fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog) {
+    fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog, config: (u64, u64)) {
+        let outsider = !self.members.is_member(from);
+        if config < self.members.version
+            && (epoch(config) < epoch(self.members.version)
+                || (outsider && self.members.prev.is_none()))
+        {
+            // It missed a membership we hold (one without it, if it is an outsider of a
+            // final one): it cannot win with our vote, and takes ours. Refused without
+            // taking its term.
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::Newer {
+                    membership: self.members.clone(),
+                },
+            });
+            return;
+        }
+        if epoch(config) < epoch(self.members.version)
+            || (outsider && self.members.is_member(self.me()))
+        {
+            // Its membership is of an earlier change than ours, or it is not a voter of
+            // ours while we are: it cannot win with our vote. Refused without taking its term — a node
+            // a change removed, or one added by a joint stage that a later leader
+            // abandoned, would otherwise depose every leader with its terms.
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::VoteReply {
+                    term: self.hard.term,
+                    granted: false,
+                    entries: Vec::new(),
+                    leader_start: self.hard.leader_start,
+                },
+            });
+            return;
+        }
         if term > self.hard.term {
             self.step_down(term, None);
         }
@@ -1217,7 +1751,7 @@ impl OooReplica {
             return;
         }
         self.votes.insert(from, (entries, leader_start));
-        if self.votes.len() + 1 >= self.quorum {
+        if self.quorum_with_me(self.votes.keys().copied()) {
             self.become_leader();
         }
     }
@@ -1319,30 +1853,17 @@ impl OooReplica {
             look: LookBehind::new(self.span(), end),
             next_eid: 1,
             end,
-            peers: peers
-                .iter()
-                .map(|&p| {
-                    (
-                        p,
-                        Peer {
-                            head: 0,
-                            acked: BTreeSet::new(),
-                            heard: self.now,
-                            tick_head: 0,
-                            catching_up: false,
-                            budget: 0,
-                            refilled: self.now,
-                            snap_asked: None,
-                            snap: None,
-                        },
-                    )
-                })
-                .collect(),
+            peers: peers.iter().map(|&p| (p, Peer::new(self.now))).collect(),
             last_send: self.now,
             last_resend: self.now,
             sent_commits: self.commits.clone(),
             transfer: None,
+            change: None,
+            versions: 0,
         });
+        if self.members.version != (0, 0) {
+            self.restamp();
+        }
         for chunk in merged.chunks(self.cfg.max_batch.max(1)) {
             self.broadcast(chunk.to_vec());
         }
@@ -1401,6 +1922,7 @@ impl OooReplica {
                     start: self.hard.leader_start.1,
                     entries: entries.clone(),
                     commits: self.commits.clone(),
+                    config: self.members.version,
                 },
             });
         }
@@ -1408,15 +1930,23 @@ impl OooReplica {
 
     /// Serves once every merged slot has a majority: all commit together.
     fn check_merged(&mut self) {
-        let quorum = self.quorum;
+        let quorum = self.quorum.clone();
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
-        if lead.commit.is_some() || lead.merging.values().any(|a| a.len() < quorum) {
+        if lead.commit.is_some() || lead.merging.values().any(|a| !quorum.reached_by(a)) {
             return;
         }
         let merged: Vec<Seq> = std::mem::take(&mut lead.merging).into_keys().collect();
         lead.commit = Some(DepLeader::new(quorum, self.cfg.window, lead.end));
+        if self.members.prev.is_some() {
+            // A change's joint stage, from an earlier leader: finish it (a fresh version,
+            // accepted anew) before starting any other.
+            lead.change = Some(Change {
+                barrier: lead.end,
+                last: false,
+            });
+        }
         let start = lead.start;
         for s in merged {
             self.mark_committed(s);
@@ -1447,6 +1977,11 @@ impl OooReplica {
         };
         if let Some(t) = &lead.transfer {
             return Err(OooAppendError::Transferring { to: t.to });
+        }
+        if !self.members.voters.contains(&self.cfg.id) {
+            return Err(OooAppendError::Leaving {
+                voters: self.members.voters.clone(),
+            });
         }
         let commit = lead.commit.as_mut().expect("serving");
         let body_of = |seq| -> Result<(), OooError> {
@@ -1593,8 +2128,17 @@ impl OooReplica {
         start: Seq,
         entries: Vec<Entry>,
         window: CommitWindow,
+        config: (u64, u64),
     ) {
         if !self.follow(from, term) {
+            return;
+        }
+        let other = config != self.members.version;
+        if other && epoch(self.members.version) < epoch(config) {
+            // The leader's membership has not arrived yet: no entries before it. Saying
+            // which one we hold gets it sent.
+            self.save_hard();
+            self.send_config_ack(from);
             return;
         }
         if self.hard.leader_start.0 < term {
@@ -1646,6 +2190,22 @@ impl OooReplica {
             msg: Msg::Ack {
                 term,
                 seqs,
+                head: self.commits.head(),
+            },
+        });
+        if other {
+            // We hold a membership the leader does not (a newer one it abandoned, or it
+            // has never set one since the group's voters changed): it sends its own.
+            self.send_config_ack(from);
+        }
+    }
+
+    fn send_config_ack(&mut self, to: NodeId) {
+        self.actions.push(Action::Send {
+            to,
+            msg: Msg::ConfigAck {
+                term: self.hard.term,
+                version: self.members.version,
                 head: self.commits.head(),
             },
         });
@@ -1751,6 +2311,7 @@ impl OooReplica {
                         start: self.hard.leader_start.1,
                         entries: missing,
                         commits: self.commits.clone(),
+                        config: self.members.version,
                     },
                 });
             }
@@ -1768,24 +2329,26 @@ impl OooReplica {
                 self.leader_ack(s, from);
             }
             self.check_transfer();
+            self.check_change();
         }
     }
 
     fn lead_tick(&mut self) {
         let now = self.now;
-        let quorum = self.quorum;
         let timeout = self.cfg.election_timeout;
-        let lead = self.lead.as_mut().expect("leading");
-        let heard = 1 + lead
+        let lead = self.lead.as_ref().expect("leading");
+        let heard: Vec<NodeId> = lead
             .peers
-            .values()
-            .filter(|p| now.saturating_sub(p.heard) < timeout)
-            .count();
-        if heard < quorum {
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.heard) < timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        if !self.quorum_with_me(heard) {
             // Cannot reach a majority: stop taking appends that cannot commit.
             self.step_down(self.hard.term, None);
             return;
         }
+        let lead = self.lead.as_mut().expect("leading");
         if lead.transfer.is_some_and(|t| now >= t.until) {
             lead.transfer = None;
             self.stats.transfers_expired += 1;
@@ -1819,8 +2382,23 @@ impl OooReplica {
                         start: self.hard.leader_start.1,
                         entries,
                         commits: self.commits.clone(),
+                        config: self.members.version,
                     },
                 });
+            }
+            // Followers that have not said they hold our membership get it again.
+            let version = self.members.version;
+            let stale: Vec<NodeId> = self
+                .lead
+                .as_ref()
+                .expect("leading")
+                .peers
+                .iter()
+                .filter(|(_, p)| p.config.unwrap_or((0, 0)) != version)
+                .map(|(&id, _)| id)
+                .collect();
+            for p in stale {
+                self.send_config(Some(p));
             }
         }
         let lead = self.lead.as_ref().expect("leading");
@@ -2738,5 +3316,149 @@ mod tests {
             .results
             .iter()
             .any(|r| r.1 == c.eid && r.2 == Outcome::Committed));
+    }
+
+    /// Voters join and leave by joint consensus: a change waits in its joint stage while
+    /// the new voters cannot form a majority (appends meanwhile need both majorities),
+    /// completes once they can, and a leader that removes itself decides its appends,
+    /// steps down and never campaigns again.
+    #[test]
+    fn voters_are_added_and_removed_by_joint_consensus() {
+        let mode = Mode::Parallel { span: 2 };
+        let mut net = Net::new(3, mode);
+        // Node 4 joins: it knows no voters yet, so it does not campaign.
+        net.nodes
+            .insert(4, OooReplica::new(OooConfig::new(4, Vec::new(), mode), 0));
+        net.elect(1);
+        let hb = net.nodes[&1].cfg.heartbeat_interval;
+        let w = |b: u64| Declared::Blocks(vec![BlockRange::new(b, 1).unwrap()]);
+        let append = |net: &mut Net, id: NodeId, b: u64| {
+            let now = net.now;
+            net.nodes
+                .get_mut(&id)
+                .unwrap()
+                .append(now, w(b), vec![b as u8])
+        };
+        for b in 0..5 {
+            append(&mut net, 1, b).unwrap();
+        }
+        net.run();
+        assert_eq!(net.nodes[&4].stats().campaigns, 0);
+        // Refusals.
+        let now = net.now;
+        assert_eq!(
+            net.nodes
+                .get_mut(&2)
+                .unwrap()
+                .change_membership(now, OooMembershipChange::AddVoter(4)),
+            Err(OooChangeError::NotLeader { leader: Some(1) })
+        );
+        for bad in [
+            OooMembershipChange::AddVoter(2),
+            OooMembershipChange::Remove(9),
+            OooMembershipChange::AddVoter(0),
+        ] {
+            assert!(matches!(
+                net.nodes.get_mut(&1).unwrap().change_membership(now, bad),
+                Err(OooChangeError::Invalid { .. })
+            ));
+        }
+        // Add node 4 while nodes 2 and 4 are cut off: {1, 3} is a majority of the old
+        // voters but not of the new, so the joint stage is not accepted and an append
+        // does not commit.
+        let cut = |f: NodeId, t: NodeId, _: &Msg| ![f, t].iter().any(|n| *n == 2 || *n == 4);
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .change_membership(now, OooMembershipChange::AddVoter(4))
+            .unwrap();
+        assert_eq!(net.nodes[&1].changing_to(), Some(&[1, 2, 3, 4][..]));
+        assert!(matches!(
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .change_membership(now, OooMembershipChange::Remove(3)),
+            Err(OooChangeError::InProgress { .. })
+        ));
+        let before = net.results.len();
+        let t = append(&mut net, 1, 100).unwrap();
+        for _ in 0..4 {
+            net.now += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run_with(cut);
+        }
+        assert_eq!(
+            net.results.len(),
+            before,
+            "committed without the new majority"
+        );
+        assert_eq!(
+            net.nodes[&1].membership().prev.as_deref(),
+            Some(&[1, 2, 3][..])
+        );
+        assert_eq!(net.nodes[&3].membership(), net.nodes[&1].membership());
+        // Healed: node 4 catches up from nothing, both stages are accepted, the append
+        // commits, and every replica holds the final membership.
+        for _ in 0..6 {
+            net.now += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run();
+        }
+        assert!(net
+            .results
+            .iter()
+            .any(|r| r.1 == t.eid && r.2 == Outcome::Committed));
+        assert_eq!(net.nodes[&1].changing_to(), None);
+        assert_eq!(net.nodes[&1].stats().membership_changes, 1);
+        for id in 1..=4 {
+            let m = net.nodes[&id].membership();
+            assert_eq!(
+                (m.voters.as_slice(), m.prev.as_ref()),
+                (&[1, 2, 3, 4][..], None),
+                "node {id}"
+            );
+        }
+        let want = net.nodes[&1].read_committed(0, 100).unwrap();
+        assert_eq!(net.nodes[&4].read_committed(0, 100).unwrap(), want);
+        assert_eq!(want.len(), 6);
+        // Remove the leader: it refuses appends, finishes the change, steps down and
+        // stays quiet; the other three elect a leader and go on.
+        let now = net.now;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .change_membership(now, OooMembershipChange::Remove(1))
+            .unwrap();
+        assert!(matches!(
+            append(&mut net, 1, 7),
+            Err(OooAppendError::Leaving { .. })
+        ));
+        for _ in 0..4 {
+            net.now += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run();
+        }
+        assert!(!net.nodes[&1].is_serving());
+        assert_eq!(net.nodes[&1].membership().voters, vec![2, 3, 4]);
+        let campaigns = net.nodes[&1].stats().campaigns;
+        net.elect(3);
+        append(&mut net, 3, 200).unwrap();
+        net.run();
+        for _ in 0..3 {
+            net.now += hb;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.nodes.get_mut(&3).unwrap().tick(now);
+            net.run();
+        }
+        assert_eq!(net.nodes[&1].stats().campaigns, campaigns);
+        assert!(net.nodes[&2].committed_head() > net.nodes[&1].committed_head());
+        assert_eq!(
+            net.nodes[&4].committed_head(),
+            net.nodes[&3].committed_head()
+        );
     }
 }
