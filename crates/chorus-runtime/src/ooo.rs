@@ -60,8 +60,8 @@ use chorus_core::format::ooo::encode_group;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::replica::{
-    Action, Declared, Entry, Mode, Msg, OooAppendError, OooConfig, OooReadError, OooReplica,
-    OooStats, OooTransferError,
+    Action, Declared, Entry, Membership, Mode, Msg, OooAppendError, OooChangeError, OooConfig,
+    OooMembershipChange, OooReadError, OooReplica, OooStats, OooTransferError,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -77,8 +77,14 @@ pub struct OooNodeConfig {
     pub id: NodeId,
     /// The group (checked on every inbound connection).
     pub group: u64,
-    /// Every voter and its replication address, this node included.
+    /// Every voter the group was created with and its replication address (this node
+    /// too, unless it is one of `others`).
     pub voters: Vec<(NodeId, SocketAddr)>,
+    /// Replicas that were not voters at creation but may be added by a membership change
+    /// ([`OooNode::change_membership`]), with their addresses. Links go to every voter
+    /// and every one of these, and only they are heard. A node listed here starts
+    /// knowing no membership of its own and follows whichever leader adds it.
+    pub others: Vec<(NodeId, SocketAddr)>,
     /// The group's mode.
     pub mode: Mode,
     /// The group's directory.
@@ -238,6 +244,10 @@ enum Ev {
     Status(Sender<OooStatus>),
     /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
     Transfer(NodeId, Sender<Result<(), OooTransferError>>),
+    /// Change the voters ([`OooReplica::change_membership`]).
+    Change(OooMembershipChange, Sender<Result<(), OooChangeError>>),
+    /// The membership this replica holds.
+    Membership(Sender<Membership>),
     /// Committed entries from a slot on (at most a count), with the committed head.
     Read(u64, usize, Sender<Result<OooRead, OooReadError>>),
     /// The IO thread made every batch up to this one durable, with this many fdatasyncs;
@@ -407,8 +417,8 @@ impl OooNode {
         let mode = cfg.mode;
         // Outbound: one writer thread per peer.
         let mut peers: HashMap<NodeId, Arc<Link>> = HashMap::new();
-        for &(p, a) in &cfg.voters {
-            if p == cfg.id {
+        for &(p, a) in cfg.voters.iter().chain(&cfg.others) {
+            if p == cfg.id || peers.contains_key(&p) {
                 continue;
             }
             let (ptx, prx) = mpsc::channel::<Vec<u8>>();
@@ -471,9 +481,7 @@ impl OooNode {
                 while let Some(ev) = next.take() {
                     taken += 1;
                     match ev {
-                        // Only the configured voters are heard: this runtime does not change
-                        // an out-of-order group's voters (the replica would take a newer
-                        // membership from any node).
+                        // Only the configured replicas (voters and `others`) are heard.
                         Ev::Msg(from, m) if peers.contains_key(&from) => {
                             c.msgs_in += 1;
                             replica.receive(now(), from, m)
@@ -509,6 +517,12 @@ impl OooNode {
                         }
                         Ev::Transfer(to, reply) => {
                             let _ = reply.send(replica.transfer_leader(now(), to));
+                        }
+                        Ev::Change(change, reply) => {
+                            let _ = reply.send(replica.change_membership(now(), change));
+                        }
+                        Ev::Membership(reply) => {
+                            let _ = reply.send(replica.membership().clone());
                         }
                         Ev::Read(from, max, reply) => {
                             let _ = reply.send(replica.read_committed(from, max).map(
@@ -757,6 +771,28 @@ impl OooNode {
     pub fn transfer_leader(&self, to: NodeId) -> Option<Result<(), OooTransferError>> {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Ev::Transfer(to, tx)).ok()?;
+        rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// Changes the group's voters (PALF section 4.3; joint consensus, see
+    /// [`Membership`]): on the serving leader, starts the change and returns; the change
+    /// completes once a majority of the old and the new voters hold it, then a majority
+    /// of the new voters its final stage ([`OooNode::membership`] shows where it is).
+    /// A node to add must be among the configured replicas. `None` if the node stopped.
+    pub fn change_membership(
+        &self,
+        change: OooMembershipChange,
+    ) -> Option<Result<(), OooChangeError>> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Ev::Change(change, tx)).ok()?;
+        rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// The membership this replica holds (`prev` set while a change is in its joint
+    /// stage), or `None` if the node stopped.
+    pub fn membership(&self) -> Option<Membership> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Ev::Membership(tx)).ok()?;
         rx.recv_timeout(Duration::from_secs(5)).ok()
     }
 

@@ -102,6 +102,9 @@ struct Cluster {
     states: Vec<State>,
     /// Each node's TLS files (none: plain TCP).
     tls: Vec<Option<TlsFiles>>,
+    /// Nodes 1..=voters are the voters at creation; any after them are spares a
+    /// membership change may add.
+    voters: usize,
 }
 
 impl Cluster {
@@ -110,17 +113,28 @@ impl Cluster {
     }
 
     fn with_tls(mode: Mode, tls: Vec<Option<TlsFiles>>) -> Self {
-        let listeners: Vec<TcpListener> = (0..3)
+        Self::build(mode, tls, 3)
+    }
+
+    /// Three voters and a spare (node 4).
+    fn with_spare(mode: Mode) -> Self {
+        Self::build(mode, vec![None; 4], 3)
+    }
+
+    fn build(mode: Mode, tls: Vec<Option<TlsFiles>>, voters: usize) -> Self {
+        let n = tls.len();
+        let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
         let addrs = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut c = Self {
             mode,
-            dirs: (0..3).map(|_| tempfile::tempdir().unwrap()).collect(),
+            dirs: (0..n).map(|_| tempfile::tempdir().unwrap()).collect(),
             addrs,
             nodes: Vec::new(),
-            states: (0..3).map(|_| State::default()).collect(),
+            states: (0..n).map(|_| State::default()).collect(),
             tls,
+            voters,
         };
         for (i, l) in listeners.into_iter().enumerate() {
             let n = c.start(i, l);
@@ -130,14 +144,15 @@ impl Cluster {
     }
 
     fn start(&self, i: usize, l: TcpListener) -> OooNode {
+        let all = self
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(j, a)| (j as u64 + 1, *a));
         let cfg = OooNodeConfig {
+            others: all.clone().skip(self.voters).collect(),
             id: i as u64 + 1,
-            voters: self
-                .addrs
-                .iter()
-                .enumerate()
-                .map(|(j, a)| (j as u64 + 1, *a))
-                .collect(),
+            voters: all.take(self.voters).collect(),
             mode: self.mode,
             dir: self.dirs[i].path().to_path_buf(),
             election_timeout: Duration::from_millis(300),
@@ -253,7 +268,9 @@ impl Cluster {
                 .collect();
             let top = st.iter().map(|s| s.committed_head).max().unwrap();
             if st.iter().all(|s| s.applied_head == top) {
-                let live: Vec<_> = (0..3).filter(|&i| self.nodes[i].is_some()).collect();
+                let live: Vec<_> = (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].is_some())
+                    .collect();
                 let first = self.states[live[0]].live.lock().unwrap().clone();
                 for &i in &live[1..] {
                     assert_eq!(
@@ -467,4 +484,97 @@ fn out_of_order_groups_replicate_over_mutual_tls_and_refuse_a_stranger() {
         "the stranger received messages: {s3:?}"
     );
     assert_eq!(s3.applied_head, 0);
+}
+
+/// Waits until the serving leader holds `voters` with no change in its joint stage;
+/// returns its index.
+fn voters_become(c: &Cluster, voters: &[u64]) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let l = c.leader();
+        let m = c.nodes[l].as_ref().and_then(|n| n.membership());
+        if let Some(m) = &m {
+            if m.voters == voters && m.prev.is_none() {
+                return l;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "voters never became {voters:?} (leader {} holds {m:?})",
+            l + 1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Membership changes over TCP: a spare (node 4, not a voter at creation) replaces the
+/// serving leader; the leader steps down once the change is accepted, one of the
+/// remaining voters leads, and the spare catches up (by image: the log was compacted)
+/// and applies the same state. The change is then undone: the spare is removed, the old
+/// leader (restarted from its directory) added back. Every node saves the membership, so
+/// a restart keeps it.
+fn changes(mode: Mode) {
+    use chorus_core::ooo::replica::{OooChangeError, OooMembershipChange as C};
+    let mut c = Cluster::with_spare(mode);
+    c.append_many(0, 150);
+    let old = c.leader();
+    let node = c.nodes[old].as_ref().unwrap();
+    // A follower cannot change the voters; the leader can, once at a time.
+    let f = (old + 1) % 3;
+    assert!(matches!(
+        c.nodes[f]
+            .as_ref()
+            .unwrap()
+            .change_membership(C::AddVoter(4)),
+        Some(Err(OooChangeError::NotLeader { .. }))
+    ));
+    let add = C::Replace {
+        remove: old as u64 + 1,
+        add: 4,
+    };
+    node.change_membership(add).unwrap().unwrap();
+    let want: Vec<u64> = (1..=4).filter(|&n| n != old as u64 + 1).collect();
+    let l = voters_become(&c, &want);
+    assert_ne!(l, old, "the removed leader still serves");
+    c.append_many(150, 100);
+    // The removed node hears nothing more: stop it, then every voter converges.
+    c.stop(old);
+    c.converge();
+    let st = c.nodes[3].as_ref().unwrap().status().unwrap();
+    assert!(
+        st.counters.installs >= 1,
+        "the spare installed no image: {st:?}"
+    );
+    // Restart the removed node; it is not a voter and stays out.
+    c.restart(old);
+    let leader = c.nodes[l].as_ref().unwrap();
+    assert!(matches!(
+        leader.change_membership(C::Remove(9)),
+        Some(Err(OooChangeError::Invalid { .. }))
+    ));
+    leader
+        .change_membership(C::Replace {
+            remove: 4,
+            add: old as u64 + 1,
+        })
+        .unwrap()
+        .unwrap();
+    voters_become(&c, &[1, 2, 3]);
+    c.append_many(250, 50);
+    c.stop(3);
+    c.converge();
+    for i in 0..3 {
+        let m = c.nodes[i].as_ref().unwrap().membership().unwrap();
+        assert_eq!(m.voters, vec![1, 2, 3], "node {}", i + 1);
+    }
+}
+
+#[test]
+fn parallel_mode_changes_voters_over_tcp() {
+    changes(Mode::Parallel { span: 2 });
+}
+
+#[test]
+fn dependent_mode_changes_voters_over_tcp() {
+    changes(Mode::Dependent);
 }

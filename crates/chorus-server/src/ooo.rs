@@ -71,8 +71,11 @@ pub struct OooSpec {
     pub id: u64,
     /// Mode.
     pub mode: Mode,
-    /// Every voter and its replication address for this group.
+    /// Every voter the group was created with and its replication address.
     pub voters: Vec<(u64, SocketAddr)>,
+    /// Replicas in `replicas` that are not voters at creation (a membership change may
+    /// add them), with their addresses.
+    pub others: Vec<(u64, SocketAddr)>,
 }
 
 impl OooSpec {
@@ -133,15 +136,28 @@ impl OooSpec {
         if voters.is_empty() {
             return Err(bad("no voters".into()));
         }
-        if let Some(k) = g
-            .replicas
-            .keys()
-            .find(|k| !g.voters.iter().any(|v| v.to_string() == **k))
-        {
-            return Err(bad(format!("replicas names `{k}`, which is not a voter")));
+        let mut others = Vec::new();
+        for (k, addr) in &g.replicas {
+            if g.voters.iter().any(|v| v.to_string() == *k) {
+                continue;
+            }
+            let id: u64 = k
+                .parse()
+                .ok()
+                .filter(|&n| n != 0)
+                .ok_or_else(|| bad(format!("replicas names `{k}`, which is not a node id")))?;
+            let a = addr.parse().map_err(|e| {
+                bad(format!(
+                    "replicas.{k} = `{addr}` is not an IP:PORT address ({e})"
+                ))
+            })?;
+            others.push((id, a));
         }
-        if !g.voters.contains(&me) {
-            return Err(bad(format!("this node ({me}) is not one of its voters")));
+        others.sort_unstable();
+        if !g.voters.contains(&me) && !others.iter().any(|o| o.0 == me) {
+            return Err(bad(format!(
+                "this node ({me}) is neither one of its voters nor named in `replicas`"
+            )));
         }
         voters.sort_unstable();
         if voters.windows(2).any(|w| w[0].0 == w[1].0) {
@@ -151,6 +167,7 @@ impl OooSpec {
             id: g.id,
             mode,
             voters,
+            others,
         }))
     }
 }
@@ -235,9 +252,16 @@ impl OooGroup {
         self.node.status()
     }
 
-    /// The voters.
+    /// The voters the group was created with (its spec; the replica's current ones are
+    /// [`OooNode::membership`]).
     pub fn voters(&self) -> Vec<u64> {
         self.spec.voters.clone()
+    }
+
+    /// Whether `node` has a replication address in the group's spec (a voter at creation
+    /// or one of the other replicas a change may add).
+    pub fn knows(&self, node: u64) -> bool {
+        self.spec.voters.contains(&node) || self.spec.replicas.contains_key(&node.to_string())
     }
 }
 
@@ -280,11 +304,12 @@ fn bind(spec: &OooSpec, me: u64) -> Result<TcpListener, OooGroupError> {
     let addr = spec
         .voters
         .iter()
+        .chain(&spec.others)
         .find(|v| v.0 == me)
         .map(|v| v.1)
         .ok_or_else(|| OooGroupError::BadSpec {
             group: spec.id,
-            detail: format!("this node ({me}) is not one of its voters"),
+            detail: format!("this node ({me}) has no replication address in the group"),
         })?;
     TcpListener::bind(addr).map_err(|source| OooGroupError::Io {
         group: spec.id,
@@ -413,6 +438,7 @@ impl OooGroups {
                 id: me,
                 group: id,
                 voters: spec.voters.clone(),
+                others: spec.others.clone(),
                 mode: spec.mode,
                 dir: dir.clone(),
                 election_timeout: self.settings.election_timeout,
@@ -652,11 +678,23 @@ mod tests {
         assert!(err(&spec("parallel", &[1, 2], &[(1, "127.0.0.1:1")]), 1)
             .contains("voter 2 has no replication address"));
         assert!(err(&spec("dependent", &[1], &[(1, "localhost")]), 1).contains("replicas.1"));
+        // A replica that is not a voter yet (a membership change may add it) has an
+        // address and may open the group; its key must be a node id, its address valid.
+        let spare = spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "127.0.0.1:9")]);
+        for me in [1, 9] {
+            let p = OooSpec::parse(&spare, me).unwrap().unwrap();
+            assert_eq!(p.voters, vec![(1, "127.0.0.1:1".parse().unwrap())]);
+            assert_eq!(p.others, vec![(9, "127.0.0.1:9".parse().unwrap())]);
+        }
+        assert!(err(&spare, 8).contains("neither one of its voters nor named in `replicas`"));
+        let mut named = spare.clone();
+        named.replicas.insert("x".into(), "127.0.0.1:7".into());
+        assert!(err(&named, 1).contains("replicas names `x`, which is not a node id"));
         assert!(err(
-            &spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "127.0.0.1:9")]),
+            &spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "nine")]),
             1
         )
-        .contains("`9`, which is not a voter"));
+        .contains("replicas.9 = `nine`"));
         assert!(err(&ok, 3).contains("this node (3)"));
         let mut lb = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
         lb.look_behind = 3;

@@ -740,6 +740,8 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         "leader": if g.has_leader { Some(g.leader) } else { None },
                         "serving": g.serving, "committed_seq": g.committed_seq,
                         "applied_seq": g.applied_seq, "voters": g.voters,
+                        "prev_voters": if g.prev_voters.is_empty() { None } else { Some(&g.prev_voters) },
+                        "config_version": [g.config_proposal_id, g.config_seq],
                         "stopped": if g.stopped.is_empty() { None } else { Some(&g.stopped) },
                     }),
                     Some(g) => json!({
@@ -777,7 +779,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
             for (ep, g, e) in &rows {
                 match g {
                     Some(g) if g.mode != "ordered" && !g.mode.is_empty() => println!(
-                        "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6}  {} mode: committed below slot {}, applied below slot {}{}  voters {:?}{}",
+                        "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6}  {} mode: committed below slot {}, applied below slot {}{}  voters {:?}{}{}",
                         ep.trim_start_matches("http://"),
                         g.group,
                         g.node,
@@ -789,6 +791,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         g.applied_seq,
                         if g.role == "leader" && !g.serving { " (merging)" } else { "" },
                         g.voters,
+                        if g.prev_voters.is_empty() { String::new() } else { format!(" (joint with {:?})", g.prev_voters) },
                         if g.stopped.is_empty() { String::new() } else { format!("  STOPPED: {}", g.stopped) }
                     ),
                     Some(g) => println!(

@@ -90,6 +90,62 @@ impl Service {
         Self { env, ooo }
     }
 
+    /// `ChangeMembership` on an out-of-order group: adds, removes or replaces a voter
+    /// (joint consensus in the replica). A node to add must have a replication address in
+    /// the group's `replicas`; these groups have no learners.
+    async fn change_ooo_membership(
+        &self,
+        r: pb::ChangeMembershipRequest,
+    ) -> Result<Response<pb::Empty>, Status> {
+        use chorus_core::ooo::replica::{OooChangeError as E, OooMembershipChange as C};
+        let g = self.ooo_group(r.group, "ChangeMembership")?;
+        let group = r.group;
+        let change = match pb::ChangeKind::try_from(r.kind) {
+            Ok(pb::ChangeKind::AddVoter) => C::AddVoter(r.node),
+            Ok(pb::ChangeKind::Remove) => C::Remove(r.node),
+            Ok(pb::ChangeKind::Replace) => C::Replace {
+                remove: r.old_node,
+                add: r.node,
+            },
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "group {group}: out-of-order groups have no learners (add, remove or replace a voter)"
+                )))
+            }
+        };
+        if !r.node_addr.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "group {group}: an out-of-order group's replica addresses come from its spec (`replicas`), not node_addr"
+            )));
+        }
+        if let C::AddVoter(n) | C::Replace { add: n, .. } = change {
+            if !g.knows(n) {
+                return Err(Status::invalid_argument(format!(
+                    "group {group}: node {n} has no replication address in the group's `replicas`"
+                )));
+            }
+        }
+        tokio::task::spawn_blocking(move || match g.node.change_membership(change) {
+            None => Err(Status::unavailable(format!("group {group} stopped"))),
+            Some(Ok(())) => Ok(Response::new(pb::Empty {})),
+            Some(Err(e @ E::NotLeader { leader })) => {
+                let mut s = Status::failed_precondition(format!("group {group}: {e}"));
+                if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
+                    s.metadata_mut().insert("chorus-leader", v);
+                }
+                Err(s)
+            }
+            Some(Err(e @ E::InProgress { .. })) => {
+                Err(Status::failed_precondition(format!("group {group}: {e}")))
+            }
+            Some(Err(e @ E::Invalid { .. })) => {
+                Err(Status::invalid_argument(format!("group {group}: {e}")))
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+    }
+
     /// Refuses an ordered-group operation on an out-of-order group by name (instead of
     /// "no such group").
     fn ordered_only(&self, group: u64, op: &str) -> Result<(), Status> {
@@ -146,6 +202,8 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::Refused(OooAppendError::WrongMode { .. }) => Status::invalid_argument(msg),
         // As the ordered mode's AppendError::Transferring: retry at the new leader.
         E::Refused(OooAppendError::Transferring { .. }) => Status::failed_precondition(msg),
+        // A leader a membership change removes: retry at the next leader.
+        E::Refused(OooAppendError::Leaving { .. }) => Status::failed_precondition(msg),
         E::Refused(_) => Status::resource_exhausted(msg),
         E::Stopped => Status::unavailable(msg),
         // The append may have committed or failed: the caller must look (UNKNOWN).
@@ -437,12 +495,16 @@ impl pb::chorus_server::Chorus for Service {
         for id in ids {
             if let Some(og) = self.ooo.get(id) {
                 let (node, mode, voters) = (self.env.node(), og.mode, og.voters());
-                let s = tokio::task::spawn_blocking(move || og.status())
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?;
+                let (s, m) =
+                    tokio::task::spawn_blocking(move || (og.status(), og.node.membership()))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?;
                 groups.push(match s {
                     Some(s) => pb::GroupStatus {
-                        voters,
+                        voters: m.as_ref().map_or(voters, |m| m.voters.clone()),
+                        prev_voters: m.as_ref().and_then(|m| m.prev.clone()).unwrap_or_default(),
+                        config_proposal_id: m.as_ref().map_or(0, |m| m.version.0),
+                        config_seq: m.as_ref().map_or(0, |m| m.version.1),
                         ..ooo_group_status(id, node, s)
                     },
                     None => pb::GroupStatus {
@@ -545,6 +607,9 @@ impl pb::chorus_server::Chorus for Service {
         };
         if r.node == 0 {
             return Err(Status::invalid_argument("node id 0 is not valid"));
+        }
+        if self.ooo.get(r.group).is_some() {
+            return self.change_ooo_membership(r).await;
         }
         if !r.node_addr.is_empty() {
             self.env.set_peer_addr(r.node, r.node_addr.clone());

@@ -136,6 +136,30 @@ async fn settled(eps: &[String], group: u64, at_least: u64) -> u64 {
     }
 }
 
+/// Waits until the serving leader of `group` reports `voters` with no change under way.
+async fn voters_become(eps: &[String], group: u64, voters: &[u64]) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut c = Client::new(eps.to_vec());
+        let mut seen = Vec::new();
+        for (_, r) in c.status_all(group).await {
+            if let Ok(s) = r {
+                for g in s.groups.iter().filter(|g| g.role == "leader" && g.serving) {
+                    if g.voters == voters && g.prev_voters.is_empty() {
+                        return;
+                    }
+                    seen.push((g.voters.clone(), g.prev_voters.clone()));
+                }
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "group {group}: voters never became {voters:?} (leaders report {seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn block_record(lba: u64, tag: u32) -> pb::OutOfOrderRecord {
     let mut data = vec![0u8; 4096];
     data[..4].copy_from_slice(&tag.to_le_bytes());
@@ -471,6 +495,53 @@ async fn out_of_order_groups_through_the_server() {
         .unwrap();
     assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
     want_kv[2] = Some(0xE000_0000u32.to_le_bytes().to_vec());
+
+    // Membership of the dependent group: a follower is removed, appends go on without it,
+    // it is added back and catches up (every node's keys are compared below). These
+    // groups have no learners, and a node without a replication address is refused.
+    let leader = serving(&eps, DEP, Duration::from_secs(5)).await;
+    let gone = if leader == 3 { 1 } else { 3 };
+    let change = |kind: pb::ChangeKind, node: u64| pb::ChangeMembershipRequest {
+        group: DEP,
+        kind: kind as i32,
+        node,
+        ..Default::default()
+    };
+    let err = c
+        .change_membership(change(pb::ChangeKind::AddLearner, gone))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no learners"), "{err}");
+    let err = c
+        .change_membership(change(pb::ChangeKind::AddVoter, 9))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("node 9 has no replication address"), "{err}");
+    c.change_membership(change(pb::ChangeKind::Remove, gone))
+        .await
+        .unwrap();
+    let without: Vec<u64> = (1..=3).filter(|n| *n != gone).collect();
+    voters_become(&eps, DEP, &without).await;
+    for (i, key) in [(1u32, 5u64), (2, 6)] {
+        let res = c
+            .append_out_of_order(DEP, vec![txn_record(0, key, 0xE100_0000 | i)])
+            .await
+            .unwrap();
+        assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+        want_kv[key as usize] = Some((0xE100_0000u32 | i).to_le_bytes().to_vec());
+    }
+    c.change_membership(change(pb::ChangeKind::AddVoter, gone))
+        .await
+        .unwrap();
+    voters_become(&eps, DEP, &[1, 2, 3]).await;
+    let res = c
+        .append_out_of_order(DEP, vec![txn_record(0, 7, 0xE200_0000)])
+        .await
+        .unwrap();
+    assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+    want_kv[7] = Some(0xE200_0000u32.to_le_bytes().to_vec());
 
     // Kill the parallel group's leader; a new one serves; appends go on; the killed node
     // restarts, reopens both groups and catches up.

@@ -176,6 +176,7 @@ pub fn start(
                 _ => Mode::Dependent,
             };
             let cfg = OooNodeConfig {
+                others: Vec::new(),
                 id: o.id,
                 group: GROUP,
                 voters: peers.to_vec(),
