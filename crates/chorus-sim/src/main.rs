@@ -54,6 +54,10 @@ struct Args {
     /// trajectories of seeds found before membership changes existed).
     #[arg(long)]
     no_changes: bool,
+    /// Out-of-order groups: replicas campaign without a pre-vote (the trajectories of
+    /// seeds found before pre-vote existed).
+    #[arg(long)]
+    no_pre_vote: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -173,6 +177,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         groups: !args.no_groups,
         transfers: !args.no_transfers,
         changes: !args.no_changes,
+        pre_vote: !args.no_pre_vote,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -184,6 +189,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if args.no_transfers {
         broken_flag.push_str(" --no-transfers");
+    }
+    if args.no_pre_vote {
+        broken_flag.push_str(" --no-pre-vote");
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" {
@@ -231,7 +239,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -250,6 +258,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("transfers_not_completed"),
         t("changes_asked"),
         t("membership_changes"),
+        t("pre_votes_live"),
+        t("pre_votes_refused_by_lease_live"),
+        t("campaigns_live"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -111,6 +111,9 @@ pub struct OooOptions {
     /// from a random stream of its own; off, there is no spare node and the trajectories
     /// of the seeds found before membership changes existed replay exactly.
     pub changes: bool,
+    /// Replicas pre-vote before campaigning ([`OooConfig::pre_vote`]); off, the
+    /// trajectories of the seeds found before pre-vote existed replay exactly.
+    pub pre_vote: bool,
 }
 
 impl Default for OooOptions {
@@ -128,6 +131,7 @@ impl Default for OooOptions {
             groups: true,
             transfers: true,
             changes: true,
+            pre_vote: true,
         }
     }
 }
@@ -496,6 +500,7 @@ impl Sim {
             c.catchup_rate = 1 << (20 + self.seed / 8 % 4);
         }
         c.seed = mix(self.seed, id ^ self.counter << 8);
+        c.pre_vote = self.o.pre_vote;
         #[cfg(feature = "broken")]
         {
             c.ghost_guard = self.o.ghost_guard;
@@ -1052,7 +1057,11 @@ impl Sim {
         match ev {
             Ev::Deliver { from, to, msg } => {
                 if self.trace && self.now > 5_500 * MS {
-                    if let Msg::Vote { .. } | Msg::VoteReply { granted: _, .. } = &msg {
+                    if let Msg::Vote { .. }
+                    | Msg::VoteReply { .. }
+                    | Msg::PreVote { .. }
+                    | Msg::PreVoteReply { .. } = &msg
+                    {
                         let short = match &msg {
                             Msg::VoteReply { term, granted, .. } => {
                                 format!("VoteReply {{ term: {term}, granted: {granted} }}")
@@ -1325,6 +1334,21 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .sum();
     sim.stats.insert("membership_changes", changes);
     sim.stats.insert("transfer_campaigns_live", campaigns);
+    let (pre, leased) = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| (r.stats().pre_votes, r.stats().pre_votes_refused_by_lease))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    sim.stats.insert("pre_votes_live", pre);
+    sim.stats.insert("pre_votes_refused_by_lease_live", leased);
+    let campaigns: u64 = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| r.stats().campaigns)
+        .sum();
+    sim.stats.insert("campaigns_live", campaigns);
     OooReport {
         seed,
         violations: sim.violations,

@@ -20,8 +20,8 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
-/// transfers or membership changes: every seed run this way was found before those
-/// existed and replays its trajectory exactly.
+/// transfers, membership changes or pre-votes: every seed run this way was found before
+/// those existed and replays its trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
         seed,
@@ -30,6 +30,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             groups,
             transfers: false,
             changes: false,
+            pre_vote: false,
             ..OooOptions::default()
         },
     )
@@ -245,4 +246,38 @@ fn compaction_and_images_seeds() {
     // Seeds divisible by 3 do not compact: the paths without a base stay covered.
     let r = run_seed(999, &OooOptions::default());
     assert_eq!(r.stats.get("checkpoints"), None, "{:?}", r.stats);
+}
+
+/// Pre-vote under the full fault mix: replicas pre-vote, some pre-votes are refused
+/// because a leader was heard, and the same seeds start fewer campaigns than without
+/// it (each seed replays exactly, so the comparison is of the same fault schedules).
+#[test]
+fn pre_votes_cut_campaigns_under_faults() {
+    for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
+        let count = |pre_vote: bool, k: &str| -> u64 {
+            (0..8)
+                .map(|seed| {
+                    let r = check(
+                        seed,
+                        &OooOptions {
+                            mode,
+                            pre_vote,
+                            ..OooOptions::default()
+                        },
+                    );
+                    r.stats.get(k).copied().unwrap_or(0)
+                })
+                .sum()
+        };
+        let (with, without) = (
+            count(true, "campaigns_live"),
+            count(false, "campaigns_live"),
+        );
+        assert!(count(true, "pre_votes_live") > 0, "{mode:?}: no pre-votes");
+        assert!(
+            with < without,
+            "{mode:?}: {with} campaigns with pre-vote, {without} without"
+        );
+        assert_eq!(count(false, "pre_votes_live"), 0);
+    }
 }

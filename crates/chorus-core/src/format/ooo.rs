@@ -677,6 +677,25 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             out.push(6);
             put_u64(&mut out, *term);
         }
+        Msg::PreVote { term, log, config } => {
+            out.push(10);
+            for x in [
+                *term,
+                log.last_term,
+                log.last_seq,
+                log.first_uncommitted,
+                log.base,
+                config.0,
+                config.1,
+            ] {
+                put_u64(&mut out, x);
+            }
+        }
+        Msg::PreVoteReply { term, granted } => {
+            out.push(11);
+            put_u64(&mut out, *term);
+            out.push(u8::from(*granted));
+        }
         Msg::Config { term, membership } => {
             out.push(7);
             put_u64(&mut out, *term);
@@ -791,6 +810,20 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
             }
         }
         6 => Msg::TimeoutNow { term: r.u64()? },
+        10 => Msg::PreVote {
+            term: r.u64()?,
+            log: VoteLog {
+                last_term: r.u64()?,
+                last_seq: r.u64()?,
+                first_uncommitted: r.u64()?,
+                base: r.u64()?,
+            },
+            config: (r.u64()?, r.u64()?),
+        },
+        11 => Msg::PreVoteReply {
+            term: r.u64()?,
+            granted: r.flag("granted")?,
+        },
         7 => Msg::Config {
             term: r.u64()?,
             membership: read_membership(&mut r)?,
@@ -947,6 +980,9 @@ mod tests {
                 Msg::Snapshot { term, base: 40, offset: 3, total: 9, data: vec![1, 2, 3] },
                 Msg::Snapshot { term, base: 0, offset: 0, total: 0, data: vec![] },
                 Msg::TimeoutNow { term },
+                Msg::PreVote { term, log: VoteLog { last_term: 5, last_seq: 8, first_uncommitted: 6, base: 1 }, config: (3, term) },
+                Msg::PreVoteReply { term, granted: true },
+                Msg::PreVoteReply { term, granted: false },
             ];
             for m in msgs {
                 prop_assert_eq!(decode_msg(&encode_msg(&m)).unwrap(), m);

@@ -38,7 +38,12 @@
 //!   sent, and DP-Raft's vote rule (section 4.4: newer last entry, then a first
 //!   uncommitted entry not behind the voter's). A granted vote carries the voter's
 //!   versions of every slot from the candidate's first uncommitted slot on: the merge
-//!   needs nothing else.
+//!   needs nothing else. A campaign is preceded by a **pre-vote** (Raft thesis section
+//!   9.6; [`OooConfig::pre_vote`]): the replica asks whether it could win at the next
+//!   term without raising its own, and a voter says yes only if its vote rule would
+//!   grant and it has not heard a leader within an election timeout. A replica that
+//!   cannot win (its log behind, or cut off and back) so never raises the term, and
+//!   neither deposes a serving leader nor splits the votes of those that can win.
 //! * **Merge** (ParallelRaft's merge stage, DP-Raft's pre-leader merge, Fig. 4) with a
 //!   majority of answers, after [`merge::drop_superseded`]: every decided slot is
 //!   re-stamped at the new term (same identity and contents, a fresh look-behind buffer
@@ -405,6 +410,23 @@ pub enum Msg {
         /// The piece.
         data: Vec<u8>,
     },
+    /// Asks whether the sender could win an election at `term` (the next after its own;
+    /// Raft thesis section 9.6): answered with [`Msg::PreVoteReply`], changing nothing.
+    PreVote {
+        /// The term the sender would campaign at.
+        term: u64,
+        /// Its log, for the vote rule.
+        log: VoteLog,
+        /// Its [`Membership::version`].
+        config: (u64, u64),
+    },
+    /// The answer to a pre-vote.
+    PreVoteReply {
+        /// The term asked about if granted, else the voter's term.
+        term: u64,
+        /// Whether the voter would grant its vote.
+        granted: bool,
+    },
     /// Leader transfer: the leader of `term` has seen this follower hold and know
     /// committed every slot it has, and asks it to campaign now rather than after an
     /// election timeout (the ordered mode's transfer, PALF section 4; Raft's TimeoutNow).
@@ -635,6 +657,9 @@ pub struct OooConfig {
     pub snapshot_retry: Nanos,
     /// Seed of the election back-off.
     pub seed: u64,
+    /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
+    /// campaign. On by default; off replays the protocol without it (tests).
+    pub pre_vote: bool,
     /// Whether the ghost guard is on (NULL entries stamped with the new term and
     /// [`merge::drop_superseded`]). Only the test-only `broken` build can turn it off.
     #[cfg(feature = "broken")]
@@ -657,6 +682,7 @@ impl OooConfig {
             catchup_rate: 0,
             snapshot_retry: 2_000_000_000,
             seed: id,
+            pre_vote: true,
             #[cfg(feature = "broken")]
             ghost_guard: true,
         }
@@ -936,6 +962,11 @@ pub struct OooStats {
     pub transfers_expired: u64,
     /// Campaigns started on a leader's [`Msg::TimeoutNow`].
     pub transfer_campaigns: u64,
+    /// Pre-votes started (each an election timeout that did not raise the term).
+    pub pre_votes: u64,
+    /// Pre-votes this replica refused because it heard a leader within an election
+    /// timeout.
+    pub pre_votes_refused_by_lease: u64,
     /// Membership changes completed (final stage accepted) by this replica as leader.
     pub membership_changes: u64,
     /// Memberships adopted from a leader.
@@ -958,6 +989,11 @@ pub struct OooReplica {
     commits: CommitWindow,
     deadline: Nanos,
     votes: BTreeMap<NodeId, Answer>,
+    /// During a pre-vote: the term it asks about and the voters that said yes.
+    pre: Option<(u64, BTreeSet<NodeId>)>,
+    /// When a leader of the current term was last heard (its appends, heartbeats,
+    /// membership): while that is within an election timeout, pre-votes are refused.
+    heard: Option<Nanos>,
     lead: Option<Lead>,
     applier: Applier,
     applying: BTreeSet<Seq>,
@@ -1039,6 +1075,8 @@ impl OooReplica {
             commits: CommitWindow::new(head),
             deadline: 0,
             votes: BTreeMap::new(),
+            pre: None,
+            heard: None,
             lead: None,
             applying: BTreeSet::new(),
             mine: BTreeMap::new(),
@@ -1233,7 +1271,11 @@ impl OooReplica {
             self.lead_tick();
         } else if self.now >= self.deadline {
             if self.members.is_member(self.me()) {
-                self.campaign();
+                if self.cfg.pre_vote {
+                    self.pre_campaign();
+                } else {
+                    self.campaign();
+                }
             } else {
                 // Not a voter (joining and not told the membership yet, or removed): it
                 // only follows.
@@ -1243,7 +1285,30 @@ impl OooReplica {
         self.finish();
     }
 
+    /// Asks the voters whether this replica could win an election at the next term,
+    /// changing nothing durable: the term is raised only once a quorum says yes.
+    fn pre_campaign(&mut self) {
+        self.stats.pre_votes += 1;
+        let term = self.hard.term + 1;
+        self.pre = Some((term, BTreeSet::new()));
+        self.leader = None;
+        self.heard = None;
+        self.reset_deadline();
+        let log = self.vote_log();
+        let config = self.members.version;
+        for p in self.peers() {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::PreVote { term, log, config },
+            });
+        }
+        if self.quorum_with_me([]) {
+            self.campaign();
+        }
+    }
+
     fn campaign(&mut self) {
+        self.pre = None;
         self.stats.campaigns += 1;
         self.hard.term += 1;
         self.hard.voted_for = Some(self.me());
@@ -1280,6 +1345,7 @@ impl OooReplica {
         // Entries appended but not sent yet: this term's leader will not send them.
         self.outbox.clear();
         self.votes.clear();
+        self.pre = None;
         self.leader = leader;
         self.set_role(if self.mine.is_empty() {
             Role::Follower
@@ -1327,6 +1393,8 @@ impl OooReplica {
                 data,
             } => self.on_snapshot(from, term, base, offset, total, data),
             Msg::TimeoutNow { term } => self.on_timeout_now(from, term),
+            Msg::PreVote { term, log, config } => self.on_pre_vote(from, term, log, config),
+            Msg::PreVoteReply { term, granted } => self.on_pre_vote_reply(from, term, granted),
             Msg::Config { term, membership } => self.on_config(from, term, membership),
             Msg::Newer { membership } => {
                 if membership.version > self.members.version && self.lead.is_none() {
@@ -1671,40 +1739,102 @@ impl OooReplica {
         self.campaign();
     }
 
-    fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog, config: (u64, u64)) {
+    /// Whether a candidate (or pre-candidate) holding membership `config` cannot win
+    /// with our vote: `Some(true)` if it missed a membership we hold and was sent ours
+    /// ([`Msg::Newer`]), `Some(false)` if it is to be refused otherwise, `None` if its
+    /// membership does not rule it out. Either way its term is not taken.
+    fn hopeless(&mut self, from: NodeId, config: (u64, u64)) -> Option<bool> {
         let outsider = !self.members.is_member(from);
         if config < self.members.version
             && (epoch(config) < epoch(self.members.version)
                 || (outsider && self.members.prev.is_none()))
         {
             // It missed a membership we hold (one without it, if it is an outsider of a
-            // final one): it cannot win with our vote, and takes ours. Refused without
-            // taking its term.
+            // final one): it cannot win with our vote, and takes ours.
             self.actions.push(Action::Send {
                 to: from,
                 msg: Msg::Newer {
                     membership: self.members.clone(),
                 },
             });
+            return Some(true);
+        }
+        // Its membership is of an earlier change than ours, or it is not a voter of ours
+        // while we are: it cannot win with our vote. A node a change removed, or one added
+        // by a joint stage that a later leader abandoned, would otherwise depose every
+        // leader with its terms.
+        (epoch(config) < epoch(self.members.version)
+            || (outsider && self.members.is_member(self.me())))
+        .then_some(false)
+    }
+
+    /// A pre-vote: would we vote for `from` at `term`? Nothing here changes or is saved;
+    /// the answer is yes only if the vote rule would grant, `term` is past ours, and no
+    /// leader has been heard within an election timeout (so a replica that was cut off
+    /// cannot unseat a leader the others still hear).
+    fn on_pre_vote(&mut self, from: NodeId, term: u64, log: VoteLog, config: (u64, u64)) {
+        let granted = match self.hopeless(from, config) {
+            Some(true) => return,
+            Some(false) => false,
+            None => {
+                let lease = self.lead.is_some()
+                    || (self.leader.is_some()
+                        && self
+                            .heard
+                            .is_some_and(|h| self.now < h + self.cfg.election_timeout));
+                if lease && term > self.hard.term {
+                    self.stats.pre_votes_refused_by_lease += 1;
+                }
+                term > self.hard.term && !lease && grants_vote(&self.vote_log(), &log)
+            }
+        };
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::PreVoteReply {
+                term: if granted { term } else { self.hard.term },
+                granted,
+            },
+        });
+    }
+
+    fn on_pre_vote_reply(&mut self, from: NodeId, term: u64, granted: bool) {
+        if !granted {
+            // A voter at a later term: take it (no vote is given or spent), so the next
+            // pre-vote asks about a term the voters have not passed.
+            if term > self.hard.term {
+                self.step_down(term, None);
+            }
             return;
         }
-        if epoch(config) < epoch(self.members.version)
-            || (outsider && self.members.is_member(self.me()))
-        {
-            // Its membership is of an earlier change than ours, or it is not a voter of
-            // ours while we are: it cannot win with our vote. Refused without taking its term — a node
-            // a change removed, or one added by a joint stage that a later leader
-            // abandoned, would otherwise depose every leader with its terms.
-            self.actions.push(Action::Send {
-                to: from,
-                msg: Msg::VoteReply {
-                    term: self.hard.term,
-                    granted: false,
-                    entries: Vec::new(),
-                    leader_start: self.hard.leader_start,
-                },
-            });
+        let Some((asked, yes)) = self.pre.as_mut() else {
             return;
+        };
+        if term != *asked || self.lead.is_some() {
+            return;
+        }
+        yes.insert(from);
+        let yes = yes.clone();
+        if self.quorum_with_me(yes) {
+            self.campaign();
+        }
+    }
+
+    fn on_vote(&mut self, from: NodeId, term: u64, head: Seq, log: VoteLog, config: (u64, u64)) {
+        match self.hopeless(from, config) {
+            Some(true) => return,
+            Some(false) => {
+                self.actions.push(Action::Send {
+                    to: from,
+                    msg: Msg::VoteReply {
+                        term: self.hard.term,
+                        granted: false,
+                        entries: Vec::new(),
+                        leader_start: self.hard.leader_start,
+                    },
+                });
+                return;
+            }
+            None => {}
         }
         if term > self.hard.term {
             self.step_down(term, None);
@@ -2105,6 +2235,7 @@ impl OooReplica {
         if term > self.hard.term || self.lead.is_some() || self.leader != Some(from) {
             self.step_down(term, Some(from));
         }
+        self.heard = Some(self.now);
         self.reset_deadline();
         true
     }
@@ -3181,6 +3312,115 @@ mod tests {
                 "node {id}"
             );
         }
+    }
+
+    /// Pre-vote (Raft thesis section 9.6): a follower cut off from the others keeps
+    /// timing out, but no pre-vote of its succeeds, so its term stays; when it returns
+    /// the leader keeps serving at its term. Without pre-vote the same run raises its
+    /// term and the returning follower deposes the leader. A replica whose log is behind
+    /// cannot win a pre-vote even once no leader is heard, so it never raises the term.
+    #[test]
+    fn a_cut_off_follower_returns_without_deposing_the_leader() {
+        for pre_vote in [true, false] {
+            let mut net = Net::with(3, Mode::Dependent, |c| c.pre_vote = pre_vote);
+            net.elect(1);
+            let term = net.nodes[&1].term();
+            let hb = net.nodes[&1].cfg.heartbeat_interval;
+            let timeout = net.nodes[&1].cfg.election_timeout;
+            let txn = |k: u64| Declared::Txn {
+                read_set: vec![],
+                write_set: vec![k],
+            };
+            let cut = |f: NodeId, t: NodeId, _: &Msg| f != 3 && t != 3;
+            // Ten election timeouts of node 3 alone, heartbeats flowing between 1 and 2,
+            // with an append now and then.
+            let mut k = 0;
+            while net.now < 10_000_000_000 + 10 * 2 * timeout {
+                net.now += hb;
+                let now = net.now;
+                for r in net.nodes.values_mut() {
+                    r.tick(now);
+                }
+                if k % 4 == 0 {
+                    net.nodes
+                        .get_mut(&1)
+                        .unwrap()
+                        .append(now, txn(k), vec![])
+                        .unwrap();
+                }
+                k += 1;
+                net.run_with(cut);
+            }
+            let r3 = &net.nodes[&3];
+            if pre_vote {
+                assert!(r3.stats().pre_votes >= 5, "{:?}", r3.stats());
+                assert_eq!((r3.term(), r3.stats().campaigns), (term, 0));
+            } else {
+                assert!(r3.term() > term + 3, "term {}", r3.term());
+            }
+            // Node 3 returns.
+            for _ in 0..10 {
+                net.now += hb;
+                let now = net.now;
+                for r in net.nodes.values_mut() {
+                    r.tick(now);
+                }
+                net.run();
+            }
+            let (r1, r3) = (&net.nodes[&1], &net.nodes[&3]);
+            if pre_vote {
+                assert!(r1.is_serving() && r1.term() == term, "node 1 deposed");
+                assert_eq!(r3.leader(), Some(1));
+                assert_eq!(r3.applied_head(), r1.applied_head());
+            } else {
+                assert!(r1.term() > term, "node 1 kept its term without pre-vote");
+            }
+        }
+        // A replica with a shorter log: with no leader heard for an election timeout,
+        // node 2 (behind) asks and is refused by node 1 (newer log), so it never raises
+        // the term; node 1's own pre-vote then wins.
+        let mut net = Net::new(3, Mode::Dependent);
+        net.elect(1);
+        let term = net.nodes[&1].term();
+        let now = net.now;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(
+                now,
+                Declared::Txn {
+                    read_set: vec![],
+                    write_set: vec![1],
+                },
+                vec![],
+            )
+            .unwrap();
+        // Only node 3 gets the entry; then node 1 crashes.
+        net.run_with(|f, t, _| f == 1 && t == 3);
+        let log3: Vec<Entry> = net.nodes[&3]
+            .log
+            .values()
+            .map(|s| s.entry.clone())
+            .collect();
+        assert_eq!(log3.len(), 1);
+        net.nodes.remove(&1);
+        net.now += 10_000_000_000;
+        let now = net.now;
+        let down = |_: NodeId, t: NodeId, _: &Msg| t != 1;
+        net.nodes.get_mut(&2).unwrap().tick(now);
+        net.run_with(down);
+        let (r2, r3) = (&net.nodes[&2], &net.nodes[&3]);
+        assert_eq!(r2.stats().pre_votes, 1);
+        assert_eq!(
+            (r2.term(), r3.term()),
+            (term, term),
+            "a hopeless pre-vote raised a term"
+        );
+        assert!(!r2.is_serving());
+        net.nodes.get_mut(&3).unwrap().tick(now);
+        net.run_with(down);
+        assert!(net.nodes[&3].is_serving());
+        assert_eq!(net.nodes[&3].term(), term + 1);
     }
 
     #[test]
