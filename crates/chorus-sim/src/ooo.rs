@@ -1349,6 +1349,13 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .map(|r| r.stats().campaigns)
         .sum();
     sim.stats.insert("campaigns_live", campaigns);
+    let handoffs: u64 = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| r.stats().handoffs)
+        .sum();
+    sim.stats.insert("handoffs_live", handoffs);
     OooReport {
         seed,
         violations: sim.violations,

@@ -156,7 +156,7 @@ fn membership_changes_complete_and_stay_safe() {
             asked > 0 && done > 0,
             "{mode:?}: {asked} asked, {done} completed"
         );
-        let (mut asked, mut done) = (0, 0);
+        let (mut asked, mut done, mut handoffs) = (0, 0, 0);
         for seed in 0..5 {
             let r = check(
                 seed,
@@ -168,11 +168,14 @@ fn membership_changes_complete_and_stay_safe() {
             );
             asked += r.stats["changes_asked"];
             done += r.stats.get("membership_changes").copied().unwrap_or(0);
+            handoffs += r.stats.get("handoffs_live").copied().unwrap_or(0);
         }
         assert!(
             asked >= 15 && done * 10 >= asked * 9,
             "{mode:?} without faults: {asked} asked, {done} completed"
         );
+        // A leader removing itself hands over to a caught-up voter.
+        assert!(handoffs > 0, "{mode:?} without faults: no handoff");
         let r = clean_seed_with(mode, 1, true);
         assert_eq!(r.stats.get("changes_asked"), None, "{:?}", r.stats);
     }

@@ -962,6 +962,9 @@ pub struct OooStats {
     pub transfers_expired: u64,
     /// Campaigns started on a leader's [`Msg::TimeoutNow`].
     pub transfer_campaigns: u64,
+    /// Leaders that removed themselves and told a caught-up remaining voter to campaign
+    /// at once ([`Msg::TimeoutNow`]).
+    pub handoffs: u64,
     /// Pre-votes started (each an election timeout that did not raise the term).
     pub pre_votes: u64,
     /// Pre-votes this replica refused because it heard a leader within an election
@@ -1661,8 +1664,29 @@ impl OooReplica {
         lead.change = None;
         lead.peers.retain(|p, _| voters.contains(p));
         if !voters.contains(&self.cfg.id) {
-            // Removed: the remaining voters elect a leader among themselves.
-            self.step_down(self.hard.term, None);
+            // Removed: the remaining voters elect a leader among themselves. Every slot
+            // this leader has is committed (above), so a voter that holds the final
+            // membership and reports its first uncommitted slot at our end is caught up
+            // as a transfer's target is: told to campaign now (as by `transfer_leader`),
+            // it spares the group an election timeout without a leader. Its campaign
+            // still needs the votes of a majority of the new voters.
+            let end = lead.end;
+            let to = lead
+                .peers
+                .iter()
+                .filter(|(_, p)| p.config == Some(version) && p.head >= end)
+                .map(|(&id, p)| (p.heard, id))
+                .max()
+                .map(|(_, id)| id);
+            let term = self.hard.term;
+            self.step_down(term, None);
+            if let Some(to) = to {
+                self.stats.handoffs += 1;
+                self.actions.push(Action::Send {
+                    to,
+                    msg: Msg::TimeoutNow { term },
+                });
+            }
         }
     }
 
@@ -3663,8 +3687,9 @@ mod tests {
         let want = net.nodes[&1].read_committed(0, 100).unwrap();
         assert_eq!(net.nodes[&4].read_committed(0, 100).unwrap(), want);
         assert_eq!(want.len(), 6);
-        // Remove the leader: it refuses appends, finishes the change, steps down and
-        // stays quiet; the other three elect a leader and go on.
+        // Remove the leader: it refuses appends, finishes the change, steps down, tells a
+        // caught-up voter to campaign at once (no election timeout passes) and stays
+        // quiet; the other three elect a leader and go on.
         let now = net.now;
         net.nodes
             .get_mut(&1)
@@ -3683,22 +3708,27 @@ mod tests {
         }
         assert!(!net.nodes[&1].is_serving());
         assert_eq!(net.nodes[&1].membership().voters, vec![2, 3, 4]);
+        assert_eq!(net.nodes[&1].stats().handoffs, 1);
+        let s = (2..=4)
+            .find(|n| net.nodes[n].is_serving())
+            .expect("no voter took over at once");
+        assert_eq!(net.nodes[&s].stats().transfer_campaigns, 1);
         let campaigns = net.nodes[&1].stats().campaigns;
-        net.elect(3);
-        append(&mut net, 3, 200).unwrap();
+        append(&mut net, s, 200).unwrap();
         net.run();
         for _ in 0..3 {
             net.now += hb;
             let now = net.now;
             net.nodes.get_mut(&1).unwrap().tick(now);
-            net.nodes.get_mut(&3).unwrap().tick(now);
+            net.nodes.get_mut(&s).unwrap().tick(now);
             net.run();
         }
         assert_eq!(net.nodes[&1].stats().campaigns, campaigns);
-        assert!(net.nodes[&2].committed_head() > net.nodes[&1].committed_head());
+        let other = if s == 4 { 2 } else { 4 };
+        assert!(net.nodes[&other].committed_head() > net.nodes[&1].committed_head());
         assert_eq!(
-            net.nodes[&4].committed_head(),
-            net.nodes[&3].committed_head()
+            net.nodes[&other].committed_head(),
+            net.nodes[&s].committed_head()
         );
     }
 }
