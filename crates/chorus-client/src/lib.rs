@@ -466,6 +466,21 @@ impl Client {
         Ok(())
     }
 
+    /// Deletes the replica of `group` at endpoint `i` (its data included). Refused while
+    /// that node is a voter of the group, unless `force`.
+    pub async fn delete_group(
+        &mut self,
+        i: usize,
+        group: u64,
+        force: bool,
+    ) -> Result<(), ClientError> {
+        let (ep, mut c) = self.at(i).await?;
+        c.delete_group(pb::DeleteGroupRequest { group, force })
+            .await
+            .map(|_| ())
+            .map_err(|s| ClientError::status(&ep, s))
+    }
+
     /// Sets the election priority of the replica at endpoint `i`.
     pub async fn set_priority(
         &mut self,

@@ -54,6 +54,12 @@ pub enum OooGroupError {
         /// The error.
         source: std::io::Error,
     },
+    /// No out-of-order group with this id on this node.
+    #[error("group {0}: no such out-of-order group on this node")]
+    NoSuchGroup(u64),
+    /// The group is still in use by requests after the wait; it keeps running.
+    #[error("group {0}: still in use by requests; try again")]
+    Busy(u64),
     /// The replica failed to start.
     #[error("group {group}: {source}")]
     Node {
@@ -372,6 +378,43 @@ impl OooGroups {
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
             .cloned()
+    }
+
+    /// Stops group `id` and deletes its directory (its spec included, so a restart does
+    /// not reopen it). Waits, up to `wait`, for requests still holding the group to let
+    /// it go; the replica's threads are joined before anything is deleted.
+    pub fn remove(&self, id: u64, wait: std::time::Duration) -> Result<(), OooGroupError> {
+        let g = self
+            .groups
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+            .ok_or(OooGroupError::NoSuchGroup(id))?;
+        let deadline = std::time::Instant::now() + wait;
+        let mut g = g;
+        let group = loop {
+            match Arc::try_unwrap(g) {
+                Ok(group) => break group,
+                Err(back) if std::time::Instant::now() < deadline => {
+                    g = back;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(back) => {
+                    // Still in use: keep hosting it rather than delete under a reader.
+                    self.groups
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, back);
+                    return Err(OooGroupError::Busy(id));
+                }
+            }
+        };
+        // Joins the driver, IO, apply and connection threads and closes the listener.
+        drop(group);
+        let dir = self.settings.dir.join(id.to_string());
+        std::fs::remove_dir_all(&dir).map_err(io(id, &dir))?;
+        tracing::info!(group = id, "out-of-order group deleted");
+        Ok(())
     }
 
     /// Creates a group (or accepts an existing one with the same spec) and starts it.

@@ -208,6 +208,18 @@ enum GroupOp {
         #[arg(long, default_value_t = 0)]
         look_behind: u32,
     },
+    /// Delete the replica of a group at one endpoint, data included (remove the node from
+    /// the group's voters first; take the group out of that node's configuration file).
+    Delete {
+        #[command(flatten)]
+        ep: Endpoints,
+        /// Index of the endpoint in --endpoints (0-based).
+        #[arg(long)]
+        at: usize,
+        /// Delete even while the node is a voter (the group loses a replica).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn parse_replica(s: &str) -> Result<(u64, String), String> {
@@ -915,6 +927,23 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                     "group {} ({mode} mode) created with voters {voters:?}",
                     ep.group
                 ),
+            ))
+        }
+        GroupOp::Delete { ep, at, force } => {
+            if at >= ep.endpoints.len() {
+                return Err(ClientError::BadEndpoint {
+                    endpoint: at.to_string(),
+                    detail: format!(
+                        "--at must be below the number of endpoints ({})",
+                        ep.endpoints.len()
+                    ),
+                });
+            }
+            let mut c = Client::new(ep.endpoints.clone());
+            c.delete_group(at, ep.group, force).await?;
+            Ok(done(
+                ep.output,
+                &format!("group {} deleted at {}", ep.group, ep.endpoints[at]),
             ))
         }
     }

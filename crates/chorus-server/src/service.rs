@@ -584,6 +584,56 @@ impl pb::chorus_server::Chorus for Service {
         Ok(Response::new(pb::Empty {}))
     }
 
+    async fn delete_group(
+        &self,
+        req: Request<pb::DeleteGroupRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let (group, me) = (r.group, self.env.node());
+        let voter = |voters: &[u64]| -> Result<(), Status> {
+            if voters.contains(&me) && !r.force {
+                return Err(Status::failed_precondition(format!(
+                    "group {group}: this node ({me}) is one of its voters {voters:?}; remove it \
+                     from the membership first (or pass force: the group loses a replica)"
+                )));
+            }
+            Ok(())
+        };
+        if let Some(g) = self.ooo.get(group) {
+            let m = tokio::task::spawn_blocking(move || g.node.membership())
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            if let Some(m) = m {
+                voter(&m.voters)?;
+                voter(m.prev.as_deref().unwrap_or_default())?;
+            }
+            let ooo = self.ooo.clone();
+            return match tokio::task::spawn_blocking(move || {
+                ooo.remove(group, Duration::from_secs(10))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            {
+                Ok(()) => Ok(Response::new(pb::Empty {})),
+                Err(e @ crate::ooo::OooGroupError::NoSuchGroup(_)) => {
+                    Err(Status::not_found(e.to_string()))
+                }
+                Err(e @ crate::ooo::OooGroupError::Busy(_)) => {
+                    Err(Status::unavailable(e.to_string()))
+                }
+                Err(e) => Err(Status::internal(e.to_string())),
+            };
+        }
+        let log = self.env.group(group).map_err(status)?;
+        voter(&log.status().membership.voters)?;
+        let env = self.env.clone();
+        tokio::task::spawn_blocking(move || env.remove_group(group))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
     async fn change_membership(
         &self,
         req: Request<pb::ChangeMembershipRequest>,

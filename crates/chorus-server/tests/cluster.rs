@@ -408,9 +408,19 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
         "load kept committing"
     );
 
+    // DeleteGroup: a voter's replica is refused by name; the removed node's replica is
+    // deleted (with force: it may not have learnt its removal) and is gone from it.
+    let li = nodes.iter().position(|n| n.id == leaving).unwrap();
+    let lead_api = nodes.iter().find(|n| n.id == leader).unwrap().api.clone();
+    let mut one = Client::new(vec![lead_api, nodes[li].api.clone()]);
+    let err = one.delete_group(0, 1, false).await.unwrap_err().to_string();
+    assert!(err.contains("is one of its voters"), "{err}");
+    one.delete_group(1, 1, true).await.unwrap();
+    let st = one.status_all(1).await.remove(1).1;
+    assert!(st.is_err(), "group 1 still at node {leaving}: {st:?}");
+
     // The removed node's directory is wiped; it comes back empty and rejoins as a new
     // learner (it lost its promises, so it must not return as its old voting self).
-    let li = nodes.iter().position(|n| n.id == leaving).unwrap();
     nodes[li].kill9();
     std::fs::remove_dir_all(root.path().join(format!("n{leaving}"))).unwrap();
     // Restart without the bootstrap group: drop `[[groups]]` from its config.

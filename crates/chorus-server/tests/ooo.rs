@@ -524,6 +524,28 @@ async fn out_of_order_groups_through_the_server() {
         .unwrap();
     let without: Vec<u64> = (1..=3).filter(|n| *n != gone).collect();
     voters_become(&eps, DEP, &without).await;
+    // A voter's replica cannot be deleted; the removed one can (with force: it may still
+    // hold the joint stage, which names it), and is then gone from its node; deleting it
+    // again is NOT_FOUND.
+    let at = |n: u64| (n - 1) as usize;
+    let err = c
+        .delete_group(at(leader), DEP, false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is one of its voters"), "{err}");
+    c.delete_group(at(gone), DEP, true).await.unwrap();
+    let st = c.status_all(DEP).await.remove(at(gone)).1;
+    assert!(st.is_err(), "group {DEP} still at node {gone}: {st:?}");
+    let err = c
+        .delete_group(at(gone), DEP, true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("NotFound") && err.contains("no log group 3"),
+        "{err}"
+    );
     for (i, key) in [(1u32, 5u64), (2, 6)] {
         let res = c
             .append_out_of_order(DEP, vec![txn_record(0, key, 0xE100_0000 | i)])
@@ -532,6 +554,21 @@ async fn out_of_order_groups_through_the_server() {
         assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
         want_kv[key as usize] = Some((0xE100_0000u32 | i).to_le_bytes().to_vec());
     }
+    // Created again (empty) on that node, it learns the group's membership, is added back
+    // and catches up from nothing (every node's keys are compared below).
+    c.create_group_with(pb::CreateGroupRequest {
+        replicas: cl
+            .dep_replicas
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        group: DEP,
+        voters: vec![1, 2, 3],
+        mode: "dependent".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     c.change_membership(change(pb::ChangeKind::AddVoter, gone))
         .await
         .unwrap();
