@@ -514,7 +514,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 23] = [
+        let metrics: [(&str, &str, &str, Get); 28] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -647,6 +647,36 @@ impl OooGroups {
                 "counter",
                 "Leader images installed here.",
                 |s| s.counters.installs,
+            ),
+            (
+                "chorus_ooo_pre_votes_total",
+                "counter",
+                "Pre-votes started (election timeouts that did not raise the term).",
+                |s| s.stats.pre_votes,
+            ),
+            (
+                "chorus_ooo_pre_votes_refused_by_lease_total",
+                "counter",
+                "Pre-votes refused here because a leader was heard within an election timeout.",
+                |s| s.stats.pre_votes_refused_by_lease,
+            ),
+            (
+                "chorus_ooo_transfers_total",
+                "counter",
+                "Leader transfers whose target was told to campaign.",
+                |s| s.stats.transfers,
+            ),
+            (
+                "chorus_ooo_membership_changes_total",
+                "counter",
+                "Membership changes completed by this replica as leader.",
+                |s| s.stats.membership_changes,
+            ),
+            (
+                "chorus_ooo_handoffs_total",
+                "counter",
+                "Leaderships handed over by a leader that removed itself.",
+                |s| s.stats.handoffs,
             ),
         ];
         let statuses: Vec<(u64, &'static str, OooStatus)> = self

@@ -496,6 +496,22 @@ async fn out_of_order_groups_through_the_server() {
     assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
     want_kv[2] = Some(0xE000_0000u32.to_le_bytes().to_vec());
 
+    // A node's metric of one group (the line's value).
+    let metric = |node: u64, name: &str, group: u64, mode: &str| -> u64 {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(&cl.metrics[(node - 1) as usize]).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} for group {group} in:\n{text}"))
+    };
     // Membership of the dependent group: a follower is removed, appends go on without it,
     // it is added back and catches up (every node's keys are compared below). These
     // groups have no learners, and a node without a replication address is refused.
@@ -573,6 +589,11 @@ async fn out_of_order_groups_through_the_server() {
         .await
         .unwrap();
     voters_become(&eps, DEP, &[1, 2, 3]).await;
+    // Both changes were completed by the leaders of the time, and counted there.
+    let changes: u64 = (1..=3)
+        .map(|n| metric(n, "chorus_ooo_membership_changes_total", DEP, "dependent"))
+        .sum();
+    assert!(changes >= 2, "{changes} membership changes counted");
     let res = c
         .append_out_of_order(DEP, vec![txn_record(0, 7, 0xE200_0000)])
         .await
@@ -618,21 +639,6 @@ async fn out_of_order_groups_through_the_server() {
     }
     // The new leader's metrics count its commits and compactions, per group and mode;
     // the restarted node installed both leaders' images.
-    let metric = |node: u64, name: &str, group: u64, mode: &str| -> u64 {
-        use std::io::Read;
-        let mut s = std::net::TcpStream::connect(&cl.metrics[(node - 1) as usize]).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text.lines()
-            .find(|l| {
-                l.starts_with(&format!("{name}{{"))
-                    && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} for group {group} in:\n{text}"))
-    };
     let commits = metric(new, "chorus_ooo_commits_total", PAR, "parallel");
     assert!(commits >= 100, "{commits}");
     // Every accepted append was packed into some group entry, never more entries than
