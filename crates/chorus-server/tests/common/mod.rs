@@ -5,13 +5,26 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-/// A loopback port free at the time of asking.
+/// A loopback port free at the time of asking, chosen below the kernel's ephemeral range
+/// (32768 and up on Linux). A port the kernel hands out for `bind(0)` is in that range,
+/// where the nodes' own outgoing connections take their local ports too: between asking
+/// and the node's bind, one of them could take it (seen in CI as "Address already in
+/// use"). Below the range only another test's explicit bind can, so each process walks
+/// its own stretch of 20000..32000, starting from its pid.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let base = std::process::id().wrapping_mul(97);
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + base.wrapping_add(n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 /// A `chorus server --config CFG` process logging to LOG.
