@@ -37,7 +37,10 @@
 //! the replica, which saves the new base and lets the IO thread rewrite the file with the
 //! live tail only. A follower behind a leader's base gets the leader's
 //! [`OooStateMachine::image`] in pieces (PolarFS section 5.3) and installs it with
-//! [`OooStateMachine::restore`], again off the driver thread.
+//! [`OooStateMachine::restore`], again off the driver thread; when the replica names the
+//! part the follower lacks ([`OooReplica::image_scope`]) and the state machine can build
+//! it, only that part travels ([`OooStateMachine::image_part`],
+//! [`OooStateMachine::restore_part`]).
 //!
 //! With [`OooNodeConfig::tls`] every connection is mutual TLS with the same files and
 //! rules as the ordered transport (`crate::transport`): both ends present certificates
@@ -60,8 +63,8 @@ use chorus_core::format::ooo::encode_group;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::replica::{
-    Action, Declared, Entry, Membership, Mode, Msg, OooAppendError, OooChangeError, OooConfig,
-    OooMembershipChange, OooReadError, OooReplica, OooStats, OooTransferError,
+    Action, Declared, Entry, Footprint, Membership, Mode, Msg, OooAppendError, OooChangeError,
+    OooConfig, OooMembershipChange, OooReadError, OooReplica, OooStats, OooTransferError,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -127,6 +130,29 @@ pub trait OooStateMachine: Send + Sync + 'static {
     /// Replaces the whole state with an image from [`OooStateMachine::image`] (another
     /// replica's), durably. A damaged image is refused with an error, the state kept.
     fn restore(&self, image: &[u8]) -> std::io::Result<()>;
+    /// A partial image: the state of the blocks and keys `scope` names (those that hold
+    /// nothing included, so that installing it clears them), holding at least everything
+    /// applied before the call. The leader sends it instead of the whole state to a
+    /// follower that lacks only what `scope` covers (PolarFS section 5.3, fast
+    /// catch-up); installed with [`OooStateMachine::restore_part`]. `Ok(None)`, the
+    /// default: this state machine sends whole images only.
+    fn image_part(&self, scope: &Footprint) -> std::io::Result<Option<Vec<u8>>> {
+        let _ = scope;
+        Ok(None)
+    }
+    /// Overwrites the part of the state a partial image from
+    /// [`OooStateMachine::image_part`] carries, keeps the rest, and makes the whole state
+    /// durable, as [`OooStateMachine::checkpoint`] does (the replica drops the slots below
+    /// the image's base, the ones this replica applied and had not checkpointed among
+    /// them). A damaged image is refused with an error, the state kept. Called only for
+    /// images of a state machine whose `image_part` returns some.
+    fn restore_part(&self, image: &[u8]) -> std::io::Result<()> {
+        let _ = image;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this state machine does not install partial images",
+        ))
+    }
 }
 
 /// Why an append through [`OooNode::append`] did not get a result.
@@ -206,8 +232,14 @@ pub struct OooCounters {
     pub checkpoints: u64,
     /// Images taken for followers behind the base.
     pub images: u64,
+    /// Of those, partial ones ([`OooStateMachine::image_part`]).
+    pub partial_images: u64,
+    /// Bytes of the images taken.
+    pub image_bytes: u64,
     /// Images installed from a leader.
     pub installs: u64,
+    /// Of those, partial ones.
+    pub partial_installs: u64,
     /// Bytes of the entries file (synced part).
     pub log_bytes: u64,
     /// Every slot below is compacted.
@@ -261,14 +293,17 @@ enum Ev {
     IoFailed(String),
     /// The state machine made everything below this slot durable.
     Checkpointed(u64),
-    /// An image for a follower, covering every slot below `base`.
+    /// An image for a follower, covering every slot below `base` (partial: built for a
+    /// follower that applied every slot below `part`).
     Image {
         to: NodeId,
         base: u64,
+        part: Option<u64>,
         image: Vec<u8>,
     },
-    /// The leader's image is installed here, covering every slot below this one.
-    Installed(u64),
+    /// The leader's image (partial or not) is installed here, covering every slot below
+    /// this one.
+    Installed(u64, bool),
     /// The state machine refused the leader's image (its state kept).
     InstallFailed(u64, String),
     /// The state machine failed (apply, checkpoint or image).
@@ -553,12 +588,20 @@ impl OooNode {
                                 log_bytes = 0;
                             }
                         }
-                        Ev::Image { to, base, image } => {
+                        Ev::Image {
+                            to,
+                            base,
+                            part,
+                            image,
+                        } => {
                             c.images += 1;
-                            replica.snapshot_ready(now(), to, base, image);
+                            c.partial_images += u64::from(part.is_some());
+                            c.image_bytes += image.len() as u64;
+                            replica.snapshot_ready(now(), to, base, part, image);
                         }
-                        Ev::Installed(base) => {
+                        Ev::Installed(base, part) => {
                             c.installs += 1;
+                            c.partial_installs += u64::from(part);
                             if let Err(e) = replica.installed(now(), base) {
                                 tracing::error!(error = %e, "install report refused; stopping");
                                 failed = true;
@@ -893,21 +936,47 @@ fn run_actions(
                 },
             },
             Action::Snapshot { to } => {
-                // Read before the image is taken, so the image covers it.
+                // Read before the image is taken, so the image covers it; the scope is
+                // what the follower lacks below that head.
                 let base = replica.applied_head();
+                let scope = replica.image_scope(to);
                 let (sm, tx) = (x.sm.clone(), x.events.clone());
                 std::thread::spawn(move || {
-                    let _ = tx.send(match sm.image() {
-                        Ok(image) => Ev::Image { to, base, image },
-                        Err(e) => Ev::SmFailed(format!("taking an image: {e}")),
-                    });
+                    let part = match &scope {
+                        Some((from, f)) => sm.image_part(f).map(|i| i.map(|i| (*from, i))),
+                        None => Ok(None),
+                    };
+                    let ev = match part {
+                        Ok(Some((from, image))) => Ev::Image {
+                            to,
+                            base,
+                            part: Some(from),
+                            image,
+                        },
+                        Ok(None) => match sm.image() {
+                            Ok(image) => Ev::Image {
+                                to,
+                                base,
+                                part: None,
+                                image,
+                            },
+                            Err(e) => Ev::SmFailed(format!("taking an image: {e}")),
+                        },
+                        Err(e) => Ev::SmFailed(format!("taking a partial image: {e}")),
+                    };
+                    let _ = tx.send(ev);
                 });
             }
-            Action::Install { base, image } => {
+            Action::Install { base, image, part } => {
                 let (sm, tx) = (x.sm.clone(), x.events.clone());
                 std::thread::spawn(move || {
-                    let _ = tx.send(match sm.restore(&image) {
-                        Ok(()) => Ev::Installed(base),
+                    let done = if part {
+                        sm.restore_part(&image)
+                    } else {
+                        sm.restore(&image)
+                    };
+                    let _ = tx.send(match done {
+                        Ok(()) => Ev::Installed(base, part),
                         Err(e) => Ev::InstallFailed(base, e.to_string()),
                     });
                 });

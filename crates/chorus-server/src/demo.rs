@@ -9,6 +9,10 @@
 //!   writes its image to `kv.image` crash-atomically (`kv.image.tmp`, fsync, rename,
 //!   fsync the directory); at start the map is read back from there.
 //!
+//! A follower that lacks only a few compacted slots gets a *partial* image (PolarFS
+//! section 5.3's fast catch-up): the blocks or keys those slots wrote, installed over its
+//! own state, which is then made durable as a checkpoint makes it.
+//!
 //! Both only ever make blind writes, which the replica's replay from its base requires
 //! (`OooStateMachine`). Images are built in memory: this is a demo, sized for tests and
 //! benchmarks, not for a volume of terabytes.
@@ -21,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
 use chorus_core::ooo::group::Record;
-use chorus_core::ooo::replica::Declared;
+use chorus_core::ooo::parallel::BlockRange;
+use chorus_core::ooo::replica::{Declared, Footprint};
 use chorus_runtime::ooo::OooStateMachine;
 
 /// Bytes per block of a parallel group's volume.
@@ -35,6 +40,10 @@ pub const MAX_READ_BLOCKS: u64 = 4096;
 const VOLUME_MAGIC: u32 = 0x4956_4F43;
 /// Magic of a key-value image ("COKV").
 const KV_MAGIC: u32 = 0x564B_4F43;
+/// Magic of a partial volume image ("COVP").
+const VOLUME_PART_MAGIC: u32 = 0x5056_4F43;
+/// Magic of a partial key-value image ("COKP").
+const KV_PART_MAGIC: u32 = 0x504B_4F43;
 
 fn bad(what: &str, detail: impl Into<String>) -> io::Error {
     io::Error::new(
@@ -243,18 +252,92 @@ impl OooStateMachine for DemoState {
                 let (count, body) = volume_blocks(&f)?;
                 Ok(seal(VOLUME_MAGIC, count, &body))
             }
-            Kind::Kv(_) => {
-                let m = self.map().expect("kv");
-                let mut keys: Vec<&u64> = m.keys().collect();
-                keys.sort_unstable();
-                let mut body = Vec::new();
-                for k in keys {
-                    let v = &m[k];
-                    body.extend_from_slice(&k.to_le_bytes());
-                    body.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    body.extend_from_slice(v);
+            Kind::Kv(_) => Ok(encode_kv(&self.map().expect("kv"))),
+        }
+    }
+
+    fn image_part(&self, scope: &Footprint) -> io::Result<Option<Vec<u8>>> {
+        match &self.kind {
+            Kind::Volume(_) => {
+                if !scope.keys.is_empty() {
+                    return Err(bad("partial volume image", "asked for keys"));
                 }
-                Ok(seal(KV_MAGIC, m.len() as u64, &body))
+                let f = self.file().expect("volume");
+                let mut body = Vec::new();
+                for r in &scope.blocks {
+                    body.extend_from_slice(&r.start.to_le_bytes());
+                    body.extend_from_slice(&r.end.to_le_bytes());
+                }
+                let mut block = vec![0u8; BLOCK as usize];
+                for r in &scope.blocks {
+                    for lba in r.start..r.end {
+                        let n = f.read_at(&mut block, lba * BLOCK)?;
+                        block[n..].fill(0);
+                        body.extend_from_slice(&block);
+                    }
+                }
+                Ok(Some(seal(
+                    VOLUME_PART_MAGIC,
+                    scope.blocks.len() as u64,
+                    &body,
+                )))
+            }
+            Kind::Kv(_) => {
+                if !scope.blocks.is_empty() {
+                    return Err(bad("partial key-value image", "asked for blocks"));
+                }
+                let m = self.map().expect("kv");
+                let mut body = Vec::new();
+                for k in &scope.keys {
+                    body.extend_from_slice(&k.to_le_bytes());
+                    match m.get(k) {
+                        Some(v) => {
+                            body.push(1);
+                            body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                            body.extend_from_slice(v);
+                        }
+                        None => {
+                            body.push(0);
+                            body.extend_from_slice(&0u32.to_le_bytes());
+                        }
+                    }
+                }
+                Ok(Some(seal(KV_PART_MAGIC, scope.keys.len() as u64, &body)))
+            }
+        }
+    }
+
+    fn restore_part(&self, image: &[u8]) -> io::Result<()> {
+        match &self.kind {
+            Kind::Volume(lock) => {
+                let (ranges, blocks) = decode_volume_part(image)?;
+                // Under the write lock: no apply runs during an install, and a read sees
+                // each block old or new. A crash midway leaves some blocks of the image
+                // written and the replica's base unchanged: it replays from that base and,
+                // still behind the leader's, is sent an image again, whose scope holds
+                // every block this one did (what the slots from its applied head on wrote).
+                let f = lock.write().unwrap_or_else(|p| p.into_inner());
+                let mut at = 0;
+                for r in &ranges {
+                    let n = ((r.end - r.start) * BLOCK) as usize;
+                    f.write_all_at(&blocks[at..at + n], r.start * BLOCK)?;
+                    at += n;
+                }
+                f.sync_data()
+            }
+            Kind::Kv(m) => {
+                let part = decode_kv_part(image)?;
+                let mut map = m.lock().unwrap_or_else(|p| p.into_inner());
+                let mut next = map.clone();
+                for (k, v) in part {
+                    match v {
+                        Some(v) => next.insert(k, v),
+                        None => next.remove(&k),
+                    };
+                }
+                replace_file(&self.dir, "kv.image", &encode_kv(&next))?;
+                *map = next;
+                Ok(())
             }
         }
     }
@@ -304,6 +387,104 @@ impl OooStateMachine for DemoState {
             }
         }
     }
+}
+
+/// The key-value image of `m` (keys ascending).
+fn encode_kv(m: &HashMap<u64, Vec<u8>>) -> Vec<u8> {
+    let mut keys: Vec<&u64> = m.keys().collect();
+    keys.sort_unstable();
+    let mut body = Vec::new();
+    for k in keys {
+        let v = &m[k];
+        body.extend_from_slice(&k.to_le_bytes());
+        body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        body.extend_from_slice(v);
+    }
+    seal(KV_MAGIC, m.len() as u64, &body)
+}
+
+/// A partial volume image: its ranges (ascending, disjoint, inside the volume) and the
+/// bytes of their blocks, in order.
+fn decode_volume_part(b: &[u8]) -> io::Result<(Vec<BlockRange>, &[u8])> {
+    let what = "partial volume image";
+    let (count, body) = open_seal(what, VOLUME_PART_MAGIC, b)?;
+    if count > body.len() as u64 / 16 {
+        return Err(bad(what, format!("{count} ranges in {} bytes", body.len())));
+    }
+    let (heads, blocks) = body.split_at(count as usize * 16);
+    let mut ranges = Vec::with_capacity(count as usize);
+    let mut total = 0u64;
+    for (i, h) in heads.chunks(16).enumerate() {
+        let start = u64::from_le_bytes(h[..8].try_into().expect("8"));
+        let end = u64::from_le_bytes(h[8..].try_into().expect("8"));
+        if start >= end || end > MAX_BLOCKS {
+            return Err(bad(
+                what,
+                format!("range {i}, blocks {start}..{end}, is empty or past the volume's {MAX_BLOCKS} blocks"),
+            ));
+        }
+        if ranges.last().is_some_and(|p: &BlockRange| p.end > start) {
+            return Err(bad(
+                what,
+                format!(
+                    "range {i} starts at block {start}, inside or before range {}",
+                    i - 1
+                ),
+            ));
+        }
+        ranges.push(BlockRange { start, end });
+        total += end - start;
+    }
+    if blocks.len() as u64 != total * BLOCK {
+        return Err(bad(
+            what,
+            format!("{} block bytes for {total} blocks", blocks.len()),
+        ));
+    }
+    Ok((ranges, blocks))
+}
+
+/// A partial key-value image: each key named, with its value or `None` (absent).
+fn decode_kv_part(b: &[u8]) -> io::Result<Vec<(u64, Option<Vec<u8>>)>> {
+    let what = "partial key-value image";
+    let (count, mut body) = open_seal(what, KV_PART_MAGIC, b)?;
+    if count > body.len() as u64 / 13 {
+        return Err(bad(what, format!("{count} keys in {} bytes", body.len())));
+    }
+    let mut out: Vec<(u64, Option<Vec<u8>>)> = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        if body.len() < 13 {
+            return Err(bad(what, format!("key {i} of {count} is cut short")));
+        }
+        let k = u64::from_le_bytes(body[..8].try_into().expect("8"));
+        if out.last().is_some_and(|(p, _)| *p >= k) {
+            return Err(bad(what, format!("key {k} (entry {i}) is not ascending")));
+        }
+        let n = u32::from_le_bytes(body[9..13].try_into().expect("4")) as usize;
+        let v = match body[8] {
+            1 => Some(
+                body.get(13..13 + n)
+                    .ok_or_else(|| bad(what, format!("the value of key {k} is cut short")))?
+                    .to_vec(),
+            ),
+            0 if n == 0 => None,
+            f => {
+                return Err(bad(
+                    what,
+                    format!("key {k}: presence byte {f} with a {n}-byte value"),
+                ))
+            }
+        };
+        body = &body[13 + v.as_ref().map_or(0, Vec::len)..];
+        out.push((k, v));
+    }
+    if !body.is_empty() {
+        return Err(bad(
+            what,
+            format!("{} bytes after the last key", body.len()),
+        ));
+    }
+    Ok(out)
 }
 
 fn decode_kv(b: &[u8]) -> io::Result<HashMap<u64, Vec<u8>>> {
@@ -433,6 +614,139 @@ mod tests {
         let e = vb.restore(&d).unwrap_err().to_string();
         assert!(e.contains("volume image: checksum"), "{e}");
         assert_eq!(vb.read_blocks(1 << 20, 1).unwrap(), vec![9; 4096]);
+    }
+
+    #[test]
+    fn a_partial_volume_image_overwrites_its_blocks_only() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (va, vb) = (
+            DemoState::volume(a.path()).unwrap(),
+            DemoState::volume(b.path()).unwrap(),
+        );
+        va.apply(0, &blocks(&[(2, 7), (3, 8), (9, 1)])).unwrap();
+        vb.apply(0, &blocks(&[(2, 5), (4, 6), (9, 2), (20, 3)]))
+            .unwrap();
+        let scope = Footprint {
+            blocks: vec![
+                BlockRange::new(2, 3).unwrap(),
+                BlockRange::new(9, 1).unwrap(),
+            ],
+            keys: vec![],
+        };
+        let img = va.image_part(&scope).unwrap().expect("partial");
+        assert_eq!(img.len(), 16 + 2 * 16 + 4 * 4096 + 4);
+        vb.restore_part(&img).unwrap();
+        // Blocks 2..5 and 9 are a's (4 was zero there); 20 is b's own.
+        for (lba, x) in [(2, 7), (3, 8), (4, 0), (9, 1), (20, 3)] {
+            assert_eq!(
+                vb.read_blocks(lba, 1).unwrap(),
+                vec![x; 4096],
+                "block {lba}"
+            );
+        }
+        // Damage and nonsense are refused by name, the state kept.
+        let mut d = img.clone();
+        d[40] ^= 1;
+        let e = vb.restore_part(&d).unwrap_err().to_string();
+        assert!(e.contains("partial volume image: checksum"), "{e}");
+        let e = vb
+            .restore_part(&va.image().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("partial volume image: magic"), "{e}");
+        let overlap = seal(
+            VOLUME_PART_MAGIC,
+            2,
+            &[2u64, 4, 3, 5]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let e = vb.restore_part(&overlap).unwrap_err().to_string();
+        assert!(e.contains("range 1 starts at block 3"), "{e}");
+        let short = seal(
+            VOLUME_PART_MAGIC,
+            1,
+            &[2u64, 4]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let e = vb.restore_part(&short).unwrap_err().to_string();
+        assert!(e.contains("0 block bytes for 2 blocks"), "{e}");
+        assert_eq!(vb.read_blocks(20, 1).unwrap(), vec![3; 4096]);
+        assert!(vb
+            .image_part(&Footprint {
+                blocks: vec![],
+                keys: vec![1]
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn a_partial_kv_image_sets_and_clears_its_keys_and_is_checkpointed() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (ka, kb) = (
+            DemoState::kv(a.path()).unwrap(),
+            DemoState::kv(b.path()).unwrap(),
+        );
+        let txn = |w: Vec<u64>, v: &[u8]| Record {
+            declared: Declared::Txn {
+                read_set: vec![],
+                write_set: w,
+            },
+            data: v.to_vec(),
+        };
+        ka.apply(0, &[txn(vec![1, 2], b"a")]).unwrap();
+        kb.apply(0, &[txn(vec![2, 3, 4], b"b")]).unwrap();
+        let scope = Footprint {
+            blocks: vec![],
+            keys: vec![1, 2, 3],
+        };
+        let img = ka.image_part(&scope).unwrap().expect("partial");
+        kb.restore_part(&img).unwrap();
+        let want = vec![
+            Some(b"a".to_vec()),
+            Some(b"a".to_vec()),
+            None,
+            Some(b"b".to_vec()),
+        ];
+        assert_eq!(kb.get_keys(&[1, 2, 3, 4]).unwrap(), want);
+        // Durable: the whole map is in kv.image.
+        drop(kb);
+        let kb = DemoState::kv(b.path()).unwrap();
+        assert_eq!(kb.get_keys(&[1, 2, 3, 4]).unwrap(), want);
+        let mut d = img.clone();
+        d[20] ^= 4;
+        assert!(kb
+            .restore_part(&d)
+            .unwrap_err()
+            .to_string()
+            .contains("partial key-value image"));
+        let bad_flag = seal(
+            KV_PART_MAGIC,
+            1,
+            &[&7u64.to_le_bytes()[..], &[2], &0u32.to_le_bytes()].concat(),
+        );
+        let e = kb.restore_part(&bad_flag).unwrap_err().to_string();
+        assert!(e.contains("key 7: presence byte 2"), "{e}");
+        let e = decode_kv_part(&seal(
+            KV_PART_MAGIC,
+            2,
+            &[
+                &5u64.to_le_bytes()[..],
+                &[0],
+                &0u32.to_le_bytes(),
+                &5u64.to_le_bytes(),
+                &[0],
+                &0u32.to_le_bytes(),
+            ]
+            .concat(),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not ascending"), "{e}");
+        assert_eq!(kb.get_keys(&[4]).unwrap(), vec![Some(b"b".to_vec())]);
     }
 
     #[test]

@@ -514,7 +514,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 28] = [
+        let metrics: [(&str, &str, &str, Get); 31] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -643,10 +643,28 @@ impl OooGroups {
                 |s| s.counters.images,
             ),
             (
+                "chorus_ooo_partial_images_sent_total",
+                "counter",
+                "Of the images taken, partial ones: what a follower lacks (fast catch-up).",
+                |s| s.counters.partial_images,
+            ),
+            (
+                "chorus_ooo_image_bytes_sent_total",
+                "counter",
+                "Bytes of the images taken for followers.",
+                |s| s.counters.image_bytes,
+            ),
+            (
                 "chorus_ooo_images_installed_total",
                 "counter",
                 "Leader images installed here.",
                 |s| s.counters.installs,
+            ),
+            (
+                "chorus_ooo_partial_images_installed_total",
+                "counter",
+                "Of the leader images installed here, partial ones.",
+                |s| s.counters.partial_installs,
             ),
             (
                 "chorus_ooo_pre_votes_total",

@@ -58,6 +58,10 @@ struct Args {
     /// seeds found before pre-vote existed).
     #[arg(long)]
     no_pre_vote: bool,
+    /// Out-of-order groups: leaders send whole images only, never a partial one (the
+    /// trajectories of seeds found before partial images existed).
+    #[arg(long)]
+    full_images: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -178,6 +182,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         transfers: !args.no_transfers,
         changes: !args.no_changes,
         pre_vote: !args.no_pre_vote,
+        partial_images: !args.full_images,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -192,6 +197,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if args.no_pre_vote {
         broken_flag.push_str(" --no-pre-vote");
+    }
+    if args.full_images {
+        broken_flag.push_str(" --full-images");
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" {
@@ -239,7 +247,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -252,6 +260,8 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("messages"),
         t("checkpoints"),
         t("images_installed"),
+        t("partial_installs"),
+        t("partial_images_refused_live"),
         t("unknown_results"),
         t("transfers_asked"),
         t("transfers_completed"),

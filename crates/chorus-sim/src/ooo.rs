@@ -51,7 +51,7 @@
 //!    read of a failed write.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::encode_group;
@@ -114,6 +114,11 @@ pub struct OooOptions {
     /// Replicas pre-vote before campaigning ([`OooConfig::pre_vote`]); off, the
     /// trajectories of the seeds found before pre-vote existed replay exactly.
     pub pre_vote: bool,
+    /// A follower behind the leader's base may be sent a partial image (what it lacks,
+    /// [`OooReplica::image_scope`]) on three seeds of four, a quarter of those under a
+    /// bound of 8 items; off, only whole images, and the trajectories of the seeds found
+    /// before partial images existed replay exactly.
+    pub partial_images: bool,
 }
 
 impl Default for OooOptions {
@@ -132,6 +137,7 @@ impl Default for OooOptions {
             transfers: true,
             changes: true,
             pre_vote: true,
+            partial_images: true,
         }
     }
 }
@@ -257,6 +263,50 @@ fn encode_image(state: &HashMap<u64, u64>, writers: &HashMap<u64, Seq>) -> Vec<u
         }
     }
     out
+}
+
+/// A partial image: every key `f` names (blocks are keys in parallel mode), with its
+/// value and writer, or absent: `u64 key | u64 present (0/1) | u64 value | u64 writer`.
+fn encode_part(
+    state: &HashMap<u64, u64>,
+    writers: &HashMap<u64, Seq>,
+    f: &chorus_core::ooo::replica::Footprint,
+) -> Vec<u8> {
+    let mut keys: Vec<u64> = f
+        .blocks
+        .iter()
+        .flat_map(|r| r.start..r.end)
+        .chain(f.keys.iter().copied())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut out = Vec::with_capacity(keys.len() * 32);
+    for k in keys {
+        let (present, v) = match state.get(&k) {
+            Some(&v) => (1, v),
+            None => (0, 0),
+        };
+        for x in [k, present, v, writers.get(&k).copied().unwrap_or(0)] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    out
+}
+
+type Part = Vec<(u64, Option<(u64, Seq)>)>;
+
+fn decode_part(b: &[u8]) -> Option<Part> {
+    if !b.len().is_multiple_of(32) {
+        return None;
+    }
+    let u = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8"));
+    b.chunks(32)
+        .map(|c| match u(&c[8..16]) {
+            0 => Some((u(&c[..8]), None)),
+            1 => Some((u(&c[..8]), Some((u(&c[16..24]), u(&c[24..]))))),
+            _ => None,
+        })
+        .collect()
 }
 
 fn decode_image(b: &[u8]) -> Option<Image> {
@@ -501,6 +551,12 @@ impl Sim {
         }
         c.seed = mix(self.seed, id ^ self.counter << 8);
         c.pre_vote = self.o.pre_vote;
+        c.partial_image_items = match self.seed % 4 {
+            _ if !self.o.partial_images => 0,
+            0 => 0,
+            1 => 8,
+            _ => 4096,
+        };
         #[cfg(feature = "broken")]
         {
             c.ghost_guard = self.o.ghost_guard;
@@ -626,6 +682,40 @@ impl Sim {
         self.bump("checkpoints", 1);
     }
 
+    /// Right after an install of an image covering every slot below `base`: each key
+    /// holds the value the serial application of the committed slots below `base` gives
+    /// it, or one a committed slot from `base` on wrote (an image holds at least its base,
+    /// and this node may have applied later slots out of order). A partial image that left
+    /// out something the node lacked shows here, before later writes to the same blocks
+    /// could hide it from the final check.
+    fn check_installed(&mut self, id: NodeId, base: Seq, part: bool) {
+        let mut serial: HashMap<u64, u64> = HashMap::new();
+        let mut later: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (&s, e) in &self.committed {
+            for (k, v) in writes(e, self.o.groups) {
+                if s < base {
+                    serial.insert(k, v);
+                } else {
+                    later.entry(k).or_default().push(v);
+                }
+            }
+        }
+        let n = &self.nodes[&id];
+        let keys: BTreeSet<u64> = serial.keys().chain(n.state.keys()).copied().collect();
+        let bad = keys.into_iter().find(|k| {
+            let (have, want) = (n.state.get(k), serial.get(k));
+            have != want && !have.is_some_and(|v| later.get(k).is_some_and(|l| l.contains(v)))
+        });
+        if let Some(k) = bad {
+            let have = n.state.get(&k).copied();
+            let want = serial.get(&k).copied();
+            self.violation(format!(
+                "node {id} installed a{} image with base {base}: key {k} holds {have:x?}, the slots below the base give {want:x?} and no later slot wrote it",
+                if part { " partial" } else { " whole" }
+            ));
+        }
+    }
+
     /// The state machine restarts from its image. The image may hold writes of slots at
     /// or past `base` (applied out of order before it was taken); those are applied again
     /// from the log, so they are not counted as applied for the order check.
@@ -726,20 +816,50 @@ impl Sim {
             Action::Snapshot { to } => {
                 self.bump("images_taken", 1);
                 let n = self.nodes.get_mut(&id).expect("node");
-                let img = encode_image(&n.state, &n.last_writer);
                 let r = n.replica.as_mut().expect("live");
                 let base = r.applied_head();
-                r.snapshot_ready(self.now, to, base, img);
+                let (part, img) = match r.image_scope(to) {
+                    Some((from, f)) => (Some(from), encode_part(&n.state, &n.last_writer, &f)),
+                    None => (None, encode_image(&n.state, &n.last_writer)),
+                };
+                r.snapshot_ready(self.now, to, base, part, img);
+                if part.is_some() {
+                    self.bump("images_partial", 1);
+                }
             }
-            Action::Install { base, image } => {
+            Action::Install { base, image, part } => {
                 self.bump("images_installed", 1);
-                let Some(img) = decode_image(&image) else {
+                let n = self.nodes.get_mut(&id).expect("node");
+                let img = if part {
+                    *self.stats.entry("partial_installs").or_insert(0) += 1;
+                    decode_part(&image).map(|p| {
+                        // Over this node's own state, which becomes durable whole (the
+                        // runtime's `restore_part` contract).
+                        let mut img: Image = n
+                            .state
+                            .iter()
+                            .map(|(&k, &v)| (k, (v, n.last_writer.get(&k).copied().unwrap_or(0))))
+                            .collect();
+                        for (k, x) in p {
+                            match x {
+                                Some(x) => img.insert(k, x),
+                                None => img.remove(&k),
+                            };
+                        }
+                        img
+                    })
+                } else {
+                    decode_image(&image)
+                };
+                let Some(img) = img else {
                     self.violation(format!("node {id}: an image arrived damaged"));
                     return;
                 };
                 let n = self.nodes.get_mut(&id).expect("node");
                 n.image = img;
                 Self::load_image(n, base);
+                self.check_installed(id, base, part);
+                let n = self.nodes.get_mut(&id).expect("node");
                 let r = n.replica.as_mut().expect("live");
                 if let Err(e) = r.installed(self.now, base) {
                     self.violation(format!("node {id}: installed({base}) refused: {e}"));
@@ -1356,6 +1476,13 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         .map(|r| r.stats().handoffs)
         .sum();
     sim.stats.insert("handoffs_live", handoffs);
+    let refused: u64 = sim
+        .nodes
+        .values()
+        .filter_map(|n| n.replica.as_ref())
+        .map(|r| r.stats().partial_images_refused)
+        .sum();
+    sim.stats.insert("partial_images_refused_live", refused);
     OooReport {
         seed,
         violations: sim.violations,

@@ -20,8 +20,8 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
-/// transfers, membership changes or pre-votes: every seed run this way was found before
-/// those existed and replays its trajectory exactly.
+/// transfers, membership changes, pre-votes or partial images: every seed run this way was
+/// found before those existed and replays its trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
         seed,
@@ -31,6 +31,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             transfers: false,
             changes: false,
             pre_vote: false,
+            partial_images: false,
             ..OooOptions::default()
         },
     )
@@ -282,5 +283,37 @@ fn pre_votes_cut_campaigns_under_faults() {
             "{mode:?}: {with} campaigns with pre-vote, {without} without"
         );
         assert_eq!(count(false, "pre_votes_live"), 0);
+    }
+}
+
+/// Fast catch-up from the leader's data (PolarFS 5.3): followers behind the base are sent
+/// partial images (what the slots from their first unapplied slot on wrote), and every
+/// install is checked on the spot against the serial order below its base, under the full
+/// fault mix; with partial images off, every image is whole.
+#[test]
+fn partial_images_carry_what_a_follower_lacks() {
+    for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
+        let count = |partial_images: bool, k: &str| -> u64 {
+            [1u64, 2, 5, 7, 10, 11]
+                .into_iter()
+                .map(|seed| {
+                    let r = check(
+                        seed,
+                        &OooOptions {
+                            mode,
+                            partial_images,
+                            ..OooOptions::default()
+                        },
+                    );
+                    r.stats.get(k).copied().unwrap_or(0)
+                })
+                .sum()
+        };
+        assert!(
+            count(true, "partial_installs") > 0,
+            "{mode:?}: no partial image"
+        );
+        assert!(count(false, "images_installed") > 0, "{mode:?}: no image");
+        assert_eq!(count(false, "partial_installs"), 0, "{mode:?}");
     }
 }

@@ -650,7 +650,12 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             put_u64(&mut out, config.0);
             put_u64(&mut out, config.1);
         }
-        Msg::Ack { term, seqs, head } => {
+        Msg::Ack {
+            term,
+            seqs,
+            head,
+            applied,
+        } => {
             out.push(4);
             put_u64(&mut out, *term);
             put_u32(&mut out, seqs.len() as u32);
@@ -659,17 +664,29 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
                 put_u64(&mut out, *e);
             }
             put_u64(&mut out, *head);
+            put_u64(&mut out, *applied);
         }
         Msg::Snapshot {
             term,
             base,
             offset,
             total,
+            part,
             data,
         } => {
             out.push(5);
             for x in [*term, *base, *offset, *total] {
                 put_u64(&mut out, x);
+            }
+            match part {
+                Some(from) => {
+                    out.push(1);
+                    put_u64(&mut out, *from);
+                }
+                None => {
+                    out.push(0);
+                    put_u64(&mut out, 0);
+                }
             }
             put_bytes(&mut out, data);
         }
@@ -787,10 +804,28 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 term,
                 seqs,
                 head: r.u64()?,
+                applied: r.u64()?,
             }
         }
         5 => {
             let (term, base, offset, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let (partial, from) = (r.flag("partial image")?, r.u64()?);
+            let part = partial.then_some(from);
+            if !partial && from != 0 {
+                return Err(FormatError::Malformed {
+                    what: WHAT_MSG,
+                    detail: format!("whole image naming a first slot {from}"),
+                });
+            }
+            if part.is_some_and(|from| from > base) {
+                return Err(FormatError::Malformed {
+                    what: WHAT_MSG,
+                    detail: format!(
+                        "partial image from slot {} past its base {base}",
+                        part.unwrap_or(0)
+                    ),
+                });
+            }
             let n = r.count("snapshot piece", 1)?;
             let data = r.take(n)?.to_vec();
             if offset.checked_add(n as u64).is_none_or(|end| end > total) {
@@ -806,6 +841,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 base,
                 offset,
                 total,
+                part,
                 data,
             }
         }
@@ -976,9 +1012,10 @@ mod tests {
                 Msg::Newer { membership: Membership { version: (term, 2), voters: vec![2, 3], prev: None } },
                 Msg::VoteReply { term, granted: true, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (4, 5) },
                 Msg::Append { term, start: 9, entries: es.clone(), commits: w, config: (term, 4) },
-                Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5 },
-                Msg::Snapshot { term, base: 40, offset: 3, total: 9, data: vec![1, 2, 3] },
-                Msg::Snapshot { term, base: 0, offset: 0, total: 0, data: vec![] },
+                Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5, applied: 3 },
+                Msg::Snapshot { term, base: 40, offset: 3, total: 9, part: None, data: vec![1, 2, 3] },
+                Msg::Snapshot { term, base: 40, offset: 0, total: 3, part: Some(31), data: vec![1, 2, 3] },
+                Msg::Snapshot { term, base: 0, offset: 0, total: 0, part: None, data: vec![] },
                 Msg::TimeoutNow { term },
                 Msg::PreVote { term, log: VoteLog { last_term: 5, last_seq: 8, first_uncommitted: 6, base: 1 }, config: (3, term) },
                 Msg::PreVoteReply { term, granted: true },
@@ -1001,7 +1038,7 @@ mod tests {
             prop_assert!(decode_entry(&b[..c]).is_err());
             let m = encode_msg(&Msg::Append { term: 1, start: 0, entries: vec![e], commits: CommitWindow::new(0), config: (0, 0) });
             let _ = decode_msg(&m[..cut % m.len()]);
-            let piece = encode_msg(&Msg::Snapshot { term: 1, base: 5, offset: 0, total: 4, data: vec![1, 2, 3, 4] });
+            let piece = encode_msg(&Msg::Snapshot { term: 1, base: 5, offset: 0, total: 4, part: None, data: vec![1, 2, 3, 4] });
             prop_assert!(decode_msg(&piece[..cut % piece.len()]).is_err());
         }
 

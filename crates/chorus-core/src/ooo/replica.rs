@@ -216,6 +216,80 @@ pub enum Declared {
     },
 }
 
+/// What a run of entries wrote: the blocks (parallel mode) and keys (dependent mode). A
+/// partial image carries the state of a footprint only (PolarFS section 5.3, fast
+/// catch-up: holes "already checkpointed" are filled from the leader's data, and only the
+/// data they wrote need travel).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Blocks written: ascending, disjoint, none adjacent to the next.
+    pub blocks: Vec<BlockRange>,
+    /// Keys written: ascending, distinct.
+    pub keys: Vec<u64>,
+}
+
+impl Footprint {
+    /// What `e` writes (nothing for NULL).
+    pub fn of(e: &Entry) -> Self {
+        let mut f = Self::default();
+        f.add_entry(e);
+        f
+    }
+
+    fn add_entry(&mut self, e: &Entry) {
+        match &e.body {
+            Body::Null => {}
+            Body::Parallel { ranges, .. } => self.add_blocks(ranges),
+            Body::Dependent { write_set, .. } => self.add_keys(write_set),
+        }
+    }
+
+    /// Adds `other`'s blocks and keys.
+    pub fn add(&mut self, other: &Footprint) {
+        self.add_blocks(&other.blocks);
+        self.add_keys(&other.keys);
+    }
+
+    fn add_blocks(&mut self, ranges: &[BlockRange]) {
+        if ranges.is_empty() {
+            return;
+        }
+        let mut all: Vec<BlockRange> = self.blocks.iter().chain(ranges).copied().collect();
+        all.sort_by_key(|r| r.start);
+        let mut out: Vec<BlockRange> = Vec::with_capacity(all.len());
+        for r in all {
+            match out.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => out.push(r),
+            }
+        }
+        self.blocks = out;
+    }
+
+    fn add_keys(&mut self, keys: &[u64]) {
+        if keys.is_empty() {
+            return;
+        }
+        self.keys.extend_from_slice(keys);
+        self.keys.sort_unstable();
+        self.keys.dedup();
+    }
+
+    /// Blocks plus keys named.
+    pub fn items(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum::<u64>()
+            .saturating_add(self.keys.len() as u64)
+    }
+
+    /// Whether it names nothing.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.keys.is_empty()
+    }
+}
+
 /// State that must survive a restart.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hard {
@@ -394,6 +468,9 @@ pub enum Msg {
         seqs: Vec<(Seq, u64)>,
         /// The follower's first uncommitted slot (resends start there).
         head: Seq,
+        /// The follower's first unapplied slot: a partial image built for it covers what
+        /// was written from there on ([`OooReplica::image_scope`]).
+        applied: Seq,
     },
     /// A piece of the leader's state-machine image, for a follower whose first
     /// uncommitted slot the leader has compacted (PolarFS section 5.3, streaming catch-up:
@@ -407,6 +484,10 @@ pub enum Msg {
         offset: u64,
         /// The image's length.
         total: u64,
+        /// `Some(from)`: a partial image, holding only what the slots from `from` up to
+        /// `base` wrote (PolarFS section 5.3's fast catch-up from the leader's data), for a
+        /// follower that has applied every slot below `from`. `None`: the whole state.
+        part: Option<Seq>,
         /// The piece.
         data: Vec<u8>,
     },
@@ -521,7 +602,9 @@ pub enum Action {
     /// Leader: follower `to` needs slots this replica compacted. The driver takes an
     /// image of its state machine covering at least every slot below
     /// [`OooReplica::applied_head`] as of now and hands it to
-    /// [`OooReplica::snapshot_ready`] with that head as its base.
+    /// [`OooReplica::snapshot_ready`] with that head as its base. When
+    /// [`OooReplica::image_scope`] names a [`Footprint`] (read at the same time as the
+    /// head), the image may hold only that part of the state: the follower has the rest.
     Snapshot {
         /// The follower.
         to: NodeId,
@@ -534,6 +617,10 @@ pub enum Action {
         base: Seq,
         /// The leader's image.
         image: Vec<u8>,
+        /// A partial image ([`Msg::Snapshot::part`]): overwrite only the part of the
+        /// state it carries, keep the rest, and make the whole state durable (as a
+        /// checkpoint does) before reporting.
+        part: bool,
     },
     /// A pending append whose result cannot be known here: its slot was compacted by the
     /// group before this replica learned which entry committed there (it installed a
@@ -655,6 +742,10 @@ pub struct OooConfig {
     /// How long a leader waits for a follower to install a snapshot it streamed before it
     /// takes a new image and starts over (a piece may have been lost).
     pub snapshot_retry: Nanos,
+    /// Most blocks plus keys a partial image may name ([`OooReplica::image_scope`]); a
+    /// follower that lacks more gets the whole state. 0: whole images only. The replica
+    /// remembers what compacted slots wrote up to four times this many items.
+    pub partial_image_items: u64,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
@@ -681,6 +772,7 @@ impl OooConfig {
             max_batch_bytes: 128 << 10,
             catchup_rate: 0,
             snapshot_retry: 2_000_000_000,
+            partial_image_items: 4096,
             seed: id,
             pre_vote: true,
             #[cfg(feature = "broken")]
@@ -811,6 +903,8 @@ impl Applier {
 struct Peer {
     /// Its first uncommitted slot, as it last said.
     head: Seq,
+    /// Its first unapplied slot, as it last said.
+    applied: Seq,
     /// Slots at or above `head` it acknowledged in this term.
     acked: BTreeSet<Seq>,
     /// When it last answered.
@@ -836,6 +930,7 @@ impl Peer {
     fn new(now: Nanos) -> Self {
         Self {
             head: 0,
+            applied: 0,
             acked: BTreeSet::new(),
             heard: now,
             tick_head: 0,
@@ -853,6 +948,8 @@ impl Peer {
 #[derive(Debug)]
 struct Outgoing {
     base: Seq,
+    /// A partial image's first slot ([`Msg::Snapshot::part`]).
+    part: Option<Seq>,
     image: Vec<u8>,
     /// Bytes sent.
     sent: usize,
@@ -866,6 +963,7 @@ struct Outgoing {
 struct Incoming {
     term: u64,
     base: Seq,
+    part: Option<Seq>,
     total: u64,
     buf: Vec<u8>,
 }
@@ -955,6 +1053,11 @@ pub struct OooStats {
     pub snapshots_sent: u64,
     /// Images installed from a leader.
     pub snapshots_installed: u64,
+    /// Of the images asked of the driver, partial ones ([`OooReplica::image_scope`]).
+    pub partial_images: u64,
+    /// Partial images refused on arrival: built for a first unapplied slot this replica
+    /// had not reached (it restarted meanwhile); the leader sends another.
+    pub partial_images_refused: u64,
     /// Leader transfers whose target was told to campaign ([`Msg::TimeoutNow`] sent).
     pub transfers: u64,
     /// Leader transfers given up: the target did not catch up within an election timeout
@@ -1009,8 +1112,16 @@ pub struct OooReplica {
     outbox: Vec<Entry>,
     /// The image being received from the leader.
     incoming: Option<Incoming>,
-    /// A received image waiting for the applies in flight to finish.
-    install: Option<(Seq, Vec<u8>)>,
+    /// A received image (base, partial image's first slot, bytes) waiting for the applies
+    /// in flight to finish.
+    install: Option<(Seq, Option<Seq>, Vec<u8>)>,
+    /// What the compacted slots from `written_from` up to the base wrote, slot by slot:
+    /// the footprint of a partial image for a follower whose first unapplied slot is
+    /// among them. Kept in memory only (after a restart, whole images until compactions
+    /// refill it), bounded by [`OooConfig::partial_image_items`].
+    written: BTreeMap<Seq, Footprint>,
+    written_from: Seq,
+    written_items: u64,
     /// The base of the image handed to the driver by [`Action::Install`], until
     /// [`OooReplica::installed`].
     installing: Option<Seq>,
@@ -1089,6 +1200,9 @@ impl OooReplica {
             incoming: None,
             install: None,
             installing: None,
+            written: BTreeMap::new(),
+            written_from: base,
+            written_items: 0,
             stats: OooStats::default(),
         };
         r.reset_deadline();
@@ -1387,14 +1501,20 @@ impl OooReplica {
                 commits,
                 config,
             } => self.on_append(from, term, start, entries, commits, config),
-            Msg::Ack { term, seqs, head } => self.on_ack(from, term, seqs, head),
+            Msg::Ack {
+                term,
+                seqs,
+                head,
+                applied,
+            } => self.on_ack(from, term, seqs, head, applied),
             Msg::Snapshot {
                 term,
                 base,
                 offset,
                 total,
+                part,
                 data,
-            } => self.on_snapshot(from, term, base, offset, total, data),
+            } => self.on_snapshot(from, term, (base, part), offset, total, data),
             Msg::TimeoutNow { term } => self.on_timeout_now(from, term),
             Msg::PreVote { term, log, config } => self.on_pre_vote(from, term, log, config),
             Msg::PreVoteReply { term, granted } => self.on_pre_vote_reply(from, term, granted),
@@ -2272,6 +2392,7 @@ impl OooReplica {
                 term: self.hard.term,
                 seqs: Vec::new(),
                 head: self.commits.head(),
+                applied: self.applier.head(),
             },
         });
     }
@@ -2346,6 +2467,7 @@ impl OooReplica {
                 term,
                 seqs,
                 head: self.commits.head(),
+                applied: self.applier.head(),
             },
         });
         if other {
@@ -2413,7 +2535,7 @@ impl OooReplica {
         }
     }
 
-    fn on_ack(&mut self, from: NodeId, term: u64, seqs: Vec<(Seq, u64)>, head: Seq) {
+    fn on_ack(&mut self, from: NodeId, term: u64, seqs: Vec<(Seq, u64)>, head: Seq, applied: Seq) {
         if term > self.hard.term {
             self.step_down(term, None);
             return;
@@ -2435,12 +2557,20 @@ impl OooReplica {
         // Its latest word, even if lower: a restarted follower may know less committed
         // than it said before (its saved head is a lower bound), and resends start here.
         peer.head = head;
+        peer.applied = applied;
         if peer.head >= self.commits.head() {
             peer.catching_up = false;
         }
-        if peer.head >= self.hard.base || peer.snap.as_ref().is_some_and(|o| head >= o.base) {
+        if peer.head >= self.hard.base
+            || peer
+                .snap
+                .as_ref()
+                .is_some_and(|o| head >= o.base || o.part.is_some_and(|f| applied < f))
+        {
             // Caught up with the log, or installed the image it was sent and still behind
-            // (this replica compacted again meanwhile): a fresh image, at once.
+            // (this replica compacted again meanwhile), or the partial image it is being
+            // sent was built for more than it has applied (it restarted, and refuses
+            // that image): a fresh image, at once.
             peer.snap = None;
             peer.snap_asked = None;
         }
@@ -2669,7 +2799,9 @@ impl OooReplica {
         {
             return;
         }
-        self.log = self.log.split_off(&upto);
+        let kept = self.log.split_off(&upto);
+        let gone = std::mem::replace(&mut self.log, kept);
+        self.remember_written(self.hard.base, upto, gone);
         self.hard.base = upto;
         self.hard.committed_head = self.hard.committed_head.max(self.commits.head());
         self.stats.compactions += 1;
@@ -2705,19 +2837,101 @@ impl OooReplica {
             .fold(applied, Seq::min)
     }
 
+    /// What the compacted slots `from..upto` (dropped from the log: `gone`) wrote, kept
+    /// for partial images while the total stays within bounds (the oldest forgotten
+    /// first).
+    fn remember_written(&mut self, from: Seq, upto: Seq, gone: BTreeMap<Seq, Slot>) {
+        if self.cfg.partial_image_items == 0 {
+            return;
+        }
+        // The map covers `written_from..from` slot by slot (each compaction adds its
+        // slots; eviction takes from the front).
+        debug_assert_eq!(self.written_from + self.written.len() as u64, from);
+        for s in from..upto {
+            let f = gone
+                .get(&s)
+                .map(|x| Footprint::of(&x.entry))
+                .unwrap_or_default();
+            self.written_items += f.items();
+            self.written.insert(s, f);
+        }
+        let cap = self.cfg.partial_image_items.saturating_mul(4);
+        while self.written_items > cap || self.written.len() as u64 > cap {
+            let Some((s, f)) = self.written.pop_first() else {
+                break;
+            };
+            self.written_items -= f.items();
+            self.written_from = s + 1;
+        }
+    }
+
+    /// Leader, for the driver serving an [`Action::Snapshot`] for `to`: `Some((from,
+    /// footprint))` when `to` may be sent a partial image — what the slots from its first
+    /// unapplied slot `from` up to [`Self::applied_head`] wrote — instead of the whole
+    /// state. Read it together with the applied head, and pass `from` to
+    /// [`Self::snapshot_ready`] as the image's part.
+    ///
+    /// Why that suffices (PolarFS section 5.3's fast catch-up): the follower has applied
+    /// every slot below `from`, so every block or key no slot from `from` on writes is
+    /// already as the image would have it; the rest is in the footprint, whose state the
+    /// image carries at least as new as the base (later effects are written again by
+    /// replay, the writes being blind). `None` (a whole image): this replica does not
+    /// remember what some of those slots wrote (it restarted or installed an image since
+    /// they were compacted), the footprint is larger than
+    /// [`OooConfig::partial_image_items`], or `to` is not a follower it leads.
+    pub fn image_scope(&self, to: NodeId) -> Option<(Seq, Footprint)> {
+        let peer = self.lead.as_ref()?.peers.get(&to)?;
+        let (from, upto) = (peer.applied, self.applier.head());
+        let cap = self.cfg.partial_image_items;
+        if cap == 0 || from < self.written_from || from >= upto {
+            return None;
+        }
+        let mut f = Footprint::default();
+        for (_, w) in self.written.range(from..) {
+            f.add(w);
+            if f.items() > cap {
+                return None;
+            }
+        }
+        for (_, slot) in self.log.range(from.max(self.hard.base)..upto) {
+            f.add_entry(&slot.entry);
+            if f.items() > cap {
+                return None;
+            }
+        }
+        Some((from, f))
+    }
+
     /// Leader: the image the driver took for follower `to` after an [`Action::Snapshot`].
-    /// It covers every slot below `base`, the applied head when the driver took it. It is
+    /// It covers every slot below `base`, the applied head when the driver took it;
+    /// `part` is `Some(from)` for a partial image built from [`Self::image_scope`]. It is
     /// streamed in pieces of `max_batch_bytes` under the catch-up rate limit; the follower
     /// installs it and continues from `base` with the log, which this replica still holds
     /// from there on (an image whose base fell below a later compaction is dropped, and a
     /// new one asked for at the next resend).
-    pub fn snapshot_ready(&mut self, now: Nanos, to: NodeId, base: Seq, image: Vec<u8>) {
+    pub fn snapshot_ready(
+        &mut self,
+        now: Nanos,
+        to: NodeId,
+        base: Seq,
+        part: Option<Seq>,
+        image: Vec<u8>,
+    ) {
         self.now = self.now.max(now);
         let (hard_base, applied, started) = (self.hard.base, self.applier.head(), self.now);
         if let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&to)) {
-            if base >= hard_base && base <= applied && peer.head < base && peer.snap.is_none() {
+            if base >= hard_base
+                && base <= applied
+                && peer.head < base
+                && peer.snap.is_none()
+                && part.is_none_or(|f| f <= base)
+            {
+                if part.is_some() {
+                    self.stats.partial_images += 1;
+                }
                 peer.snap = Some(Outgoing {
                     base,
+                    part,
                     image,
                     sent: 0,
                     finished: false,
@@ -2799,6 +3013,7 @@ impl OooReplica {
                 base: out.base,
                 offset: out.sent as u64,
                 total: out.image.len() as u64,
+                part: out.part,
                 data: out.image[out.sent..end].to_vec(),
             };
             out.sent = end;
@@ -2813,7 +3028,7 @@ impl OooReplica {
         &mut self,
         from: NodeId,
         term: u64,
-        base: Seq,
+        (base, part): (Seq, Option<Seq>),
         offset: u64,
         total: u64,
         data: Vec<u8>,
@@ -2844,6 +3059,7 @@ impl OooReplica {
                 self.incoming = Some(Incoming {
                     term,
                     base,
+                    part,
                     total,
                     buf: data,
                 })
@@ -2851,6 +3067,7 @@ impl OooReplica {
             Some(inc)
                 if inc.term == term
                     && inc.base == base
+                    && inc.part == part
                     && inc.total == total
                     && inc.buf.len() as u64 == offset =>
             {
@@ -2867,19 +3084,35 @@ impl OooReplica {
             .is_some_and(|i| i.buf.len() as u64 == i.total)
         {
             let inc = self.incoming.take().expect("checked");
-            self.install = Some((inc.base, inc.buf));
+            self.install = Some((inc.base, inc.part, inc.buf));
             self.try_install();
         }
     }
 
-    /// Hands a received image to the driver once no apply is in flight.
+    /// Hands a received image to the driver once no apply is in flight. A partial image
+    /// built for a first unapplied slot past ours is refused: what we lack below it is
+    /// not in the image (we restarted since we told the leader, and replay from our base
+    /// has not reached it); the leader learns our applied slot and sends another.
     fn try_install(&mut self) {
-        if self.applying.is_empty() {
-            if let Some((base, image)) = self.install.take() {
-                self.installing = Some(base);
-                self.actions.push(Action::Install { base, image });
-            }
+        if !self.applying.is_empty() {
+            return;
         }
+        let Some((base, part, image)) = self.install.take() else {
+            return;
+        };
+        if part.is_some_and(|f| self.applier.head() < f) {
+            self.stats.partial_images_refused += 1;
+            if let Some(l) = self.leader.filter(|_| self.lead.is_none()) {
+                self.send_head(l);
+            }
+            return;
+        }
+        self.installing = Some(base);
+        self.actions.push(Action::Install {
+            base,
+            image,
+            part: part.is_some(),
+        });
     }
 
     /// Follower: the driver installed the image of an [`Action::Install`] durably. Slots
@@ -2893,6 +3126,10 @@ impl OooReplica {
         self.install_reported(now, base)?;
         self.stats.snapshots_installed += 1;
         self.log = self.log.split_off(&base);
+        // What the slots below the image's base wrote is not known here.
+        self.written.clear();
+        self.written_items = 0;
+        self.written_from = base;
         let kept = self.mine.split_off(&base);
         for (seq, eid) in std::mem::replace(&mut self.mine, kept) {
             self.actions.push(Action::Unknown { eid, seq });
@@ -3039,6 +3276,8 @@ mod tests {
         results: Vec<(NodeId, u64, Outcome)>,
         applied: BTreeMap<NodeId, Vec<Seq>>,
         state: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>>,
+        /// Images installed: (node, partial, bytes).
+        installs: Vec<(NodeId, bool, usize)>,
         now: Nanos,
     }
 
@@ -3050,6 +3289,33 @@ mod tests {
             out.extend_from_slice(v);
         }
         out
+    }
+
+    /// The blocks of `f` (this harness keys its state by a range's first block): the
+    /// scope's ranges, then the entries within them.
+    fn image_part(m: &BTreeMap<u64, Vec<u8>>, f: &Footprint) -> Vec<u8> {
+        let mut out = (f.blocks.len() as u64).to_le_bytes().to_vec();
+        for r in &f.blocks {
+            out.extend_from_slice(&r.start.to_le_bytes());
+            out.extend_from_slice(&r.end.to_le_bytes());
+        }
+        let inside: BTreeMap<u64, Vec<u8>> = m
+            .iter()
+            .filter(|(k, _)| f.blocks.iter().any(|r| (r.start..r.end).contains(*k)))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        out.extend(image(&inside));
+        out
+    }
+
+    fn restore_part(m: &mut BTreeMap<u64, Vec<u8>>, b: &[u8]) {
+        let u = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let n = u(0) as usize;
+        for i in 0..n {
+            let (start, end) = (u(8 + 16 * i), u(16 + 16 * i));
+            m.retain(|k, _| !(start..end).contains(k));
+        }
+        m.extend(restore(&b[8 + 16 * n..]));
     }
 
     fn restore(mut b: &[u8]) -> BTreeMap<u64, Vec<u8>> {
@@ -3083,6 +3349,7 @@ mod tests {
                 results: Vec::new(),
                 applied: BTreeMap::new(),
                 state: BTreeMap::new(),
+                installs: Vec::new(),
                 now: 0,
             }
         }
@@ -3116,12 +3383,23 @@ mod tests {
                                 r.applied(e.seq).expect("apply");
                             }
                             Action::Snapshot { to } => {
-                                let img = image(self.state.entry(id).or_default());
-                                r.snapshot_ready(self.now, to, r.applied_head(), img);
+                                let st = self.state.entry(id).or_default();
+                                let (base, scope) = (r.applied_head(), r.image_scope(to));
+                                let (part, img) = match scope {
+                                    Some((from, f)) => (Some(from), image_part(st, &f)),
+                                    None => (None, image(st)),
+                                };
+                                r.snapshot_ready(self.now, to, base, part, img);
                                 progress = true;
                             }
-                            Action::Install { base, image } => {
-                                self.state.insert(id, restore(&image));
+                            Action::Install { base, image, part } => {
+                                let st = self.state.entry(id).or_default();
+                                if part {
+                                    restore_part(st, &image);
+                                } else {
+                                    *st = restore(&image);
+                                }
+                                self.installs.push((id, part, image.len()));
                                 r.installed(self.now, base).expect("install");
                                 progress = true;
                             }
@@ -3219,6 +3497,153 @@ mod tests {
             0,
         );
         assert!(!grants_vote(&net.nodes[&2].vote_log(), &fresh.vote_log()));
+    }
+
+    /// Appends one single-block write at `block` through node 1 and runs the net with
+    /// node 3 cut off.
+    fn write_without_3(net: &mut Net, block: u64, byte: u8) {
+        let d = Declared::Blocks(vec![BlockRange::new(block, 1).unwrap()]);
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(net.now, d, vec![byte; 40])
+            .unwrap();
+        net.run_with(|f, t, _| f != 3 && t != 3);
+    }
+
+    #[test]
+    fn a_follower_that_applied_most_of_the_log_gets_only_what_it_lacks() {
+        // PolarFS 5.3 fast catch-up: node 3 applied slots 0..8 (blocks 0..8), then missed
+        // four writes to blocks 20 and 21 that were compacted. Its image is partial: those
+        // two blocks, not the volume.
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        for i in 0..8u64 {
+            let d = Declared::Blocks(vec![BlockRange::new(i, 1).unwrap()]);
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(net.now, d, vec![i as u8; 40])
+                .unwrap();
+            net.run();
+        }
+        // A heartbeat carries the last commits to node 3.
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        assert_eq!(net.nodes[&3].applied_head(), 8);
+        for (i, b) in [20u64, 21, 20, 21].into_iter().enumerate() {
+            write_without_3(&mut net, b, 100 + i as u8);
+        }
+        for id in [1, 2] {
+            let r = net.nodes.get_mut(&id).unwrap();
+            r.compact(net.now, 12);
+            assert_eq!(r.base(), 12);
+        }
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        assert_eq!(net.nodes[&1].stats().partial_images, 1);
+        assert_eq!(net.installs.len(), 1, "{:?}", net.installs);
+        let (node, part, bytes) = net.installs[0];
+        assert!(node == 3 && part, "{:?}", net.installs);
+        // Scope (one range) and two 40-byte blocks: far less than the nine-block state.
+        assert!(bytes < image(&net.state[&1]).len() / 2, "{bytes} bytes");
+        assert_eq!(net.nodes[&3].base(), 12);
+        assert_eq!(net.state[&3], net.state[&1]);
+        assert_eq!(net.state[&1].len(), 10);
+        // It goes on with the log.
+        let d = Declared::Blocks(vec![BlockRange::new(3, 1).unwrap()]);
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(net.now, d, vec![7; 8])
+            .unwrap();
+        net.run();
+        assert_eq!(net.nodes[&3].applied_head(), 13);
+        assert_eq!(net.state[&3], net.state[&1]);
+    }
+
+    #[test]
+    fn a_partial_image_needs_what_the_leader_remembers_and_a_bound() {
+        // Bound 1: the two blocks node 3 lacks are too many, so it gets the whole state.
+        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.partial_image_items = 1);
+        net.elect(1);
+        for (i, b) in [20u64, 21, 20, 21].into_iter().enumerate() {
+            write_without_3(&mut net, b, i as u8);
+        }
+        for id in [1, 2] {
+            net.nodes.get_mut(&id).unwrap().compact(net.now, 4);
+        }
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        assert_eq!(net.nodes[&1].stats().partial_images, 0);
+        assert_eq!(net.installs, vec![(3, false, image(&net.state[&1]).len())]);
+        assert_eq!(net.state[&3], net.state[&1]);
+
+        // A leader elected after the compaction remembers what it compacted itself; one
+        // that restarted does not, and sends the whole state.
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        for (i, b) in [20u64, 21].into_iter().enumerate() {
+            write_without_3(&mut net, b, i as u8);
+        }
+        for id in [1, 2] {
+            net.nodes.get_mut(&id).unwrap().compact(net.now, 2);
+        }
+        assert!(net.nodes[&2].image_scope(3).is_none(), "not leading");
+        let r1 = &net.nodes[&1];
+        let scope = r1.image_scope(3).expect("partial");
+        assert_eq!(scope.0, 0);
+        assert_eq!(scope.1.blocks, vec![BlockRange::new(20, 2).unwrap()]);
+        let restarted = OooReplica::recover(
+            OooConfig::new(1, vec![1, 2, 3], Mode::Parallel { span: 2 }),
+            r1.hard,
+            None,
+            Vec::new(),
+            net.now,
+        );
+        assert_eq!(restarted.written_from, 2);
+    }
+
+    #[test]
+    fn a_partial_image_built_for_more_than_was_applied_is_refused() {
+        // Node 3 has applied nothing; an image that assumes slots below 3 applied would
+        // leave their writes out. It is refused, and the leader hears what node 3 has.
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        let term = net.nodes[&1].hard.term;
+        let r3 = net.nodes.get_mut(&3).unwrap();
+        r3.receive(
+            net.now,
+            1,
+            Msg::Snapshot {
+                term,
+                base: 5,
+                offset: 0,
+                total: 8,
+                part: Some(3),
+                data: 0u64.to_le_bytes().to_vec(),
+            },
+        );
+        assert_eq!(r3.stats().partial_images_refused, 1);
+        let acts = r3.take_actions();
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Install { .. })),
+            "{acts:?}"
+        );
+        assert!(
+            acts.iter().any(|a| matches!(
+                a,
+                Action::Send {
+                    to: 1,
+                    msg: Msg::Ack { applied: 0, .. }
+                }
+            )),
+            "{acts:?}"
+        );
+        assert_eq!(r3.base(), 0);
     }
 
     #[test]
