@@ -28,10 +28,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {
     "ordered": dict(color="#1f77b4", marker="o"),
     "parallel": dict(color="#d62728", marker="s"),
+    "parallel-txn": dict(color="#ff7f0e", marker="D"),
     "dependent": dict(color="#2ca02c", marker="^"),
     "in-order": dict(color="#7f7f7f", marker="v", linestyle="--"),
 }
-ORDER = ["ordered", "parallel", "dependent", "in-order"]
+ORDER = ["ordered", "parallel", "parallel-txn", "dependent", "in-order"]
 
 
 def medians(res, part, x, **match):
@@ -215,22 +216,27 @@ def tables(res):
         keys = sorted({(k[1], k[2]) for k in med if k[0] == part}, key=lambda t: t[key - 1])
         if not keys:
             continue
-        print(f"| {xs} | ordered tx/s | parallel tx/s | dependent tx/s | dep / ordered"
-              " | dep / parallel | gap p50 µs (ord / par / dep) | gap p99 µs (ord / par / dep)"
-              " | gap lower, ordered ÷ dependent |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        txn = any(k[0] == part and k[3] == "parallel-txn" for k in med)
+        sy = ("ordered", "parallel", "parallel-txn", "dependent") if txn else (
+            "ordered", "parallel", "dependent")
+        short = {"ordered": "ord", "parallel": "par", "parallel-txn": "ptx", "dependent": "dep"}
+        tag = " / ".join(short[s] for s in sy)
+        vs = ("parallel-txn", "parallel") if txn else ("parallel",)
+        print(f"| {xs} | " + " | ".join(f"{s} tx/s" for s in sy) + " | dep / ordered | "
+              + " | ".join(f"dep / {v}" for v in vs)
+              + f" | gap p50 µs ({tag}) | gap p99 µs ({tag}) | gap lower, ordered ÷ dependent |")
+        print("|---:|" + "---:|" * (len(sy) + 1 + len(vs) + 3))
         for c, t in keys:
             def g(s, f):
                 m = med.get((part, c, t, s))
                 return fmt(m[f]) if m else "–"
             r = ratio.get((part, c, t, "dependent", "ordered"))
             x = c if key == 1 else t
-            print(f"| {x} | {fmt(ops(part, c, t, 'ordered'))} | {fmt(ops(part, c, t, 'parallel'))} "
-                  f"| {fmt(ops(part, c, t, 'dependent'))} "
-                  f"| {fmt(rat(part, c, t, 'dependent', 'ordered'), 2)} "
-                  f"| {fmt(rat(part, c, t, 'dependent', 'parallel'), 2)} "
-                  f"| {' / '.join(g(s, 'gap_median_us') for s in ('ordered', 'parallel', 'dependent'))} "
-                  f"| {' / '.join(g(s, 'gap_p99_us') for s in ('ordered', 'parallel', 'dependent'))} "
+            print(f"| {x} | " + " | ".join(fmt(ops(part, c, t, s)) for s in sy)
+                  + f" | {fmt(rat(part, c, t, 'dependent', 'ordered'), 2)} | "
+                  + " | ".join(fmt(rat(part, c, t, 'dependent', v), 2) for v in vs)
+                  + f" | {' / '.join(g(s, 'gap_median_us') for s in sy)} "
+                  f"| {' / '.join(g(s, 'gap_p99_us') for s in sy)} "
                   f"| {fmt(r['gap_lower_by'] if r else None, 2)} |")
         print()
 

@@ -206,7 +206,7 @@ struct OooArgs {
     /// YCSB parts: systems, comma-separated.
     #[arg(
         long,
-        default_value = "dependent,ordered,parallel",
+        default_value = "dependent,ordered,parallel-txn,parallel",
         value_delimiter = ','
     )]
     ycsb_systems: Vec<String>,

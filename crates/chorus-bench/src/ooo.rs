@@ -26,7 +26,13 @@
 //! - `ordered`: the main runtime ([`chorus_runtime::Env`], the PALF replica): records are
 //!   opaque bytes, committed and applied in log order.
 //! - `parallel`: [`OooNode`] in `Mode::Parallel { span: 2 }` (ParallelRaft): each record
-//!   declares block ranges.
+//!   declares block ranges; an entry commits once a majority has it.
+//! - `parallel-txn`: the same, committing in conflict order (`conflict_order`): an entry
+//!   commits only after every earlier entry overlapping its blocks — the DP-Raft paper's
+//!   adaptation of ParallelRaft to transactions (section 5: "when an entry enters the
+//!   commit phase, it will check to see if the read and write set are overlapping with
+//!   other entries"). Plain `parallel` gives a transaction no commit order: one that read
+//!   a key an uncommitted transaction wrote may be reported committed first.
 //! - `dependent`: [`OooNode`] in `Mode::Dependent` (DP-Raft): each record declares a read
 //!   set and a write set.
 //! - `in-order`: a same-driver control — dependent mode with every record reading and
@@ -41,7 +47,7 @@
 //! - **ycsb** (DP-Raft section 5): each transaction reads one key and writes one key,
 //!   both drawn from `--keys` (10 million) keys by Zipf(θ) ([`zipf`]); the record is
 //!   `--value-bytes` (100, the paper's record size) holding its id and the two keys.
-//!   `dependent` declares `read_set = [r]`, `write_set = [w]`; `parallel` is adapted as
+//!   `dependent` declares `read_set = [r]`, `write_set = [w]`; `parallel` and `parallel-txn` are adapted as
 //!   the DP-Raft paper adapted ParallelRaft: key k is block range `[k, k+1)`, and the
 //!   record declares the ranges of both its read key and its write key (one range if they
 //!   are equal), so parallel mode treats a shared read key as a conflict too; `ordered`
@@ -89,6 +95,11 @@ pub enum System {
     Ordered,
     /// Out-of-order parallel mode (ParallelRaft, span 2).
     Parallel,
+    /// Parallel mode committing in conflict order: the DP-Raft paper's adaptation of
+    /// ParallelRaft to transactions (section 5; [`OooConfig::conflict_order`]).
+    ///
+    /// [`OooConfig::conflict_order`]: chorus_core::ooo::replica::OooConfig::conflict_order
+    ParallelTxn,
     /// Out-of-order dependent mode (DP-Raft).
     Dependent,
     /// Dependent mode with every record conflicting with its predecessor.
@@ -97,9 +108,10 @@ pub enum System {
 
 impl System {
     /// Every system.
-    pub const ALL: [System; 4] = [
+    pub const ALL: [System; 5] = [
         System::Ordered,
         System::Parallel,
+        System::ParallelTxn,
         System::Dependent,
         System::InOrder,
     ];
@@ -109,6 +121,7 @@ impl System {
         match self {
             System::Ordered => "ordered",
             System::Parallel => "parallel",
+            System::ParallelTxn => "parallel-txn",
             System::Dependent => "dependent",
             System::InOrder => "in-order",
         }
@@ -120,7 +133,7 @@ impl System {
             .into_iter()
             .find(|x| x.name() == s)
             .ok_or_else(|| {
-                format!("unknown system {s:?}: expected ordered, parallel, dependent or in-order")
+                format!("unknown system {s:?}: expected ordered, parallel, parallel-txn, dependent or in-order")
             })
     }
 }
@@ -564,7 +577,7 @@ pub fn declare(sys: System, r: Option<u64>, w: u64) -> Option<Declared> {
             read_set: r.into_iter().collect(),
             write_set: vec![w],
         }),
-        System::Parallel => {
+        System::Parallel | System::ParallelTxn => {
             let mut ranges = vec![block(w)];
             if let Some(r) = r.filter(|&r| r != w) {
                 ranges.push(block(r));
@@ -1195,9 +1208,13 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
         (Part::YcsbClients, System::Dependent, System::Ordered),
         (Part::YcsbClients, System::Dependent, System::Parallel),
         (Part::YcsbClients, System::Parallel, System::Ordered),
+        (Part::YcsbClients, System::Dependent, System::ParallelTxn),
+        (Part::YcsbClients, System::ParallelTxn, System::Ordered),
         (Part::YcsbTheta, System::Dependent, System::Ordered),
         (Part::YcsbTheta, System::Dependent, System::Parallel),
         (Part::YcsbTheta, System::Parallel, System::Ordered),
+        (Part::YcsbTheta, System::Dependent, System::ParallelTxn),
+        (Part::YcsbTheta, System::ParallelTxn, System::Ordered),
     ];
     for (k, _) in &groups {
         for &(part, a, b) in pairs {
@@ -1250,6 +1267,10 @@ mod tests {
                 BlockRange::new(9, 1).unwrap(),
                 BlockRange::new(5, 1).unwrap()
             ]))
+        );
+        assert_eq!(
+            declare(System::ParallelTxn, Some(5), 9),
+            declare(System::Parallel, Some(5), 9)
         );
         assert_eq!(
             declare(System::Parallel, Some(9), 9),

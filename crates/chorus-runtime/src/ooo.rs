@@ -103,6 +103,8 @@ pub struct OooNodeConfig {
     /// Bytes per second of streaming catch-up to one follower (0: no limit; pieces are
     /// at most 128 KiB either way).
     pub catchup_rate: u64,
+    /// Parallel mode: commit in conflict order ([`OooConfig::conflict_order`]).
+    pub conflict_order: bool,
     /// Checkpoint the state machine and compact the entries file once it holds this many
     /// bytes (0: never).
     pub compact_bytes: u64,
@@ -415,6 +417,7 @@ impl OooNode {
         rc.resend_interval = rc.election_timeout / 6;
         rc.seed = cfg.id ^ std::process::id() as u64;
         rc.catchup_rate = cfg.catchup_rate;
+        rc.conflict_order = cfg.conflict_order;
         let t0 = Instant::now();
         let now = move || t0.elapsed().as_nanos() as u64;
         let mut replica = OooReplica::recover(rc, hard, members, entries, now());

@@ -198,6 +198,9 @@ impl Cluster {
             // Node 1 applies on its driver thread, nodes 2 and 3 on pools of 1 and 2.
             apply_threads: i,
             catchup_rate: 0,
+            // Parallel clusters commit in conflict order on node 1 only: the leader
+            // decides the order, so a replica's own setting matters only while it leads.
+            conflict_order: i == 0,
             compact_bytes: 8 << 10,
             tls: self.tls[i].clone(),
         };

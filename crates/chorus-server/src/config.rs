@@ -57,6 +57,11 @@ pub struct GroupSpec {
     /// the paper's 2).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub look_behind: u32,
+    /// Parallel groups: `any` (the default: an entry commits once a majority has it) or
+    /// `conflicts` (an entry commits only after every earlier entry overlapping its
+    /// blocks: the DP-Raft paper's adaptation of ParallelRaft to transactions).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit_order: String,
 }
 
 fn ordered() -> String {
@@ -81,6 +86,7 @@ impl GroupSpec {
             mode: ordered(),
             replicas: BTreeMap::new(),
             look_behind: 0,
+            commit_order: String::new(),
         }
     }
 

@@ -77,6 +77,8 @@ pub struct OooSpec {
     pub id: u64,
     /// Mode.
     pub mode: Mode,
+    /// Parallel mode: commit in conflict order (`commit_order = "conflicts"`).
+    pub conflict_order: bool,
     /// Every voter the group was created with and its replication address.
     pub voters: Vec<(u64, SocketAddr)>,
     /// Replicas in `replicas` that are not voters at creation (a membership change may
@@ -119,6 +121,21 @@ impl OooSpec {
         if g.look_behind != 0 && matches!(mode, Mode::Dependent) {
             return Err(bad("look_behind applies to parallel groups only".into()));
         }
+        let conflict_order = match g.commit_order.as_str() {
+            "" | "any" => false,
+            "conflicts" if matches!(mode, Mode::Parallel { .. }) => true,
+            "conflicts" => {
+                return Err(bad(
+                    "commit_order applies to parallel groups only (a dependent group commits in RAW order always)"
+                        .into(),
+                ))
+            }
+            other => {
+                return Err(bad(format!(
+                    "commit_order `{other}` is not one of any, conflicts"
+                )))
+            }
+        };
         if g.look_behind > 64 {
             return Err(bad(format!(
                 "look_behind {} is above the limit of 64",
@@ -172,6 +189,7 @@ impl OooSpec {
         Ok(Some(Self {
             id: g.id,
             mode,
+            conflict_order,
             voters,
             others,
         }))
@@ -488,6 +506,7 @@ impl OooGroups {
                 link_jitter: None,
                 apply_threads: self.settings.apply_threads,
                 catchup_rate: self.settings.catchup_rate,
+                conflict_order: spec.conflict_order,
                 compact_bytes: self.settings.compact_bytes,
                 tls: self.settings.tls.clone(),
             },
@@ -790,6 +809,17 @@ mod tests {
         let mut lb = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
         lb.look_behind = 3;
         assert!(err(&lb, 1).contains("parallel groups only"));
+        assert!(!p.conflict_order, "commit order `any` by default");
+        let mut co = ok.clone();
+        co.commit_order = "conflicts".into();
+        assert!(OooSpec::parse(&co, 1).unwrap().unwrap().conflict_order);
+        co.commit_order = "any".into();
+        assert!(!OooSpec::parse(&co, 1).unwrap().unwrap().conflict_order);
+        co.commit_order = "serial".into();
+        assert!(err(&co, 1).contains("commit_order `serial` is not one of any, conflicts"));
+        let mut dep = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
+        dep.commit_order = "conflicts".into();
+        assert!(err(&dep, 1).contains("commit_order applies to parallel groups only"));
         let mut learners = ok.clone();
         learners.learners = vec![3];
         assert!(err(&learners, 1).contains("no learners"));

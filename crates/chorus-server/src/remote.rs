@@ -207,6 +207,10 @@ enum GroupOp {
         /// Parallel groups: the look-behind buffer's length (0: the paper's 2).
         #[arg(long, default_value_t = 0)]
         look_behind: u32,
+        /// Parallel groups: `any` (commit once a majority has an entry) or `conflicts`
+        /// (commit only after every earlier entry overlapping its blocks).
+        #[arg(long, default_value = "any", value_parser = ["any", "conflicts"])]
+        commit_order: String,
     },
     /// Delete the replica of a group at one endpoint, data included (remove the node from
     /// the group's voters first; take the group out of that node's configuration file).
@@ -910,6 +914,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             mode,
             replicas,
             look_behind,
+            commit_order,
         } => {
             let mut c = Client::new(ep.endpoints.clone());
             c.create_group_with(pb::CreateGroupRequest {
@@ -919,6 +924,11 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 mode: mode.clone(),
                 replicas: replicas.into_iter().collect(),
                 look_behind,
+                commit_order: if commit_order == "any" {
+                    String::new()
+                } else {
+                    commit_order
+                },
             })
             .await?;
             Ok(done(

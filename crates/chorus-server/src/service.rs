@@ -546,6 +546,7 @@ impl pb::chorus_server::Chorus for Service {
             let mut g = crate::config::GroupSpec::ordered(r.group, r.voters, r.learners);
             g.mode = r.mode;
             g.look_behind = r.look_behind;
+            g.commit_order = r.commit_order;
             g.replicas = r
                 .replicas
                 .into_iter()

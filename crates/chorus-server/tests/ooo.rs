@@ -66,7 +66,7 @@ fn cluster() -> Cluster {
             "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\n\
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
-             [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\n\
+             [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\ncommit_order = \"conflicts\"\n\
              [groups.replicas]\n{replicas}\n\
              [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\ncompact_bytes = 8192\n",
             dir.path().join(format!("n{i}")).display(),

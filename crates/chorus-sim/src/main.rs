@@ -62,6 +62,10 @@ struct Args {
     /// trajectories of seeds found before partial images existed).
     #[arg(long)]
     full_images: bool,
+    /// Out-of-order parallel groups: no seed commits in conflict order (the trajectories
+    /// of seeds found before conflict order existed).
+    #[arg(long)]
+    no_conflict_order: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -183,6 +187,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         changes: !args.no_changes,
         pre_vote: !args.no_pre_vote,
         partial_images: !args.full_images,
+        conflict_order: !args.no_conflict_order,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -200,6 +205,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if args.full_images {
         broken_flag.push_str(" --full-images");
+    }
+    if args.no_conflict_order {
+        broken_flag.push_str(" --no-conflict-order");
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" {
@@ -247,7 +255,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} conflict_order_checks={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -272,6 +280,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("pre_votes_refused_by_lease_live"),
         t("campaigns_live"),
         t("handoffs_live"),
+        t("conflict_order_checks"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -119,6 +119,13 @@ pub struct OooOptions {
     /// bound of 8 items; off, only whole images, and the trajectories of the seeds found
     /// before partial images existed replay exactly.
     pub partial_images: bool,
+    /// Parallel mode: replicas commit in conflict order ([`OooConfig::conflict_order`])
+    /// on the seeds ≡ 2 mod 3, and every result a serving leader reports is checked
+    /// against it; off, the trajectories of the seeds found before it replay exactly.
+    pub conflict_order: bool,
+    /// The replicas commit without conflict order while the checker expects it (takes
+    /// effect only in the test-only `broken` build: the check must bite).
+    pub broken_conflict_order: bool,
 }
 
 impl Default for OooOptions {
@@ -138,6 +145,8 @@ impl Default for OooOptions {
             changes: true,
             pre_vote: true,
             partial_images: true,
+            conflict_order: true,
+            broken_conflict_order: false,
         }
     }
 }
@@ -354,6 +363,8 @@ struct Sim {
     committed: BTreeMap<Seq, Entry>,
     /// Appends: eid -> (node, incarnation, slot, result, ended Unknown).
     appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>, bool)>,
+    /// Conflict order: appends without a result yet, by (term, slot): (eid, blocks).
+    open: BTreeMap<(u64, Seq), (u64, Vec<BlockRange>)>,
     violations: Vec<String>,
     stats: BTreeMap<&'static str, u64>,
     /// Draws of the leader transfers, apart from `rng` (so that turning transfers off
@@ -380,6 +391,7 @@ impl Sim {
             faults_on: o.faults,
             committed: BTreeMap::new(),
             appends: HashMap::new(),
+            open: BTreeMap::new(),
             violations: Vec::new(),
             stats: BTreeMap::new(),
             trng: Rng::new(seed ^ 0x5452_414e_5346_4552),
@@ -551,6 +563,8 @@ impl Sim {
         }
         c.seed = mix(self.seed, id ^ self.counter << 8);
         c.pre_vote = self.o.pre_vote;
+        c.conflict_order =
+            self.conflict_order() && !(cfg!(feature = "broken") && self.o.broken_conflict_order);
         c.partial_image_items = match self.seed % 4 {
             _ if !self.o.partial_images => 0,
             0 => 0,
@@ -562,6 +576,11 @@ impl Sim {
             c.ghost_guard = self.o.ghost_guard;
         }
         c
+    }
+
+    /// Whether this seed's replicas commit in conflict order.
+    fn conflict_order(&self) -> bool {
+        self.o.conflict_order && matches!(self.o.mode, Mode::Parallel { .. }) && self.seed % 3 == 2
     }
 
     fn at(&mut self, t: Nanos, ev: Ev) {
@@ -866,6 +885,7 @@ impl Sim {
                 }
             }
             Action::Unknown { eid, seq } => {
+                self.open.remove(&(eid >> 32, seq));
                 self.bump("unknown_results", 1);
                 match self.appends.get_mut(&eid) {
                     Some(a) if a.3.is_none() && a.2 == seq => a.4 = true,
@@ -944,6 +964,7 @@ impl Sim {
         }
         a.3 = Some(out);
         let at = a.2;
+        self.check_conflict_order(id, eid, seq, out);
         if at != seq {
             self.violation(format!("append {eid:#x} at slot {at} resulted at {seq}"));
         }
@@ -955,6 +976,35 @@ impl Sim {
                     c.eid
                 ));
             }
+        }
+    }
+
+    /// Conflict order: a leader serving the term it admitted `eid` in reports it committed
+    /// only after every earlier overlapping entry it admitted in that term has a result.
+    /// (Results a later term reports are the merge's; parallel entries carry no
+    /// dependency lists to cascade a failure, see [`OooConfig::conflict_order`].)
+    fn check_conflict_order(&mut self, id: NodeId, eid: u64, seq: Seq, out: Outcome) {
+        let Some((_, mine)) = self.open.remove(&(eid >> 32, seq)) else {
+            return;
+        };
+        let term = self.nodes[&id].replica.as_ref().map(|r| r.term());
+        if !self.conflict_order() || out != Outcome::Committed || term != Some(eid >> 32) {
+            return;
+        }
+        self.bump("conflict_order_checks", 1);
+        let overlaps = |a: &[BlockRange], b: &[BlockRange]| {
+            a.iter()
+                .any(|x| b.iter().any(|y| x.start < y.end && y.start < x.end))
+        };
+        let early = self
+            .open
+            .range((eid >> 32, 0)..(eid >> 32, seq))
+            .find(|(_, (_, b))| overlaps(b, &mine))
+            .map(|(&(_, s), &(e, _))| (s, e));
+        if let Some((s, e)) = early {
+            self.violation(format!(
+                "node {id}: append {eid:#x} at slot {seq} reported committed before the overlapping append {e:#x} at slot {s} of the same term had a result (conflict order)"
+            ));
         }
     }
 
@@ -1138,11 +1188,19 @@ impl Sim {
                 (recs[0].declared.clone(), recs[0].data.clone())
             };
             let now = self.now;
+            let checked = self.conflict_order();
             let n = self.nodes.get_mut(&id).expect("node");
             let inc = n.incarnation;
             let r = n.replica.as_mut().expect("serving");
+            let blocks = match &declared {
+                Declared::Blocks(b) => b.clone(),
+                Declared::Txn { .. } => Vec::new(),
+            };
             match r.append(now, declared, data) {
                 Ok(t) => {
+                    if checked {
+                        self.open.insert((t.eid >> 32, t.seq), (t.eid, blocks));
+                    }
                     if self.o.mode == Mode::Dependent {
                         for r in &recs {
                             if let Some([_, _, wk, wv]) = decode_txn(&r.data) {

@@ -20,7 +20,7 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
-/// transfers, membership changes, pre-votes or partial images: every seed run this way was
+/// transfers, membership changes, pre-votes, partial images or conflict order: every seed run this way was
 /// found before those existed and replays its trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
@@ -32,6 +32,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             changes: false,
             pre_vote: false,
             partial_images: false,
+            conflict_order: false,
             ..OooOptions::default()
         },
     )
@@ -315,5 +316,31 @@ fn partial_images_carry_what_a_follower_lacks() {
         );
         assert!(count(false, "images_installed") > 0, "{mode:?}: no image");
         assert_eq!(count(false, "partial_installs"), 0, "{mode:?}");
+    }
+}
+
+/// Parallel seeds ≡ 2 mod 3 commit in conflict order: every committed result a serving
+/// leader reports is checked against the earlier overlapping appends of its term (the
+/// check bites: `teeth.rs`), and the seeds stay clean; other seeds and the dependent
+/// mode are not checked.
+#[test]
+fn conflict_order_holds_on_its_seeds() {
+    let par = Mode::Parallel { span: 2 };
+    let mut checked = 0;
+    for seed in [2, 5, 8] {
+        checked += clean_seed(par, seed)
+            .stats
+            .get("conflict_order_checks")
+            .copied()
+            .unwrap_or(0);
+    }
+    assert!(checked > 1000, "only {checked} results checked");
+    for (mode, seed) in [(par, 3), (Mode::Dependent, 2)] {
+        let r = clean_seed(mode, seed);
+        assert_eq!(
+            r.stats.get("conflict_order_checks"),
+            None,
+            "{mode:?} {seed}"
+        );
     }
 }

@@ -59,3 +59,20 @@ fn the_ghost_entry_is_caught_without_the_guard() {
         );
     }
 }
+
+/// Replicas that commit without conflict order while the seed expects it: the result
+/// check must see an entry reported committed before an overlapping earlier one.
+#[test]
+fn commits_out_of_conflict_order_are_caught() {
+    use chorus_core::ooo::replica::Mode;
+    use chorus_sim::ooo::{run_seed, OooOptions};
+    let o = OooOptions {
+        mode: Mode::Parallel { span: 2 },
+        broken_conflict_order: true,
+        ..OooOptions::default()
+    };
+    let found = (0..60u64)
+        .filter(|s| s % 3 == 2)
+        .find(|s| !run_seed(*s, &o).violations.is_empty());
+    assert!(found.is_some(), "no commit out of conflict order found");
+}

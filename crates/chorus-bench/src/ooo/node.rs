@@ -172,7 +172,7 @@ pub fn start(
     match b {
         Bound::Ooo(l) => {
             let mode = match o.system {
-                System::Parallel => Mode::Parallel { span: 2 },
+                System::Parallel | System::ParallelTxn => Mode::Parallel { span: 2 },
                 _ => Mode::Dependent,
             };
             let cfg = OooNodeConfig {
@@ -187,6 +187,7 @@ pub fn start(
                 link_jitter: None,
                 apply_threads: o.apply_threads,
                 catchup_rate: 0,
+                conflict_order: o.system == System::ParallelTxn,
                 // The ordered runtime's log is not truncated during a run either.
                 compact_bytes: 0,
                 tls: None,

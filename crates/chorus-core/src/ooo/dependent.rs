@@ -73,6 +73,9 @@ pub struct DepLeader<K> {
     waiters: HashMap<Seq, Vec<Seq>>,
     /// Writers of each key at or above the window head (ascending).
     writers: HashMap<K, Vec<Seq>>,
+    /// The last entry admitted as conflicting with everything
+    /// ([`DepLeader::admit_conflicting`] without keys): every later entry commits after it.
+    barrier: Option<Seq>,
 }
 
 impl<K: Clone + Eq + Hash> DepLeader<K> {
@@ -87,6 +90,7 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             pending: BTreeMap::new(),
             waiters: HashMap::new(),
             writers: HashMap::new(),
+            barrier: None,
         }
     }
 
@@ -108,6 +112,12 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
         }
         let seq = self.next;
         let mut raw = BTreeSet::new();
+        if let Some(b) = self
+            .barrier
+            .filter(|&b| b >= head && !self.commits.is_committed(b))
+        {
+            raw.insert(b);
+        }
         for k in read_set {
             if let Some(&w) = self.writers.get(k).and_then(|v| v.last()) {
                 if w >= head && !self.commits.is_committed(w) {
@@ -148,6 +158,36 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             },
             write_set: write_set.to_vec(),
         })
+    }
+
+    /// Admits a parallel-mode entry under conflict order (the DP-Raft paper's adaptation
+    /// of ParallelRaft, section 5: the read and write keys of a transaction stand for its
+    /// blocks, and an entry commits only once every earlier entry overlapping it has):
+    /// `keys` are the blocks it touches, each read and written, so every uncommitted
+    /// earlier writer of one of them is a RAW predecessor (through the chain of last
+    /// writers, every earlier overlapping entry commits first). `None` (too many blocks
+    /// to list) conflicts with everything: it commits after every entry in flight, and
+    /// every later entry after it. Only the commit order is decided here; parallel
+    /// entries carry no dependency lists ([`DepEntry::deps`] is for the caller to drop).
+    pub fn admit_conflicting(&mut self, keys: Option<&[K]>) -> Result<DepEntry<K>, OooError> {
+        match keys {
+            Some(k) => self.admit(k, k),
+            None => {
+                let seq = self.next;
+                let mut e = self.admit(&[], &[])?;
+                // Admitted: `pending` holds every uncommitted entry, this one last.
+                let raw: Vec<Seq> = self.pending.range(..seq).map(|(&s, _)| s).collect();
+                for &r in raw.iter().filter(|r| !e.deps.raw.contains(r)) {
+                    self.waiters.entry(r).or_default().push(seq);
+                }
+                if let Some(p) = self.pending.get_mut(&seq) {
+                    p.raw = raw.clone();
+                }
+                e.deps.raw = raw;
+                self.barrier = Some(seq);
+                Ok(e)
+            }
+        }
     }
 
     /// `node` (the leader included) has `seq` durable. Returns the entries this commits,
@@ -638,6 +678,42 @@ mod tests {
             "the predecessor commits, then the dependent"
         );
         assert_eq!(l.commit_window().head(), 2);
+    }
+
+    #[test]
+    fn conflict_order_commits_overlapping_entries_in_order() {
+        // Parallel mode's conflict order: blocks 1 and 2 overlap entry 0 through a chain
+        // (0 writes 1, 1 writes 1 and 2, 2 writes 2), entry 3 is disjoint.
+        let mut l = DepLeader::<u64>::new(Quorum::Count(2), 64, 0);
+        l.admit_conflicting(Some(&[1])).unwrap();
+        l.admit_conflicting(Some(&[1, 2])).unwrap();
+        l.admit_conflicting(Some(&[2])).unwrap();
+        l.admit_conflicting(Some(&[9])).unwrap();
+        for s in [3, 2, 1] {
+            l.ack(s, 1);
+        }
+        assert_eq!(l.ack(3, 2), vec![3], "a disjoint entry commits at once");
+        assert!(l.ack(2, 2).is_empty(), "2 overlaps 1, not committed");
+        assert!(l.ack(1, 2).is_empty(), "1 overlaps 0, not committed");
+        l.ack(0, 1);
+        assert_eq!(l.ack(0, 2), vec![0, 1, 2], "then all three, in order");
+    }
+
+    #[test]
+    fn conflict_order_without_keys_is_a_barrier() {
+        let mut l = DepLeader::<u64>::new(Quorum::Count(1), 64, 0);
+        l.admit_conflicting(Some(&[1])).unwrap();
+        l.admit_conflicting(Some(&[2])).unwrap();
+        let b = l.admit_conflicting(None).unwrap();
+        assert_eq!(b.deps.raw, vec![0, 1], "after everything in flight");
+        let after = l.admit_conflicting(Some(&[3])).unwrap();
+        assert_eq!(after.deps.raw, vec![2], "and everything later after it");
+        assert!(l.ack(3, 1).is_empty());
+        assert!(l.ack(2, 1).is_empty());
+        assert_eq!(l.ack(1, 1), vec![1]);
+        assert_eq!(l.ack(0, 1), vec![0, 2, 3]);
+        // Committed: no longer a barrier.
+        assert!(l.admit_conflicting(Some(&[4])).unwrap().deps.raw.is_empty());
     }
 
     #[test]

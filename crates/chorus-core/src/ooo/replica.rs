@@ -746,6 +746,15 @@ pub struct OooConfig {
     /// follower that lacks more gets the whole state. 0: whole images only. The replica
     /// remembers what compacted slots wrote up to four times this many items.
     pub partial_image_items: u64,
+    /// Parallel mode only: commit in conflict order — the leader commits an entry only
+    /// once every earlier entry whose blocks overlap it has committed (the DP-Raft paper's
+    /// adaptation of ParallelRaft to transactions, section 5, with a transaction's read
+    /// and write keys as blocks). Off by default: block writes need no commit order
+    /// (PolarFS section 5.1). This orders the results one serving leader reports; parallel
+    /// entries carry no dependency lists, so across a leader change the merge keeps an
+    /// entry an overlapping dropped predecessor would have failed in dependent mode
+    /// (which is the mode for transactions).
+    pub conflict_order: bool,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
@@ -773,6 +782,7 @@ impl OooConfig {
             catchup_rate: 0,
             snapshot_retry: 2_000_000_000,
             partial_image_items: 4096,
+            conflict_order: false,
             seed: id,
             pre_vote: true,
             #[cfg(feature = "broken")]
@@ -812,6 +822,22 @@ enum Applier {
 
 /// Slots the committed head may move before it is saved again.
 const HEAD_SAVE_EVERY: u64 = 1024;
+
+/// Most blocks a parallel entry lists for [`OooConfig::conflict_order`]; an entry
+/// writing more conflicts with every entry in flight.
+const CONFLICT_KEYS: u64 = 4096;
+
+/// The blocks of `ranges` as keys for conflict order, or `None` past [`CONFLICT_KEYS`].
+fn conflict_keys(ranges: &[BlockRange]) -> Option<Vec<u64>> {
+    let mut n = 0u64;
+    for r in ranges {
+        n = n.saturating_add(r.end.saturating_sub(r.start));
+        if n > CONFLICT_KEYS {
+            return None;
+        }
+    }
+    Some(ranges.iter().flat_map(|r| r.start..r.end).collect())
+}
 
 /// Slots tracked past the apply head. Committed slots only enter the appliers, and the
 /// leader's window bounds how far commits run ahead of a hole.
@@ -2272,7 +2298,11 @@ impl OooReplica {
         body_of(lead.end)?;
         let body = match (mode, declared) {
             (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
-                commit.admit(&[], &[])?;
+                if self.cfg.conflict_order {
+                    commit.admit_conflicting(conflict_keys(&ranges).as_deref())?;
+                } else {
+                    commit.admit(&[], &[])?;
+                }
                 let st = lead.look.stamp(ranges)?;
                 Body::Parallel {
                     ranges: st.ranges,
@@ -3943,6 +3973,57 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(net.nodes[&1].read_committed(0, 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn conflict_order_holds_an_overlapping_entry_until_its_predecessor_commits() {
+        for ordered in [true, false] {
+            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
+                c.conflict_order = ordered
+            });
+            net.elect(1);
+            let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
+            let append = |net: &mut Net, d| {
+                let now = net.now;
+                net.nodes
+                    .get_mut(&1)
+                    .unwrap()
+                    .append(now, d, vec![1])
+                    .unwrap()
+            };
+            let a = append(&mut net, r(0, 1));
+            // The followers never get `a` (until a resend): `b` and `c` have a majority.
+            let carries_a = |m: &Msg| match m {
+                Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == a.seq),
+                _ => false,
+            };
+            net.run_with(|_, _, m| !carries_a(m));
+            let b = append(&mut net, r(0, 2));
+            let c = append(&mut net, r(10, 1));
+            net.run_with(|_, _, m| !carries_a(m));
+            let committed = |net: &Net| -> Vec<u64> {
+                net.results
+                    .iter()
+                    .filter(|r| r.0 == 1 && r.2 == Outcome::Committed)
+                    .map(|r| r.1)
+                    .collect()
+            };
+            if ordered {
+                assert_eq!(committed(&net), vec![c.eid], "b waits for a, c does not");
+            } else {
+                assert_eq!(committed(&net), vec![b.eid, c.eid]);
+            }
+            // A resend brings `a`: it commits, then (in conflict order) `b`.
+            net.now += 60_000_000;
+            net.nodes.get_mut(&1).unwrap().tick(net.now);
+            net.run();
+            let got = committed(&net);
+            if ordered {
+                assert_eq!(got, vec![c.eid, a.eid, b.eid]);
+            } else {
+                assert_eq!(got, vec![b.eid, c.eid, a.eid]);
+            }
+        }
     }
 
     #[test]
