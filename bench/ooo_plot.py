@@ -230,14 +230,20 @@ def tables(res):
             def g(s, f):
                 m = med.get((part, c, t, s))
                 return fmt(m[f]) if m else "–"
-            r = ratio.get((part, c, t, "dependent", "ordered"))
+            # Computed here rather than read from results.json: earlier runs stored a
+            # ratio even when a median gap was at or below zero (a follower applying
+            # before the leader), where it means nothing.
+            mo, md = med.get((part, c, t, "ordered")), med.get((part, c, t, "dependent"))
+            lower = (mo["gap_median_us"] / md["gap_median_us"]
+                     if mo and md and (mo["gap_median_us"] or 0) > 0
+                     and (md["gap_median_us"] or 0) > 0 else None)
             x = c if key == 1 else t
             print(f"| {x} | " + " | ".join(fmt(ops(part, c, t, s)) for s in sy)
                   + f" | {fmt(rat(part, c, t, 'dependent', 'ordered'), 2)} | "
                   + " | ".join(fmt(rat(part, c, t, 'dependent', v), 2) for v in vs)
                   + f" | {' / '.join(g(s, 'gap_median_us') for s in sy)} "
                   f"| {' / '.join(g(s, 'gap_p99_us') for s in sy)} "
-                  f"| {fmt(r['gap_lower_by'] if r else None, 2)} |")
+                  f"| {fmt(lower, 2)} |")
         print()
 
 

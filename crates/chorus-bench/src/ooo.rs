@@ -1226,8 +1226,12 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
                 continue;
             };
             let gap_ratio = match (gap_lookup.get(&kb), gap_lookup.get(k)) {
-                // How many times lower `a`'s median gap is than `b`'s.
-                (Some(gb), Some(ga)) if *ga > 0.0 => Some(gb / ga),
+                // How many times lower `a`'s median gap is than `b`'s. Only for two
+                // positive medians: a follower can apply before the leader (an entry
+                // commits once both followers hold it durably, and the leader applies
+                // only once its own copy is), and a ratio of a median at or below zero
+                // means nothing.
+                (Some(gb), Some(ga)) if *ga > 0.0 && *gb > 0.0 => Some(gb / ga),
                 _ => None,
             };
             ratios.push(json!({
