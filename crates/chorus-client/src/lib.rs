@@ -378,6 +378,25 @@ impl Client {
         .await
     }
 
+    /// Streams committed entries of out-of-order `group` from slot `from_seq` on, in slot
+    /// order, waiting for new ones (from the first replica that answers).
+    pub async fn tail_out_of_order(
+        &mut self,
+        group: u64,
+        from_seq: u64,
+    ) -> Result<tonic::Streaming<pb::ReadOutOfOrderResponse>, ClientError> {
+        self.on_any(|mut c| async move {
+            c.tail_out_of_order(pb::TailOutOfOrderRequest {
+                group,
+                from_seq,
+                max_records: 0,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+    }
+
     /// Streams committed records of `group` from `from_lsn`, waiting for new ones.
     pub async fn tail(
         &mut self,

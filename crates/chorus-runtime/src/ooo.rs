@@ -390,6 +390,8 @@ pub struct OooNode {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     addr: SocketAddr,
+    /// The committed head, published by the driver at the end of every round.
+    committed: tokio::sync::watch::Sender<u64>,
 }
 
 impl OooNode {
@@ -476,6 +478,8 @@ impl OooNode {
         }
         let stop2 = stop.clone();
         let compact_bytes = cfg.compact_bytes;
+        let committed = tokio::sync::watch::Sender::new(replica.committed_head());
+        let committed_tx = committed.clone();
         let ev_tx = tx.clone();
         let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
         {
@@ -742,6 +746,9 @@ impl OooNode {
                         actions: waiting,
                     });
                 }
+                // Readers following the log (tail) wake only when the head moves.
+                let head = replica.committed_head();
+                committed_tx.send_if_modified(|h| std::mem::replace(h, head) != head);
             }
             // Whatever is still waiting learns that its result is unknown.
             for w in waiters.into_values().flatten().chain(staged.into_iter().map(|s| s.1)) {
@@ -753,7 +760,16 @@ impl OooNode {
             stop,
             threads,
             addr,
+            committed,
         })
+    }
+
+    /// Follows this replica's committed head (the first slot not known committed here,
+    /// [`OooReplica::committed_head`]): the receiver sees each value the driver publishes
+    /// at the end of a round, so a reader of [`OooNode::read`] can wait for new entries
+    /// instead of polling. It closes once the node is dropped.
+    pub fn subscribe_committed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.committed.subscribe()
     }
 
     /// The replication address.

@@ -335,6 +335,29 @@ fn run(mode: Mode) {
     let mut c = Cluster::new(mode);
     c.append_many(0, 200);
     c.converge();
+    // A reader can wait for the committed head to move instead of polling: a follower's
+    // subscription starts at its head and sees it pass five more slots once five more
+    // records commit (one group each: each waits for its result).
+    let l = c.leader();
+    let follower = c.nodes[(l + 1) % 3].as_ref().unwrap();
+    let mut head = follower.subscribe_committed();
+    let before = *head.borrow_and_update();
+    assert_eq!(before, follower.status().unwrap().committed_head);
+    c.append_many(2000, 5);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let seen = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), head.wait_for(|h| *h >= before + 5))
+            .await
+            .map(|h| h.map(|h| *h))
+    });
+    assert!(
+        matches!(seen, Ok(Ok(h)) if h >= before + 5),
+        "the follower's committed head did not pass {}: {seen:?}",
+        before + 5
+    );
     // A burst is packed into group entries; every replica applies each record at the
     // place its writer was told (slot, and place in the slot's group).
     let places = c.append_burst(1000, 300);

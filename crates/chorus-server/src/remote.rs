@@ -87,7 +87,7 @@ pub struct ReadArgs {
 pub struct TailArgs {
     #[command(flatten)]
     ep: Endpoints,
-    /// First LSN.
+    /// First LSN; for an out-of-order group, the first slot.
     #[arg(long, default_value_t = 0)]
     from: u64,
     /// Keep following the committed tail (until interrupted).
@@ -654,11 +654,7 @@ async fn read(a: ReadArgs) -> Result<ExitCode, ClientError> {
     let mut c = Client::new(a.ep.endpoints.clone());
     let r = match c.read(a.ep.group, a.from, a.max).await {
         // An out-of-order group: read its slots instead.
-        Err(ClientError::Status {
-            code, ref message, ..
-        }) if code == Code::Unimplemented && message.contains("-mode group") => {
-            return read_ooo(&a, &mut c).await;
-        }
+        Err(e) if is_ooo_group(&e) => return read_ooo(&a, &mut c).await,
         r => r?,
     };
     if a.ep.output == Output::Table {
@@ -676,12 +672,30 @@ async fn read(a: ReadArgs) -> Result<ExitCode, ClientError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether `e` says the group is an out-of-order one (an ordered-group call refused).
+fn is_ooo_group(e: &ClientError) -> bool {
+    matches!(e, ClientError::Status { code, message, .. }
+        if *code == Code::Unimplemented && message.contains("-mode group"))
+}
+
+/// A stream's error as the CLI reports it.
+fn stream_error(st: tonic::Status) -> ClientError {
+    ClientError::Status {
+        endpoint: "tail".into(),
+        code: st.code(),
+        message: st.message().into(),
+    }
+}
+
 async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
     let mut c = Client::new(a.ep.endpoints.clone());
     if !a.follow {
         let mut from = a.from;
         loop {
-            let r = c.read(a.ep.group, from, 1000).await?;
+            let r = match c.read(a.ep.group, from, 1000).await {
+                Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
+                r => r?,
+            };
             print_records(a.ep.output, &r.records);
             if r.records.is_empty() || r.next_lsn >= r.committed_end {
                 return Ok(ExitCode::SUCCESS);
@@ -689,18 +703,45 @@ async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
             from = r.next_lsn;
         }
     }
-    let mut s = c.tail(a.ep.group, a.from).await?;
+    let mut s = match c.tail(a.ep.group, a.from).await {
+        Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
+        s => s?,
+    };
     loop {
         match s.message().await {
             Ok(Some(r)) => print_records(a.ep.output, &r.records),
             Ok(None) => return Ok(ExitCode::SUCCESS),
-            Err(st) => {
-                return Err(ClientError::Status {
-                    endpoint: "tail".into(),
-                    code: st.code(),
-                    message: st.message().into(),
-                })
+            Err(st) => return Err(stream_error(st)),
+        }
+    }
+}
+
+/// `chorus tail` of an out-of-order group: its committed slots in slot order from
+/// `--from` (a slot) to the committed head, or on and on with `-f`.
+async fn tail_ooo(a: &TailArgs, c: &mut Client) -> Result<ExitCode, ClientError> {
+    if a.ep.output == Output::Table {
+        println!(
+            "{:>10} {:>5} {:>6}  {:<28} DATA",
+            "SLOT", "INDEX", "TERM", "DECLARED"
+        );
+    }
+    if !a.follow {
+        let mut from = a.from;
+        loop {
+            let r = c.read_out_of_order(a.ep.group, from, 1000).await?;
+            print_ooo_entries(a.ep.output, &r.entries);
+            if r.entries.is_empty() || r.next_seq >= r.committed_seq {
+                return Ok(ExitCode::SUCCESS);
             }
+            from = r.next_seq;
+        }
+    }
+    let mut s = c.tail_out_of_order(a.ep.group, a.from).await?;
+    loop {
+        match s.message().await {
+            Ok(Some(r)) => print_ooo_entries(a.ep.output, &r.entries),
+            Ok(None) => return Ok(ExitCode::SUCCESS),
+            Err(st) => return Err(stream_error(st)),
         }
     }
 }

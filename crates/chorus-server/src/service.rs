@@ -156,7 +156,7 @@ impl Service {
                 match op {
                     "Append" => " (use AppendOutOfOrder, `chorus append --blocks` or `--writes`)",
                     "Read" | "Tail" => {
-                        " (read its log with ReadOutOfOrder, `chorus read`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
+                        " (read its log with ReadOutOfOrder or TailOutOfOrder, `chorus read` or `chorus tail`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
                     }
                     _ => " (not built for out-of-order groups yet)",
                 }
@@ -354,6 +354,46 @@ fn read_batch(env: &Env, group: u64, from: u64, max: u32) -> Result<pb::ReadResp
 }
 
 type TailStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
+type TailOooStream = Pin<Box<dyn Stream<Item = Result<pb::ReadOutOfOrderResponse, Status>> + Send>>;
+
+/// Committed entries of out-of-order group `id` (`g`) from slot `from`, at most `max`
+/// (0: 1000; at most 10,000) and about [`READ_OOO_BYTES`] of record bytes (always one
+/// entry at least): what ReadOutOfOrder answers and TailOutOfOrder streams.
+async fn read_ooo_batch(
+    g: Arc<OooGroup>,
+    id: u64,
+    from: u64,
+    max: u32,
+) -> Result<pb::ReadOutOfOrderResponse, Status> {
+    let max = match max {
+        0 => 1000,
+        n => n.min(10_000),
+    } as usize;
+    tokio::task::spawn_blocking(move || {
+        let read = g
+            .node
+            .read(from, max)
+            .ok_or_else(|| Status::unavailable(format!("group {id} stopped")))?
+            .map_err(|e| Status::out_of_range(format!("group {id}: {e}")))?;
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        for e in read.entries {
+            if bytes >= READ_OOO_BYTES {
+                break;
+            }
+            bytes += e.data().len();
+            entries.push(ooo_entry(e).map_err(Status::data_loss)?);
+        }
+        let next_seq = entries.last().map_or(from, |e| e.seq + 1);
+        Ok(pb::ReadOutOfOrderResponse {
+            entries,
+            next_seq,
+            committed_seq: read.committed_head,
+        })
+    })
+    .await
+    .map_err(|e| Status::internal(e.to_string()))?
+}
 
 #[tonic::async_trait]
 impl pb::chorus_server::Chorus for Service {
@@ -800,34 +840,67 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<pb::ReadOutOfOrderResponse>, Status> {
         let r = req.into_inner();
         let g = self.ooo_group(r.group, "ReadOutOfOrder")?;
-        let max = match r.max_records {
-            0 => 1000,
-            n => n.min(10_000),
-        } as usize;
-        tokio::task::spawn_blocking(move || {
-            let read = g
-                .node
-                .read(r.from_seq, max)
-                .ok_or_else(|| Status::unavailable(format!("group {} stopped", r.group)))?
-                .map_err(|e| Status::out_of_range(format!("group {}: {e}", r.group)))?;
-            let mut entries = Vec::new();
-            let mut bytes = 0usize;
-            for e in read.entries {
-                if bytes >= READ_OOO_BYTES {
-                    break;
+        read_ooo_batch(g, r.group, r.from_seq, r.max_records)
+            .await
+            .map(Response::new)
+    }
+
+    type TailOutOfOrderStream = TailOooStream;
+
+    async fn tail_out_of_order(
+        &self,
+        req: Request<pb::TailOutOfOrderRequest>,
+    ) -> Result<Response<Self::TailOutOfOrderStream>, Status> {
+        let r = req.into_inner();
+        let mut head = self
+            .ooo_group(r.group, "TailOutOfOrder")?
+            .node
+            .subscribe_committed();
+        let ooo = self.ooo.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut from = r.from_seq;
+            loop {
+                // The group is looked up again for every read and not held while the
+                // stream waits, so DeleteGroup is not kept waiting by a follower of it.
+                let Some(g) = ooo.get(r.group) else {
+                    let _ = tx
+                        .send(Err(Status::unavailable(format!(
+                            "group {} is no longer hosted here",
+                            r.group
+                        ))))
+                        .await;
+                    return;
+                };
+                head.borrow_and_update();
+                match read_ooo_batch(g, r.group, from, r.max_records).await {
+                    Ok(b) if !b.entries.is_empty() => {
+                        from = b.next_seq;
+                        if tx.send(Ok(b)).await.is_err() {
+                            return; // the client went away
+                        }
+                    }
+                    // Nothing new: wait for the committed head to move (a bound, in
+                    // case a wake-up is missed, and to notice a deleted group).
+                    Ok(_) => tokio::select! {
+                        ch = head.changed() => if ch.is_err() {
+                            let _ = tx
+                                .send(Err(Status::unavailable(format!("group {} stopped", r.group))))
+                                .await;
+                            return;
+                        },
+                        _ = tx.closed() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    },
+                    Err(s) => {
+                        let _ = tx.send(Err(s)).await;
+                        return;
+                    }
                 }
-                bytes += e.data().len();
-                entries.push(ooo_entry(e).map_err(Status::data_loss)?);
             }
-            let next_seq = entries.last().map_or(r.from_seq, |e| e.seq + 1);
-            Ok(Response::new(pb::ReadOutOfOrderResponse {
-                entries,
-                next_seq,
-                committed_seq: read.committed_head,
-            }))
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
+        });
+        let s = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(s)))
     }
 
     async fn get_keys(

@@ -324,6 +324,103 @@ async fn log_reads_match(
     want.len()
 }
 
+/// Reading an out-of-order group as it grows: `TailOutOfOrder` on a follower, started at
+/// its committed head, and `chorus tail -f` both carry a record appended afterwards (the
+/// stream waits on the replica's committed head; nothing else is appending), and
+/// `chorus tail` without `-f` prints up to the committed head and exits.
+async fn tails_follow(eps: &[String], group: u64, rec: pb::OutOfOrderRecord) {
+    let mut c = Client::new(eps.to_vec());
+    let leader = serving(eps, group, Duration::from_secs(20)).await;
+    let f = (leader as usize) % eps.len(); // the node after the leader (index = id - 1)
+    let head = c.status_all(group).await[f]
+        .1
+        .as_ref()
+        .unwrap()
+        .groups
+        .iter()
+        .find(|g| g.group == group)
+        .unwrap()
+        .committed_seq;
+    let mut stream = Client::new(vec![eps[f].clone()])
+        .tail_out_of_order(group, head)
+        .await
+        .unwrap();
+    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["tail", "-f", "-o", "json", "-g"])
+        .arg(group.to_string())
+        .arg("--from")
+        .arg(head.to_string())
+        .arg("--endpoints")
+        .arg(&eps[f])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = cli.stdout.take().unwrap();
+    // Let both subscribe and find nothing new before the append.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = c
+        .append_out_of_order(group, vec![rec.clone()])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    let slot = r[0].seq;
+    assert!(slot >= head, "appended at {slot}, below the head {head}");
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = stream.message().await.unwrap().expect("the stream ended");
+            for e in m.entries {
+                if e.seq == slot {
+                    return e;
+                }
+            }
+        }
+    })
+    .await
+    .expect("TailOutOfOrder did not carry the record within 10 s");
+    assert_eq!(got.records, vec![rec]);
+    let line = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .map(|l| l.unwrap())
+            .find(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"].as_u64() == Some(slot)
+            })
+    });
+    let line = tokio::time::timeout(Duration::from_secs(10), line).await;
+    // Killing the child ends its output, which ends the reader if it is still waiting.
+    let _ = cli.kill();
+    let _ = cli.wait();
+    assert!(
+        matches!(line, Ok(Ok(Some(_)))),
+        "`chorus tail -f` did not print slot {slot} within 10 s: {line:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["tail", "-o", "json", "-g"])
+        .arg(group.to_string())
+        .arg("--from")
+        .arg(head.to_string())
+        .arg("--endpoints")
+        .arg(&eps[leader as usize - 1])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seqs: Vec<u64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs.last(), Some(&slot), "{seqs:?}");
+}
+
 async fn volume(eps: &[String], i: usize) -> Vec<u8> {
     let mut c = Client::new(eps.to_vec());
     c.read_blocks_at(i, PAR, 0, BLOCKS).await.unwrap().data
@@ -427,6 +524,10 @@ async fn out_of_order_groups_through_the_server() {
         compared > 0,
         "every record compacted: the log reads compared nothing"
     );
+    tails_follow(&eps, PAR, block_record(3, 0xfeed)).await;
+    tails_follow(&eps, DEP, txn_record(1, 2, 0xfeed)).await;
+    want_vol[3 * 4096..4 * 4096].copy_from_slice(&block_record(3, 0xfeed).data);
+    want_kv[2] = Some(txn_record(1, 2, 0xfeed).data);
 
     // Wrong-mode and malformed requests are refused by name.
     let err = c
