@@ -353,8 +353,55 @@ fn read_batch(env: &Env, group: u64, from: u64, max: u32) -> Result<pb::ReadResp
     })
 }
 
-type TailStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
-type TailOooStream = Pin<Box<dyn Stream<Item = Result<pb::ReadOutOfOrderResponse, Status>> + Send>>;
+/// A stream [`follow`] makes.
+type Follow<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// A stream of what `read` finds from `from` on: each batch it returns (with where to
+/// go on) is sent; when it finds nothing new the stream waits for `moved` (the group's
+/// committed position) to change, or a second in case a wake-up was missed. Ends when
+/// the client goes away, with `read`'s error, or UNAVAILABLE once the group stops.
+fn follow<T, W, F, Fut>(
+    group: u64,
+    mut from: u64,
+    mut moved: tokio::sync::watch::Receiver<W>,
+    mut read: F,
+) -> Follow<T>
+where
+    T: Send + 'static,
+    W: Send + Sync + 'static,
+    F: FnMut(u64) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Option<(T, u64)>, Status>> + Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
+            // Seen before the read: a change after it wakes the wait below.
+            moved.borrow_and_update();
+            match read(from).await {
+                Ok(Some((batch, next))) => {
+                    from = next;
+                    if tx.send(Ok(batch)).await.is_err() {
+                        return; // the client went away
+                    }
+                }
+                Ok(None) => tokio::select! {
+                    ch = moved.changed() => if ch.is_err() {
+                        let stopped = Status::unavailable(format!("group {group} stopped"));
+                        let _ = tx.send(Err(stopped)).await;
+                        return;
+                    },
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                },
+                Err(s) => {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
 
 /// Committed entries of out-of-order group `id` (`g`) from slot `from`, at most `max`
 /// (0: 1000; at most 10,000) and about [`READ_OOO_BYTES`] of record bytes (always one
@@ -453,7 +500,7 @@ impl pb::chorus_server::Chorus for Service {
         Ok(Response::new(resp))
     }
 
-    type TailStream = TailStream;
+    type TailStream = Follow<pb::ReadResponse>;
 
     async fn tail(
         &self,
@@ -463,45 +510,23 @@ impl pb::chorus_server::Chorus for Service {
         self.ordered_only(r.group, "Tail")?;
         let log = self.env.group(r.group).map_err(status)?;
         let env = self.env.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut tail = log.subscribe_tail();
-            let mut from = r.from_lsn;
-            loop {
-                let env2 = env.clone();
-                let batch = tokio::task::spawn_blocking(move || {
-                    read_batch(&env2, r.group, from, r.max_records)
-                })
-                .await;
-                let batch = match batch {
-                    Ok(b) => b,
-                    Err(e) => Err(Status::internal(e.to_string())),
-                };
-                match batch {
-                    Ok(b) => {
-                        let got = !b.records.is_empty();
-                        from = b.next_lsn;
-                        if got && tx.send(Ok(b)).await.is_err() {
-                            return; // the client went away
-                        }
-                        if !got {
-                            // Long poll: wait for the committed end to move.
-                            tokio::select! {
-                                ch = tail.changed() => if ch.is_err() { return },
-                                _ = tx.closed() => return,
-                                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            }
-                        }
-                    }
-                    Err(s) => {
-                        let _ = tx.send(Err(s)).await;
-                        return;
-                    }
+        Ok(Response::new(follow(
+            r.group,
+            r.from_lsn,
+            log.subscribe_tail(),
+            move |from| {
+                let env = env.clone();
+                async move {
+                    let b = tokio::task::spawn_blocking(move || {
+                        read_batch(&env, r.group, from, r.max_records)
+                    })
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))??;
+                    let next = b.next_lsn;
+                    Ok((!b.records.is_empty()).then_some((b, next)))
                 }
-            }
-        });
-        let s = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Ok(Response::new(Box::pin(s)))
+            },
+        )))
     }
 
     async fn locate(
@@ -845,62 +870,36 @@ impl pb::chorus_server::Chorus for Service {
             .map(Response::new)
     }
 
-    type TailOutOfOrderStream = TailOooStream;
+    type TailOutOfOrderStream = Follow<pb::ReadOutOfOrderResponse>;
 
     async fn tail_out_of_order(
         &self,
         req: Request<pb::TailOutOfOrderRequest>,
     ) -> Result<Response<Self::TailOutOfOrderStream>, Status> {
         let r = req.into_inner();
-        let mut head = self
+        let head = self
             .ooo_group(r.group, "TailOutOfOrder")?
             .node
             .subscribe_committed();
         let ooo = self.ooo.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut from = r.from_seq;
-            loop {
-                // The group is looked up again for every read and not held while the
-                // stream waits, so DeleteGroup is not kept waiting by a follower of it.
-                let Some(g) = ooo.get(r.group) else {
-                    let _ = tx
-                        .send(Err(Status::unavailable(format!(
-                            "group {} is no longer hosted here",
-                            r.group
-                        ))))
-                        .await;
-                    return;
-                };
-                head.borrow_and_update();
-                match read_ooo_batch(g, r.group, from, r.max_records).await {
-                    Ok(b) if !b.entries.is_empty() => {
-                        from = b.next_seq;
-                        if tx.send(Ok(b)).await.is_err() {
-                            return; // the client went away
-                        }
-                    }
-                    // Nothing new: wait for the committed head to move (a bound, in
-                    // case a wake-up is missed, and to notice a deleted group).
-                    Ok(_) => tokio::select! {
-                        ch = head.changed() => if ch.is_err() {
-                            let _ = tx
-                                .send(Err(Status::unavailable(format!("group {} stopped", r.group))))
-                                .await;
-                            return;
-                        },
-                        _ = tx.closed() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    },
-                    Err(s) => {
-                        let _ = tx.send(Err(s)).await;
-                        return;
-                    }
+        Ok(Response::new(follow(
+            r.group,
+            r.from_seq,
+            head,
+            move |from| {
+                // The group is looked up again for every read and not held while the stream
+                // waits, so DeleteGroup is not kept waiting by a follower of it.
+                let g = ooo.get(r.group);
+                async move {
+                    let g = g.ok_or_else(|| {
+                        Status::unavailable(format!("group {} is no longer hosted here", r.group))
+                    })?;
+                    let b = read_ooo_batch(g, r.group, from, r.max_records).await?;
+                    let next = b.next_seq;
+                    Ok((!b.entries.is_empty()).then_some((b, next)))
                 }
-            }
-        });
-        let s = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Ok(Response::new(Box::pin(s)))
+            },
+        )))
     }
 
     async fn get_keys(

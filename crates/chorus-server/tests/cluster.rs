@@ -266,7 +266,7 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
     let root = tempfile::tempdir().unwrap();
     let nodes = cluster(root.path(), 3);
     let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
-    leader_of(&eps, Duration::from_secs(20)).await;
+    let leader = leader_of(&eps, Duration::from_secs(20)).await;
     let repl = nodes[0].repl.clone();
     let api = nodes[0].api.trim_start_matches("http://").to_string();
     tokio::task::spawn_blocking(move || {
@@ -304,11 +304,31 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
         }
         other => panic!("unknown group: {other:?}"),
     }
+    // A follower's Tail, opened at its committed end, carries the next record once it
+    // commits (the stream waits on the committed end).
+    let follower = nodes.iter().find(|n| n.id != leader).unwrap().api.clone();
+    let end = committed_end(&follower).await;
+    let mut tail = Client::new(vec![follower]).tail(1, end).await.unwrap();
     let r = c
         .append(1, vec![b"still serving".to_vec()], 0)
         .await
         .unwrap();
     assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = tail.message().await.unwrap().expect("the stream ended");
+            if let Some(rec) = m.records.into_iter().find(|r| r.data == b"still serving") {
+                return rec;
+            }
+        }
+    })
+    .await
+    .expect("Tail did not carry the record within 10 s");
+    assert!(
+        got.lsn >= end,
+        "{} below the end {end} the tail began at",
+        got.lsn
+    );
     // The replication listener counted the bad connections and kept running.
     let mut st = Client::new(vec![nodes[0].api.clone()]);
     assert!(st.status_all(1).await[0].1.is_ok());
