@@ -209,6 +209,12 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
             println!("  {me} state keys{flag} 1 2                 # as every replica applied them");
         }
     }
+    if a.mode != DevMode::Ordered {
+        println!(
+            "  {me} read{flag}                           # the log: committed slots in slot order"
+        );
+        println!("  {me} tail -f{flag}                        # and on as more commit");
+    }
     println!();
     println!("Logs: {}/n*.log", dir.display());
     if a.detach {
