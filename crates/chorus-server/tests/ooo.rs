@@ -419,6 +419,22 @@ async fn tails_follow(eps: &[String], group: u64, rec: pb::OutOfOrderRecord) {
         })
         .collect();
     assert_eq!(seqs.last(), Some(&slot), "{seqs:?}");
+    // Below a replica's base the tail ends as the read does: OUT_OF_RANGE.
+    let mut one = Client::new(vec![eps[f].clone()]);
+    if let Err(chorus_client::ClientError::Status {
+        code: Code::OutOfRange,
+        ..
+    }) = one.read_out_of_order(group, 0, 1).await
+    {
+        let mut s = one.tail_out_of_order(group, 0).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .expect("the tail below the base neither sent nor ended");
+        assert!(
+            matches!(&end, Err(st) if st.code() == Code::OutOfRange),
+            "{end:?}"
+        );
+    }
 }
 
 async fn volume(eps: &[String], i: usize) -> Vec<u8> {
