@@ -703,14 +703,84 @@ async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
             from = r.next_lsn;
         }
     }
-    let mut s = match c.tail(a.ep.group, a.from).await {
+    let s = match c.tail(a.ep.group, a.from).await {
         Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
         s => s?,
     };
+    let (eps, group, out) = (a.ep.endpoints.clone(), a.ep.group, a.ep.output);
+    follow(
+        s,
+        a.from,
+        move |from| {
+            let mut c = Client::new(eps.clone());
+            async move { c.tail(group, from).await }
+        },
+        move |r: &pb::ReadResponse| {
+            print_records(out, &r.records);
+            r.next_lsn
+        },
+    )
+    .await
+}
+
+/// Whether a tail stream that failed with `code` may go on at another replica: the
+/// replica went away or stopped serving the group, as opposed to a refusal (a position
+/// below the base, a group that is not there) that any replica would repeat.
+fn resumable(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
+    )
+}
+
+/// Whether opening a tail again may succeed later (no replica answered, or one that is
+/// going away did), as opposed to a refusal.
+fn retry(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status { code, .. } => resumable(*code),
+        ClientError::BadEndpoint { .. } | ClientError::NoEndpoints => false,
+        _ => true,
+    }
+}
+
+/// How long `chorus tail -f` tries to reach another replica after losing one.
+const TAIL_RESUME: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Prints what stream `s` carries (`print` returns where the stream has got to) and, if
+/// the replica serving it goes away, opens another from there (`open`: the endpoints in
+/// order, as at the start), for up to [`TAIL_RESUME`] before giving up.
+async fn follow<T, O, Fut, P>(
+    mut s: tonic::Streaming<T>,
+    mut from: u64,
+    mut open: O,
+    mut print: P,
+) -> Result<ExitCode, ClientError>
+where
+    O: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Streaming<T>, ClientError>>,
+    P: FnMut(&T) -> u64,
+{
     loop {
         match s.message().await {
-            Ok(Some(r)) => print_records(a.ep.output, &r.records),
+            Ok(Some(r)) => from = print(&r),
             Ok(None) => return Ok(ExitCode::SUCCESS),
+            Err(st) if resumable(st.code()) => {
+                eprintln!(
+                    "chorus tail: lost the stream ({:?}: {}); resuming from {from}",
+                    st.code(),
+                    st.message()
+                );
+                let give_up = std::time::Instant::now() + TAIL_RESUME;
+                s = loop {
+                    match open(from).await {
+                        Ok(s) => break s,
+                        Err(e) if !retry(&e) || std::time::Instant::now() >= give_up => {
+                            return Err(e)
+                        }
+                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+                    }
+                };
+            }
             Err(st) => return Err(stream_error(st)),
         }
     }
@@ -736,14 +806,21 @@ async fn tail_ooo(a: &TailArgs, c: &mut Client) -> Result<ExitCode, ClientError>
             from = r.next_seq;
         }
     }
-    let mut s = c.tail_out_of_order(a.ep.group, a.from).await?;
-    loop {
-        match s.message().await {
-            Ok(Some(r)) => print_ooo_entries(a.ep.output, &r.entries),
-            Ok(None) => return Ok(ExitCode::SUCCESS),
-            Err(st) => return Err(stream_error(st)),
-        }
-    }
+    let s = c.tail_out_of_order(a.ep.group, a.from).await?;
+    let (eps, group, out) = (a.ep.endpoints.clone(), a.ep.group, a.ep.output);
+    follow(
+        s,
+        a.from,
+        move |from| {
+            let mut c = Client::new(eps.clone());
+            async move { c.tail_out_of_order(group, from).await }
+        },
+        move |r: &pb::ReadOutOfOrderResponse| {
+            print_ooo_entries(out, &r.entries);
+            r.next_seq
+        },
+    )
+    .await
 }
 
 async fn locate(a: LocateArgs) -> Result<ExitCode, ClientError> {

@@ -735,6 +735,32 @@ async fn out_of_order_groups_through_the_server() {
     // Kill the parallel group's leader; a new one serves; appends go on; the killed node
     // restarts, reopens both groups and catches up.
     let old = serving(&eps, PAR, Duration::from_secs(5)).await;
+    // `chorus tail -f` following the group on that node (named first) goes on at another
+    // replica, from where it got to, once the node is gone.
+    let head = c.status_all(PAR).await[(old - 1) as usize]
+        .1
+        .as_ref()
+        .unwrap()
+        .groups
+        .iter()
+        .find(|g| g.group == PAR)
+        .unwrap()
+        .committed_seq;
+    let first = eps[(old - 1) as usize].clone();
+    let mut order = vec![first.clone()];
+    order.extend(eps.iter().filter(|e| **e != first).cloned());
+    let mut tail = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["tail", "-f", "-o", "json", "-g"])
+        .arg(PAR.to_string())
+        .arg("--from")
+        .arg(head.to_string())
+        .arg("--endpoints")
+        .arg(order.join(","))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     cl.nodes[(old - 1) as usize].kill9();
     let live: Vec<String> = (1..=3u64)
         .filter(|n| *n != old)
@@ -745,11 +771,13 @@ async fn out_of_order_groups_through_the_server() {
     serving(&live, DEP, Duration::from_secs(30)).await;
     let mut c = Client::new(live.clone());
     let mut after = Vec::new();
+    let mut last_par = 0;
     for i in 0..100u32 {
         let r = block_record(i as u64 % BLOCKS, 0xF000_0000 | i);
         let res = c.append_out_of_order(PAR, vec![r.clone()]).await.unwrap();
         assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
         assert!(res[0].seq >= par_head, "a slot reused after the new leader");
+        last_par = res[0].seq;
         after.push(r);
         let t = txn_record(0, i as u64 % KEYS, 0xF000_0000 | i);
         let res = c.append_out_of_order(DEP, vec![t.clone()]).await.unwrap();
@@ -761,6 +789,31 @@ async fn out_of_order_groups_through_the_server() {
         let b = r.blocks[0].start as usize * 4096;
         want_vol[b..b + 4096].copy_from_slice(&r.data);
     }
+    let out = tail.stdout.take().unwrap();
+    let seen = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .map(|l| l.unwrap())
+            .any(|l| {
+                serde_json::from_str::<serde_json::Value>(&l).unwrap()["seq"].as_u64()
+                    == Some(last_par)
+            })
+    });
+    let seen = tokio::time::timeout(Duration::from_secs(40), seen).await;
+    let _ = tail.kill();
+    let err = {
+        use std::io::Read;
+        let mut e = String::new();
+        let _ = tail.stderr.take().unwrap().read_to_string(&mut e);
+        e
+    };
+    let _ = tail.wait();
+    assert!(
+        matches!(seen, Ok(Ok(true))),
+        "`chorus tail -f` did not go on past the killed node to slot {last_par}: {seen:?}; stderr: {err}"
+    );
+    assert!(err.contains("resuming from"), "{err}");
     cl.nodes[(old - 1) as usize].start();
     settled(&eps, PAR, par_head + 100).await;
     settled(&eps, DEP, dep_head + 100).await;
