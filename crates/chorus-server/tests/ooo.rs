@@ -223,6 +223,60 @@ async fn write_concurrently(
     all
 }
 
+/// `chorus tail -f -o json` running as a child.
+struct TailF(std::process::Child);
+
+impl TailF {
+    fn start(group: u64, from: u64, endpoints: &str) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(["tail", "-f", "-o", "json", "-g", &group.to_string()])
+            .args(["--from", &from.to_string(), "--endpoints", endpoints])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    /// Whether it prints slot `slot` within `wait`; then stops it. Returns that and what
+    /// it wrote to stderr.
+    async fn prints(mut self, slot: u64, wait: Duration) -> (bool, String) {
+        let out = self.0.stdout.take().unwrap();
+        let seen = tokio::task::spawn_blocking(move || {
+            use std::io::BufRead;
+            std::io::BufReader::new(out).lines().any(|l| {
+                serde_json::from_str::<serde_json::Value>(&l.unwrap()).unwrap()["seq"].as_u64()
+                    == Some(slot)
+            })
+        });
+        let seen = tokio::time::timeout(wait, seen).await;
+        // Killing the child ends its output, which ends the reader if it still waits.
+        let _ = self.0.kill();
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut self.0.stderr.take().unwrap(), &mut err);
+        let _ = self.0.wait();
+        (matches!(seen, Ok(Ok(true))), err)
+    }
+}
+
+/// Runs the `chorus` CLI with `args`, which must succeed; the JSON lines it printed.
+fn chorus_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chorus {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Every replica reads the group's log (`ReadOutOfOrder`) from the highest base among
 /// them as the committed records in (slot, index) order, with what each declared; a read
 /// below a replica's base is OUT_OF_RANGE naming the base. `chorus read` prints the same
@@ -294,32 +348,28 @@ async fn log_reads_match(
             Some(f) => assert_eq!(*f, es, "replicas read different logs"),
         }
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(["read", "-o", "json", "--max", "10000", "-g"])
-        .arg(group.to_string())
-        .arg("--from")
-        .arg(from.to_string())
-        .arg("--endpoints")
-        .arg(&eps[0])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let places: Vec<(u64, u32)> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| !v["null"].as_bool().unwrap())
-        .map(|v| {
-            (
-                v["seq"].as_u64().unwrap(),
-                v["index"].as_u64().unwrap() as u32,
-            )
-        })
-        .collect();
+    let places: Vec<(u64, u32)> = chorus_json(&[
+        "read",
+        "-o",
+        "json",
+        "--max",
+        "10000",
+        "-g",
+        &group.to_string(),
+        "--from",
+        &from.to_string(),
+        "--endpoints",
+        &eps[0],
+    ])
+    .into_iter()
+    .filter(|v| !v["null"].as_bool().unwrap())
+    .map(|v| {
+        (
+            v["seq"].as_u64().unwrap(),
+            v["index"].as_u64().unwrap() as u32,
+        )
+    })
+    .collect();
     assert_eq!(places, want.iter().map(|(s, _)| *s).collect::<Vec<_>>());
     want.len()
 }
@@ -345,17 +395,7 @@ async fn tails_follow(eps: &[String], group: u64, rec: pb::OutOfOrderRecord) {
         .tail_out_of_order(group, head)
         .await
         .unwrap();
-    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(["tail", "-f", "-o", "json", "-g"])
-        .arg(group.to_string())
-        .arg("--from")
-        .arg(head.to_string())
-        .arg("--endpoints")
-        .arg(&eps[f])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = cli.stdout.take().unwrap();
+    let cli = TailF::start(group, head, &eps[f]);
     // Let both subscribe and find nothing new before the append.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r = c
@@ -378,46 +418,25 @@ async fn tails_follow(eps: &[String], group: u64, rec: pb::OutOfOrderRecord) {
     .await
     .expect("TailOutOfOrder did not carry the record within 10 s");
     assert_eq!(got.records, vec![rec]);
-    let line = tokio::task::spawn_blocking(move || {
-        use std::io::BufRead;
-        std::io::BufReader::new(out)
-            .lines()
-            .map(|l| l.unwrap())
-            .find(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"].as_u64() == Some(slot)
-            })
-    });
-    let line = tokio::time::timeout(Duration::from_secs(10), line).await;
-    // Killing the child ends its output, which ends the reader if it is still waiting.
-    let _ = cli.kill();
-    let _ = cli.wait();
+    let (seen, err) = cli.prints(slot, Duration::from_secs(10)).await;
     assert!(
-        matches!(line, Ok(Ok(Some(_)))),
-        "`chorus tail -f` did not print slot {slot} within 10 s: {line:?}"
+        seen,
+        "`chorus tail -f` did not print slot {slot} within 10 s; stderr: {err}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(["tail", "-o", "json", "-g"])
-        .arg(group.to_string())
-        .arg("--from")
-        .arg(head.to_string())
-        .arg("--endpoints")
-        .arg(&eps[leader as usize - 1])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seqs: Vec<u64> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let seqs: Vec<u64> = chorus_json(&[
+        "tail",
+        "-o",
+        "json",
+        "-g",
+        &group.to_string(),
+        "--from",
+        &head.to_string(),
+        "--endpoints",
+        &eps[leader as usize - 1],
+    ])
+    .iter()
+    .map(|v| v["seq"].as_u64().unwrap())
+    .collect();
     assert_eq!(seqs.last(), Some(&slot), "{seqs:?}");
     // Below a replica's base the tail ends as the read does: OUT_OF_RANGE.
     let mut one = Client::new(vec![eps[f].clone()]);
@@ -749,17 +768,7 @@ async fn out_of_order_groups_through_the_server() {
     let first = eps[(old - 1) as usize].clone();
     let mut order = vec![first.clone()];
     order.extend(eps.iter().filter(|e| **e != first).cloned());
-    let mut tail = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(["tail", "-f", "-o", "json", "-g"])
-        .arg(PAR.to_string())
-        .arg("--from")
-        .arg(head.to_string())
-        .arg("--endpoints")
-        .arg(order.join(","))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let tail = TailF::start(PAR, head, &order.join(","));
     tokio::time::sleep(Duration::from_millis(300)).await;
     cl.nodes[(old - 1) as usize].kill9();
     let live: Vec<String> = (1..=3u64)
@@ -789,29 +798,10 @@ async fn out_of_order_groups_through_the_server() {
         let b = r.blocks[0].start as usize * 4096;
         want_vol[b..b + 4096].copy_from_slice(&r.data);
     }
-    let out = tail.stdout.take().unwrap();
-    let seen = tokio::task::spawn_blocking(move || {
-        use std::io::BufRead;
-        std::io::BufReader::new(out)
-            .lines()
-            .map(|l| l.unwrap())
-            .any(|l| {
-                serde_json::from_str::<serde_json::Value>(&l).unwrap()["seq"].as_u64()
-                    == Some(last_par)
-            })
-    });
-    let seen = tokio::time::timeout(Duration::from_secs(40), seen).await;
-    let _ = tail.kill();
-    let err = {
-        use std::io::Read;
-        let mut e = String::new();
-        let _ = tail.stderr.take().unwrap().read_to_string(&mut e);
-        e
-    };
-    let _ = tail.wait();
+    let (seen, err) = tail.prints(last_par, Duration::from_secs(40)).await;
     assert!(
-        matches!(seen, Ok(Ok(true))),
-        "`chorus tail -f` did not go on past the killed node to slot {last_par}: {seen:?}; stderr: {err}"
+        seen,
+        "`chorus tail -f` did not go on past the killed node to slot {last_par}; stderr: {err}"
     );
     assert!(err.contains("resuming from"), "{err}");
     cl.nodes[(old - 1) as usize].start();
