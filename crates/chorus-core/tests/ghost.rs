@@ -12,7 +12,7 @@ use chorus_core::ooo::merge::{MergeOptions, Outcome};
 
 #[test]
 fn without_the_guard_a_dropped_entry_comes_back() {
-    let d = scenarios::ghost_scenario(|t, dep| MergeOptions::new(t, dep).without_ghost_guard());
+    let d = scenarios::ghost_scenario(|t| MergeOptions::new(t).without_ghost_guard());
     // Term 3 decided slot 6 holds nothing (entry A's appender is told Failed) ...
     assert!(
         matches!(d[0].1, Outcome::Null { written: None }),

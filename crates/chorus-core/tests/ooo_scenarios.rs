@@ -29,7 +29,7 @@ fn ver(term: u64, committed: bool) -> Option<Version> {
         id: term,
         null: false,
         committed,
-        raw: Vec::new(),
+        after: Vec::new(),
     })
 }
 
@@ -47,7 +47,7 @@ fn dp_raft_fig5_merge() {
     a.insert(7, row(ver(2, false), None, None)); // only S1 has it
     a.insert(8, row(None, ver(2, false), ver(3, false))); // missing here, terms 2 and 3
     a.insert(9, row(ver(2, false), None, ver(3, false))); // ours is term 2, S5 has term 3
-    let d = merge(1, &a, &MergeOptions::new(4, true));
+    let d = merge(1, &a, &MergeOptions::new(4));
     golden("dp_raft_fig5.txt", &render(&d));
 }
 
@@ -77,7 +77,7 @@ fn a_null_slot_stays_null_across_later_merges() {
 /// Slot 6 of five replicas through two leader changes; returns each merge's decision for
 /// the slot. Only S3 ever held entry A (term 2, uncommitted) at slot 6. Term 3: S1 merges
 /// with S2 and S5 (S3, S4 down). Term 4: S4 merges with S3 and S2 (S1, S5 down).
-pub fn ghost_scenario(opts: fn(u64, bool) -> MergeOptions) -> Vec<(u64, Outcome)> {
+pub fn ghost_scenario(opts: fn(u64) -> MergeOptions) -> Vec<(u64, Outcome)> {
     use std::collections::BTreeMap;
     let mut logs: BTreeMap<NodeId, Option<Version>> = (1..=5).map(|n| (n, None)).collect();
     logs.insert(3, ver(2, false));
@@ -85,7 +85,7 @@ pub fn ghost_scenario(opts: fn(u64, bool) -> MergeOptions) -> Vec<(u64, Outcome)
     for (term, leader, quorum) in [(3u64, 1u64, [1u64, 2, 5]), (4, 4, [4, 3, 2])] {
         let mut a = Answers::new();
         a.insert(6, quorum.iter().map(|n| (*n, logs[n].clone())).collect());
-        let d = merge(leader, &a, &opts(term, false));
+        let d = merge(leader, &a, &opts(term));
         let o = d[0].outcome.clone();
         // The new leader writes its decision to the quorum and commits it before serving.
         let written = match &o {

@@ -533,7 +533,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 31] = [
+        let metrics: [(&str, &str, &str, Get); 33] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -624,6 +624,18 @@ impl OooGroups {
                 "counter",
                 "Merges completed (terms served).",
                 |s| s.stats.merges,
+            ),
+            (
+                "chorus_ooo_merge_nulls_total",
+                "counter",
+                "Slots merges here decided NULL (nobody held them, or a predecessor the entry commits after became NULL).",
+                |s| s.stats.nulls,
+            ),
+            (
+                "chorus_ooo_entries_refused_total",
+                "counter",
+                "Entries refused on receipt (malformed, or contradicting a committed slot).",
+                |s| s.stats.refused,
             ),
             (
                 "chorus_ooo_catchup_bytes_total",

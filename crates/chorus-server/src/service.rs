@@ -65,7 +65,10 @@ fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> Result<pb::OutOfOrderEntry,
     };
     match e.body {
         Body::Null => {}
-        Body::Parallel { ranges, .. } => out.blocks = pb_ranges(&ranges),
+        Body::Parallel { ranges, after, .. } => {
+            out.blocks = pb_ranges(&ranges);
+            out.raw = after;
+        }
         Body::Dependent {
             deps, write_set, ..
         } => {

@@ -814,6 +814,10 @@ async fn out_of_order_groups_through_the_server() {
     // The new leader's metrics count its commits and compactions, per group and mode;
     // the restarted node installed both leaders' images.
     let commits = metric(new, "chorus_ooo_commits_total", PAR, "parallel");
+    // The parallel group's new leader merged before it served (the NULLs it decided, if
+    // any, are counted next to it).
+    assert!(metric(new, "chorus_ooo_merges_total", PAR, "parallel") >= 1);
+    metric(new, "chorus_ooo_merge_nulls_total", PAR, "parallel");
     assert!(commits >= 100, "{commits}");
     // Every accepted append was packed into some group entry, never more entries than
     // appends.
@@ -829,6 +833,11 @@ async fn out_of_order_groups_through_the_server() {
         assert!(metric(new, "chorus_ooo_log_bytes", g, mode) < 1 << 20);
         let installed = metric(old, "chorus_ooo_images_installed_total", g, mode);
         assert!(installed >= 1, "node {old} installed no image of group {g}");
+        // No node refused an entry it was sent.
+        for n in 1..=3 {
+            let refused = metric(n, "chorus_ooo_entries_refused_total", g, mode);
+            assert_eq!(refused, 0, "node {n} refused entries of group {g}");
+        }
     }
     // `chorus status` shows both modes.
     let out = Command::new(env!("CARGO_BIN_EXE_chorus"))

@@ -48,7 +48,10 @@
 //! 5. after healing, every replica's state equals the serial application of the
 //!    committed log in slot order (records in group order), and (dependent mode) every
 //!    committed transaction read exactly the value the serial order gives it — no dirty
-//!    read of a failed write.
+//!    read of a failed write;
+//! 6. (parallel seeds in conflict order) after healing, no committed entry has an earlier
+//!    overlapping append of its own term whose slot committed something else — conflict
+//!    order holds across leader changes, not only in what one leader reports.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -126,6 +129,9 @@ pub struct OooOptions {
     /// The replicas commit without conflict order while the checker expects it (takes
     /// effect only in the test-only `broken` build: the check must bite).
     pub broken_conflict_order: bool,
+    /// The merge keeps entries whose listed predecessors it made NULL (takes effect only
+    /// in the test-only `broken` build: the end-of-seed conflict-order check must bite).
+    pub broken_cascade: bool,
 }
 
 impl Default for OooOptions {
@@ -147,6 +153,7 @@ impl Default for OooOptions {
             partial_images: true,
             conflict_order: true,
             broken_conflict_order: false,
+            broken_cascade: false,
         }
     }
 }
@@ -365,6 +372,9 @@ struct Sim {
     appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>, bool)>,
     /// Conflict order: appends without a result yet, by (term, slot): (eid, blocks).
     open: BTreeMap<(u64, Seq), (u64, Vec<BlockRange>)>,
+    /// Conflict order: every append admitted, by (term, slot): (eid, blocks), for the
+    /// end-of-seed check across leader changes.
+    admitted: BTreeMap<(u64, Seq), (u64, Vec<BlockRange>)>,
     violations: Vec<String>,
     stats: BTreeMap<&'static str, u64>,
     /// Draws of the leader transfers, apart from `rng` (so that turning transfers off
@@ -392,6 +402,7 @@ impl Sim {
             committed: BTreeMap::new(),
             appends: HashMap::new(),
             open: BTreeMap::new(),
+            admitted: BTreeMap::new(),
             violations: Vec::new(),
             stats: BTreeMap::new(),
             trng: Rng::new(seed ^ 0x5452_414e_5346_4552),
@@ -574,6 +585,7 @@ impl Sim {
         #[cfg(feature = "broken")]
         {
             c.ghost_guard = self.o.ghost_guard;
+            c.cascade = !self.o.broken_cascade;
         }
         c
     }
@@ -992,14 +1004,10 @@ impl Sim {
             return;
         }
         self.bump("conflict_order_checks", 1);
-        let overlaps = |a: &[BlockRange], b: &[BlockRange]| {
-            a.iter()
-                .any(|x| b.iter().any(|y| x.start < y.end && y.start < x.end))
-        };
         let early = self
             .open
             .range((eid >> 32, 0)..(eid >> 32, seq))
-            .find(|(_, (_, b))| overlaps(b, &mine))
+            .find(|(_, (_, b))| overlap(b, &mine))
             .map(|(&(_, s), &(e, _))| (s, e));
         if let Some((s, e)) = early {
             self.violation(format!(
@@ -1199,6 +1207,8 @@ impl Sim {
             match r.append(now, declared, data) {
                 Ok(t) => {
                     if checked {
+                        self.admitted
+                            .insert((t.eid >> 32, t.seq), (t.eid, blocks.clone()));
                         self.open.insert((t.eid >> 32, t.seq), (t.eid, blocks));
                     }
                     if self.o.mode == Mode::Dependent {
@@ -1417,6 +1427,31 @@ impl Sim {
                 ));
             }
         }
+        // Conflict order across leader changes: a committed entry's earlier overlapping
+        // appends of its admitting term committed too. (The result check above sees
+        // only what one serving leader reports; a new leader's merge must not keep an
+        // entry whose overlapping predecessor it drops.)
+        // Along each block's chain of writers within a term, every committed entry's
+        // nearest earlier writer committed: by induction, every earlier one did.
+        let mut last: HashMap<u64, (Seq, u64)> = HashMap::new();
+        let mut this_term = None;
+        for (&(term, seq), &(eid, ref blocks)) in &self.admitted {
+            if this_term != Some(term) {
+                this_term = Some(term);
+                last.clear();
+            }
+            let committed = self.committed.get(&seq).is_some_and(|c| c.eid == eid);
+            for b in blocks.iter().flat_map(|r| r.start..r.end) {
+                if let Some((s, e)) = last.insert(b, (seq, eid)) {
+                    let held = self.committed.get(&s).map(|c| c.eid);
+                    if committed && held != Some(e) {
+                        problems.push(format!(
+                            "append {eid:#x} at slot {seq} committed, but the earlier append {e:#x} of its term at slot {s} writing block {b} did not (slot {s}: {held:x?}; conflict order)"
+                        ));
+                    }
+                }
+            }
+        }
         let mut open = 0;
         for (&eid, &(node, inc, seq, out, unknown)) in &self.appends {
             let alive = self.nodes[&node].incarnation == inc && self.nodes[&node].replica.is_some();
@@ -1459,6 +1494,12 @@ impl Sim {
         }
         self.stats.insert("committed_slots", end);
     }
+}
+
+/// Whether two lists of block ranges share a block.
+fn overlap(a: &[BlockRange], b: &[BlockRange]) -> bool {
+    a.iter()
+        .any(|x| b.iter().any(|y| x.start < y.end && y.start < x.end))
 }
 
 /// Runs one seed: faults for `fault_time`, then everything heals and restarts, then

@@ -76,3 +76,24 @@ fn commits_out_of_conflict_order_are_caught() {
         .find(|s| !run_seed(*s, &o).violations.is_empty());
     assert!(found.is_some(), "no commit out of conflict order found");
 }
+
+/// A merge that does not cascade NULLs along the predecessors a conflict-ordered entry
+/// lists keeps an entry whose overlapping predecessor it dropped: the end-of-seed check
+/// must see a committed entry whose earlier overlapping append of its term did not.
+#[test]
+fn a_merge_that_drops_a_predecessor_but_keeps_its_waiter_is_caught() {
+    use chorus_core::ooo::replica::Mode;
+    use chorus_sim::ooo::{run_seed, OooOptions};
+    let o = OooOptions {
+        mode: Mode::Parallel { span: 2 },
+        broken_cascade: true,
+        ..OooOptions::default()
+    };
+    let found = (0..120u64)
+        .filter(|s| s % 3 == 2)
+        .find(|s| !run_seed(*s, &o).violations.is_empty());
+    assert!(
+        found.is_some(),
+        "no entry committed past a dropped predecessor"
+    );
+}

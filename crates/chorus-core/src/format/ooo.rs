@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `0x4545_4F43` ("COEE") |
 //! | 4 | 1 | version, 1 |
-//! | 5 | 1 | kind: 0 NULL, 1 parallel, 2 dependent |
+//! | 5 | 1 | kind: 0 NULL, 1 parallel, 2 dependent, 3 parallel with conflict-order predecessors |
 //! | 6 | 2 | reserved, 0 |
 //! | 8 | 4 | body length `n` (at most [`MAX_BODY`]) |
 //! | 12 | 4 | CRC32C of bytes 4..12 followed by bytes 16..48+n (everything but the magic and the checksum) |
@@ -21,10 +21,13 @@
 //! | 40 | 8 | eid (0 for NULL) |
 //! | 48 | n | body |
 //!
-//! Body of a NULL entry: empty. Parallel: ranges (list of `u64 start, u64 end`), the
-//! look-behind buffer (list of lists of ranges, nearest predecessor first), data (`u32`
-//! length, bytes). Dependent: `u64` base, RAW list of `u64`, WAW list of `u64`, write-set
-//! list of `u64`, data (`u32` length, bytes). A range with `start >= end` is refused.
+//! Body of a NULL entry: empty. Parallel (kind 1): ranges (list of `u64 start, u64 end`),
+//! the look-behind buffer (list of lists of ranges, nearest predecessor first), data
+//! (`u32` length, bytes). Parallel with conflict-order predecessors (kind 3, written only
+//! when the list is not empty): ranges, look-behind buffer, the predecessors (list of
+//! `u64` slots, at least one), data. Dependent: `u64` base, RAW list of `u64`, WAW list
+//! of `u64`, write-set list of `u64`, data (`u32` length, bytes). A range with
+//! `start >= end` is refused, and so is a kind-3 entry with an empty list.
 //!
 //! # Group payload
 //!
@@ -175,6 +178,7 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
         Body::Parallel {
             ranges,
             look_behind,
+            after,
             data,
         } => {
             put_ranges(&mut body, ranges);
@@ -182,8 +186,17 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             for lb in look_behind {
                 put_ranges(&mut body, lb);
             }
+            // Kind 1 stays the encoding of an entry without predecessors, so that groups
+            // without conflict order write what they always wrote.
+            if !after.is_empty() {
+                put_u64s(&mut body, after);
+            }
             put_bytes(&mut body, data);
-            1
+            if after.is_empty() {
+                1
+            } else {
+                3
+            }
         }
         Body::Dependent {
             base,
@@ -281,14 +294,28 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
     let (seq, term, start, eid) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     let body = match kind {
         0 => Body::Null,
-        1 => {
+        1 | 3 => {
             let ranges = r.ranges()?;
             let n = r.count("look-behind buffer", 4)?;
             let look_behind = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
+            let after = if kind == 3 {
+                let after = r.u64s("conflict-order predecessors")?;
+                if after.is_empty() {
+                    return Err(FormatError::Malformed {
+                        what: WHAT_ENTRY,
+                        detail: "kind 3 (parallel with conflict-order predecessors) lists none"
+                            .into(),
+                    });
+                }
+                after
+            } else {
+                Vec::new()
+            };
             let data = r.bytes()?;
             Body::Parallel {
                 ranges,
                 look_behind,
+                after,
                 data,
             }
         }
@@ -898,11 +925,13 @@ mod tests {
             (
                 proptest::collection::vec(range(), 0..4),
                 proptest::collection::vec(proptest::collection::vec(range(), 0..3), 0..3),
+                proptest::collection::vec(any::<u64>(), 0..4),
                 proptest::collection::vec(any::<u8>(), 0..40)
             )
-                .prop_map(|(ranges, look_behind, data)| Body::Parallel {
+                .prop_map(|(ranges, look_behind, after, data)| Body::Parallel {
                     ranges,
                     look_behind,
+                    after,
                     data
                 }),
             (
@@ -1047,6 +1076,44 @@ mod tests {
             let _ = decode_msg(&b);
             let _ = decode_entry(&b);
             let _ = decode_hard(&b);
+        }
+    }
+
+    #[test]
+    fn parallel_entries_with_predecessors_are_kind_3_and_without_kind_1() {
+        let entry = |after: Vec<u64>| Entry {
+            seq: 9,
+            term: 2,
+            start: 4,
+            eid: 2 << 32 | 5,
+            body: Body::Parallel {
+                ranges: vec![BlockRange::new(3, 1).expect("non-empty")],
+                look_behind: vec![vec![]],
+                after,
+                data: b"x".to_vec(),
+            },
+        };
+        let plain = encode_entry(&entry(Vec::new()));
+        assert_eq!(plain[5], 1);
+        let listed = encode_entry(&entry(vec![6, 8]));
+        assert_eq!(listed[5], 3);
+        assert_eq!(listed.len(), plain.len() + 4 + 16);
+        assert_eq!(decode_entry(&listed).unwrap(), entry(vec![6, 8]));
+        // A kind-3 record with an empty list (kind 1 bytes with the kind changed and an
+        // empty list inserted before the data) is refused by name, checksum and all.
+        let mut b = plain.clone();
+        b[5] = 3;
+        let at = ENTRY_HEADER_SIZE + 4 + 16 + 4 + 4;
+        b.splice(at..at, 0u32.to_le_bytes());
+        let n = (b.len() - ENTRY_HEADER_SIZE) as u32;
+        b[8..12].copy_from_slice(&n.to_le_bytes());
+        let crc = entry_crc(&b);
+        b[12..16].copy_from_slice(&crc.to_le_bytes());
+        match decode_entry(&b) {
+            Err(FormatError::Malformed { detail, .. }) => {
+                assert!(detail.contains("lists none"), "{detail}")
+            }
+            r => panic!("expected a refusal, got {r:?}"),
         }
     }
 

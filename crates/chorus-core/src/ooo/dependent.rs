@@ -167,8 +167,9 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
     /// earlier writer of one of them is a RAW predecessor (through the chain of last
     /// writers, every earlier overlapping entry commits first). `None` (too many blocks
     /// to list) conflicts with everything: it commits after every entry in flight, and
-    /// every later entry after it. Only the commit order is decided here; parallel
-    /// entries carry no dependency lists ([`DepEntry::deps`] is for the caller to drop).
+    /// every later entry after it. The RAW list of the result names the uncommitted
+    /// entries it waits for: the parallel entry carries it, so that a merge can cascade a
+    /// NULL to it (`Body::Parallel`'s `after`); the WAW list and write set are unused.
     pub fn admit_conflicting(&mut self, keys: Option<&[K]>) -> Result<DepEntry<K>, OooError> {
         match keys {
             Some(k) => self.admit(k, k),

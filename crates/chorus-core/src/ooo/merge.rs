@@ -28,10 +28,15 @@
 //!   later entries to the same blocks applied. A committed NULL at a higher term wins
 //!   every later merge (cases 2/5, or the highest term in 4/7). [`MergeOptions`] can turn
 //!   the guard off only in the test-only `broken` build, to show the anomaly.
-//! - **Dependent mode cascades NULLs.** An entry kept uncommitted (cases 3, 4, 7) whose
-//!   RAW predecessor became NULL read a value that never existed: it becomes NULL too
-//!   (DP-Raft section 3: committing it would be a dirty read). A committed entry never has
-//!   a NULL RAW predecessor, because it committed only after its predecessors did.
+//! - **NULLs cascade along commit dependencies.** An entry kept uncommitted (cases 3, 4,
+//!   7) whose listed predecessor became NULL becomes NULL too. In dependent mode the list
+//!   is its RAW predecessors: it read a value that never existed (DP-Raft section 3:
+//!   committing it would be a dirty read). In parallel mode under conflict order it is the
+//!   overlapping slots its leader made it wait for (the DP-Raft paper's adaptation of
+//!   ParallelRaft, section 5): it may commit only after them, so it cannot commit if they
+//!   never do. A committed entry never has a NULL predecessor, because it committed only
+//!   after its predecessors did. The cascade follows whatever lists the entries carry,
+//!   whatever the merging replica's own configuration: the leader that wrote them decided.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -51,8 +56,10 @@ pub struct Version {
     pub null: bool,
     /// Whether this replica knows the slot committed.
     pub committed: bool,
-    /// RAW predecessors (dependent mode; empty in parallel mode).
-    pub raw: Vec<Seq>,
+    /// The predecessors it commits only after: RAW predecessors in dependent mode, the
+    /// overlapping slots it waited for in parallel mode under conflict order (empty
+    /// otherwise).
+    pub after: Vec<Seq>,
 }
 
 /// Which row of the table in the module docs decided a slot.
@@ -99,8 +106,8 @@ pub struct SlotDecision {
     pub seq: Seq,
     /// The row of the table that applied.
     pub case: Case,
-    /// Dependent mode: the version was kept by cases 3/4/7 but a RAW predecessor became
-    /// NULL, so it became NULL as well.
+    /// The version was kept by cases 3/4/7 but a predecessor it lists
+    /// ([`Version::after`]) became NULL, so it became NULL as well.
     pub cascaded: bool,
     /// The outcome.
     pub outcome: Outcome,
@@ -111,20 +118,27 @@ pub struct SlotDecision {
 pub struct MergeOptions {
     /// The merging leader's term: NULL entries are stamped with it.
     pub term: u64,
-    /// Apply the dependent mode's NULL cascade.
-    pub dependent: bool,
     /// Write NULL entries (the ghost guard). Only the `broken` build can turn it off.
     ghost_guard: bool,
+    /// Cascade NULLs along [`Version::after`]. Only the `broken` build can turn it off.
+    cascade: bool,
 }
 
 impl MergeOptions {
     /// Options for a leader of `term`.
-    pub fn new(term: u64, dependent: bool) -> Self {
+    pub fn new(term: u64) -> Self {
         Self {
             term,
-            dependent,
             ghost_guard: true,
+            cascade: true,
         }
+    }
+
+    /// Turns the NULL cascade off, to show what it prevents. Test-only.
+    #[cfg(feature = "broken")]
+    pub fn without_cascade(mut self) -> Self {
+        self.cascade = false;
+        self
     }
 
     /// Turns the ghost guard off, to show the anomaly it prevents. Test-only.
@@ -257,7 +271,7 @@ fn null_outcome(opts: &MergeOptions) -> Outcome {
             id: 0,
             null: true,
             committed: false,
-            raw: Vec::new(),
+            after: Vec::new(),
         }),
     }
 }
@@ -281,8 +295,8 @@ fn highest<'a>(cands: impl Iterator<Item = (NodeId, &'a Version)>) -> Option<Out
 /// Every replica that answered appears in every slot (a hole is `None`).
 pub type Answers = BTreeMap<Seq, Vec<(NodeId, Option<Version>)>>;
 
-/// Merges every slot of `answers` for candidate `me`, ascending, applying the dependent
-/// mode's NULL cascade when asked.
+/// Merges every slot of `answers` for candidate `me`, ascending, cascading NULLs along
+/// the predecessors each version lists.
 pub fn merge(me: NodeId, answers: &Answers, opts: &MergeOptions) -> Vec<SlotDecision> {
     let mut out: Vec<SlotDecision> = Vec::with_capacity(answers.len());
     let mut nulls = std::collections::BTreeSet::new();
@@ -295,13 +309,13 @@ pub fn merge(me: NodeId, answers: &Answers, opts: &MergeOptions) -> Vec<SlotDeci
             views.iter().filter(|(n, _)| *n != me).cloned().collect();
         let (case, mut outcome) = merge_slot(me, local, &others, opts);
         let mut cascaded = false;
-        if opts.dependent {
+        if opts.cascade {
             if let Outcome::Entry { version, .. } = &outcome {
                 let kept_uncommitted = matches!(
                     case,
                     Case::OnlyLocal | Case::HighestTermWithLocal | Case::HighestTermElsewhere
                 ) && !version.committed;
-                if kept_uncommitted && version.raw.iter().any(|r| nulls.contains(r)) {
+                if kept_uncommitted && version.after.iter().any(|r| nulls.contains(r)) {
                     cascaded = true;
                     outcome = null_outcome(opts);
                 }
@@ -348,7 +362,7 @@ pub fn render(decisions: &[SlotDecision]) -> String {
             d.case as u8,
             what,
             if d.cascaded {
-                " (its RAW predecessor became NULL)"
+                " (a predecessor it commits after became NULL)"
             } else {
                 ""
             }
@@ -367,13 +381,13 @@ mod tests {
             id: term * 1000,
             null: false,
             committed,
-            raw: Vec::new(),
+            after: Vec::new(),
         })
     }
 
     #[test]
     fn every_case_of_fig4() {
-        let o = MergeOptions::new(9, false);
+        let o = MergeOptions::new(9);
         let case = |local: Option<Version>, others: Vec<Option<Version>>| {
             let others: Vec<_> = others
                 .into_iter()
@@ -430,20 +444,33 @@ mod tests {
     }
 
     #[test]
-    fn dependent_mode_cascades_nulls_to_raw_dependents() {
+    fn nulls_cascade_to_the_entries_that_list_them() {
         let mut answers = Answers::new();
-        // Slot 1: nobody holds it -> NULL. Slot 2: only we hold it, it read slot 1.
+        // Slot 1: nobody holds it -> NULL. Slot 2: only we hold it, it commits after slot
+        // 1 (read it, or waited for it). Slot 3: the same, but lists nothing. Slot 4:
+        // lists slot 2, so the NULL cascades on.
         answers.insert(1, vec![(1, None), (2, None)]);
-        let mut dep = v(3, false);
-        dep.as_mut().unwrap().raw = vec![1];
-        answers.insert(2, vec![(1, dep.clone()), (2, None)]);
-        // Slot 3: committed elsewhere, reads slot 2 — cannot happen with a NULL
-        // predecessor, but a committed entry is never touched by the cascade.
-        let d = merge(1, &answers, &MergeOptions::new(4, true));
+        let after = |slots: Vec<Seq>| {
+            let mut x = v(3, false);
+            x.as_mut().expect("some").after = slots;
+            x
+        };
+        answers.insert(2, vec![(1, after(vec![1])), (2, None)]);
+        answers.insert(3, vec![(1, v(3, false)), (2, None)]);
+        answers.insert(4, vec![(1, None), (2, after(vec![2]))]);
+        let d = merge(1, &answers, &MergeOptions::new(4));
         assert_eq!(d[1].case, Case::OnlyLocal);
         assert!(d[1].cascaded);
         assert!(matches!(d[1].outcome, Outcome::Null { .. }));
-        let d = merge(1, &answers, &MergeOptions::new(4, false));
-        assert!(!d[1].cascaded, "parallel mode has no RAW dependencies");
+        assert!(!d[2].cascaded, "an entry listing nothing is kept");
+        assert!(matches!(d[2].outcome, Outcome::Entry { .. }));
+        assert_eq!(d[3].case, Case::HighestTermElsewhere);
+        assert!(d[3].cascaded, "the cascade goes on along the lists");
+        // A committed version is never touched (it committed after its predecessors).
+        let mut committed = after(vec![1]);
+        committed.as_mut().expect("some").committed = true;
+        answers.insert(2, vec![(1, committed), (2, None)]);
+        let d = merge(1, &answers, &MergeOptions::new(4));
+        assert!(!d[1].cascaded && matches!(d[1].outcome, Outcome::Entry { .. }));
     }
 }

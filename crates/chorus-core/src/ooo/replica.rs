@@ -121,6 +121,12 @@ pub enum Body {
         ranges: Vec<BlockRange>,
         /// `look_behind[i]`: the ranges of slot `seq - 1 - i`, as its leader had it.
         look_behind: Vec<Vec<BlockRange>>,
+        /// Conflict order ([`OooConfig::conflict_order`]): the uncommitted earlier slots
+        /// whose blocks overlap this entry's (or every one in flight, for an entry with
+        /// too many blocks to list) that its leader made it wait for, ascending; empty
+        /// otherwise. A merge that makes one of them NULL makes this entry NULL too, as
+        /// dependent mode does along RAW predecessors: it cannot have committed first.
+        after: Vec<Seq>,
         /// The record.
         data: Vec<u8>,
     },
@@ -182,9 +188,10 @@ impl Entry {
             id: self.eid,
             null: self.is_null(),
             committed,
-            raw: match &self.body {
+            after: match &self.body {
                 Body::Dependent { deps, .. } => deps.raw.clone(),
-                _ => Vec::new(),
+                Body::Parallel { after, .. } => after.clone(),
+                Body::Null => Vec::new(),
             },
         }
     }
@@ -750,10 +757,10 @@ pub struct OooConfig {
     /// once every earlier entry whose blocks overlap it has committed (the DP-Raft paper's
     /// adaptation of ParallelRaft to transactions, section 5, with a transaction's read
     /// and write keys as blocks). Off by default: block writes need no commit order
-    /// (PolarFS section 5.1). This orders the results one serving leader reports; parallel
-    /// entries carry no dependency lists, so across a leader change the merge keeps an
-    /// entry an overlapping dropped predecessor would have failed in dependent mode
-    /// (which is the mode for transactions).
+    /// (PolarFS section 5.1). Each entry lists the uncommitted overlapping slots it waits
+    /// for ([`Body::Parallel`]'s `after`), so that across a leader change a merge that
+    /// drops one of them drops the entry too, as dependent mode does along RAW
+    /// predecessors.
     pub conflict_order: bool,
     /// Seed of the election back-off.
     pub seed: u64,
@@ -764,6 +771,10 @@ pub struct OooConfig {
     /// [`merge::drop_superseded`]). Only the test-only `broken` build can turn it off.
     #[cfg(feature = "broken")]
     pub ghost_guard: bool,
+    /// Whether the merge cascades NULLs along the predecessors entries list
+    /// ([`merge::MergeOptions`]). Only the test-only `broken` build can turn it off.
+    #[cfg(feature = "broken")]
+    pub cascade: bool,
 }
 
 impl OooConfig {
@@ -787,6 +798,8 @@ impl OooConfig {
             pre_vote: true,
             #[cfg(feature = "broken")]
             ghost_guard: true,
+            #[cfg(feature = "broken")]
+            cascade: true,
         }
     }
 
@@ -1002,8 +1015,11 @@ fn entry_bytes(e: &Entry) -> u64 {
         Body::Parallel {
             ranges,
             look_behind,
+            after,
             ..
-        } => 16 * (ranges.len() + look_behind.iter().map(Vec::len).sum::<usize>()),
+        } => {
+            16 * (ranges.len() + look_behind.iter().map(Vec::len).sum::<usize>()) + 8 * after.len()
+        }
         Body::Dependent {
             deps, write_set, ..
         } => 8 * (deps.raw.len() + deps.waw.len() + write_set.len()),
@@ -2106,13 +2122,18 @@ impl OooReplica {
             answers.insert(s, row);
         }
         let guard = self.cfg.ghost_guard();
-        let dependent = self.cfg.mode == Mode::Dependent;
-        let opts = MergeOptions::new(term, dependent);
+        let opts = MergeOptions::new(term);
         #[cfg(feature = "broken")]
         let opts = if guard {
             opts
         } else {
             opts.without_ghost_guard()
+        };
+        #[cfg(feature = "broken")]
+        let opts = if self.cfg.cascade {
+            opts
+        } else {
+            opts.without_cascade()
         };
         if guard {
             self.stats.superseded += merge::drop_superseded(&mut answers, &starts) as u64;
@@ -2298,15 +2319,20 @@ impl OooReplica {
         body_of(lead.end)?;
         let body = match (mode, declared) {
             (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
-                if self.cfg.conflict_order {
-                    commit.admit_conflicting(conflict_keys(&ranges).as_deref())?;
+                let after = if self.cfg.conflict_order {
+                    commit
+                        .admit_conflicting(conflict_keys(&ranges).as_deref())?
+                        .deps
+                        .raw
                 } else {
                     commit.admit(&[], &[])?;
-                }
+                    Vec::new()
+                };
                 let st = lead.look.stamp(ranges)?;
                 Body::Parallel {
                     ranges: st.ranges,
                     look_behind: st.look_behind,
+                    after,
                     data,
                 }
             }
@@ -2532,12 +2558,18 @@ impl OooReplica {
                 Body::Parallel {
                     ranges,
                     look_behind,
+                    after,
                     ..
                 },
                 Mode::Parallel { span },
             ) => {
                 if look_behind.len() > span || look_behind.len() as u64 > e.seq {
                     return Err(bad("look-behind buffer too long"));
+                }
+                if after.windows(2).any(|w| w[0] >= w[1]) || after.iter().any(|&p| p >= e.seq) {
+                    return Err(bad(
+                        "conflict-order predecessors not before the entry or not ascending",
+                    ));
                 }
                 if ranges
                     .iter()
@@ -4024,6 +4056,49 @@ mod tests {
                 assert_eq!(got, vec![b.eid, c.eid, a.eid]);
             }
         }
+    }
+
+    #[test]
+    fn a_merge_that_drops_a_predecessor_drops_the_entry_that_waited_for_it() {
+        // Only node 1 commits in conflict order: the entries it writes list what they
+        // wait for, and node 2's merge follows the lists whatever its own setting.
+        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
+            c.conflict_order = c.id == 1
+        });
+        net.elect(1);
+        let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
+        let append = |net: &mut Net, d| {
+            let now = net.now;
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(now, d, vec![1])
+                .unwrap()
+        };
+        let a = append(&mut net, r(0, 1));
+        let carries_a = |m: &Msg| match m {
+            Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == a.seq),
+            _ => false,
+        };
+        net.run_with(|_, _, m| !carries_a(m));
+        // `b` overlaps `a` and waits for it; `c` does not and commits.
+        let b = append(&mut net, r(0, 2));
+        let c = append(&mut net, r(10, 1));
+        net.run_with(|_, _, m| !carries_a(m));
+        let b_entry = net.nodes[&2].log[&b.seq].entry.clone();
+        assert!(matches!(&b_entry.body, Body::Parallel { after, .. } if after == &[a.seq]));
+        // Node 1 is cut off; node 2 wins with node 3, neither of which ever held `a`.
+        net.now += 10_000_000_000;
+        net.nodes.get_mut(&2).unwrap().tick(net.now);
+        net.run_with(|f, t, _| f != 1 && t != 1);
+        assert!(net.nodes[&2].is_serving());
+        let log = net.nodes[&2].read_committed(a.seq, 10).unwrap();
+        let got: Vec<(Seq, bool, u64)> = log.iter().map(|e| (e.seq, e.is_null(), e.eid)).collect();
+        assert_eq!(
+            got,
+            vec![(a.seq, true, 0), (b.seq, true, 0), (c.seq, false, c.eid)],
+            "a dropped, b (which waited for it) dropped with it, c kept"
+        );
     }
 
     #[test]
