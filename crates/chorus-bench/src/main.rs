@@ -55,6 +55,9 @@ enum Cmd {
         /// Out-of-order apply threads.
         #[arg(long, default_value_t = 0)]
         apply_threads: usize,
+        /// Microseconds each record's apply takes.
+        #[arg(long, default_value_t = 0)]
+        apply_us: u64,
         /// Out-of-order election timeout, ms.
         #[arg(long, default_value_t = 1000)]
         election_ms: u64,
@@ -242,6 +245,12 @@ struct OooArgs {
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
+    /// Microseconds each record's apply takes, on every node of every system (a sleep: a
+    /// state machine waiting on its own IO; the ordered system's replay thread applies
+    /// one record after another, out-of-order nodes on --apply-threads threads). Reports
+    /// follower staleness (commit to follower apply) and the fraction applied by the end.
+    #[arg(long, default_value_t = 0)]
+    apply_us: u64,
     /// Out-of-order nodes: node 1's election timeout, ms (nodes 2 and 3: 5 times it). The
     /// driver heartbeats and resends unacknowledged entries every sixth of it (1000: every
     /// 167 ms, near the ordered replica's 200 ms heartbeat and 400 ms resend).
@@ -284,6 +293,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         reorder: a.reorder,
         jitter_links: a.jitter_links,
         apply_threads: a.apply_threads,
+        apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,
     };
     if a.smoke {
@@ -318,7 +328,19 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
                 p.gap.as_ref().map_or(String::new(), |g| format!(
                     "  gap p50 {:.0} µs p99 {:.0} µs",
                     g.median_us, g.p99_us
-                )),
+                )) + &match (&p.staleness, p.applied_by_end.is_empty()) {
+                    (_, true) => String::new(),
+                    (s, false) => format!(
+                        "  stale p50 {} applied {}",
+                        s.as_ref()
+                            .map_or("-".into(), |g| format!("{:.0} µs", g.median_us)),
+                        p.applied_by_end
+                            .iter()
+                            .map(|f| format!("{:.1}%", f * 100.0))
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    ),
+                },
                 match (p.records_per_entry, p.terms) {
                     (Some(r), Some((a, b))) if a != b =>
                         format!("  {r:.1} rec/entry  TERM {a}->{b}"),
@@ -439,6 +461,7 @@ fn main() -> AnyResult<()> {
             id,
             dir,
             apply_threads,
+            apply_us,
             election_ms,
             record_applies,
         } => {
@@ -448,6 +471,7 @@ fn main() -> AnyResult<()> {
                     id,
                     dir,
                     apply_threads,
+                    apply_us,
                     std::time::Duration::from_millis(election_ms),
                     record_applies,
                 )

@@ -215,6 +215,9 @@ pub struct Settings {
     pub jitter_links: usize,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
+    /// Microseconds each record's apply takes on every node of every system (asleep:
+    /// [`node::Recorder`]); 0: applying costs nothing but noting it.
+    pub apply_us: u64,
     /// Out-of-order nodes: node 1's election timeout, ms; nodes 2 and 3 get
     /// [`FOLLOWER_ELECTION_FACTOR`] times it, so node 1 campaigns first. The driver's
     /// heartbeat and resend intervals are a sixth of a node's election timeout.
@@ -330,6 +333,12 @@ impl Settings {
                 self.apply_threads
             ));
         }
+        if self.apply_us > 1_000_000 {
+            return Err(format!(
+                "--apply-us {}: expected 0 to 1000000",
+                self.apply_us
+            ));
+        }
         Ok(())
     }
 }
@@ -367,6 +376,15 @@ pub struct Point {
     pub gap: Option<GapStats>,
     /// The same per follower (node 2, node 3).
     pub gap_per_follower: Vec<Option<GapStats>>,
+    /// Staleness over both followers (YCSB parts): a follower's apply of a record minus
+    /// the moment its client was told it committed, over the records committed inside the
+    /// measured interval. Unlike the gap it does not depend on how late the leader
+    /// applies (with `--apply-us` an ordered leader applies late too).
+    pub staleness: Option<GapStats>,
+    /// Of the records committed inside the measured interval, the fraction each follower
+    /// (node 2, node 3) had applied when the point ended (the clients stopped and the
+    /// followers were asked for their applies).
+    pub applied_by_end: Vec<f64>,
     /// Why the point failed, if it did (its figures are then zero).
     pub error: Option<String>,
     /// Out-of-order systems: node 1's terms during the measured interval (from, to): a
@@ -483,6 +501,8 @@ fn point(
         cpu: vec![],
         gap: None,
         gap_per_follower: vec![],
+        staleness: None,
+        applied_by_end: vec![],
         error: None,
         terms: None,
         records_per_entry: None,
@@ -618,6 +638,8 @@ impl Child {
             .arg(dir.join(format!("n{id}")))
             .arg("--apply-threads")
             .arg(s.apply_threads.to_string())
+            .arg("--apply-us")
+            .arg(s.apply_us.to_string())
             .arg("--election-ms")
             .arg(election_of(s, id).as_millis().to_string())
             .stdin(Stdio::piped())
@@ -767,6 +789,7 @@ impl Cluster {
             id: 1,
             dir: dir.join("n1"),
             apply_threads: s.apply_threads,
+            apply_us: s.apply_us,
             election: election_of(s, 1),
         };
         let (b1, a1) = node::bind(&o1)?;
@@ -808,7 +831,7 @@ impl Cluster {
                 proxies.push(p);
             }
         }
-        let rec = Arc::new(Recorder::new(record));
+        let rec = Arc::new(Recorder::new(record, Duration::from_micros(s.apply_us)));
         // The leader first, with the proxies' addresses set before any peer can
         // announce its own address to it.
         let leader = node::start(b1, &o1, &lead_peers, rec.clone())?;
@@ -989,8 +1012,11 @@ fn measure(
             };
             rt.spawn(async move {
                 let mut lat: Vec<u32> = Vec::new();
+                // (record id, when its client was told Committed), for staleness.
+                let mut told: Vec<(u64, u64)> = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let (d, data) = g.next();
+                    let id = u64::from_le_bytes(data[..8].try_into().expect("an id"));
                     let t0 = Instant::now();
                     let inside = measuring.load(Ordering::Relaxed);
                     match a.append(d, data).await {
@@ -999,6 +1025,9 @@ fn measure(
                             if inside && measuring.load(Ordering::Relaxed) {
                                 lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
                                 count.fetch_add(1, Ordering::Relaxed);
+                                if ycsb {
+                                    told.push((id, mono_ns()));
+                                }
                             }
                         }
                         _ => {
@@ -1007,7 +1036,7 @@ fn measure(
                         }
                     }
                 }
-                lat
+                (lat, told)
             })
         })
         .collect();
@@ -1038,12 +1067,16 @@ fn measure(
         .collect::<Result<_, _>>()?;
     stop.store(true, Ordering::Relaxed);
     let mut lat = Vec::new();
+    let mut told = HashMap::new();
     // A client stuck on an append the leader never answers would hang here; one deadline
     // for all of them.
     let deadline = tokio::time::Instant::now() + STEP;
     for t in tasks {
         match rt.block_on(async { tokio::time::timeout_at(deadline, t).await }) {
-            Ok(Ok(l)) => lat.extend(l),
+            Ok(Ok((l, t))) => {
+                lat.extend(l);
+                told.extend(t);
+            }
             Ok(Err(e)) => return Err(format!("client task: {e}")),
             Err(_) => return Err(format!("a client's append got no answer within {STEP:?}")),
         }
@@ -1073,6 +1106,14 @@ fn measure(
             p.gap_per_follower.push(gap::stats(&mut g));
         }
         p.gap = gap::stats(&mut all);
+        let mut stale = Vec::new();
+        for f in &followers {
+            let s = gap::gaps(&told, f, m0, m1);
+            p.applied_by_end
+                .push(s.len() as f64 / told.len().max(1) as f64);
+            stale.extend(s);
+        }
+        p.staleness = gap::stats(&mut stale);
         if p.gap.is_none() {
             return Err(
                 "no record applied on both the leader and a follower in the interval".into(),
@@ -1096,6 +1137,7 @@ pub fn replica_main(
     id: u64,
     dir: PathBuf,
     apply_threads: usize,
+    apply_us: u64,
     election: Duration,
     record: bool,
 ) -> Result<(), String> {
@@ -1104,6 +1146,7 @@ pub fn replica_main(
         id,
         dir,
         apply_threads,
+        apply_us,
         election,
     };
     let (b, a) = node::bind(&o)?;
@@ -1126,7 +1169,7 @@ pub fn replica_main(
         Some(p) => parse_peers(p)?,
         None => return Err(format!("expected `peers …`, got {line:?}")),
     };
-    let rec = Arc::new(Recorder::new(record));
+    let rec = Arc::new(Recorder::new(record, Duration::from_micros(apply_us)));
     let running = node::start(b, &o, &peers, rec.clone())?;
     say("started");
     loop {
@@ -1188,6 +1231,10 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
             .map(|i| med(ps, &|p| p.cpu.get(i).copied()))
             .collect();
         let gp99 = med(ps, &|p| p.gap.as_ref().map(|g| g.p99_us));
+        let sm = med(ps, &|p| p.staleness.as_ref().map(|g| g.median_us));
+        let sp99 = med(ps, &|p| p.staleness.as_ref().map(|g| g.p99_us));
+        // The slower follower's fraction.
+        let applied = med(ps, &|p| p.applied_by_end.iter().copied().reduce(f64::min));
         medians.push(json!({
             "part": k.0, "clients": k.1, "theta": k.2.map(f64::from_bits), "system": k.3,
             "repeats": ps.len(),
@@ -1198,6 +1245,9 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
             "cpu": cpu,
             "gap_median_us": gm.is_finite().then_some(gm),
             "gap_p99_us": gp99.is_finite().then_some(gp99),
+            "staleness_median_us": sm.is_finite().then_some(sm),
+            "staleness_p99_us": sp99.is_finite().then_some(sp99),
+            "applied_by_end_min": applied.is_finite().then_some(applied),
         }));
     }
     let mut ratios = Vec::new();
@@ -1358,6 +1408,14 @@ mod tests {
                 max_us: gap_us,
             }),
             gap_per_follower: vec![],
+            staleness: Some(GapStats {
+                count: 1,
+                median_us: 2.0 * gap_us,
+                p99_us: 2.0 * gap_us,
+                mean_us: 2.0 * gap_us,
+                max_us: 2.0 * gap_us,
+            }),
+            applied_by_end: vec![ops / 1000.0, 1.0],
             error: None,
             terms: None,
             records_per_entry: None,
@@ -1378,5 +1436,16 @@ mod tests {
             .clone();
         assert_eq!(r["throughput_ratio"], 2.0);
         assert_eq!(r["gap_lower_by"], 4.0);
+        // Staleness medians, and the slower follower's fraction applied (median of the
+        // repeats' minima: 0.1, 0.3, 0.2 -> 0.2).
+        let dep = s["medians"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["system"] == "dependent")
+            .unwrap()
+            .clone();
+        assert_eq!(dep["staleness_median_us"], 100.0);
+        assert_eq!(dep["applied_by_end_min"], 0.2);
     }
 }

@@ -26,10 +26,14 @@ use super::System;
 /// The group every benchmark cluster uses.
 pub const GROUP: u64 = 1;
 
-/// Records applies (or does nothing when off).
+/// Records applies (or does nothing when off), and makes each apply cost what
+/// `--apply-us` says.
 #[derive(Debug, Default)]
 pub struct Recorder {
     on: bool,
+    /// Time each record's apply takes (asleep: a state machine waiting on its own IO or
+    /// locks, which more apply threads overlap; the machine's 2 cores are not spent).
+    cost: Duration,
     applies: Mutex<Vec<(u64, u64)>>,
 }
 
@@ -60,6 +64,25 @@ impl chorus_runtime::ooo::OooStateMachine for Recorder {
     }
 }
 
+/// Makes this thread's sleeps end within a microsecond of their deadline: Linux lets a
+/// normal thread's timers fire up to 50 µs late by default (its timer slack), which
+/// would make a 50 µs apply cost ~100 µs. Once per thread.
+fn fine_timer_slack() {
+    thread_local! {
+        static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    SET.with(|s| {
+        if !s.get() {
+            // SAFETY: PR_SET_TIMERSLACK takes a value in ns and changes only the
+            // calling thread's timer slack; failure leaves the default, which is safe.
+            unsafe {
+                libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+            }
+            s.set(true);
+        }
+    });
+}
+
 fn no_state() -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::Unsupported,
@@ -68,16 +91,22 @@ fn no_state() -> std::io::Error {
 }
 
 impl Recorder {
-    /// A recorder; `on = false` makes [`Recorder::note`] free.
-    pub fn new(on: bool) -> Self {
+    /// A recorder; `on = false` with no `cost` makes [`Recorder::note`] free.
+    pub fn new(on: bool, cost: Duration) -> Self {
         Self {
             on,
+            cost,
             applies: Mutex::new(Vec::new()),
         }
     }
 
-    /// Notes that the record with these bytes was applied now.
+    /// Applies the record with these bytes: takes the apply cost, then notes that it was
+    /// applied now.
     pub fn note(&self, data: &[u8]) {
+        if !self.cost.is_zero() {
+            fine_timer_slack();
+            std::thread::sleep(self.cost);
+        }
         if !self.on || data.len() < 8 {
             return;
         }
@@ -91,6 +120,12 @@ impl Recorder {
     /// Whether applies are noted.
     pub fn is_on(&self) -> bool {
         self.on
+    }
+
+    /// Whether the ordered system must follow its committed tail: to note applies or to
+    /// pay their cost.
+    fn replays(&self) -> bool {
+        self.on || !self.cost.is_zero()
     }
 
     /// Everything noted so far.
@@ -113,6 +148,9 @@ pub struct NodeOpts {
     pub dir: PathBuf,
     /// Out-of-order nodes: threads applying committed entries (0: the driver thread).
     pub apply_threads: usize,
+    /// Microseconds each record's apply takes ([`Recorder`]'s cost; the bench process
+    /// passes it to the replica processes).
+    pub apply_us: u64,
     /// Out-of-order nodes: this node's election timeout (the driver derives its
     /// heartbeat and resend intervals from it: a sixth of it each).
     pub election: Duration,
@@ -137,7 +175,7 @@ pub enum Running {
         env: Env,
         /// The group.
         log: LogHandle,
-        /// The tail follower recording applies, if recording.
+        /// The tail follower applying (recording, or paying the apply cost), if any.
         replay: Option<Replayer>,
     },
 }
@@ -206,7 +244,7 @@ pub fn start(
             let log = env
                 .create_group(GROUP, &ids, &[])
                 .map_err(|e| format!("node {}: create group: {e}", o.id))?;
-            let replay = if rec.on {
+            let replay = if rec.replays() {
                 Some(
                     log.replay(0, move |r| rec.note(&r.data))
                         .map_err(|e| format!("node {}: replay: {e}", o.id))?,
