@@ -272,12 +272,17 @@ impl Cluster {
             })
             .collect();
         let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .unwrap();
         let places: Vec<(u64, u32)> = rt.block_on(async {
             let mut out = Vec::new();
             for f in futs {
-                let r = f.await.unwrap();
+                // Bounded: a result that never comes fails the test instead of hanging it.
+                let r = tokio::time::timeout(std::time::Duration::from_secs(20), f)
+                    .await
+                    .expect("no result within 20 s")
+                    .unwrap();
                 assert_eq!(r.outcome, Outcome::Committed);
                 out.push((r.seq, r.index));
             }

@@ -600,7 +600,12 @@ fn print_ooo_entries(out: Output, es: &[pb::OutOfOrderEntry]) {
                 ),
                 Output::Table => {
                     let declared = if !blocks.is_empty() {
-                        format!("blocks {}", blocks.join(","))
+                        let mut d = format!("blocks {}", blocks.join(","));
+                        // Conflict order: the slots the entry committed after.
+                        if !e.raw.is_empty() {
+                            d += &format!(" after {}", list(&e.raw));
+                        }
+                        d
                     } else {
                         let mut d = format!("writes {}", list(&r.write_set));
                         if !r.read_set.is_empty() {
