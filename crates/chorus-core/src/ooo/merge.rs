@@ -443,6 +443,58 @@ mod tests {
         assert!(a[&8][0].1.is_some() && a[&8][1].1.is_none());
     }
 
+    proptest::proptest! {
+        /// Whatever the quorum holds, no entry the merge keeps uncommitted lists a slot it
+        /// decided NULL, directly or through a chain of lists; and without lists nothing
+        /// cascades.
+        #[test]
+        fn no_kept_entry_lists_a_null_slot(
+            rows in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::option::of((1u64..4, proptest::bool::ANY, proptest::collection::vec(0u64..12, 0..3))),
+                    3,
+                ),
+                1..12,
+            )
+        ) {
+            let mut answers = Answers::new();
+            for (seq, row) in rows.iter().enumerate() {
+                let seq = seq as Seq;
+                let views = row
+                    .iter()
+                    .enumerate()
+                    .map(|(n, v)| {
+                        let v = v.as_ref().map(|(term, committed, after)| Version {
+                            term: *term,
+                            id: *term * 100 + seq,
+                            null: false,
+                            // Committed versions list nothing the cascade could touch.
+                            committed: *committed && after.is_empty(),
+                            after: after.iter().copied().filter(|&p| p < seq).collect(),
+                        });
+                        (n as NodeId + 1, v)
+                    })
+                    .collect();
+                answers.insert(seq, views);
+            }
+            let d = merge(1, &answers, &MergeOptions::new(9));
+            let null: std::collections::BTreeSet<Seq> = d
+                .iter()
+                .filter(|x| matches!(x.outcome, Outcome::Null { .. }))
+                .map(|x| x.seq)
+                .collect();
+            for x in &d {
+                if let Outcome::Entry { version, .. } = &x.outcome {
+                    let ok = version.committed || !version.after.iter().any(|p| null.contains(p));
+                    let seq = x.seq;
+                    proptest::prop_assert!(ok, "slot {} kept although it lists a NULL slot", seq);
+                }
+                let ok = !x.cascaded || matches!(x.outcome, Outcome::Null { .. });
+                proptest::prop_assert!(ok);
+            }
+        }
+    }
+
     #[test]
     fn nulls_cascade_to_the_entries_that_list_them() {
         let mut answers = Answers::new();
