@@ -271,3 +271,34 @@ impl Running {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64) -> Vec<u8> {
+        let mut d = id.to_le_bytes().to_vec();
+        d.extend_from_slice(&[0; 16]);
+        d
+    }
+
+    #[test]
+    fn an_apply_takes_its_cost_and_is_noted_only_when_recording() {
+        let cost = Duration::from_millis(2);
+        let off = Recorder::new(false, cost);
+        let t = std::time::Instant::now();
+        off.note(&record(7));
+        assert!(t.elapsed() >= cost, "{:?}", t.elapsed());
+        assert!(off.take().is_empty());
+        assert!(off.replays(), "an apply cost needs the ordered replay");
+
+        let on = Recorder::new(true, Duration::ZERO);
+        on.note(&record(9));
+        on.note(b"short");
+        let v = on.take();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].0, 9);
+        assert!(on.take().is_empty(), "taken once");
+        assert!(!Recorder::new(false, Duration::ZERO).replays());
+    }
+}
