@@ -4007,32 +4007,42 @@ mod tests {
         assert_eq!(net.nodes[&1].read_committed(0, 1).unwrap().len(), 1);
     }
 
+    /// Parallel mode, node 1 leading: it appends `a` (block 0), which the followers do
+    /// not get (until a resend the caller allows), then `b` (blocks 0..2, overlapping
+    /// `a`) and `c` (block 10), which they do. `conflict_order` says which nodes commit
+    /// in conflict order. Returns the net and the tickets of `a`, `b`, `c`.
+    fn withheld_a_then_b_and_c(conflict_order: fn(NodeId) -> bool) -> (Net, [Ticket; 3]) {
+        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
+            c.conflict_order = conflict_order(c.id)
+        });
+        net.elect(1);
+        let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
+        let append = |net: &mut Net, d| {
+            let now = net.now;
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(now, d, vec![1])
+                .unwrap()
+        };
+        let a = append(&mut net, r(0, 1));
+        let carries_a = |m: &Msg| match m {
+            Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == a.seq),
+            _ => false,
+        };
+        net.run_with(|_, _, m| !carries_a(m));
+        let b = append(&mut net, r(0, 2));
+        let c = append(&mut net, r(10, 1));
+        net.run_with(|_, _, m| !carries_a(m));
+        (net, [a, b, c])
+    }
+
     #[test]
     fn conflict_order_holds_an_overlapping_entry_until_its_predecessor_commits() {
         for ordered in [true, false] {
-            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
-                c.conflict_order = ordered
-            });
-            net.elect(1);
-            let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
-            let append = |net: &mut Net, d| {
-                let now = net.now;
-                net.nodes
-                    .get_mut(&1)
-                    .unwrap()
-                    .append(now, d, vec![1])
-                    .unwrap()
-            };
-            let a = append(&mut net, r(0, 1));
-            // The followers never get `a` (until a resend): `b` and `c` have a majority.
-            let carries_a = |m: &Msg| match m {
-                Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == a.seq),
-                _ => false,
-            };
-            net.run_with(|_, _, m| !carries_a(m));
-            let b = append(&mut net, r(0, 2));
-            let c = append(&mut net, r(10, 1));
-            net.run_with(|_, _, m| !carries_a(m));
+            // `b` and `c` have a majority; `a` has only the leader.
+            let (mut net, [a, b, c]) =
+                withheld_a_then_b_and_c(if ordered { |_| true } else { |_| false });
             let committed = |net: &Net| -> Vec<u64> {
                 net.results
                     .iter()
@@ -4062,29 +4072,7 @@ mod tests {
     fn a_merge_that_drops_a_predecessor_drops_the_entry_that_waited_for_it() {
         // Only node 1 commits in conflict order: the entries it writes list what they
         // wait for, and node 2's merge follows the lists whatever its own setting.
-        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
-            c.conflict_order = c.id == 1
-        });
-        net.elect(1);
-        let r = |a, b| Declared::Blocks(vec![BlockRange::new(a, b).unwrap()]);
-        let append = |net: &mut Net, d| {
-            let now = net.now;
-            net.nodes
-                .get_mut(&1)
-                .unwrap()
-                .append(now, d, vec![1])
-                .unwrap()
-        };
-        let a = append(&mut net, r(0, 1));
-        let carries_a = |m: &Msg| match m {
-            Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == a.seq),
-            _ => false,
-        };
-        net.run_with(|_, _, m| !carries_a(m));
-        // `b` overlaps `a` and waits for it; `c` does not and commits.
-        let b = append(&mut net, r(0, 2));
-        let c = append(&mut net, r(10, 1));
-        net.run_with(|_, _, m| !carries_a(m));
+        let (mut net, [a, b, c]) = withheld_a_then_b_and_c(|id| id == 1);
         let b_entry = net.nodes[&2].log[&b.seq].entry.clone();
         assert!(matches!(&b_entry.body, Body::Parallel { after, .. } if after == &[a.seq]));
         // Node 1 is cut off; node 2 wins with node 3, neither of which ever held `a`.
