@@ -1427,12 +1427,11 @@ impl Sim {
                 ));
             }
         }
-        // Conflict order across leader changes: a committed entry's earlier overlapping
-        // appends of its admitting term committed too. (The result check above sees
+        // Conflict order across leader changes (module docs, 6): the result check sees
         // only what one serving leader reports; a new leader's merge must not keep an
-        // entry whose overlapping predecessor it drops.)
-        // Along each block's chain of writers within a term, every committed entry's
-        // nearest earlier writer committed: by induction, every earlier one did.
+        // entry whose overlapping predecessor it drops. Checked along each block's chain
+        // of writers within a term: every committed entry's nearest earlier writer
+        // committed, so by induction every earlier one did.
         let mut last: HashMap<u64, (Seq, u64)> = HashMap::new();
         let mut this_term = None;
         for (&(term, seq), &(eid, ref blocks)) in &self.admitted {

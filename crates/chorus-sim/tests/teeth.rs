@@ -60,21 +60,27 @@ fn the_ghost_entry_is_caught_without_the_guard() {
     }
 }
 
+/// Whether some conflict-ordered parallel seed (≡ 2 mod 3) below `below` fails with the
+/// broken variant `o` sets.
+fn caught_on_conflict_order_seeds(o: chorus_sim::ooo::OooOptions, below: u64) -> bool {
+    (0..below)
+        .filter(|s| s % 3 == 2)
+        .any(|s| !chorus_sim::ooo::run_seed(s, &o).violations.is_empty())
+}
+
 /// Replicas that commit without conflict order while the seed expects it: the result
 /// check must see an entry reported committed before an overlapping earlier one.
 #[test]
 fn commits_out_of_conflict_order_are_caught() {
-    use chorus_core::ooo::replica::Mode;
-    use chorus_sim::ooo::{run_seed, OooOptions};
-    let o = OooOptions {
-        mode: Mode::Parallel { span: 2 },
+    let o = chorus_sim::ooo::OooOptions {
+        mode: chorus_core::ooo::replica::Mode::Parallel { span: 2 },
         broken_conflict_order: true,
-        ..OooOptions::default()
+        ..Default::default()
     };
-    let found = (0..60u64)
-        .filter(|s| s % 3 == 2)
-        .find(|s| !run_seed(*s, &o).violations.is_empty());
-    assert!(found.is_some(), "no commit out of conflict order found");
+    assert!(
+        caught_on_conflict_order_seeds(o, 60),
+        "no commit out of conflict order found"
+    );
 }
 
 /// A merge that does not cascade NULLs along the predecessors a conflict-ordered entry
@@ -82,18 +88,13 @@ fn commits_out_of_conflict_order_are_caught() {
 /// must see a committed entry whose earlier overlapping append of its term did not.
 #[test]
 fn a_merge_that_drops_a_predecessor_but_keeps_its_waiter_is_caught() {
-    use chorus_core::ooo::replica::Mode;
-    use chorus_sim::ooo::{run_seed, OooOptions};
-    let o = OooOptions {
-        mode: Mode::Parallel { span: 2 },
+    let o = chorus_sim::ooo::OooOptions {
+        mode: chorus_core::ooo::replica::Mode::Parallel { span: 2 },
         broken_cascade: true,
-        ..OooOptions::default()
+        ..Default::default()
     };
-    let found = (0..120u64)
-        .filter(|s| s % 3 == 2)
-        .find(|s| !run_seed(*s, &o).violations.is_empty());
     assert!(
-        found.is_some(),
+        caught_on_conflict_order_seeds(o, 120),
         "no entry committed past a dropped predecessor"
     );
 }
