@@ -17,8 +17,14 @@
 //! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
 //! independent entries in parallel): the replica only releases together entries that do
 //! not conflict, each worker calls the caller's callback and reports the slot back to the
-//! driver, which then releases what waited on it. With `apply_threads = 0` the driver
-//! applies itself, one released batch after another.
+//! driver, which then releases what waited on it. A group entry's WAW rule is that of the
+//! union of its records' writes, so with two or more threads a worker also cuts the
+//! entry it takes into pieces — at most one per thread, each a union of whole independent
+//! sets (records that write nothing in common with the rest), balanced by size — and
+//! leaves all but one piece to the other workers; the last piece applied reports the
+//! slot. Without that, a group holding one write of a hot key would apply its ~20
+//! records one after another while every later group writing that key waited. With
+//! `apply_threads = 0` the driver applies itself, one released batch after another.
 //!
 //! Messages travel as frames `u32 length | u32 CRC32C | message` (`docs/formats.md`,
 //! "Out-of-order groups"); each node dials every peer it sends to, announcing itself with
@@ -119,12 +125,16 @@ pub struct OooNodeConfig {
 /// from the base on are applied again over an image that may already hold them; blind
 /// writes, replayed in an order the apply rules allow, end in the same state.
 pub trait OooStateMachine: Send + Sync + 'static {
-    /// Applies the records of the committed entry at `slot`, in their order (the group of
-    /// records the driver packed into it; [`chorus_core::ooo::group`]), once the apply
-    /// rules released it; called on several threads at once for entries that do not
-    /// conflict. NULL slots are not passed. An error stops the node (its state would no
-    /// longer follow the log).
-    fn apply(&self, slot: u64, records: &[Record]) -> std::io::Result<()>;
+    /// Applies records of the committed entry at `slot` (the group of records the driver
+    /// packed into it; [`chorus_core::ooo::group`]), each with its place in the group, in
+    /// group order, once the apply rules released the entry. Called on several threads
+    /// at once, for entries that do not conflict and — with two or more apply threads —
+    /// for pieces of one entry, each a union of its independent sets
+    /// ([`group::independent_sets`]: no two pieces write a block or key in common), so one
+    /// call may carry only some of a slot's records; the slot counts as applied when every
+    /// piece has been. NULL slots are not
+    /// passed. An error stops the node (its state would no longer follow the log).
+    fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()>;
     /// Makes everything applied before the call durable (a checkpoint).
     fn checkpoint(&self) -> std::io::Result<()>;
     /// An image of the state, holding at least everything applied before the call.
@@ -436,23 +446,23 @@ impl OooNode {
             }));
         }
         // Apply workers: they take released entries from one queue and report each
-        // applied slot back to the driver.
-        let (work_tx, work_rx) = mpsc::channel::<Entry>();
-        let work_rx = Arc::new(Mutex::new(work_rx));
+        // applied slot back to the driver; a worker cuts an entry into pieces of whole
+        // independent sets and leaves all but one to the others.
+        let work = Arc::new(ApplyQueue::default());
         for _ in 0..cfg.apply_threads {
-            let (rx, tx, sm) = (work_rx.clone(), tx.clone(), sm.clone());
-            threads.push(std::thread::spawn(move || loop {
-                let next = rx.lock().map(|r| r.recv());
-                let Ok(Ok(e)) = next else { return };
-                let ev = match apply_entry(&*sm, &e) {
-                    Ok(()) => Ev::Applied(e.seq),
-                    Err(err) => Ev::SmFailed(err),
-                };
-                if tx.send(ev).is_err() {
-                    return;
+            let (work, tx, sm) = (work.clone(), tx.clone(), sm.clone());
+            let pieces = cfg.apply_threads;
+            threads.push(std::thread::spawn(move || {
+                while let Some(w) = work.pop() {
+                    if let Some(ev) = apply_work(&*sm, &work, w, pieces) {
+                        if tx.send(ev).is_err() {
+                            return;
+                        }
+                    }
                 }
             }));
         }
+        let work = ApplyPool(work);
         let pool = cfg.apply_threads > 0;
         let mode = cfg.mode;
         // Outbound: one writer thread per peer.
@@ -487,9 +497,9 @@ impl OooNode {
             threads.push(std::thread::spawn(move || io_loop(store, io_rx, tx)));
         }
         threads.push(std::thread::spawn(move || {
-            // Dropping the work queue's and the IO queue's senders when the driver ends
-            // stops the workers and the IO thread.
-            let (work_tx, io_tx) = (work_tx, io_tx);
+            // Dropping the apply pool (it closes its queue) and the IO queue's sender when
+            // the driver ends stops the workers and the IO thread.
+            let (work, io_tx) = (work, io_tx);
             // The writers of each group entry in flight, by entry id, in record order.
             let mut waiters: HashMap<u64, Vec<Reply>> = HashMap::new();
             // Records taken this round, packed into group entries once the round's events
@@ -507,7 +517,7 @@ impl OooNode {
             let mut unsynced: HashMap<u64, u64> = HashMap::new();
             let ctx = Ctx {
                 peers: &peers,
-                pool: pool.then_some(&work_tx),
+                pool: pool.then_some(&work.0),
                 sm: &sm,
                 events: &ev_tx,
             };
@@ -914,14 +924,153 @@ fn apply_entry(sm: &dyn OooStateMachine, e: &Entry) -> Result<(), String> {
         return Ok(());
     }
     let records = group::records(e).map_err(|err| format!("slot {}: {err}", e.seq))?;
-    sm.apply(e.seq, &records)
+    let placed: Vec<(u32, Record)> = (0u32..).zip(records).collect();
+    sm.apply(e.seq, &placed)
         .map_err(|err| format!("applying slot {}: {err}", e.seq))
+}
+
+/// Work for the apply pool.
+enum ApplyWork {
+    /// An entry the replica released.
+    Entry(Entry),
+    /// One independent set of an entry a worker split ([`group::independent_sets`]).
+    Set(Arc<SplitEntry>, Vec<(u32, Record)>),
+}
+
+/// An entry whose independent sets are applied by several workers: the worker that
+/// applies its last set reports the slot applied.
+struct SplitEntry {
+    seq: u64,
+    left: std::sync::atomic::AtomicUsize,
+}
+
+/// The apply pool's queue: the driver pushes released entries, workers push the sets
+/// they split off; closed when the driver ends.
+#[derive(Default)]
+struct ApplyQueue {
+    q: Mutex<(std::collections::VecDeque<ApplyWork>, bool)>,
+    ready: std::sync::Condvar,
+}
+
+impl ApplyQueue {
+    fn push(&self, w: ApplyWork) {
+        self.q.lock().expect("apply queue").0.push_back(w);
+        self.ready.notify_one();
+    }
+
+    /// The next piece of work, waiting for one; `None` once the queue is closed.
+    fn pop(&self) -> Option<ApplyWork> {
+        let mut q = self.q.lock().expect("apply queue");
+        loop {
+            if q.1 {
+                return None;
+            }
+            if let Some(w) = q.0.pop_front() {
+                return Some(w);
+            }
+            q = self.ready.wait(q).expect("apply queue");
+        }
+    }
+}
+
+/// The driver's handle on the apply queue: dropping it closes the queue, which stops the
+/// workers (work still queued is dropped: the node is stopping, and the replica replays
+/// unapplied entries from its base at the next start).
+struct ApplyPool(Arc<ApplyQueue>);
+
+impl Drop for ApplyPool {
+    fn drop(&mut self) {
+        self.0.q.lock().expect("apply queue").1 = true;
+        self.0.ready.notify_all();
+    }
+}
+
+/// Applies one piece of work on a pool worker; returns what to tell the driver, if
+/// anything (a piece that is not its entry's last says nothing). With `pieces` of two or
+/// more (the pool's size), an entry whose records form several independent sets is cut
+/// into at most that many pieces, each a union of whole sets (so no two pieces write the
+/// same block or key) balanced by record count: this worker applies the first and queues
+/// the others for the free workers. One piece per worker, not one per set: at high load
+/// nearly every record of an entry is its own set, and a queue push and wake-up per
+/// record would cost more than the records' apply.
+fn apply_work(
+    sm: &dyn OooStateMachine,
+    queue: &ApplyQueue,
+    w: ApplyWork,
+    pieces: usize,
+) -> Option<Ev> {
+    let (seq, set, parent) = match w {
+        ApplyWork::Entry(e) => {
+            if e.is_null() || pieces < 2 {
+                return Some(match apply_entry(sm, &e) {
+                    Ok(()) => Ev::Applied(e.seq),
+                    Err(err) => Ev::SmFailed(err),
+                });
+            }
+            let records = match group::records(&e) {
+                Ok(r) => r,
+                Err(err) => return Some(Ev::SmFailed(format!("slot {}: {err}", e.seq))),
+            };
+            let mut bins = into_pieces(group::independent_sets(&records), pieces);
+            let mut slots: Vec<Option<Record>> = records.into_iter().map(Some).collect();
+            let mut bins = bins.drain(..).map(|bin| {
+                bin.into_iter()
+                    .map(|i| (i as u32, slots[i].take().expect("each record in one piece")))
+                    .collect::<Vec<_>>()
+            });
+            let first = bins.next().unwrap_or_default();
+            let rest: Vec<_> = bins.collect();
+            if rest.is_empty() {
+                (e.seq, first, None)
+            } else {
+                let parent = Arc::new(SplitEntry {
+                    seq: e.seq,
+                    left: (rest.len() + 1).into(),
+                });
+                for set in rest {
+                    queue.push(ApplyWork::Set(parent.clone(), set));
+                }
+                (e.seq, first, Some(parent))
+            }
+        }
+        ApplyWork::Set(parent, set) => (parent.seq, set, Some(parent)),
+    };
+    if let Err(err) = sm.apply(seq, &set) {
+        return Some(Ev::SmFailed(format!("applying slot {seq}: {err}")));
+    }
+    match parent {
+        Some(p) if p.left.fetch_sub(1, Ordering::AcqRel) != 1 => None,
+        _ => Some(Ev::Applied(seq)),
+    }
+}
+
+/// Packs independent sets (of record places, each ascending) into at most `pieces`
+/// pieces: the largest set first, each into the piece with the fewest records so far;
+/// each piece's places ascending, which keeps every set's own order. Pieces come out
+/// non-empty.
+fn into_pieces(sets: Vec<Vec<usize>>, pieces: usize) -> Vec<Vec<usize>> {
+    let n = pieces.clamp(1, sets.len().max(1));
+    let mut sets = sets;
+    sets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut bins: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for set in sets {
+        let bin = bins
+            .iter_mut()
+            .min_by_key(|b| b.len())
+            .expect("at least one piece");
+        bin.extend(set);
+    }
+    bins.retain(|b| !b.is_empty());
+    for b in &mut bins {
+        b.sort_unstable();
+    }
+    bins
 }
 
 /// What [`run_actions`] reaches besides the replica.
 struct Ctx<'a> {
     peers: &'a HashMap<NodeId, Arc<Link>>,
-    pool: Option<&'a Sender<Entry>>,
+    pool: Option<&'a ApplyQueue>,
     sm: &'a Arc<dyn OooStateMachine>,
     events: &'a Sender<Ev>,
 }
@@ -941,9 +1090,7 @@ fn run_actions(
         match a {
             Action::Send { to, msg } => send(x.peers, c, to, &msg),
             Action::Apply(e) => match x.pool {
-                Some(w) => {
-                    let _ = w.send(e);
-                }
+                Some(w) => w.push(ApplyWork::Entry(e)),
                 None => match apply_entry(&**x.sm, &e) {
                     Ok(()) => {
                         c.applied += 1;
@@ -1324,6 +1471,142 @@ fn dial(addr: SocketAddr, tls: Option<&crate::transport::Tls>) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key-value map that notes each record's place as it applies it.
+    #[derive(Default)]
+    struct Kv {
+        map: Mutex<HashMap<u64, Vec<u8>>>,
+        places: Mutex<Vec<u32>>,
+    }
+
+    impl OooStateMachine for Kv {
+        fn apply(&self, _slot: u64, records: &[(u32, Record)]) -> std::io::Result<()> {
+            assert!(
+                records.windows(2).all(|w| w[0].0 < w[1].0),
+                "a call's records in group order"
+            );
+            for (i, r) in records {
+                if let Declared::Txn { write_set, .. } = &r.declared {
+                    for k in write_set {
+                        self.map.lock().unwrap().insert(*k, r.data.clone());
+                    }
+                }
+                self.places.lock().unwrap().push(*i);
+            }
+            Ok(())
+        }
+        fn checkpoint(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn image(&self) -> std::io::Result<Vec<u8>> {
+            Ok(Vec::new())
+        }
+        fn restore(&self, _: &[u8]) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A group entry split into independent sets, applied in the worst order the pool
+    /// allows (the worker's own set first, then the queued sets last first), ends in the
+    /// state of applying the group in order; every record is applied once, and the slot
+    /// is reported applied once, by its last set. Every fifth record writes hot key 0
+    /// (a chain through the group) and every seventh key 1.
+    #[test]
+    fn a_split_entry_applies_like_its_group_in_order() {
+        let records: Vec<Record> = (0..40u64)
+            .map(|i| {
+                let mut write_set = vec![100 + i];
+                if i % 5 == 0 {
+                    write_set.push(0);
+                }
+                if i % 7 == 0 {
+                    write_set.push(1);
+                }
+                Record {
+                    declared: Declared::Txn {
+                        read_set: vec![0],
+                        write_set,
+                    },
+                    data: i.to_le_bytes().to_vec(),
+                }
+            })
+            .collect();
+        let Declared::Txn { write_set, .. } = group::union(Mode::Dependent, &records) else {
+            unreachable!("a dependent union")
+        };
+        let entry = Entry {
+            seq: 9,
+            term: 1,
+            start: 0,
+            eid: 1,
+            body: chorus_core::ooo::replica::Body::Dependent {
+                base: 0,
+                deps: Default::default(),
+                write_set,
+                data: encode_group(&records),
+            },
+        };
+        let serial = Kv::default();
+        assert!(matches!(
+            apply_work(
+                &serial,
+                &ApplyQueue::default(),
+                ApplyWork::Entry(entry.clone()),
+                1
+            ),
+            Some(Ev::Applied(9))
+        ));
+        assert_eq!(
+            *serial.places.lock().unwrap(),
+            (0..40).collect::<Vec<u32>>()
+        );
+
+        // With as many pieces as it can use, each set is its own piece: the worker kept
+        // the set of record 0 (the 12 records 0, 5, 7, 10, 14, 15, 20, 21, 25, 28, 30, 35
+        // chain through keys 0 and 1), the other 28 are alone. With 4 pieces, the chain is
+        // one and the 28 are spread over three others.
+        for (pieces, queued_pieces) in [(64, 28), (4, 3)] {
+            let split = Kv::default();
+            let queue = ApplyQueue::default();
+            assert!(apply_work(&split, &queue, ApplyWork::Entry(entry.clone()), pieces).is_none());
+            let mut queued = Vec::new();
+            while let Some(w) = queue.q.lock().unwrap().0.pop_front() {
+                queued.push(w);
+            }
+            assert_eq!(queued.len(), queued_pieces, "{pieces} pieces");
+            let mut reports = Vec::new();
+            for w in queued.into_iter().rev() {
+                reports.push(apply_work(&split, &queue, w, pieces));
+            }
+            let (last, others) = reports.split_last().unwrap();
+            assert!(others.iter().all(Option::is_none));
+            assert!(matches!(last, Some(Ev::Applied(9))));
+            assert_eq!(*split.map.lock().unwrap(), *serial.map.lock().unwrap());
+            let mut places = split.places.lock().unwrap().clone();
+            places.sort_unstable();
+            assert_eq!(places, (0..40).collect::<Vec<u32>>());
+        }
+    }
+
+    /// Pieces are unions of whole sets, balanced by size, each in ascending order.
+    #[test]
+    fn pieces_hold_whole_sets_balanced() {
+        let sets = vec![
+            vec![0, 3, 9],
+            vec![1],
+            vec![2, 4],
+            vec![5],
+            vec![6],
+            vec![7, 8],
+        ];
+        assert_eq!(
+            into_pieces(sets.clone(), 3),
+            vec![vec![0, 3, 6, 9], vec![1, 2, 4], vec![5, 7, 8]]
+        );
+        assert_eq!(into_pieces(sets.clone(), 100).len(), 6);
+        assert_eq!(into_pieces(sets, 1), vec![(0..10).collect::<Vec<usize>>()]);
+        assert!(into_pieces(Vec::new(), 4).is_empty());
+    }
 
     /// Frames sent through a [`Link`] — inline when the socket is idle, through the
     /// writer thread otherwise, and split between the two when the socket takes only part

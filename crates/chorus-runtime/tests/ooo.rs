@@ -38,11 +38,11 @@ impl Sm {
 }
 
 impl OooStateMachine for Sm {
-    fn apply(&self, slot: u64, records: &[Record]) -> std::io::Result<()> {
+    fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()> {
         let mut seen = self.applied.lock().unwrap();
-        for (i, r) in records.iter().enumerate() {
+        for (i, r) in records {
             apply_to(&self.live, r);
-            seen.insert((slot, i as u32), r.clone());
+            seen.insert((slot, *i), r.clone());
         }
         Ok(())
     }

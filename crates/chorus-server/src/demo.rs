@@ -199,8 +199,8 @@ impl DemoState {
 }
 
 impl OooStateMachine for DemoState {
-    fn apply(&self, slot: u64, records: &[Record]) -> io::Result<()> {
-        for (i, rec) in records.iter().enumerate() {
+    fn apply(&self, slot: u64, records: &[(u32, Record)]) -> io::Result<()> {
+        for (i, rec) in records {
             match (&self.kind, &rec.declared) {
                 (Kind::Volume(_), Declared::Blocks(ranges)) => {
                     let f = self.file().expect("volume");
@@ -564,15 +564,18 @@ mod tests {
     use super::*;
     use chorus_core::ooo::parallel::BlockRange;
 
-    fn blocks(at: &[(u64, u8)]) -> Vec<Record> {
-        vec![Record {
-            declared: Declared::Blocks(
-                at.iter()
-                    .map(|&(b, _)| BlockRange::new(b, 1).unwrap())
-                    .collect(),
-            ),
-            data: at.iter().flat_map(|&(_, x)| vec![x; 4096]).collect(),
-        }]
+    fn blocks(at: &[(u64, u8)]) -> Vec<(u32, Record)> {
+        vec![(
+            0,
+            Record {
+                declared: Declared::Blocks(
+                    at.iter()
+                        .map(|&(b, _)| BlockRange::new(b, 1).unwrap())
+                        .collect(),
+                ),
+                data: at.iter().flat_map(|&(_, x)| vec![x; 4096]).collect(),
+            },
+        )]
     }
 
     #[test]
@@ -697,8 +700,8 @@ mod tests {
             },
             data: v.to_vec(),
         };
-        ka.apply(0, &[txn(vec![1, 2], b"a")]).unwrap();
-        kb.apply(0, &[txn(vec![2, 3, 4], b"b")]).unwrap();
+        ka.apply(0, &[(0, txn(vec![1, 2], b"a"))]).unwrap();
+        kb.apply(0, &[(0, txn(vec![2, 3, 4], b"b"))]).unwrap();
         let scope = Footprint {
             blocks: vec![],
             keys: vec![1, 2, 3],
@@ -761,8 +764,11 @@ mod tests {
             },
             data: v.to_vec(),
         };
-        kv.apply(0, &[txn(vec![4, 8], b"v0"), txn(vec![8, 4], b"v1")])
-            .unwrap();
+        kv.apply(
+            0,
+            &[(0, txn(vec![4, 8], b"v0")), (1, txn(vec![8, 4], b"v1"))],
+        )
+        .unwrap();
         // A record of the other mode is refused by name.
         let e = kv.apply(1, &blocks(&[(1, 1)])).unwrap_err().to_string();
         assert!(e.contains("slot 1 record 0"), "{e}");

@@ -43,9 +43,9 @@ impl chorus_runtime::ooo::OooStateMachine for Recorder {
     fn apply(
         &self,
         _slot: u64,
-        records: &[chorus_core::ooo::group::Record],
+        records: &[(u32, chorus_core::ooo::group::Record)],
     ) -> std::io::Result<()> {
-        for r in records {
+        for (_, r) in records {
             self.note(&r.data);
         }
         Ok(())

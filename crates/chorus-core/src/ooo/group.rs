@@ -7,8 +7,10 @@
 //! records' declarations and whose data is the records themselves, each with its own
 //! declaration ([`crate::format::ooo::encode_group`]). This is sound because a union only
 //! adds conflicts: an entry that declares more waits for more, never for less; and the
-//! records of one entry are applied together, in their order inside it, so what they do to
-//! each other is their order in the group, exactly as if they had had consecutive slots.
+//! records of one entry that write a block or key in common are applied in their order
+//! inside it (records that write nothing in common may be applied at once, on several
+//! threads: [`independent_sets`]), so what they do to each other is their order in the
+//! group, exactly as if they had had consecutive slots.
 //! What the group saves is everything paid per entry: header, metadata, one write, one
 //! acknowledgement, one commit-window bit, one apply release.
 //!
@@ -131,6 +133,77 @@ pub fn split(sizes: impl IntoIterator<Item = usize>) -> Vec<usize> {
     out
 }
 
+/// The records of a group split into sets that may be applied at the same time: two
+/// records whose writes overlap (a block both write, a key both write) are in one set,
+/// so a set is a chain of records that must keep their group order, and records of
+/// different sets write nothing in common. Each set lists record positions ascending;
+/// the sets are ordered by their first record. Reads are not looked at: what a follower
+/// applies is the records' writes, blind (DP-Raft section 4.3 gates a follower's apply on
+/// WAW dependencies only), and blind writes to disjoint blocks or keys commute — so
+/// applying the sets in any interleaving, each in order, ends where applying the group
+/// in order does.
+///
+/// This is what lets several apply threads share one group entry (the entry-level WAW
+/// rule still orders whole entries): without it a group whose union writes a hot key is
+/// applied record after record even when only a few of its records write that key.
+pub fn independent_sets(records: &[Record]) -> Vec<Vec<usize>> {
+    let n = records.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    fn join(parent: &mut [usize], a: usize, b: usize) {
+        let (ra, rb) = (find(parent, a), find(parent, b));
+        // The smaller position is the root, so a set's root is its first record.
+        if ra != rb {
+            let (lo, hi) = (ra.min(rb), ra.max(rb));
+            parent[hi] = lo;
+        }
+    }
+    // Block ranges: sweep them by start; a range starting before the furthest end seen
+    // in the current run of overlapping ranges overlaps one of them.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    let mut last_writer: std::collections::HashMap<u64, usize> = Default::default();
+    for (i, r) in records.iter().enumerate() {
+        match &r.declared {
+            Declared::Blocks(rs) => ranges.extend(rs.iter().map(|b| (b.start, b.end, i))),
+            Declared::Txn { write_set, .. } => {
+                for &k in write_set {
+                    if let Some(j) = last_writer.insert(k, i) {
+                        join(&mut parent, i, j);
+                    }
+                }
+            }
+        }
+    }
+    ranges.sort_unstable();
+    let mut run: Option<(u64, usize)> = None; // (furthest end, a record in the run)
+    for (start, end, i) in ranges {
+        match run {
+            Some((far, j)) if start < far => {
+                join(&mut parent, i, j);
+                run = Some((far.max(end), j));
+            }
+            _ => run = Some((end, i)),
+        }
+    }
+    let mut sets: Vec<Vec<usize>> = Vec::new();
+    let mut set_of_root: std::collections::HashMap<usize, usize> = Default::default();
+    for i in 0..n {
+        let root = find(&mut parent, i);
+        let at = *set_of_root.entry(root).or_insert_with(|| {
+            sets.push(Vec::new());
+            sets.len() - 1
+        });
+        sets[at].push(i);
+    }
+    sets
+}
+
 /// The records of a group entry, in their order (none for NULL). An entry whose data is
 /// not a group payload, or holds a record of the other mode's kind, is an error naming
 /// the slot.
@@ -242,6 +315,42 @@ mod tests {
         assert_eq!(split([10, 200 << 10, 10]), vec![1, 1, 1]);
     }
 
+    fn txn(w: &[u64]) -> Record {
+        Record {
+            declared: Declared::Txn {
+                read_set: vec![],
+                write_set: w.to_vec(),
+            },
+            data: vec![],
+        }
+    }
+
+    #[test]
+    fn independent_sets_chain_overlapping_writes_only() {
+        // 0 and 2 write key 7, 2 and 4 write key 9: one chain; 1 and 3 alone. Reads
+        // do not join sets.
+        let mut r1 = txn(&[1]);
+        r1.declared = Declared::Txn {
+            read_set: vec![7, 9],
+            write_set: vec![1],
+        };
+        let recs = [txn(&[7]), r1, txn(&[9, 7]), txn(&[3]), txn(&[9])];
+        assert_eq!(
+            independent_sets(&recs),
+            vec![vec![0, 2, 4], vec![1], vec![3]]
+        );
+        // Blocks: 0..4 and 3..5 overlap; 5..6 only touches 3..5; 10..12 and 0..1 join
+        // record 0 through its second range.
+        let recs = [
+            blocks(&[(0, 4)]),
+            blocks(&[(5, 6)]),
+            blocks(&[(3, 5)]),
+            blocks(&[(10, 12), (0, 1)]),
+        ];
+        assert_eq!(independent_sets(&recs), vec![vec![0, 2, 3], vec![1]]);
+        assert!(independent_sets(&[]).is_empty());
+    }
+
     proptest! {
         /// Every block a record writes is in the union, and the union holds no block that
         /// no record writes; its ranges are sorted, disjoint and not adjacent.
@@ -264,6 +373,52 @@ mod tests {
                 let written = recs.iter().flatten().any(|&(s, n)| s <= b && b < s + n);
                 let covered = u.iter().any(|r| r.start <= b && b < r.end);
                 prop_assert_eq!(written, covered, "block {}", b);
+            }
+        }
+
+        /// The sets hold every record once, each ascending, and two records of different
+        /// sets write no block or key in common.
+        #[test]
+        fn independent_sets_partition_and_share_no_write(
+            recs in proptest::collection::vec(
+                (any::<bool>(), proptest::collection::vec((0u64..40, 1u64..6), 0..4)), 0..24)
+        ) {
+            let records: Vec<Record> = recs
+                .iter()
+                .map(|(is_block, ws)| if *is_block {
+                    blocks(&ws.iter().map(|&(s, n)| (s, s + n)).collect::<Vec<_>>())
+                } else {
+                    txn(&ws.iter().map(|&(s, _)| s).collect::<Vec<_>>())
+                })
+                .collect();
+            let sets = independent_sets(&records);
+            let mut seen = vec![usize::MAX; records.len()];
+            for (k, set) in sets.iter().enumerate() {
+                prop_assert!(set.windows(2).all(|w| w[0] < w[1]));
+                for &i in set {
+                    prop_assert_eq!(seen[i], usize::MAX, "record {} twice", i);
+                    seen[i] = k;
+                }
+            }
+            prop_assert!(seen.iter().all(|&k| k != usize::MAX));
+            let writes = |r: &Record, x: u64, block: bool| match &r.declared {
+                Declared::Blocks(rs) => block && rs.iter().any(|b| b.start <= x && x < b.end),
+                Declared::Txn { write_set, .. } => !block && write_set.contains(&x),
+            };
+            for i in 0..records.len() {
+                for j in i + 1..records.len() {
+                    if seen[i] == seen[j] {
+                        continue;
+                    }
+                    for x in 0..50u64 {
+                        for block in [true, false] {
+                            prop_assert!(
+                                !(writes(&records[i], x, block) && writes(&records[j], x, block)),
+                                "records {} and {} both write {} but are in different sets", i, j, x
+                            );
+                        }
+                    }
+                }
             }
         }
 
