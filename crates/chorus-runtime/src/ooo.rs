@@ -1543,7 +1543,7 @@ mod tests {
                 base: 0,
                 deps: Default::default(),
                 write_set,
-                data: encode_group(&records),
+                data: encode_group(&records).into(),
             },
         };
         let serial = Kv::default();

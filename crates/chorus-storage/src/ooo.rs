@@ -318,7 +318,7 @@ mod tests {
                 base: 0,
                 deps: Deps::default(),
                 write_set: vec![seq],
-                data: vec![7; 100],
+                data: vec![7; 100].into(),
             },
         }
     }

@@ -194,6 +194,13 @@ impl<'a> Reader<'a> {
         Ok(self.take(n as usize)?.to_vec())
     }
 
+    /// [`Reader::bytes`], copied straight into a shared buffer (an entry's record, which
+    /// the replica clones for writing, committing and applying without copying it).
+    pub(crate) fn shared_bytes(&mut self) -> Result<std::sync::Arc<[u8]>, FormatError> {
+        let n = self.u32()?;
+        Ok(self.take(n as usize)?.into())
+    }
+
     /// A `u32` count (at most [`meta::MAX_MEMBERS`]) of node ids, then the ids.
     pub(crate) fn ids(&mut self, field: &'static str) -> Result<Vec<meta::NodeId>, FormatError> {
         let n = self.u32()?;

@@ -311,7 +311,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
             } else {
                 Vec::new()
             };
-            let data = r.bytes()?;
+            let data = r.shared_bytes()?;
             Body::Parallel {
                 ranges,
                 look_behind,
@@ -324,7 +324,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
             let raw = r.u64s("RAW list")?;
             let waw = r.u64s("WAW list")?;
             let write_set = r.u64s("write set")?;
-            let data = r.bytes()?;
+            let data = r.shared_bytes()?;
             Body::Dependent {
                 base,
                 deps: Deps { raw, waw },
@@ -932,7 +932,7 @@ mod tests {
                     ranges,
                     look_behind,
                     after,
-                    data
+                    data: data.into()
                 }),
             (
                 any::<u64>(),
@@ -945,7 +945,7 @@ mod tests {
                     base,
                     deps: Deps { raw, waw },
                     write_set,
-                    data
+                    data: data.into()
                 }),
         ];
         (any::<u64>(), any::<u64>(), any::<u64>(), 1u64.., body).prop_map(
@@ -1090,7 +1090,7 @@ mod tests {
                 ranges: vec![BlockRange::new(3, 1).expect("non-empty")],
                 look_behind: vec![vec![]],
                 after,
-                data: b"x".to_vec(),
+                data: b"x"[..].into(),
             },
         };
         let plain = encode_entry(&entry(Vec::new()));

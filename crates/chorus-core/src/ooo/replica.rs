@@ -89,6 +89,7 @@
 //!   replays the log.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog};
 use super::merge::{self, MergeOptions, Version};
@@ -127,8 +128,9 @@ pub enum Body {
         /// otherwise. A merge that makes one of them NULL makes this entry NULL too, as
         /// dependent mode does along RAW predecessors: it cannot have committed first.
         after: Vec<Seq>,
-        /// The record.
-        data: Vec<u8>,
+        /// The record, shared: the replica hands one entry to its write, its sends, its
+        /// commit and its apply, and a clone must not copy a 128 KiB group.
+        data: Arc<[u8]>,
     },
     /// A dependent-mode record.
     Dependent {
@@ -138,8 +140,9 @@ pub enum Body {
         deps: Deps,
         /// Keys it writes.
         write_set: Vec<u64>,
-        /// The record.
-        data: Vec<u8>,
+        /// The record, shared: the replica hands one entry to its write, its sends, its
+        /// commit and its apply, and a clone must not copy a 128 KiB group.
+        data: Arc<[u8]>,
     },
 }
 
@@ -2333,7 +2336,7 @@ impl OooReplica {
                     ranges: st.ranges,
                     look_behind: st.look_behind,
                     after,
-                    data,
+                    data: data.into(),
                 }
             }
             (
@@ -2348,7 +2351,7 @@ impl OooReplica {
                     base: de.base,
                     deps: de.deps,
                     write_set: de.write_set,
-                    data,
+                    data: data.into(),
                 }
             }
             (mode, d) => {
@@ -3439,7 +3442,7 @@ mod tests {
                                 if let Body::Parallel { ranges, data, .. } = &e.body {
                                     let st = self.state.entry(id).or_default();
                                     for rg in ranges {
-                                        st.insert(rg.start, data.clone());
+                                        st.insert(rg.start, data.to_vec());
                                     }
                                 }
                                 r.applied(e.seq).expect("apply");
