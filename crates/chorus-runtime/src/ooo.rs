@@ -988,11 +988,12 @@ impl Drop for ApplyPool {
 /// Applies one piece of work on a pool worker; returns what to tell the driver, if
 /// anything (a piece that is not its entry's last says nothing). With `pieces` of two or
 /// more (the pool's size), an entry whose records form several independent sets is cut
-/// into at most that many pieces, each a union of whole sets (so no two pieces write the
-/// same block or key) balanced by record count: this worker applies the first and queues
-/// the others for the free workers. One piece per worker, not one per set: at high load
-/// nearly every record of an entry is its own set, and a queue push and wake-up per
-/// record would cost more than the records' apply.
+/// into at most that many pieces ([`group::pieces`]: unions of whole sets, so no two
+/// pieces write the same block or key, balanced by record count): this worker applies
+/// the first and queues the others for the free workers. One piece per worker, not one
+/// per set, bounds the queue hand-offs per entry by the pool's size (at high load nearly
+/// every record of an entry is its own set); the two measured the same
+/// (`docs/benchmarks.md`).
 fn apply_work(
     sm: &dyn OooStateMachine,
     queue: &ApplyQueue,
@@ -1011,7 +1012,7 @@ fn apply_work(
                 Ok(r) => r,
                 Err(err) => return Some(Ev::SmFailed(format!("slot {}: {err}", e.seq))),
             };
-            let mut bins = into_pieces(group::independent_sets(&records), pieces);
+            let mut bins = group::pieces(group::independent_sets(&records), pieces);
             let mut slots: Vec<Option<Record>> = records.into_iter().map(Some).collect();
             let mut bins = bins.drain(..).map(|bin| {
                 bin.into_iter()
@@ -1042,29 +1043,6 @@ fn apply_work(
         Some(p) if p.left.fetch_sub(1, Ordering::AcqRel) != 1 => None,
         _ => Some(Ev::Applied(seq)),
     }
-}
-
-/// Packs independent sets (of record places, each ascending) into at most `pieces`
-/// pieces: the largest set first, each into the piece with the fewest records so far;
-/// each piece's places ascending, which keeps every set's own order. Pieces come out
-/// non-empty.
-fn into_pieces(sets: Vec<Vec<usize>>, pieces: usize) -> Vec<Vec<usize>> {
-    let n = pieces.clamp(1, sets.len().max(1));
-    let mut sets = sets;
-    sets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    let mut bins: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for set in sets {
-        let bin = bins
-            .iter_mut()
-            .min_by_key(|b| b.len())
-            .expect("at least one piece");
-        bin.extend(set);
-    }
-    bins.retain(|b| !b.is_empty());
-    for b in &mut bins {
-        b.sort_unstable();
-    }
-    bins
 }
 
 /// What [`run_actions`] reaches besides the replica.
@@ -1586,26 +1564,6 @@ mod tests {
             places.sort_unstable();
             assert_eq!(places, (0..40).collect::<Vec<u32>>());
         }
-    }
-
-    /// Pieces are unions of whole sets, balanced by size, each in ascending order.
-    #[test]
-    fn pieces_hold_whole_sets_balanced() {
-        let sets = vec![
-            vec![0, 3, 9],
-            vec![1],
-            vec![2, 4],
-            vec![5],
-            vec![6],
-            vec![7, 8],
-        ];
-        assert_eq!(
-            into_pieces(sets.clone(), 3),
-            vec![vec![0, 3, 6, 9], vec![1, 2, 4], vec![5, 7, 8]]
-        );
-        assert_eq!(into_pieces(sets.clone(), 100).len(), 6);
-        assert_eq!(into_pieces(sets, 1), vec![(0..10).collect::<Vec<usize>>()]);
-        assert!(into_pieces(Vec::new(), 4).is_empty());
     }
 
     /// Frames sent through a [`Link`] — inline when the socket is idle, through the

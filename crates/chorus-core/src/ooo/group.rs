@@ -9,8 +9,8 @@
 //! adds conflicts: an entry that declares more waits for more, never for less; and the
 //! records of one entry that write a block or key in common are applied in their order
 //! inside it (records that write nothing in common may be applied at once, on several
-//! threads: [`independent_sets`]), so what they do to each other is their order in the
-//! group, exactly as if they had had consecutive slots.
+//! threads: [`independent_sets`], packed per thread by [`pieces`]), so what they do to
+//! each other is their order in the group, exactly as if they had had consecutive slots.
 //! What the group saves is everything paid per entry: header, metadata, one write, one
 //! acknowledgement, one commit-window bit, one apply release.
 //!
@@ -202,6 +202,28 @@ pub fn independent_sets(records: &[Record]) -> Vec<Vec<usize>> {
         sets[at].push(i);
     }
     sets
+}
+
+/// Packs [`independent_sets`] into at most `n` pieces for `n` apply threads: the largest
+/// set first, each into the piece with the fewest records so far; each piece's places
+/// ascending, which keeps every set's own order. No two pieces write a block or key in
+/// common, because each set lies whole in one. Pieces come out non-empty; `n` of 0 counts
+/// as 1.
+pub fn pieces(sets: Vec<Vec<usize>>, n: usize) -> Vec<Vec<usize>> {
+    let n = n.clamp(1, sets.len().max(1));
+    let mut sets = sets;
+    sets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut bins: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for set in sets {
+        if let Some(bin) = bins.iter_mut().min_by_key(|b| b.len()) {
+            bin.extend(set);
+        }
+    }
+    bins.retain(|b| !b.is_empty());
+    for b in &mut bins {
+        b.sort_unstable();
+    }
+    bins
 }
 
 /// The records of a group entry, in their order (none for NULL). An entry whose data is
@@ -419,6 +441,40 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+
+        /// Pieces: at most `n`, non-empty, ascending, every place once, each set whole in
+        /// one piece, and no piece more than the largest set above a fair share.
+        #[test]
+        fn pieces_hold_whole_sets_balanced(
+            sizes in proptest::collection::vec(1usize..6, 0..40),
+            n in 0usize..10,
+        ) {
+            let mut at = 0;
+            let sets: Vec<Vec<usize>> = sizes
+                .iter()
+                .map(|&k| {
+                    at += k;
+                    (at - k..at).collect()
+                })
+                .collect();
+            let got = pieces(sets.clone(), n);
+            prop_assert!(got.len() <= n.max(1));
+            prop_assert_eq!(got.len(), n.max(1).min(sets.len()));
+            let mut all: Vec<usize> = got.iter().flatten().copied().collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..at).collect::<Vec<_>>());
+            for p in &got {
+                prop_assert!(!p.is_empty() && p.windows(2).all(|w| w[0] < w[1]));
+            }
+            for set in &sets {
+                prop_assert!(got.iter().any(|p| set.iter().all(|i| p.contains(i))));
+            }
+            let largest = sizes.iter().copied().max().unwrap_or(0);
+            let share = at.div_ceil(n.max(1));
+            for p in &got {
+                prop_assert!(p.len() <= share + largest, "{} > {} + {}", p.len(), share, largest);
             }
         }
 
