@@ -38,6 +38,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod applyq;
 pub mod env;
 pub mod error;
 pub mod group;

@@ -22,7 +22,8 @@
 //! entry it takes into pieces — at most one per thread, each a union of whole independent
 //! sets (records that write nothing in common with the rest), balanced by size — and
 //! leaves all but one piece to the other workers; the last piece applied reports the
-//! slot. Without that, a group holding one write of a hot key would apply its ~20
+//! slot (the queue and that countdown are [`crate::applyq`], checked with loom). Without
+//! that, a group holding one write of a hot key would apply its ~20
 //! records one after another while every later group writing that key waited. With
 //! `apply_threads = 0` the driver applies itself, one released batch after another.
 //!
@@ -64,6 +65,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::applyq::{Countdown, WorkQueue};
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::encode_group;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
@@ -941,37 +943,12 @@ enum ApplyWork {
 /// applies its last set reports the slot applied.
 struct SplitEntry {
     seq: u64,
-    left: std::sync::atomic::AtomicUsize,
+    left: Countdown,
 }
 
-/// The apply pool's queue: the driver pushes released entries, workers push the sets
-/// they split off; closed when the driver ends.
-#[derive(Default)]
-struct ApplyQueue {
-    q: Mutex<(std::collections::VecDeque<ApplyWork>, bool)>,
-    ready: std::sync::Condvar,
-}
-
-impl ApplyQueue {
-    fn push(&self, w: ApplyWork) {
-        self.q.lock().expect("apply queue").0.push_back(w);
-        self.ready.notify_one();
-    }
-
-    /// The next piece of work, waiting for one; `None` once the queue is closed.
-    fn pop(&self) -> Option<ApplyWork> {
-        let mut q = self.q.lock().expect("apply queue");
-        loop {
-            if q.1 {
-                return None;
-            }
-            if let Some(w) = q.0.pop_front() {
-                return Some(w);
-            }
-            q = self.ready.wait(q).expect("apply queue");
-        }
-    }
-}
+/// The apply pool's queue: the driver pushes released entries, workers push the pieces
+/// they cut off; closed when the driver ends.
+type ApplyQueue = WorkQueue<ApplyWork>;
 
 /// The driver's handle on the apply queue: dropping it closes the queue, which stops the
 /// workers (work still queued is dropped: the node is stopping, and the replica replays
@@ -980,8 +957,7 @@ struct ApplyPool(Arc<ApplyQueue>);
 
 impl Drop for ApplyPool {
     fn drop(&mut self) {
-        self.0.q.lock().expect("apply queue").1 = true;
-        self.0.ready.notify_all();
+        self.0.close();
     }
 }
 
@@ -1026,7 +1002,7 @@ fn apply_work(
             } else {
                 let parent = Arc::new(SplitEntry {
                     seq: e.seq,
-                    left: (rest.len() + 1).into(),
+                    left: Countdown::new(rest.len() + 1),
                 });
                 for set in rest {
                     queue.push(ApplyWork::Set(parent.clone(), set));
@@ -1040,7 +1016,7 @@ fn apply_work(
         return Some(Ev::SmFailed(format!("applying slot {seq}: {err}")));
     }
     match parent {
-        Some(p) if p.left.fetch_sub(1, Ordering::AcqRel) != 1 => None,
+        Some(p) if !p.left.done() => None,
         _ => Some(Ev::Applied(seq)),
     }
 }
@@ -1548,7 +1524,7 @@ mod tests {
             let queue = ApplyQueue::default();
             assert!(apply_work(&split, &queue, ApplyWork::Entry(entry.clone()), pieces).is_none());
             let mut queued = Vec::new();
-            while let Some(w) = queue.q.lock().unwrap().0.pop_front() {
+            while let Some(w) = queue.try_pop() {
                 queued.push(w);
             }
             assert_eq!(queued.len(), queued_pieces, "{pieces} pieces");

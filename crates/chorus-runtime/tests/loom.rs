@@ -8,6 +8,9 @@
 //! Producers announce work and schedule; a worker runs the group whenever it is queued.
 //! In every interleaving: all announced work is taken by some run (no lost wake-up), the
 //! group is never queued twice at once, and never runs twice at once.
+//!
+//! Also the lane's reservations (`chorus_runtime::lane`) and the out-of-order apply
+//! pool's queue and piece countdown (`chorus_runtime::applyq`).
 #![cfg(feature = "loom")]
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -144,5 +147,71 @@ fn lane_reservations_are_disjoint_ordered_and_complete_when_sealed() {
             assert!(w[0].1 < w[1].1, "CSN does not grow with LSN");
         }
         assert!(lane.reserve(1, 0).is_err(), "sealed lanes take nothing");
+    });
+}
+
+/// One entry's non-atomic state, written by the workers that apply its pieces.
+struct Pieces([loom::cell::UnsafeCell<usize>; 2]);
+
+// SAFETY: each cell is written by the one worker that popped its piece, and read only by
+// the worker whose `Countdown::done` returned true; loom checks that this read happens
+// after both writes (a missing happens-before fails the model).
+unsafe impl Sync for Pieces {}
+
+/// The out-of-order apply pool: an entry cut into two pieces, two workers on the queue.
+/// In every interleaving each piece is applied once, exactly one worker reports the entry
+/// applied, that worker sees both pieces' writes, and closing the queue stops both
+/// workers (none waits forever).
+#[test]
+fn an_entry_is_reported_applied_once_after_all_its_pieces() {
+    use chorus_runtime::applyq::{Countdown, WorkQueue};
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        let queue = Arc::new(WorkQueue::<usize>::default());
+        let left = Arc::new(Countdown::new(2));
+        let pieces = Arc::new(Pieces([
+            loom::cell::UnsafeCell::new(0),
+            loom::cell::UnsafeCell::new(0),
+        ]));
+        let reported = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let (queue, left, pieces, reported) = (
+                    queue.clone(),
+                    left.clone(),
+                    pieces.clone(),
+                    reported.clone(),
+                );
+                thread::spawn(move || {
+                    while let Some(p) = queue.pop() {
+                        // SAFETY: piece `p` was popped by this worker only.
+                        pieces.0[p].with_mut(|c| unsafe { *c += 1 });
+                        if left.done() {
+                            // SAFETY: both pieces are done; see `Pieces`.
+                            let seen: Vec<usize> =
+                                pieces.0.iter().map(|c| c.with(|v| unsafe { *v })).collect();
+                            assert_eq!(seen, [1, 1], "reported before every piece applied");
+                            reported.fetch_add(1, Ordering::SeqCst);
+                            queue.close();
+                        }
+                    }
+                })
+            })
+            .collect();
+        queue.push(0);
+        queue.push(1);
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(
+            reported.load(Ordering::SeqCst),
+            1,
+            "reported applied twice or never"
+        );
+        assert!(
+            queue.try_pop().is_none(),
+            "a closed queue hands out nothing"
+        );
     });
 }
