@@ -23,9 +23,9 @@
 //! sets (records that write nothing in common with the rest), balanced by size — and
 //! leaves all but one piece to the other workers; the last piece applied reports the
 //! slot (the queue and that countdown are [`crate::applyq`], checked with loom). Without
-//! that, a group holding one write of a hot key would apply its ~20
-//! records one after another while every later group writing that key waited. With
-//! `apply_threads = 0` the driver applies itself, one released batch after another.
+//! that, a group holding one write of a hot key would apply its ~20 records one after
+//! another while every later group writing that key waited. With `apply_threads = 0` the
+//! driver applies itself, one released batch after another.
 //!
 //! Messages travel as frames `u32 length | u32 CRC32C | message` (`docs/formats.md`,
 //! "Out-of-order groups"); each node dials every peer it sends to, announcing itself with
@@ -134,8 +134,8 @@ pub trait OooStateMachine: Send + Sync + 'static {
     /// for pieces of one entry, each a union of its independent sets
     /// ([`group::independent_sets`]: no two pieces write a block or key in common), so one
     /// call may carry only some of a slot's records; the slot counts as applied when every
-    /// piece has been. NULL slots are not
-    /// passed. An error stops the node (its state would no longer follow the log).
+    /// piece has been. NULL slots are not passed. An error stops the node (its state would
+    /// no longer follow the log).
     fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()>;
     /// Makes everything applied before the call durable (a checkpoint).
     fn checkpoint(&self) -> std::io::Result<()>;
@@ -935,12 +935,13 @@ fn apply_entry(sm: &dyn OooStateMachine, e: &Entry) -> Result<(), String> {
 enum ApplyWork {
     /// An entry the replica released.
     Entry(Entry),
-    /// One independent set of an entry a worker split ([`group::independent_sets`]).
-    Set(Arc<SplitEntry>, Vec<(u32, Record)>),
+    /// One piece of an entry a worker cut up ([`group::pieces`]), its records with their
+    /// places.
+    Piece(Arc<SplitEntry>, Vec<(u32, Record)>),
 }
 
-/// An entry whose independent sets are applied by several workers: the worker that
-/// applies its last set reports the slot applied.
+/// An entry whose pieces are applied by several workers: the worker that applies its
+/// last piece reports the slot applied.
 struct SplitEntry {
     seq: u64,
     left: Countdown,
@@ -976,7 +977,7 @@ fn apply_work(
     w: ApplyWork,
     pieces: usize,
 ) -> Option<Ev> {
-    let (seq, set, parent) = match w {
+    let (seq, piece, parent) = match w {
         ApplyWork::Entry(e) => {
             if e.is_null() || pieces < 2 {
                 return Some(match apply_entry(sm, &e) {
@@ -988,15 +989,16 @@ fn apply_work(
                 Ok(r) => r,
                 Err(err) => return Some(Ev::SmFailed(format!("slot {}: {err}", e.seq))),
             };
-            let mut bins = group::pieces(group::independent_sets(&records), pieces);
+            let cut = group::pieces(group::independent_sets(&records), pieces);
             let mut slots: Vec<Option<Record>> = records.into_iter().map(Some).collect();
-            let mut bins = bins.drain(..).map(|bin| {
-                bin.into_iter()
+            let mut cut = cut.into_iter().map(|places| {
+                places
+                    .into_iter()
                     .map(|i| (i as u32, slots[i].take().expect("each record in one piece")))
                     .collect::<Vec<_>>()
             });
-            let first = bins.next().unwrap_or_default();
-            let rest: Vec<_> = bins.collect();
+            let first = cut.next().unwrap_or_default();
+            let rest: Vec<_> = cut.collect();
             if rest.is_empty() {
                 (e.seq, first, None)
             } else {
@@ -1004,15 +1006,15 @@ fn apply_work(
                     seq: e.seq,
                     left: Countdown::new(rest.len() + 1),
                 });
-                for set in rest {
-                    queue.push(ApplyWork::Set(parent.clone(), set));
+                for piece in rest {
+                    queue.push(ApplyWork::Piece(parent.clone(), piece));
                 }
                 (e.seq, first, Some(parent))
             }
         }
-        ApplyWork::Set(parent, set) => (parent.seq, set, Some(parent)),
+        ApplyWork::Piece(parent, piece) => (parent.seq, piece, Some(parent)),
     };
-    if let Err(err) = sm.apply(seq, &set) {
+    if let Err(err) = sm.apply(seq, &piece) {
         return Some(Ev::SmFailed(format!("applying slot {seq}: {err}")));
     }
     match parent {
@@ -1460,10 +1462,10 @@ mod tests {
         }
     }
 
-    /// A group entry split into independent sets, applied in the worst order the pool
-    /// allows (the worker's own set first, then the queued sets last first), ends in the
-    /// state of applying the group in order; every record is applied once, and the slot
-    /// is reported applied once, by its last set. Every fifth record writes hot key 0
+    /// A group entry cut into pieces, applied in the worst order the pool allows (the
+    /// worker's own piece first, then the queued pieces last first), ends in the state of
+    /// applying the group in order; every record is applied once, and the slot is
+    /// reported applied once, by its last piece. Every fifth record writes hot key 0
     /// (a chain through the group) and every seventh key 1.
     #[test]
     fn a_split_entry_applies_like_its_group_in_order() {

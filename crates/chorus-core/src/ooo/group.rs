@@ -191,15 +191,17 @@ pub fn independent_sets(records: &[Record]) -> Vec<Vec<usize>> {
             _ => run = Some((end, i)),
         }
     }
+    // A set's root is its first record, so going up the positions meets each root
+    // before the rest of its set.
     let mut sets: Vec<Vec<usize>> = Vec::new();
-    let mut set_of_root: std::collections::HashMap<usize, usize> = Default::default();
+    let mut set_at = vec![usize::MAX; n];
     for i in 0..n {
         let root = find(&mut parent, i);
-        let at = *set_of_root.entry(root).or_insert_with(|| {
+        if root == i {
+            set_at[i] = sets.len();
             sets.push(Vec::new());
-            sets.len() - 1
-        });
-        sets[at].push(i);
+        }
+        sets[set_at[root]].push(i);
     }
     sets
 }
