@@ -393,6 +393,13 @@ pub struct Point {
     /// Out-of-order systems: records per group entry node 1 appended in the measured
     /// interval.
     pub records_per_entry: Option<f64>,
+    /// Out-of-order systems: of node 1's group entries in the measured interval, the
+    /// fraction admitted with an uncommitted predecessor to commit after (RAW in dependent
+    /// mode, an overlap under conflict order; `OooStats::admitted_after`).
+    pub after_per_entry: Option<f64>,
+    /// The same, for entries the commit rule held back: a majority had them before that
+    /// predecessor committed (`OooStats::held_at_quorum`).
+    pub held_per_entry: Option<f64>,
 }
 
 /// What one point runs.
@@ -506,6 +513,8 @@ fn point(
         error: None,
         terms: None,
         records_per_entry: None,
+        after_per_entry: None,
+        held_per_entry: None,
     };
     let dir = root.join(format!(
         "{}-{}-{}-r{repeat}",
@@ -1060,6 +1069,11 @@ fn measure(
         let groups = b.counters.groups.saturating_sub(a.counters.groups);
         let appends = b.counters.appends.saturating_sub(a.counters.appends);
         p.records_per_entry = Some(appends as f64 / groups.max(1) as f64);
+        let per_entry = |f: fn(&chorus_core::ooo::replica::OooStats) -> u64| {
+            Some(f(&b.stats).saturating_sub(f(&a.stats)) as f64 / groups.max(1) as f64)
+        };
+        p.after_per_entry = per_entry(|s| s.admitted_after);
+        p.held_per_entry = per_entry(|s| s.held_at_quorum);
     }
     let cpu1: Vec<u64> = pids
         .iter()
@@ -1217,6 +1231,7 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
     let med = |ps: &[&Point], f: &dyn Fn(&Point) -> Option<f64>| {
         median(ps.iter().filter_map(|p| f(p)).collect())
     };
+    let finite = |x: f64| x.is_finite().then_some(x);
     let mut medians = Vec::new();
     let mut lookup: HashMap<Key, f64> = HashMap::new();
     let mut gap_lookup: HashMap<Key, f64> = HashMap::new();
@@ -1248,6 +1263,9 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
             "staleness_median_us": sm.is_finite().then_some(sm),
             "staleness_p99_us": sp99.is_finite().then_some(sp99),
             "applied_by_end_min": applied.is_finite().then_some(applied),
+            "records_per_entry": finite(med(ps, &|p| p.records_per_entry)),
+            "after_per_entry": finite(med(ps, &|p| p.after_per_entry)),
+            "held_per_entry": finite(med(ps, &|p| p.held_per_entry)),
         }));
     }
     let mut ratios = Vec::new();
@@ -1419,6 +1437,8 @@ mod tests {
             error: None,
             terms: None,
             records_per_entry: None,
+            after_per_entry: None,
+            held_per_entry: (system == System::Dependent).then_some(ops / 1000.0),
         };
         let pts = vec![
             mk(System::Dependent, 300.0, 50.0),
@@ -1447,5 +1467,11 @@ mod tests {
             .clone();
         assert_eq!(dep["staleness_median_us"], 100.0);
         assert_eq!(dep["applied_by_end_min"], 0.2);
+        assert_eq!(dep["held_per_entry"], 0.2);
+        assert_eq!(
+            dep["after_per_entry"],
+            serde_json::Value::Null,
+            "none measured"
+        );
     }
 }

@@ -533,7 +533,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 33] = [
+        let metrics: [(&str, &str, &str, Get); 35] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -726,6 +726,18 @@ impl OooGroups {
                 "counter",
                 "Leaderships handed over by a leader that removed itself.",
                 |s| s.stats.handoffs,
+            ),
+            (
+                "chorus_ooo_entries_admitted_after_total",
+                "counter",
+                "Entries admitted here as leader with an uncommitted predecessor to commit after (RAW in dependent mode, an overlap under conflict order).",
+                |s| s.stats.admitted_after,
+            ),
+            (
+                "chorus_ooo_entries_held_at_quorum_total",
+                "counter",
+                "Entries led here that had a majority before such a predecessor committed: held back by the commit rule.",
+                |s| s.stats.held_at_quorum,
             ),
         ];
         let statuses: Vec<(u64, &'static str, OooStatus)> = self

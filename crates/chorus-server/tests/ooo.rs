@@ -827,6 +827,13 @@ async fn out_of_order_groups_through_the_server() {
         (1..=appends).contains(&entries),
         "{entries} entries for {appends} appends"
     );
+    // What the commit rules held back (conflict order in the parallel group, RAW in the
+    // dependent one): at most the entries that had a predecessor to commit after.
+    for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
+        let after = metric(new, "chorus_ooo_entries_admitted_after_total", g, mode);
+        let held = metric(new, "chorus_ooo_entries_held_at_quorum_total", g, mode);
+        assert!(held <= after, "group {g}: {held} held of {after}");
+    }
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
         assert!(metric(new, "chorus_ooo_checkpoints_total", g, mode) >= 1);
         assert!(metric(new, "chorus_ooo_base_slots", g, mode) > 0);

@@ -62,7 +62,7 @@ use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{
     Action, Body, Declared, Entry, Membership, Mode, Msg, OooConfig, OooMembershipChange,
-    OooReplica,
+    OooReplica, OooStats,
 };
 use chorus_core::ooo::Seq;
 use chorus_core::replica::{Nanos, Outcome};
@@ -1501,6 +1501,9 @@ fn overlap(a: &[BlockRange], b: &[BlockRange]) -> bool {
         .any(|x| b.iter().any(|y| x.start < y.end && y.start < x.end))
 }
 
+/// A replica counter, read from its [`OooStats`].
+type Counter = fn(&OooStats) -> u64;
+
 /// Runs one seed: faults for `fault_time`, then everything heals and restarts, then
 /// `settle_time` without faults, then the final checks.
 pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
@@ -1522,65 +1525,35 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
     if sim.violations.is_empty() {
         sim.final_checks();
     }
-    let merges: u64 = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| r.stats().superseded)
-        .sum();
-    sim.stats.insert("superseded_seen_live", merges);
-    let (bytes, deferred) = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| (r.stats().catchup_bytes, r.stats().catchup_deferred))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    sim.stats.insert("catchup_limited_bytes", bytes);
-    sim.stats.insert("catchup_deferred", deferred);
-    let (sent, campaigns) = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| (r.stats().transfers, r.stats().transfer_campaigns))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    sim.stats.insert("transfer_timeouts_sent_live", sent);
-    let changes: u64 = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| r.stats().membership_changes)
-        .sum();
-    sim.stats.insert("membership_changes", changes);
-    sim.stats.insert("transfer_campaigns_live", campaigns);
-    let (pre, leased) = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| (r.stats().pre_votes, r.stats().pre_votes_refused_by_lease))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    sim.stats.insert("pre_votes_live", pre);
-    sim.stats.insert("pre_votes_refused_by_lease_live", leased);
-    let campaigns: u64 = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| r.stats().campaigns)
-        .sum();
-    sim.stats.insert("campaigns_live", campaigns);
-    let handoffs: u64 = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| r.stats().handoffs)
-        .sum();
-    sim.stats.insert("handoffs_live", handoffs);
-    let refused: u64 = sim
-        .nodes
-        .values()
-        .filter_map(|n| n.replica.as_ref())
-        .map(|r| r.stats().partial_images_refused)
-        .sum();
-    sim.stats.insert("partial_images_refused_live", refused);
+    // Counters of the replicas alive at the end, summed over the nodes (a restart
+    // starts a replica's counters afresh, hence "live").
+    let live: [(&'static str, Counter); 14] = [
+        ("superseded_seen_live", |s| s.superseded),
+        ("catchup_limited_bytes", |s| s.catchup_bytes),
+        ("catchup_deferred", |s| s.catchup_deferred),
+        ("transfer_timeouts_sent_live", |s| s.transfers),
+        ("membership_changes", |s| s.membership_changes),
+        ("transfer_campaigns_live", |s| s.transfer_campaigns),
+        ("pre_votes_live", |s| s.pre_votes),
+        ("pre_votes_refused_by_lease_live", |s| {
+            s.pre_votes_refused_by_lease
+        }),
+        ("campaigns_live", |s| s.campaigns),
+        ("handoffs_live", |s| s.handoffs),
+        ("partial_images_refused_live", |s| s.partial_images_refused),
+        ("admitted_after_live", |s| s.admitted_after),
+        ("held_at_quorum_live", |s| s.held_at_quorum),
+        ("memberships_adopted_live", |s| s.memberships_adopted),
+    ];
+    for (name, f) in live {
+        let sum = sim
+            .nodes
+            .values()
+            .filter_map(|n| n.replica.as_ref())
+            .map(|r| f(&r.stats()))
+            .sum();
+        sim.stats.insert(name, sum);
+    }
     OooReport {
         seed,
         violations: sim.violations,

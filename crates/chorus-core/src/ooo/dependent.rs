@@ -54,6 +54,8 @@ pub struct DepEntry<K> {
 struct Pending {
     acks: BTreeSet<NodeId>,
     raw: Vec<Seq>,
+    /// Had a majority while a RAW predecessor was still uncommitted (counted once).
+    held: bool,
 }
 
 /// The leader's side: admits entries (finding their predecessors) and commits them by
@@ -76,6 +78,8 @@ pub struct DepLeader<K> {
     /// The last entry admitted as conflicting with everything
     /// ([`DepLeader::admit_conflicting`] without keys): every later entry commits after it.
     barrier: Option<Seq>,
+    /// Entries that had a majority before their RAW predecessors committed.
+    held: u64,
 }
 
 impl<K: Clone + Eq + Hash> DepLeader<K> {
@@ -91,7 +95,16 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             waiters: HashMap::new(),
             writers: HashMap::new(),
             barrier: None,
+            held: 0,
         }
+    }
+
+    /// How many entries this leader held back by the commit rule: each reached a
+    /// majority while one of its RAW predecessors was uncommitted, and so committed
+    /// later than a majority alone would have let it (counted once per entry). Measures
+    /// what the rule costs, as opposed to how many entries merely have predecessors.
+    pub fn held(&self) -> u64 {
+        self.held
     }
 
     /// The commit state to piggyback on the next append or heartbeat.
@@ -147,6 +160,7 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             Pending {
                 acks: BTreeSet::new(),
                 raw: raw.clone(),
+                held: false,
             },
         );
         Ok(DepEntry {
@@ -207,18 +221,22 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
         let mut out = Vec::new();
         let mut work = vec![seq];
         while let Some(s) = work.pop() {
-            let Some(p) = self.pending.get(&s) else {
+            let Some(p) = self.pending.get_mut(&s) else {
                 continue;
             };
-            if self.quorum.reached_by(&p.acks)
-                && p.raw.iter().all(|&r| self.commits.is_committed(r))
-            {
+            if !self.quorum.reached_by(&p.acks) {
+                continue;
+            }
+            if p.raw.iter().all(|&r| self.commits.is_committed(r)) {
                 self.pending.remove(&s);
                 self.commits.commit(s);
                 out.push(s);
                 if let Some(w) = self.waiters.remove(&s) {
                     work.extend(w);
                 }
+            } else if !p.held {
+                p.held = true;
+                self.held += 1;
             }
         }
         out.sort_unstable();
@@ -668,10 +686,14 @@ mod tests {
         let r = l.admit(&[7], &[8]).unwrap();
         assert_eq!(r.deps.raw, vec![w.seq]);
         assert!(l.ack(r.seq, 1).is_empty());
+        assert_eq!(l.held(), 0, "no majority yet: nothing held back");
         assert!(
             l.ack(r.seq, 2).is_empty(),
             "majority, but its RAW predecessor is not committed"
         );
+        assert_eq!(l.held(), 1, "held back by the rule");
+        assert!(l.ack(r.seq, 3).is_empty());
+        assert_eq!(l.held(), 1, "counted once however many acks follow");
         assert_eq!(l.ack(w.seq, 1), Vec::<Seq>::new());
         assert_eq!(
             l.ack(w.seq, 3),
@@ -679,6 +701,18 @@ mod tests {
             "the predecessor commits, then the dependent"
         );
         assert_eq!(l.commit_window().head(), 2);
+        assert_eq!(l.held(), 1, "the predecessor itself was never held");
+        let w = l.admit(&[], &[7]).unwrap();
+        let r = l.admit(&[7], &[8]).unwrap();
+        for s in [w.seq, r.seq] {
+            l.ack(s, 1);
+            l.ack(s, 2);
+        }
+        assert_eq!(
+            l.held(),
+            1,
+            "a dependent acknowledged after its predecessor committed"
+        );
     }
 
     #[test]
@@ -698,6 +732,7 @@ mod tests {
         assert!(l.ack(1, 2).is_empty(), "1 overlaps 0, not committed");
         l.ack(0, 1);
         assert_eq!(l.ack(0, 2), vec![0, 1, 2], "then all three, in order");
+        assert_eq!(l.held(), 2, "entries 1 and 2 were held back, 3 was not");
     }
 
     #[test]

@@ -1122,6 +1122,13 @@ pub struct OooStats {
     pub membership_changes: u64,
     /// Memberships adopted from a leader.
     pub memberships_adopted: u64,
+    /// Entries this replica admitted as leader with an uncommitted predecessor they
+    /// commit after: a RAW predecessor in dependent mode, an earlier overlapping entry
+    /// under conflict order (none in plain parallel mode).
+    pub admitted_after: u64,
+    /// Of the entries this replica led, those held back by the commit rule: they reached
+    /// a majority while such a predecessor was still uncommitted ([`DepLeader::held`]).
+    pub held_at_quorum: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -2323,10 +2330,12 @@ impl OooReplica {
         let body = match (mode, declared) {
             (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
                 let after = if self.cfg.conflict_order {
-                    commit
+                    let raw = commit
                         .admit_conflicting(conflict_keys(&ranges).as_deref())?
                         .deps
-                        .raw
+                        .raw;
+                    self.stats.admitted_after += u64::from(!raw.is_empty());
+                    raw
                 } else {
                     commit.admit(&[], &[])?;
                     Vec::new()
@@ -2347,6 +2356,7 @@ impl OooReplica {
                 },
             ) => {
                 let de = commit.admit(&read_set, &write_set)?;
+                self.stats.admitted_after += u64::from(!de.deps.raw.is_empty());
                 Body::Dependent {
                     base: de.base,
                     deps: de.deps,
@@ -2423,7 +2433,10 @@ impl OooReplica {
         let Some(commit) = self.lead.as_mut().and_then(|l| l.commit.as_mut()) else {
             return;
         };
-        for s in commit.ack(seq, node) {
+        let held = commit.held();
+        let committed = commit.ack(seq, node);
+        self.stats.held_at_quorum += commit.held() - held;
+        for s in committed {
             self.mark_committed(s);
         }
     }
@@ -4053,10 +4066,13 @@ mod tests {
                     .map(|r| r.1)
                     .collect()
             };
+            let st = net.nodes[&1].stats();
             if ordered {
                 assert_eq!(committed(&net), vec![c.eid], "b waits for a, c does not");
+                assert_eq!((st.admitted_after, st.held_at_quorum), (1, 1), "b, counted");
             } else {
                 assert_eq!(committed(&net), vec![b.eid, c.eid]);
+                assert_eq!((st.admitted_after, st.held_at_quorum), (0, 0));
             }
             // A resend brings `a`: it commits, then (in conflict order) `b`.
             net.now += 60_000_000;
