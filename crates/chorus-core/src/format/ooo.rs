@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `0x4545_4F43` ("COEE") |
 //! | 4 | 1 | version, 1 |
-//! | 5 | 1 | kind: 0 NULL, 1 parallel, 2 dependent, 3 parallel with conflict-order predecessors |
+//! | 5 | 1 | kind: 0 NULL, 2 dependent, 4 parallel, 5 parallel with conflict-order predecessors (1 and 3: the same with fixed-width fields, read, no longer written) |
 //! | 6 | 2 | reserved, 0 |
 //! | 8 | 4 | body length `n` (at most [`MAX_BODY`]) |
 //! | 12 | 4 | CRC32C of bytes 4..12 followed by bytes 16..48+n (everything but the magic and the checksum) |
@@ -21,21 +21,28 @@
 //! | 40 | 8 | eid (0 for NULL) |
 //! | 48 | n | body |
 //!
-//! Body of a NULL entry: empty. Parallel (kind 1): ranges (list of `u64 start, u64 end`),
-//! the look-behind buffer (list of lists of ranges, nearest predecessor first), data
-//! (`u32` length, bytes). Parallel with conflict-order predecessors (kind 3, written only
-//! when the list is not empty): ranges, look-behind buffer, the predecessors (list of
-//! `u64` slots, at least one), data. Dependent: `u64` base, RAW list of `u64`, WAW list
-//! of `u64`, write-set list of `u64`, data (`u32` length, bytes). A range with
-//! `start >= end` is refused, and so is a kind-3 entry with an empty list.
+//! A *varint* is LEB128 (seven bits a byte, least significant first, the high bit on every
+//! byte but the last; at most 10 bytes, no zero last byte after the first). A *compact
+//! range list* is a varint count, then per range varint `start` and varint length (≥ 1).
+//!
+//! Body of a NULL entry: empty. Parallel (kind 4): ranges (compact range list), the
+//! look-behind buffer (varint count of compact range lists, nearest predecessor first),
+//! data (`u32` length, bytes). Parallel with conflict-order predecessors (kind 5, written
+//! only when the list is not empty): ranges, look-behind buffer, the predecessors (varint
+//! count, at least one, of varint slots), data. Kinds 1 and 3, still read, are kinds 4
+//! and 5 with `u32` counts, ranges as `u64 start, u64 end` and slots as `u64`.
+//! Dependent: `u64` base, RAW list of `u64`, WAW list of `u64`, write-set list of `u64`,
+//! data (`u32` length, bytes). An empty range or one past 2^64 is refused, and so is a
+//! kind-3 or kind-5 entry with an empty list.
 //!
 //! # Group payload
 //!
 //! The data of an entry written by the runtime is a group of records
 //! ([`crate::ooo::group`]): `u32` magic `0x5247_4F43` ("COGR"), `u32` record count (at
-//! least 1), then per record a kind byte (1: block ranges, 2: read and write sets), its
-//! declaration (kind 1: list of `u64 start, u64 end` ranges; kind 2: read-set list of
-//! `u64`, write-set list of `u64`) and its data (`u32` length, bytes). The entry's own
+//! least 1), then per record a kind byte (3: block ranges, 2: read and write sets; 1:
+//! block ranges with fixed-width fields, read, no longer written), its declaration (kind
+//! 3: a compact range list; kind 2: read-set list of `u64`, write-set list of `u64`;
+//! kind 1: list of `u64 start, u64 end` ranges) and its data (`u32` length, bytes). The entry's own
 //! declaration is the union of its records'. The entry record's checksum covers it.
 //!
 //! # Hard state (`HARD_SIZE` = 60 bytes)
@@ -120,6 +127,63 @@ impl Reader<'_> {
         (0..n).map(|_| self.u64()).collect()
     }
 
+    /// An LEB128 integer ([`put_var`]): at most 10 bytes, the last without its high bit,
+    /// and no byte of zeros after the first (one encoding per value, so a damaged record
+    /// cannot read as a different value with the same bytes elsewhere).
+    fn var(&mut self, field: &'static str) -> Result<u64, FormatError> {
+        let mut x = 0u64;
+        for i in 0..10 {
+            let b = self.u8()?;
+            if i == 9 && b > 1 {
+                return Err(self.malformed(format!("{field}: a varint past 64 bits")));
+            }
+            if i > 0 && b == 0 {
+                return Err(self.malformed(format!("{field}: a varint with a zero last byte")));
+            }
+            x |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(x);
+            }
+        }
+        Err(self.malformed(format!("{field}: a varint longer than 10 bytes")))
+    }
+
+    /// A list count as a varint, refused if even `min_item` bytes per item cannot fit.
+    fn var_count(&mut self, field: &'static str, min_item: usize) -> Result<usize, FormatError> {
+        let n = self.var(field)?;
+        let left = (self.buf.len() - self.pos) as u64;
+        if n.saturating_mul(min_item.max(1) as u64) > left {
+            return Err(FormatError::LengthOutOfRange {
+                what: self.what,
+                field,
+                value: n,
+                min: 0,
+                max: left / min_item.max(1) as u64,
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// A compact range list ([`put_compact_ranges`]).
+    fn compact_ranges(&mut self) -> Result<Vec<BlockRange>, FormatError> {
+        let n = self.var_count("ranges", 2)?;
+        (0..n)
+            .map(|_| {
+                let (start, len) = (self.var("range start")?, self.var("range length")?);
+                BlockRange::new(start, len).ok_or_else(|| {
+                    self.malformed(format!(
+                        "block range of {len} blocks at {start}: empty or past 2^64"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    fn vars(&mut self, field: &'static str) -> Result<Vec<u64>, FormatError> {
+        let n = self.var_count(field, 1)?;
+        (0..n).map(|_| self.var(field)).collect()
+    }
+
     fn ranges(&mut self) -> Result<Vec<BlockRange>, FormatError> {
         let n = self.count("ranges", 16)?;
         (0..n)
@@ -152,11 +216,41 @@ fn put_u64s(out: &mut Vec<u8>, xs: &[u64]) {
     }
 }
 
+/// Kinds 1 and 3 and group record kind 1 (read, no longer written): tests build them.
+#[cfg(test)]
 fn put_ranges(out: &mut Vec<u8>, rs: &[BlockRange]) {
     put_u32(out, rs.len() as u32);
     for r in rs {
         put_u64(out, r.start);
         put_u64(out, r.end);
+    }
+}
+
+/// LEB128: seven bits a byte, least significant first, the high bit set on every byte
+/// but the last (1 byte below 128, 10 for the largest `u64`).
+fn put_var(out: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        out.push(x as u8 | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+}
+
+fn put_vars(out: &mut Vec<u8>, xs: &[u64]) {
+    put_var(out, xs.len() as u64);
+    for &x in xs {
+        put_var(out, x);
+    }
+}
+
+/// A range list as varints: count, then each range's start and length (2 bytes a
+/// range for small block numbers against 16 as `u64 start, u64 end`; a transaction's
+/// key declared as a block is a 1-block range).
+fn put_compact_ranges(out: &mut Vec<u8>, rs: &[BlockRange]) {
+    put_var(out, rs.len() as u64);
+    for r in rs {
+        put_var(out, r.start);
+        put_var(out, r.end - r.start);
     }
 }
 
@@ -181,21 +275,25 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             after,
             data,
         } => {
-            put_ranges(&mut body, ranges);
-            put_u32(&mut body, look_behind.len() as u32);
+            // Kinds 4 and 5 (compact: varint ranges and lists). Kinds 1 and 3 (the same
+            // with `u64` fields) are still read: the look-behind buffer repeats the
+            // ranges of the previous entries, and at 16 bytes a range a group of small
+            // transactions carried more ranges than data (docs/benchmarks.md, session 21).
+            put_compact_ranges(&mut body, ranges);
+            put_var(&mut body, look_behind.len() as u64);
             for lb in look_behind {
-                put_ranges(&mut body, lb);
+                put_compact_ranges(&mut body, lb);
             }
-            // Kind 1 stays the encoding of an entry without predecessors, so that groups
-            // without conflict order write what they always wrote.
+            // An entry without predecessors is kind 4, so that groups without conflict
+            // order carry no list.
             if !after.is_empty() {
-                put_u64s(&mut body, after);
+                put_vars(&mut body, after);
             }
             put_bytes(&mut body, data);
             if after.is_empty() {
-                1
+                4
             } else {
-                3
+                5
             }
         }
         Body::Dependent {
@@ -294,17 +392,34 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
     let (seq, term, start, eid) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     let body = match kind {
         0 => Body::Null,
-        1 | 3 => {
-            let ranges = r.ranges()?;
-            let n = r.count("look-behind buffer", 4)?;
-            let look_behind = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
-            let after = if kind == 3 {
-                let after = r.u64s("conflict-order predecessors")?;
+        1 | 3 | 4 | 5 => {
+            let compact = kind >= 4;
+            let (ranges, look_behind) = if compact {
+                let ranges = r.compact_ranges()?;
+                let n = r.var_count("look-behind buffer", 1)?;
+                let lb = (0..n)
+                    .map(|_| r.compact_ranges())
+                    .collect::<Result<_, _>>()?;
+                (ranges, lb)
+            } else {
+                let ranges = r.ranges()?;
+                let n = r.count("look-behind buffer", 4)?;
+                let lb = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
+                (ranges, lb)
+            };
+            let after = if kind == 3 || kind == 5 {
+                let field = "conflict-order predecessors";
+                let after = if compact {
+                    r.vars(field)?
+                } else {
+                    r.u64s(field)?
+                };
                 if after.is_empty() {
                     return Err(FormatError::Malformed {
                         what: WHAT_ENTRY,
-                        detail: "kind 3 (parallel with conflict-order predecessors) lists none"
-                            .into(),
+                        detail: format!(
+                            "kind {kind} (parallel with conflict-order predecessors) lists none"
+                        ),
                     });
                 }
                 after
@@ -365,8 +480,9 @@ pub fn encode_group(records: &[Record]) -> Vec<u8> {
     for r in records {
         match &r.declared {
             Declared::Blocks(rs) => {
-                out.push(1);
-                put_ranges(&mut out, rs);
+                // Kind 3: compact ranges (kind 1, `u64` pairs, is still read).
+                out.push(3);
+                put_compact_ranges(&mut out, rs);
             }
             Declared::Txn {
                 read_set,
@@ -393,8 +509,8 @@ pub fn decode_group(buf: &[u8]) -> Result<Vec<Record>, FormatError> {
             found: magic.into(),
         });
     }
-    // The smallest record is a kind byte, an empty list or two and an empty data length.
-    let n = r.count("records", 9)?;
+    // The smallest record is a kind byte, an empty compact list and an empty data length.
+    let n = r.count("records", 6)?;
     if n == 0 {
         return Err(FormatError::Malformed {
             what: WHAT_GROUP,
@@ -405,6 +521,7 @@ pub fn decode_group(buf: &[u8]) -> Result<Vec<Record>, FormatError> {
     for _ in 0..n {
         let declared = match r.u8()? {
             1 => Declared::Blocks(r.ranges()?),
+            3 => Declared::Blocks(r.compact_ranges()?),
             2 => Declared::Txn {
                 read_set: r.u64s("read set")?,
                 write_set: r.u64s("write set")?,
@@ -1079,42 +1196,237 @@ mod tests {
         }
     }
 
-    #[test]
-    fn parallel_entries_with_predecessors_are_kind_3_and_without_kind_1() {
-        let entry = |after: Vec<u64>| Entry {
+    /// An entry record of `kind` around `body`, as [`encode_entry`] frames one.
+    fn framed(e: &Entry, kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_u32(&mut out, ENTRY_MAGIC);
+        out.extend_from_slice(&[1, kind, 0, 0]);
+        put_u32(&mut out, body.len() as u32);
+        put_u32(&mut out, 0);
+        for x in [e.seq, e.term, e.start, e.eid] {
+            put_u64(&mut out, x);
+        }
+        out.extend_from_slice(body);
+        let crc = entry_crc(&out);
+        out[12..16].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn parallel(after: Vec<u64>) -> Entry {
+        Entry {
             seq: 9,
             term: 2,
             start: 4,
             eid: 2 << 32 | 5,
             body: Body::Parallel {
                 ranges: vec![BlockRange::new(3, 1).expect("non-empty")],
-                look_behind: vec![vec![]],
+                look_behind: vec![vec![BlockRange::new(300, 2).expect("non-empty")]],
                 after,
                 data: b"x"[..].into(),
             },
-        };
-        let plain = encode_entry(&entry(Vec::new()));
-        assert_eq!(plain[5], 1);
-        let listed = encode_entry(&entry(vec![6, 8]));
-        assert_eq!(listed[5], 3);
-        assert_eq!(listed.len(), plain.len() + 4 + 16);
-        assert_eq!(decode_entry(&listed).unwrap(), entry(vec![6, 8]));
-        // A kind-3 record with an empty list (kind 1 bytes with the kind changed and an
+        }
+    }
+
+    #[test]
+    fn parallel_entries_with_predecessors_are_kind_5_and_without_kind_4() {
+        let plain = encode_entry(&parallel(Vec::new()));
+        assert_eq!(plain[5], 4);
+        // Byte by byte (docs/formats.md): ranges [3..4) as count 1, start 3, length 1;
+        // the look-behind buffer, one list of [300..302): count 1, count 1, start 300
+        // (0xac 0x02), length 2; data, u32 length 1 and "x".
+        assert_eq!(
+            &plain[ENTRY_HEADER_SIZE..],
+            &[1, 3, 1, 1, 1, 0xac, 0x02, 2, 1, 0, 0, 0, b'x']
+        );
+        let listed = encode_entry(&parallel(vec![6, 8]));
+        assert_eq!(listed[5], 5);
+        assert_eq!(listed.len(), plain.len() + 3, "count 2, slots 6 and 8");
+        assert_eq!(decode_entry(&listed).unwrap(), parallel(vec![6, 8]));
+        // A kind-5 record with an empty list (kind 4 bytes with the kind changed and an
         // empty list inserted before the data) is refused by name, checksum and all.
-        let mut b = plain.clone();
-        b[5] = 3;
-        let at = ENTRY_HEADER_SIZE + 4 + 16 + 4 + 4;
-        b.splice(at..at, 0u32.to_le_bytes());
-        let n = (b.len() - ENTRY_HEADER_SIZE) as u32;
-        b[8..12].copy_from_slice(&n.to_le_bytes());
-        let crc = entry_crc(&b);
-        b[12..16].copy_from_slice(&crc.to_le_bytes());
-        match decode_entry(&b) {
+        let mut body = plain[ENTRY_HEADER_SIZE..].to_vec();
+        body.insert(8, 0);
+        match decode_entry(&framed(&parallel(Vec::new()), 5, &body)) {
             Err(FormatError::Malformed { detail, .. }) => {
                 assert!(detail.contains("lists none"), "{detail}")
             }
             r => panic!("expected a refusal, got {r:?}"),
         }
+        // An empty range, and a range past 2^64, are refused by name.
+        for (start, len) in [(3u64, 0u64), (u64::MAX, 1)] {
+            let mut body = vec![1];
+            put_var(&mut body, start);
+            put_var(&mut body, len);
+            body.extend_from_slice(&[0, 1, 0, 0, 0, b'x']);
+            match decode_entry(&framed(&parallel(Vec::new()), 4, &body)) {
+                Err(FormatError::Malformed { detail, .. }) => {
+                    assert!(detail.contains("empty or past 2^64"), "{detail}")
+                }
+                r => panic!("expected a refusal, got {r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn kinds_1_and_3_and_group_record_kind_1_are_still_read() {
+        // The encodings written before compact ranges: `u64 start, u64 end` pairs and
+        // `u32` counts.
+        for (after, kind) in [(vec![], 1u8), (vec![6, 8], 3)] {
+            let e = parallel(after.clone());
+            let Body::Parallel {
+                ranges,
+                look_behind,
+                data,
+                ..
+            } = &e.body
+            else {
+                unreachable!()
+            };
+            let mut body = Vec::new();
+            put_ranges(&mut body, ranges);
+            put_u32(&mut body, look_behind.len() as u32);
+            for lb in look_behind {
+                put_ranges(&mut body, lb);
+            }
+            if !after.is_empty() {
+                put_u64s(&mut body, &after);
+            }
+            put_bytes(&mut body, data);
+            let old = framed(&e, kind, &body);
+            assert_eq!(decode_entry(&old).unwrap(), e, "kind {kind}");
+            assert!(
+                old.len() > encode_entry(&e).len(),
+                "kind {kind} is the larger"
+            );
+        }
+        let records = vec![Record {
+            declared: Declared::Blocks(vec![
+                BlockRange::new(5, 1).expect("non-empty"),
+                BlockRange::new(9, 3).expect("non-empty"),
+            ]),
+            data: vec![7, 7],
+        }];
+        let mut old = GROUP_MAGIC.to_le_bytes().to_vec();
+        put_u32(&mut old, 1);
+        old.push(1);
+        let Declared::Blocks(rs) = &records[0].declared else {
+            unreachable!()
+        };
+        put_ranges(&mut old, rs);
+        put_bytes(&mut old, &records[0].data);
+        assert_eq!(decode_group(&old).unwrap(), records);
+        let new = encode_group(&records);
+        assert_eq!(new[8], 3, "written as kind 3");
+        assert_eq!(new.len() + 31, old.len(), "2 ranges: 5 bytes against 36");
+        assert_eq!(decode_group(&new).unwrap(), records);
+    }
+
+    /// The case compact ranges are for: a group entry of 75 transactions of 100 bytes,
+    /// each declaring a read key and a write key of 10 million as 1-block ranges (the
+    /// benchmark's parallel adaptation), its look-behind buffer holding two such entries.
+    #[test]
+    fn compact_ranges_shrink_a_group_of_small_transactions() {
+        let mut rng = crate::rng::Rng::new(7);
+        let group = |rng: &mut crate::rng::Rng| -> (Vec<Record>, Vec<BlockRange>) {
+            let recs: Vec<Record> = (0..75)
+                .map(|_| {
+                    let keys = [rng.below(10_000_000), rng.below(10_000_000)];
+                    Record {
+                        declared: Declared::Blocks(
+                            keys.iter()
+                                .map(|&k| BlockRange::new(k, 1).unwrap())
+                                .collect(),
+                        ),
+                        data: vec![0; 100],
+                    }
+                })
+                .collect();
+            let mut ranges: Vec<BlockRange> = recs
+                .iter()
+                .flat_map(|r| match &r.declared {
+                    Declared::Blocks(rs) => rs.clone(),
+                    Declared::Txn { .. } => unreachable!(),
+                })
+                .collect();
+            ranges.sort();
+            (recs, ranges)
+        };
+        let (recs, ranges) = group(&mut rng);
+        let look_behind = vec![group(&mut rng).1, group(&mut rng).1];
+        let e = Entry {
+            seq: 1 << 20,
+            term: 3,
+            start: 1,
+            eid: 3 << 32 | 9,
+            body: Body::Parallel {
+                ranges: ranges.clone(),
+                look_behind: look_behind.clone(),
+                after: vec![(1 << 20) - 1],
+                data: encode_group(&recs).into(),
+            },
+        };
+        let compact = encode_entry(&e);
+        // The same entry as kind 3 with a kind-1 group.
+        let mut old_group = GROUP_MAGIC.to_le_bytes().to_vec();
+        put_u32(&mut old_group, recs.len() as u32);
+        for r in &recs {
+            old_group.push(1);
+            let Declared::Blocks(rs) = &r.declared else {
+                unreachable!()
+            };
+            put_ranges(&mut old_group, rs);
+            put_bytes(&mut old_group, &r.data);
+        }
+        let mut body = Vec::new();
+        put_ranges(&mut body, &ranges);
+        put_u32(&mut body, 2);
+        for lb in &look_behind {
+            put_ranges(&mut body, lb);
+        }
+        put_u64s(&mut body, &[(1 << 20) - 1]);
+        put_bytes(&mut body, &old_group);
+        let old = framed(&e, 3, &body);
+        assert_eq!(decode_entry(&old).unwrap().eid, e.eid);
+        // 450 ranges in the entry (its own and the look-behind buffer's) and 150 in the
+        // group: 16 bytes each as `u64` pairs, 4-5 as varints. 0.61x the bytes to write,
+        // send and sync (docs/benchmarks.md, session 21).
+        assert_eq!((compact.len(), old.len()), (10_908, 17_863));
+    }
+
+    #[test]
+    fn varints_have_one_encoding_and_bounded_length() {
+        for x in [0, 1, 127, 128, 300, 1 << 35, u64::MAX - 1, u64::MAX] {
+            let mut b = Vec::new();
+            put_var(&mut b, x);
+            let mut r = Reader::new(&b, WHAT_ENTRY, "");
+            assert_eq!(r.var("x").unwrap(), x);
+            assert!(r.done().is_ok());
+        }
+        let mut b = Vec::new();
+        put_var(&mut b, u64::MAX);
+        assert_eq!(b.len(), 10);
+        let refused = |bytes: &[u8], why: &str| {
+            let mut r = Reader::new(bytes, WHAT_ENTRY, "");
+            match r.var("x") {
+                Err(FormatError::Malformed { detail, .. }) => {
+                    assert!(detail.contains(why), "{detail}")
+                }
+                v => panic!("{bytes:?}: expected a refusal, got {v:?}"),
+            }
+        };
+        refused(&[0x80, 0x00], "zero last byte");
+        refused(
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02],
+            "past 64 bits",
+        );
+        let mut r = Reader::new(&[0x80, 0x80], WHAT_ENTRY, "");
+        assert!(r.var("x").is_err(), "cut short");
+        // A count that cannot fit is refused before anything is allocated.
+        let mut r = Reader::new(&[0xff, 0xff, 0xff, 0xff, 0x0f], WHAT_ENTRY, "");
+        assert!(matches!(
+            r.compact_ranges(),
+            Err(FormatError::LengthOutOfRange { .. })
+        ));
     }
 
     #[test]
