@@ -446,11 +446,30 @@ fn run(mode: Mode) {
     // is behind the leader's base and installs the leader's image.
     let l = c.leader();
     let f = (l + 1) % 3;
+    let head = c.nodes[f]
+        .as_ref()
+        .unwrap()
+        .status()
+        .unwrap()
+        .committed_head;
     c.stop(f);
-    c.append_many(350, 300);
-    let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
+    // How far the leader compacts depends on the entries' bytes (it checkpoints every
+    // `compact_bytes`): append until its base has passed where the follower stopped.
+    let mut next = 350;
+    let lead = loop {
+        c.append_many(next, 50);
+        next += 50;
+        let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
+        if lead.counters.base > head {
+            break lead;
+        }
+        assert!(
+            next < 350 + 2000,
+            "the leader did not compact past slot {head} in 2,000 appends: {lead:?}"
+        );
+    };
     c.restart(f);
-    c.append_many(650, 20);
+    c.append_many(next, 20);
     c.converge();
     let st = c.nodes[f].as_ref().unwrap().status().unwrap();
     assert!(

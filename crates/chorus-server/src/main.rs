@@ -152,8 +152,23 @@ pub const EXIT_REFUSED: u8 = 4;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// A command's output piped into a reader that stops early (`chorus read | head`) ends
+/// the command quietly, as it does for other Unix tools: Rust ignores SIGPIPE, so a write
+/// to the closed pipe would otherwise make `println!` panic. Not for `chorus server`,
+/// which must outlive a closed client connection (sockets send with `MSG_NOSIGNAL`, so
+/// clients are unaffected either way).
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: setting a signal's disposition to its default, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Server(_)) {
+        die_quietly_on_a_closed_pipe();
+    }
     let r = match cli.cmd {
         Cmd::Demo {
             dir,

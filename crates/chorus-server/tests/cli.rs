@@ -137,3 +137,49 @@ fn inspect_shows_meta_and_flags_two_bad_slots() {
     assert!(text.contains("both meta slots are unreadable"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `chorus inspect ... | head`: the reader closes the pipe after a few lines and the
+/// command ends quietly (killed by SIGPIPE, as Unix tools are), not with a panic about
+/// printing to stdout.
+#[test]
+fn output_into_a_pipe_closed_early_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = temp_dir("pipe");
+    let out = chorus()
+        .args(["demo", dir.to_str().unwrap(), "--records", "20000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut child = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--entries"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 256];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        status.success() || status.signal() == Some(libc::SIGPIPE),
+        "{status:?}: {err}"
+    );
+    // Enough output that the pipe was closed before it was all written.
+    let all = chorus()
+        .args(["inspect", dir.to_str().unwrap(), "--entries"])
+        .output()
+        .unwrap();
+    assert!(all.stdout.len() > 1 << 20, "{} bytes", all.stdout.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
