@@ -108,18 +108,25 @@ pub const MAX_VOTERS: usize = 64;
 impl Reader<'_> {
     /// A list count, refused if even `min_item` bytes per item cannot fit.
     fn count(&mut self, field: &'static str, min_item: usize) -> Result<usize, FormatError> {
-        let n = self.u32()? as usize;
-        let left = self.buf.len() - self.pos;
-        if n.saturating_mul(min_item.max(1)) > left {
+        let n = self.u32()?;
+        self.fits(field, n.into(), min_item)
+    }
+
+    /// `n` items of at least `min_item` bytes each, refused unless they fit in the bytes
+    /// left.
+    fn fits(&self, field: &'static str, n: u64, min_item: usize) -> Result<usize, FormatError> {
+        let left = (self.buf.len() - self.pos) as u64;
+        let min_item = min_item.max(1) as u64;
+        if n.saturating_mul(min_item) > left {
             return Err(FormatError::LengthOutOfRange {
                 what: self.what,
                 field,
-                value: n as u64,
+                value: n,
                 min: 0,
-                max: (left / min_item.max(1)) as u64,
+                max: left / min_item,
             });
         }
-        Ok(n)
+        Ok(n as usize)
     }
 
     fn u64s(&mut self, field: &'static str) -> Result<Vec<u64>, FormatError> {
@@ -151,17 +158,7 @@ impl Reader<'_> {
     /// A list count as a varint, refused if even `min_item` bytes per item cannot fit.
     fn var_count(&mut self, field: &'static str, min_item: usize) -> Result<usize, FormatError> {
         let n = self.var(field)?;
-        let left = (self.buf.len() - self.pos) as u64;
-        if n.saturating_mul(min_item.max(1) as u64) > left {
-            return Err(FormatError::LengthOutOfRange {
-                what: self.what,
-                field,
-                value: n,
-                min: 0,
-                max: left / min_item.max(1) as u64,
-            });
-        }
-        Ok(n as usize)
+        self.fits(field, n, min_item)
     }
 
     /// A compact range list ([`put_compact_ranges`]).
@@ -310,6 +307,12 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             2
         }
     };
+    frame_entry(e, kind, &body)
+}
+
+/// The entry record of `e` as `kind` around `body`: the header, then the body, then the
+/// checksum filled in.
+fn frame_entry(e: &Entry, kind: u8, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE + body.len());
     put_u32(&mut out, ENTRY_MAGIC);
     out.extend_from_slice(&[1, kind, 0, 0]);
@@ -319,7 +322,7 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
     put_u64(&mut out, e.term);
     put_u64(&mut out, e.start);
     put_u64(&mut out, e.eid);
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     let crc = entry_crc(&out);
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out
@@ -394,19 +397,20 @@ pub fn decode_entry(buf: &[u8]) -> Result<Entry, FormatError> {
         0 => Body::Null,
         1 | 3 | 4 | 5 => {
             let compact = kind >= 4;
-            let (ranges, look_behind) = if compact {
-                let ranges = r.compact_ranges()?;
-                let n = r.var_count("look-behind buffer", 1)?;
-                let lb = (0..n)
-                    .map(|_| r.compact_ranges())
-                    .collect::<Result<_, _>>()?;
-                (ranges, lb)
-            } else {
-                let ranges = r.ranges()?;
-                let n = r.count("look-behind buffer", 4)?;
-                let lb = (0..n).map(|_| r.ranges()).collect::<Result<_, _>>()?;
-                (ranges, lb)
+            let list = |r: &mut Reader| {
+                if compact {
+                    r.compact_ranges()
+                } else {
+                    r.ranges()
+                }
             };
+            let ranges = list(&mut r)?;
+            let n = if compact {
+                r.var_count("look-behind buffer", 1)?
+            } else {
+                r.count("look-behind buffer", 4)?
+            };
+            let look_behind = (0..n).map(|_| list(&mut r)).collect::<Result<_, _>>()?;
             let after = if kind == 3 || kind == 5 {
                 let field = "conflict-order predecessors";
                 let after = if compact {
@@ -1196,22 +1200,6 @@ mod tests {
         }
     }
 
-    /// An entry record of `kind` around `body`, as [`encode_entry`] frames one.
-    fn framed(e: &Entry, kind: u8, body: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        put_u32(&mut out, ENTRY_MAGIC);
-        out.extend_from_slice(&[1, kind, 0, 0]);
-        put_u32(&mut out, body.len() as u32);
-        put_u32(&mut out, 0);
-        for x in [e.seq, e.term, e.start, e.eid] {
-            put_u64(&mut out, x);
-        }
-        out.extend_from_slice(body);
-        let crc = entry_crc(&out);
-        out[12..16].copy_from_slice(&crc.to_le_bytes());
-        out
-    }
-
     fn parallel(after: Vec<u64>) -> Entry {
         Entry {
             seq: 9,
@@ -1246,7 +1234,7 @@ mod tests {
         // empty list inserted before the data) is refused by name, checksum and all.
         let mut body = plain[ENTRY_HEADER_SIZE..].to_vec();
         body.insert(8, 0);
-        match decode_entry(&framed(&parallel(Vec::new()), 5, &body)) {
+        match decode_entry(&frame_entry(&parallel(Vec::new()), 5, &body)) {
             Err(FormatError::Malformed { detail, .. }) => {
                 assert!(detail.contains("lists none"), "{detail}")
             }
@@ -1258,7 +1246,7 @@ mod tests {
             put_var(&mut body, start);
             put_var(&mut body, len);
             body.extend_from_slice(&[0, 1, 0, 0, 0, b'x']);
-            match decode_entry(&framed(&parallel(Vec::new()), 4, &body)) {
+            match decode_entry(&frame_entry(&parallel(Vec::new()), 4, &body)) {
                 Err(FormatError::Malformed { detail, .. }) => {
                     assert!(detail.contains("empty or past 2^64"), "{detail}")
                 }
@@ -1292,7 +1280,7 @@ mod tests {
                 put_u64s(&mut body, &after);
             }
             put_bytes(&mut body, data);
-            let old = framed(&e, kind, &body);
+            let old = frame_entry(&e, kind, &body);
             assert_eq!(decode_entry(&old).unwrap(), e, "kind {kind}");
             assert!(
                 old.len() > encode_entry(&e).len(),
@@ -1385,7 +1373,7 @@ mod tests {
         }
         put_u64s(&mut body, &[(1 << 20) - 1]);
         put_bytes(&mut body, &old_group);
-        let old = framed(&e, 3, &body);
+        let old = frame_entry(&e, 3, &body);
         assert_eq!(decode_entry(&old).unwrap().eid, e.eid);
         // 450 ranges in the entry (its own and the look-behind buffer's) and 150 in the
         // group: 16 bytes each as `u64` pairs, 4-5 as varints. 0.61x the bytes to write,
