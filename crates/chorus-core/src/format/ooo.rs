@@ -51,7 +51,7 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `0x4848_4F43` ("COHH") |
 //! | 4 | 2 | version, 2 |
-//! | 6 | 2 | reserved, 0 |
+//! | 6 | 2 | reserved, 0 (refused otherwise) |
 //! | 8 | 8 | term |
 //! | 16 | 8 | voted for (0: nobody; node ids are never 0) |
 //! | 24 | 8 | committed head |
@@ -607,7 +607,12 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
             })
         }
     };
-    r.take(2)?;
+    if r.take(2)? != [0, 0] {
+        return Err(FormatError::Malformed {
+            what: WHAT_HARD,
+            detail: "reserved bytes are not zero".into(),
+        });
+    }
     let stored = u32::from_le_bytes(buf[body..body + 4].try_into().expect("4"));
     let crc = crc32c::crc32c(&buf[..body]);
     if stored != crc {
@@ -728,6 +733,86 @@ pub fn decode_membership(buf: &[u8]) -> Result<Membership, FormatError> {
     let m = read_membership(&mut b)?;
     b.done()?;
     Ok(m)
+}
+
+/// The body of the `ooo` cargo-fuzz target. The first byte picks a decoder (entry record,
+/// group payload, message, hard state, membership record) and the rest is its input.
+/// Whatever decodes must re-encode to bytes that decode to the same value, and to the
+/// input's own bytes unless it was read from a still-read older layout (entry kinds 1
+/// and 3, group record kind 1, hard state version 1). Checksums would stop a fuzzer at
+/// the header, so the entry, hard-state and membership inputs get theirs (and their
+/// magic, version and length) filled in first, and the fuzzer reaches the field decoders.
+pub fn fuzz_decode(data: &[u8]) {
+    let Some((&which, input)) = data.split_first() else {
+        return;
+    };
+    let mut b = input.to_vec();
+    match which % 5 {
+        0 => {
+            if b.len() >= ENTRY_HEADER_SIZE {
+                let Ok(n) = u32::try_from(b.len() - ENTRY_HEADER_SIZE) else {
+                    return;
+                };
+                b[0..4].copy_from_slice(&ENTRY_MAGIC.to_le_bytes());
+                b[4] = 1;
+                b[8..12].copy_from_slice(&n.to_le_bytes());
+                let crc = entry_crc(&b);
+                b[12..16].copy_from_slice(&crc.to_le_bytes());
+            }
+            if let Ok(e) = decode_entry(&b) {
+                let again = encode_entry(&e);
+                assert_eq!(decode_entry(&again).as_ref(), Ok(&e), "entry re-decode");
+                if b[5] != 1 && b[5] != 3 {
+                    assert_eq!(again, b, "entry re-encode differs");
+                }
+            }
+        }
+        1 => {
+            if let Ok(rs) = decode_group(&b) {
+                let again = encode_group(&rs);
+                assert_eq!(decode_group(&again).as_ref(), Ok(&rs), "group re-decode");
+                assert!(again.len() <= b.len(), "group re-encode grew");
+            }
+        }
+        2 => {
+            if let Ok(m) = decode_msg(&b) {
+                let again = encode_msg(&m);
+                assert_eq!(decode_msg(&again).as_ref(), Ok(&m), "message re-decode");
+            }
+        }
+        3 => {
+            let body = match b.len() {
+                HARD_SIZE => 56,
+                HARD_SIZE_V1 => 48,
+                _ => return,
+            };
+            b[0..4].copy_from_slice(&HARD_MAGIC.to_le_bytes());
+            let crc = crc32c::crc32c(&b[..body]);
+            b[body..body + 4].copy_from_slice(&crc.to_le_bytes());
+            if let Ok(h) = decode_hard(&b) {
+                let again = encode_hard(&h);
+                assert_eq!(decode_hard(&again).as_ref(), Ok(&h), "hard state re-decode");
+                if b.len() == HARD_SIZE {
+                    assert_eq!(&again[..], &b[..], "hard state re-encode differs");
+                }
+            }
+        }
+        _ => {
+            if b.len() >= 16 {
+                let Ok(n) = u32::try_from(b.len() - 16) else {
+                    return;
+                };
+                b[0..4].copy_from_slice(&MEMBERS_MAGIC.to_le_bytes());
+                b[4..8].copy_from_slice(&[1, 0, 0, 0]);
+                b[8..12].copy_from_slice(&n.to_le_bytes());
+                let crc = crc32c::crc32c(&b[16..]);
+                b[12..16].copy_from_slice(&crc.to_le_bytes());
+            }
+            if let Ok(m) = decode_membership(&b) {
+                assert_eq!(encode_membership(&m), b, "membership re-encode differs");
+            }
+        }
+    }
 }
 
 fn put_window(out: &mut Vec<u8>, w: &CommitWindow) {
@@ -1198,6 +1283,27 @@ mod tests {
             let _ = decode_entry(&b);
             let _ = decode_hard(&b);
         }
+
+        /// The fuzz target's body on random input: checksums filled in, so random bodies
+        /// reach the field decoders; a panic or a value that does not round-trip fails.
+        #[test]
+        fn the_fuzz_body_holds_on_random_input(which in 0u8..5, b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut data = vec![which];
+            data.extend_from_slice(&b);
+            fuzz_decode(&data);
+        }
+
+        /// The same on damaged valid records, which get past the first field far more often.
+        #[test]
+        fn the_fuzz_body_holds_on_damaged_records(e in entry(), rs in proptest::collection::vec(record(), 1..4), at in any::<usize>(), bit in 0u8..8) {
+            for (which, mut b) in [(0u8, encode_entry(&e)), (1, encode_group(&rs))] {
+                let i = at % b.len();
+                b[i] ^= 1 << bit;
+                let mut data = vec![which];
+                data.extend_from_slice(&b);
+                fuzz_decode(&data);
+            }
+        }
     }
 
     fn parallel(after: Vec<u64>) -> Entry {
@@ -1478,6 +1584,16 @@ mod tests {
         assert!(matches!(
             decode_hard(&d),
             Err(FormatError::HeaderChecksum { .. })
+        ));
+        // Reserved bytes that are not zero are refused by name even under a valid
+        // checksum (found by the `ooo` fuzz target: they were skipped unread).
+        let mut r = b;
+        r[7] = 45;
+        let crc = crc32c::crc32c(&r[..56]);
+        r[56..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            decode_hard(&r),
+            Err(FormatError::Malformed { detail, .. }) if detail.contains("reserved")
         ));
         assert!(matches!(
             decode_hard(&b[..10]),
