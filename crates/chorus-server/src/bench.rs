@@ -9,6 +9,14 @@
 //!   and the clients call its embedded API; `--path grpc` runs all three nodes as
 //!   `chorus server` children and the clients use the gRPC service from this process.
 //!
+//! The group may be ordered or out of order; the records follow its mode (against a running
+//! cluster the mode is read from the group's status; with `--local`, `--mode` chooses it):
+//! opaque records of `--size` bytes for an ordered group; for a parallel group, writes of
+//! `--size` rounded up to whole 4 KiB blocks at a uniformly random block of a
+//! `--volume-blocks` volume (PolarFS's random-write workload, section 7); for a dependent
+//! group, YCSB-like transactions that read one key and wrote one, drawn from `--keys` keys
+//! with Zipf skew `--theta` (the DP-Raft paper's workload, section 5).
+//!
 //! Every client appends its next record only after the previous one committed. After the
 //! warm-up, a fixed interval is measured: commit latency into an HDR histogram, and OS
 //! accounting of all processes of the system under test (`chorus_bench::procstat`: disk
@@ -25,14 +33,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chorus_bench::ooo::zipf::Zipf;
 use chorus_bench::procstat::{usage, Sampler, Usage};
 use chorus_client::{pb, Client, ClientError};
+use chorus_core::rng::Rng;
 use chorus_runtime::{Env, LogHandle};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::config::{GroupSpec, ServerConfig};
+use crate::dev::DevMode;
+use crate::ooo::{BLOCK, MAX_BLOCKS};
 use crate::{AnyResult, Endpoints, Output, EXIT_UNREACHABLE};
 
 /// Where the benchmark clients run.
@@ -76,9 +88,25 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     local: Option<PathBuf>,
     /// With `--local`: clients in the leader's process (embedded API) or in this process
-    /// over gRPC.
-    #[arg(long, value_enum, default_value_t = ClientPath::Embedded)]
-    path: ClientPath,
+    /// over gRPC (default: embedded for an ordered group; out-of-order groups are served by
+    /// `chorus server` only, so gRPC).
+    #[arg(long, value_enum)]
+    path: Option<ClientPath>,
+    /// With `--local`: the group's mode. Against a running cluster the group's own mode is
+    /// used (from its status), and a different `--mode` is refused.
+    #[arg(long, value_enum)]
+    mode: Option<DevMode>,
+    /// Parallel groups: the volume's length in 4 KiB blocks; each record writes
+    /// `--size` rounded up to whole blocks at a uniformly random block of it.
+    #[arg(long, default_value_t = 1 << 18, value_parser = clap::value_parser!(u64).range(1..=MAX_BLOCKS))]
+    volume_blocks: u64,
+    /// Dependent groups: each record is a transaction that read one key and wrote one,
+    /// drawn from this many keys.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(2..=(1 << 40)))]
+    keys: u64,
+    /// Dependent groups: the keys' Zipf skew θ (0: uniform; below 1).
+    #[arg(long, default_value_t = 0.99)]
+    theta: f64,
     /// With `--local`: commit-point mode of the cluster (`piggyback`, `sync`, `async`).
     #[arg(long, default_value = "piggyback")]
     commit_mode: String,
@@ -104,25 +132,36 @@ fn parse_base_port(s: &str) -> Result<u16, String> {
     }
 }
 
-/// The ports of a local cluster: `[api, replication, metrics]` per node.
-type Ports = Vec<[u16; 3]>;
+/// The ports of a local cluster: `[api, replication, metrics, out-of-order replication]`
+/// per node.
+type Ports = Vec<[u16; 4]>;
 
-/// Ports for `--local`: fixed from `--base-port`, or free ones the OS hands out (all nine
+/// Ports for `--local`: fixed from `--base-port`, or free ones the OS hands out (all twelve
 /// listeners are held at once so they are distinct, then released for the nodes to bind).
 fn local_ports(base: u16) -> std::io::Result<Ports> {
     if base != 0 {
         return Ok((1..=NODES as u16)
-            .map(|j| [base + j, base + 10 + j, base + 20 + j])
+            .map(|j| [base + j, base + 10 + j, base + 20 + j, base + 30 + j])
             .collect());
     }
-    let held: Vec<std::net::TcpListener> = (0..NODES * 3)
+    let held: Vec<std::net::TcpListener> = (0..NODES * 4)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<_, _>>()?;
     let ports: Vec<u16> = held
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect::<Result<_, _>>()?;
-    Ok(ports.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
+    Ok(ports.chunks(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
+}
+
+/// Where the clients run: `--path`, or embedded for an ordered group and gRPC for an
+/// out-of-order one (`run` refuses embedded with an out-of-order mode).
+fn client_path(a: &BenchArgs, mode: DevMode) -> ClientPath {
+    a.path.unwrap_or(if mode == DevMode::Ordered {
+        ClientPath::Embedded
+    } else {
+        ClientPath::Grpc
+    })
 }
 
 /// Start attempts with OS-chosen ports: another process may take a port between the
@@ -135,6 +174,24 @@ pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
         return Err(format!(
             "--warmup {} / --duration {}: expected 0 ≤ warm-up ≤ 3600 and 0 < duration ≤ 3600 seconds",
             a.warmup, a.duration
+        )
+        .into());
+    }
+    if !(0.0..1.0).contains(&a.theta) {
+        return Err(format!(
+            "--theta {}: expected 0 (uniform) ≤ θ < 1 (Zipf skew)",
+            a.theta
+        )
+        .into());
+    }
+    if a.local.is_some()
+        && a.mode.is_some_and(|m| m != DevMode::Ordered)
+        && a.path == Some(ClientPath::Embedded)
+    {
+        return Err(format!(
+            "--path embedded with --mode {}: out-of-order groups are served by `chorus server`, \
+             not the embedded API; use --path grpc",
+            a.mode.map_or("?", DevMode::name)
         )
         .into());
     }
@@ -151,12 +208,13 @@ pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
         .build()?;
     let v = match &a.local {
         Some(dir) => {
+            let w = Workload::new(a.mode.unwrap_or(DevMode::Ordered), &a)?;
             let mut attempt = 1;
             loop {
                 let ports = local_ports(a.base_port)?;
-                let r = match LocalCluster::start(&a, dir, &ports) {
+                let r = match LocalCluster::start(&a, w.mode(), dir, &ports) {
                     Ok(mut cluster) => {
-                        let r = rt.block_on(cluster.bench(&a));
+                        let r = rt.block_on(cluster.bench(&a, &w));
                         cluster.stop();
                         r
                     }
@@ -185,9 +243,9 @@ pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
         // Against a remote cluster only the gRPC path exists; `--path` is for `--local`.
         None => match rt.block_on(remote(&a)) {
             Ok(v) => v,
-            Err(e) => {
+            Err((code, e)) => {
                 eprintln!("chorus bench: {e}");
-                return Ok(ExitCode::from(crate::remote::exit_code(&e)));
+                return Ok(ExitCode::from(code));
             }
         },
     };
@@ -204,8 +262,9 @@ pub fn run(a: BenchArgs) -> AnyResult<ExitCode> {
 fn print_table(v: &Value) {
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     println!(
-        "{} ({}): {} clients, {} B records: {:.0} appends/s, {:.2} MB/s, p50 {} µs, p99 {} µs, p99.9 {} µs, {} errors",
+        "{} ({} group, {}): {} clients, {} B records: {:.0} appends/s, {:.2} MB/s, p50 {} µs, p99 {} µs, p99.9 {} µs, {} errors",
         v["system"].as_str().unwrap_or("?"),
+        v["group_mode"].as_str().unwrap_or("?"),
         v["path"].as_str().unwrap_or("?"),
         v["clients"],
         v["size"],
@@ -236,16 +295,107 @@ struct Measured {
     hist: Histogram<u64>,
 }
 
+/// What the clients append, from the group's mode (see the module documentation).
+#[derive(Clone, Debug)]
+enum Workload {
+    /// Opaque records.
+    Ordered,
+    /// Each record writes `blocks` consecutive blocks at a uniformly random start in a
+    /// volume of `span` blocks.
+    Parallel { span: u64, blocks: u64 },
+    /// Each record read one key and wrote one, uniformly from `keys` or Zipf-skewed.
+    Dependent { keys: u64, zipf: Option<Arc<Zipf>> },
+}
+
+impl Workload {
+    fn new(mode: DevMode, a: &BenchArgs) -> Result<Self, String> {
+        Ok(match mode {
+            DevMode::Ordered => Workload::Ordered,
+            DevMode::Parallel => {
+                let blocks = a.size.div_ceil(BLOCK);
+                if blocks > a.volume_blocks {
+                    return Err(format!(
+                        "--size {} is {blocks} blocks of {BLOCK} bytes, more than the \
+                         --volume-blocks {} a record may write into",
+                        a.size, a.volume_blocks
+                    ));
+                }
+                Workload::Parallel {
+                    span: a.volume_blocks,
+                    blocks,
+                }
+            }
+            DevMode::Dependent => Workload::Dependent {
+                keys: a.keys,
+                zipf: if a.theta > 0.0 {
+                    Some(Arc::new(
+                        Zipf::new(a.keys, a.theta).map_err(|e| format!("--theta: {e}"))?,
+                    ))
+                } else {
+                    None
+                },
+            },
+        })
+    }
+
+    fn mode(&self) -> DevMode {
+        match self {
+            Workload::Ordered => DevMode::Ordered,
+            Workload::Parallel { .. } => DevMode::Parallel,
+            Workload::Dependent { .. } => DevMode::Dependent,
+        }
+    }
+
+    /// The bytes of each record: `--size`, or whole blocks for a parallel group.
+    fn record_size(&self, size: u64) -> u64 {
+        match self {
+            Workload::Parallel { blocks, .. } => blocks * BLOCK,
+            _ => size,
+        }
+    }
+
+    /// An out-of-order record of `data` declaring what this workload's next record
+    /// writes (and reads).
+    fn record(&self, data: &[u8], rng: &mut Rng) -> pb::OutOfOrderRecord {
+        let mut r = pb::OutOfOrderRecord {
+            data: data.to_vec(),
+            ..Default::default()
+        };
+        match self {
+            Workload::Ordered => {}
+            Workload::Parallel { span, blocks } => {
+                let start = rng.below(span - blocks + 1);
+                r.blocks = vec![pb::BlockRange {
+                    start,
+                    count: *blocks,
+                }];
+            }
+            Workload::Dependent { keys, zipf } => {
+                let mut key = || match zipf {
+                    Some(z) => z.sample(rng),
+                    None => rng.below(*keys),
+                };
+                r.read_set = vec![key()];
+                r.write_set = vec![key()];
+            }
+        }
+        r
+    }
+}
+
 /// One client's way to append.
 #[derive(Clone)]
 enum Conn {
     Embedded(LogHandle),
     Grpc(Client, u64),
+    /// An out-of-order group over gRPC.
+    GrpcOutOfOrder(Client, u64),
 }
 
 impl Conn {
     /// Appends one record and waits for its result: Ok(true) committed, Ok(false) failed.
-    async fn append(&mut self, rec: &[u8]) -> Result<bool, String> {
+    /// An out-of-order record declares what `w` draws with `rng`.
+    async fn append(&mut self, rec: &[u8], w: &Workload, rng: &mut Rng) -> Result<bool, String> {
         match self {
             Conn::Embedded(h) => {
                 let a = h.append(rec, 0).map_err(|e| e.to_string())?;
@@ -255,6 +405,14 @@ impl Conn {
             Conn::Grpc(c, group) => {
                 let r = c
                     .append(*group, vec![rec.to_vec()], 0)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(r.first()
+                    .is_some_and(|r| r.outcome == pb::Outcome::Committed as i32))
+            }
+            Conn::GrpcOutOfOrder(c, group) => {
+                let r = c
+                    .append_out_of_order(*group, vec![w.record(rec, rng)])
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(r.first()
@@ -271,6 +429,7 @@ type Hook<'a> = &'a mut dyn FnMut();
 /// warm-up, then the measured interval, bracketed by `at_start` and `at_end`.
 async fn closed_loop(
     a: &BenchArgs,
+    w: &Workload,
     conns: Vec<Conn>,
     quiet: bool,
     at_start: Hook<'_>,
@@ -295,10 +454,13 @@ async fn closed_loop(
             errors.clone(),
             hist.clone(),
         );
-        let size = a.size as usize;
+        let size = w.record_size(a.size) as usize;
+        let w = w.clone();
         tasks.push(tokio::spawn(async move {
             let shard = &hist[i as usize % HIST_SHARDS];
             let mut rec = vec![0u8; size];
+            // Each client its own stream of blocks or keys, the same on every run.
+            let mut rng = Rng::new(0x6368_6f72_7573 ^ i);
             let mut seq = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 seq += 1;
@@ -308,7 +470,7 @@ async fn closed_loop(
                 rec[..n].copy_from_slice(&tag.to_le_bytes()[..n]);
                 let t0 = Instant::now();
                 let started_measuring = measuring.load(Ordering::Relaxed);
-                match c.append(&rec).await {
+                match c.append(&rec, &w, &mut rng).await {
                     Ok(true) => {
                         // Only appends that started and ended inside the interval count.
                         if started_measuring && measuring.load(Ordering::Relaxed) {
@@ -380,19 +542,27 @@ fn new_hist() -> Histogram<u64> {
 }
 
 /// The schema fields every run has.
-fn base_result(a: &BenchArgs, m: &Measured, path: &str, commit_mode: Option<&str>) -> Value {
+fn base_result(
+    a: &BenchArgs,
+    w: &Workload,
+    m: &Measured,
+    path: &str,
+    commit_mode: Option<&str>,
+) -> Value {
     let rate = m.appends as f64 / m.seconds;
-    json!({
+    let size = w.record_size(a.size);
+    let mut v = json!({
         "system": "chorus",
         "path": path,
         "commit_mode": commit_mode,
+        "group_mode": w.mode().name(),
         "clients": a.clients,
-        "size": a.size,
+        "size": size,
         "replicas": 3,
         "appends": m.appends,
         "seconds": m.seconds,
         "appends_per_sec": rate,
-        "mb_per_sec": rate * a.size as f64 / 1e6,
+        "mb_per_sec": rate * size as f64 / 1e6,
         "p50_us": m.hist.value_at_quantile(0.5),
         "p99_us": m.hist.value_at_quantile(0.99),
         "p999_us": m.hist.value_at_quantile(0.999),
@@ -408,7 +578,16 @@ fn base_result(a: &BenchArgs, m: &Measured, path: &str, commit_mode: Option<&str
         "dev_write_mb_per_sec": null,
         "fsyncs_per_sec": null,
         "follower_msgs_per_sec": null,
-    })
+    });
+    match w {
+        Workload::Ordered => {}
+        Workload::Parallel { span, .. } => v["volume_blocks"] = json!(span),
+        Workload::Dependent { keys, .. } => {
+            v["keys"] = json!(keys);
+            v["theta"] = json!(a.theta);
+        }
+    }
+    v
 }
 
 /// Fills the OS accounting fields from a [`Usage`] over the measured interval.
@@ -436,25 +615,84 @@ fn add_usage(v: &mut Value, u: &Usage, appends: u64, size: u64) {
 
 /// Against a running cluster: gRPC clients, no OS accounting (the processes may be
 /// anywhere).
-async fn remote(a: &BenchArgs) -> Result<Value, ClientError> {
-    let conns = grpc_conns(a, a.ep.endpoints.clone(), a.ep.group).await?;
+/// Fails with the exit code and the message.
+async fn remote(a: &BenchArgs) -> Result<Value, (u8, String)> {
+    let usage = |e: String| (crate::EXIT_USAGE, e);
+    let mut c = Client::new(a.ep.endpoints.clone());
+    let found = group_mode(&mut c, a.ep.group).await?;
+    let mode = match found.as_str() {
+        "ordered" => DevMode::Ordered,
+        "parallel" => DevMode::Parallel,
+        "dependent" => DevMode::Dependent,
+        other => {
+            return Err(usage(format!(
+                "group {} is in mode {other:?}, which this benchmark does not know",
+                a.ep.group
+            )))
+        }
+    };
+    if let Some(m) = a.mode.filter(|&m| m != mode) {
+        return Err(usage(format!(
+            "--mode {}: group {} is a {} group",
+            m.name(),
+            a.ep.group,
+            mode.name()
+        )));
+    }
+    let w = Workload::new(mode, a).map_err(usage)?;
+    let conns = grpc_conns(a, &w, a.ep.endpoints.clone(), a.ep.group)
+        .await
+        .map_err(|e| (crate::remote::exit_code(&e), e.to_string()))?;
     let m = closed_loop(
         a,
+        &w,
         conns,
         a.ep.output == Output::Json,
         &mut || {},
         &mut || {},
     )
     .await;
-    let mut v = base_result(a, &m, "grpc", None);
-    v["system"] = json!("chorus");
-    Ok(v)
+    Ok(base_result(a, &w, &m, "grpc", None))
+}
+
+/// The mode of `group` (`ordered`, `parallel`, `dependent`) from the first endpoint whose
+/// status lists it; failing, every endpoint's answer, and "unreachable" as the exit code
+/// only if no endpoint answered at all.
+async fn group_mode(c: &mut Client, group: u64) -> Result<String, (u8, String)> {
+    let mut errors = Vec::new();
+    let mut code = EXIT_UNREACHABLE;
+    for (ep, r) in c.status_all(group).await {
+        match r {
+            Ok(s) => match s.groups.iter().find(|g| g.group == group) {
+                Some(g) => return Ok(g.mode.clone()),
+                None => {
+                    code = crate::EXIT_REFUSED;
+                    errors.push(format!("{ep}: no group {group}"));
+                }
+            },
+            Err(e) => {
+                let c = crate::remote::exit_code(&e);
+                if c != EXIT_UNREACHABLE {
+                    code = c;
+                }
+                errors.push(e.to_string());
+            }
+        }
+    }
+    Err((
+        code,
+        format!(
+            "the mode of group {group}: no endpoint reported it ({})",
+            errors.join("; ")
+        ),
+    ))
 }
 
 /// Opens the shared gRPC connections; one probe append on each finds the leader and
 /// connects it before the clock starts.
 async fn grpc_conns(
     a: &BenchArgs,
+    w: &Workload,
     endpoints: Vec<String>,
     group: u64,
 ) -> Result<Vec<Conn>, ClientError> {
@@ -463,10 +701,18 @@ async fn grpc_conns(
         .unwrap_or((a.clients as usize).min(32))
         .clamp(1, a.clients as usize);
     let mut conns = Vec::with_capacity(n);
+    let probe = vec![0u8; w.record_size(a.size) as usize];
+    let mut rng = Rng::new(0x0070_726f_6265);
     for _ in 0..n {
         let mut c = Client::new(endpoints.clone());
-        c.append(group, vec![vec![0u8; a.size as usize]], 0).await?;
-        conns.push(Conn::Grpc(c, group));
+        if let Workload::Ordered = w {
+            c.append(group, vec![probe.clone()], 0).await?;
+            conns.push(Conn::Grpc(c, group));
+        } else {
+            c.append_out_of_order(group, vec![w.record(&probe, &mut rng)])
+                .await?;
+            conns.push(Conn::GrpcOutOfOrder(c, group));
+        }
     }
     Ok(conns)
 }
@@ -483,7 +729,7 @@ struct LocalCluster {
 
 const NODES: u64 = 3;
 
-fn node_config(a: &BenchArgs, dir: &Path, i: u64, ports: &Ports) -> ServerConfig {
+fn node_config(a: &BenchArgs, mode: DevMode, dir: &Path, i: u64, ports: &Ports) -> ServerConfig {
     let p = |kind: usize, j: u64| format!("127.0.0.1:{}", ports[j as usize - 1][kind]);
     let mut c = ServerConfig {
         node: i,
@@ -495,7 +741,14 @@ fn node_config(a: &BenchArgs, dir: &Path, i: u64, ports: &Ports) -> ServerConfig
             .filter(|j| *j != i)
             .map(|j| (j.to_string(), p(1, j)))
             .collect(),
-        groups: vec![GroupSpec::ordered(1, (1..=NODES).collect(), vec![])],
+        groups: vec![{
+            let mut g = GroupSpec::ordered(1, (1..=NODES).collect(), vec![]);
+            if mode != DevMode::Ordered {
+                g.mode = mode.name().into();
+                g.replicas = (1..=NODES).map(|j| (j.to_string(), p(3, j))).collect();
+            }
+            g
+        }],
         log_filter: "warn".into(),
         ..ServerConfig::default()
     };
@@ -508,7 +761,7 @@ fn node_config(a: &BenchArgs, dir: &Path, i: u64, ports: &Ports) -> ServerConfig
 }
 
 impl LocalCluster {
-    fn start(a: &BenchArgs, dir: &Path, ports: &Ports) -> AnyResult<Self> {
+    fn start(a: &BenchArgs, mode: DevMode, dir: &Path, ports: &Ports) -> AnyResult<Self> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| format!("wipe {}: {e}", dir.display()))?;
         }
@@ -516,7 +769,7 @@ impl LocalCluster {
         let dir = std::fs::canonicalize(dir)?;
         let exe = std::env::current_exe()?;
         let configs: Vec<ServerConfig> = (1..=NODES)
-            .map(|i| node_config(a, &dir, i, ports))
+            .map(|i| node_config(a, mode, &dir, i, ports))
             .collect();
         let mut me = LocalCluster {
             dir: dir.clone(),
@@ -526,7 +779,7 @@ impl LocalCluster {
         };
         for cfg in me.configs.clone() {
             let i = cfg.node;
-            if i == 1 && a.path == ClientPath::Embedded {
+            if i == 1 && client_path(a, mode) == ClientPath::Embedded {
                 let (env_cfg, _, _) = cfg.to_env_config()?;
                 let env = Env::open(env_cfg)?;
                 env.create_group(1, &[1, 2, 3], &[])?;
@@ -573,34 +826,59 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Waits until node 1 leads and has committed an append.
-    async fn wait_leader(&mut self, a: &BenchArgs) -> Result<Vec<Conn>, String> {
+    /// Waits until the leader serves and has committed an append; returns the clients'
+    /// connections and the leader's node id. An ordered group waits for node 1 (it has the
+    /// highest priority); out-of-order groups elect without priorities, so whichever node
+    /// leads is used (the clients are in this process on that path either way).
+    async fn wait_leader(
+        &mut self,
+        a: &BenchArgs,
+        w: &Workload,
+    ) -> Result<(Vec<Conn>, u64), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let candidates: Vec<&ServerConfig> = match w {
+            Workload::Ordered => vec![&self.configs[0]],
+            _ => self.configs.iter().collect(),
+        };
+        let eps: Vec<String> = candidates
+            .iter()
+            .map(|c| format!("http://{}", c.api_listen))
+            .collect();
         loop {
             self.check_children()?;
             if Instant::now() > deadline {
-                return Err("node 1 did not become leader within 30 s".into());
+                return Err(match w {
+                    Workload::Ordered => "node 1 did not become leader within 30 s".into(),
+                    _ => "no node led and served group 1 within 30 s".into(),
+                });
             }
             match &self.env {
                 Some(env) => {
                     let h = env.group(1).map_err(|e| e.to_string())?;
                     if h.role().role == chorus_core::replica::Role::Leader {
                         let mut c = Conn::Embedded(h.clone());
-                        if c.append(&vec![0u8; a.size as usize]).await == Ok(true) {
-                            return Ok(vec![c]);
+                        let probe = vec![0u8; a.size as usize];
+                        if c.append(&probe, w, &mut Rng::new(1)).await == Ok(true) {
+                            return Ok((vec![c], 1));
                         }
                     }
                 }
                 None => {
-                    let ep = format!("http://{}", self.configs[0].api_listen);
-                    let mut c = Client::new(vec![ep.clone()]);
-                    let leads =
-                        c.status_all(1).await.into_iter().any(|(_, r)| {
-                            r.is_ok_and(|s| s.groups.iter().any(|g| g.role == "leader"))
-                        });
-                    if leads {
-                        // Only node 1's endpoint: the clients talk to the leader.
-                        return grpc_conns(a, vec![ep], 1).await.map_err(|e| e.to_string());
+                    let mut c = Client::new(eps.clone());
+                    // An out-of-order leader serves once its merge is done.
+                    let leader = c.status_all(1).await.into_iter().find_map(|(ep, r)| {
+                        let s = r.ok()?;
+                        s.groups
+                            .iter()
+                            .any(|g| g.role == "leader" && (g.mode == "ordered" || g.serving))
+                            .then_some((ep, s.node))
+                    });
+                    if let Some((ep, node)) = leader {
+                        // Only the leader's endpoint: the clients talk to it.
+                        let conns = grpc_conns(a, w, vec![ep], 1)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        return Ok((conns, node));
                     }
                 }
             }
@@ -623,54 +901,69 @@ impl LocalCluster {
         Ok(total)
     }
 
-    async fn bench(&mut self, a: &BenchArgs) -> Result<Value, String> {
-        let conns = self.wait_leader(a).await?;
+    async fn bench(&mut self, a: &BenchArgs, w: &Workload) -> Result<Value, String> {
+        let (conns, leader) = self.wait_leader(a, w).await?;
         let replicas: Vec<u32> = (1..=NODES).map(|i| self.pid(i)).collect();
+        let path = client_path(a, w.mode());
         // On the gRPC path the clients' process (this one) is part of what runs; its CPU
         // counts too.
-        let extra: Vec<u32> = match a.path {
+        let extra: Vec<u32> = match path {
             ClientPath::Grpc => vec![std::process::id()],
             ClientPath::Embedded => vec![],
         };
         let sampler = Sampler::new(&replicas, &extra, &self.dir).map_err(|e| e.to_string())?;
-        let follower_metrics = self.configs[1].metrics_listen.clone();
-        let names = ["chorus_log_fsyncs_total", "chorus_meta_saves_total"];
+        let follower = if leader == 2 { 3 } else { 2 };
+        let follower_metrics = self.configs[follower - 1].metrics_listen.clone();
+        // fdatasyncs of the log and of the other durable record (the ordered meta, which
+        // SYNC mode also saves the commit point in; an out-of-order group's hard state),
+        // and what a follower received.
+        let (names, received) = match w {
+            Workload::Ordered => (
+                ["chorus_log_fsyncs_total", "chorus_meta_saves_total"],
+                "chorus_frames_received_total",
+            ),
+            _ => (
+                ["chorus_ooo_fdatasyncs_total", "chorus_ooo_hard_saves_total"],
+                "chorus_ooo_messages_received_total",
+            ),
+        };
         let mut start = None;
         let mut end = None;
         let m = closed_loop(
             a,
+            w,
             conns,
             a.ep.output == Output::Json,
             &mut || {
                 start = Some((
                     sampler.sample(),
                     self.counters(&names),
-                    scrape(&follower_metrics)
-                        .map(|t| metric_sum(&t, "chorus_frames_received_total")),
+                    scrape(&follower_metrics).map(|t| metric_sum(&t, received)),
                 ))
             },
             &mut || {
                 end = Some((
                     sampler.sample(),
                     self.counters(&names),
-                    scrape(&follower_metrics)
-                        .map(|t| metric_sum(&t, "chorus_frames_received_total")),
+                    scrape(&follower_metrics).map(|t| metric_sum(&t, received)),
                 ))
             },
         )
         .await;
         self.check_children()?;
-        let mut v = base_result(a, &m, a.path.name(), Some(&a.commit_mode));
+        // The commit-point mode is the ordered replica's; out-of-order groups have none.
+        let commit_mode = matches!(w, Workload::Ordered).then_some(a.commit_mode.as_str());
+        let mut v = base_result(a, w, &m, path.name(), commit_mode);
         let (Some((s0, c0, f0)), Some((s1, c1, f1))) = (start, end) else {
             return Err("the measured interval did not run".into());
         };
         match (s0, s1) {
-            (Ok(s0), Ok(s1)) => add_usage(&mut v, &usage(&s0, &s1), m.appends, a.size),
+            (Ok(s0), Ok(s1)) => {
+                add_usage(&mut v, &usage(&s0, &s1), m.appends, w.record_size(a.size))
+            }
             (Err(e), _) | (_, Err(e)) => eprintln!("chorus bench: OS accounting failed: {e}"),
         }
         if let (Ok(c0), Ok(c1)) = (c0, c1) {
-            // Both are fdatasyncs: the log's, and the meta record's (SYNC mode persists
-            // the commit point there).
             let syncs = (c1[0] - c0[0]) + (c1[1] - c0[1]);
             v["fsyncs_per_sec"] = json!(syncs as f64 / m.seconds);
         }
@@ -774,17 +1067,21 @@ mod port_tests {
     fn fixed_ports_follow_the_documented_layout() {
         assert_eq!(
             local_ports(7300).unwrap(),
-            vec![[7301, 7311, 7321], [7302, 7312, 7322], [7303, 7313, 7323]]
+            vec![
+                [7301, 7311, 7321, 7331],
+                [7302, 7312, 7322, 7332],
+                [7303, 7313, 7323, 7333]
+            ]
         );
     }
 
     #[test]
-    fn os_chosen_ports_are_nine_distinct_ports() {
+    fn os_chosen_ports_are_twelve_distinct_ports() {
         let p: Vec<u16> = local_ports(0).unwrap().into_iter().flatten().collect();
         let mut d = p.clone();
         d.sort_unstable();
         d.dedup();
-        assert_eq!(d.len(), 9, "{p:?}");
+        assert_eq!(d.len(), 12, "{p:?}");
         assert!(!p.contains(&0));
     }
 

@@ -50,7 +50,8 @@ pub enum DevMode {
 }
 
 impl DevMode {
-    fn name(self) -> &'static str {
+    /// The mode's name in a group spec and in `Status` (`ordered`, `parallel`, `dependent`).
+    pub(crate) fn name(self) -> &'static str {
         match self {
             DevMode::Ordered => "ordered",
             DevMode::Parallel => "parallel",
@@ -214,6 +215,14 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
             "  {me} read{flag}                           # the log: committed slots in slot order"
         );
         println!("  {me} tail -f{flag}                        # and on as more commit");
+        println!(
+            "  {me} bench{flag} --clients 32               # closed-loop {} over gRPC",
+            if a.mode == DevMode::Parallel {
+                "4 KiB random block writes"
+            } else {
+                "YCSB-like transactions"
+            }
+        );
     }
     println!();
     println!("Logs: {}/n*.log", dir.display());

@@ -862,4 +862,35 @@ async fn out_of_order_groups_through_the_server() {
         .collect();
     assert_eq!(modes.iter().filter(|m| **m == "parallel").count(), 3);
     assert_eq!(modes.iter().filter(|m| **m == "dependent").count(), 3);
+    // `chorus bench` against the running cluster reads each group's mode from its status
+    // and appends records of that mode: random block writes, or transactions.
+    let eps_arg = eps.join(",");
+    for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
+        let gs = g.to_string();
+        let v = &chorus_json(&[
+            "bench",
+            "--endpoints",
+            &eps_arg,
+            "-g",
+            &gs,
+            "--clients",
+            "4",
+            "--size",
+            "100",
+            "--keys",
+            "1000",
+            "--warmup",
+            "0.2",
+            "--duration",
+            "1",
+            "-o",
+            "json",
+        ])[0];
+        assert_eq!(v["group_mode"], mode, "{v}");
+        assert!(v["appends"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["errors"], 0, "{v}");
+        // A parallel record is whole blocks; a dependent one its size.
+        let size = if mode == "parallel" { 4096 } else { 100 };
+        assert_eq!(v["size"], size, "{v}");
+    }
 }
