@@ -894,3 +894,102 @@ async fn out_of_order_groups_through_the_server() {
         assert_eq!(v["size"], size, "{v}");
     }
 }
+
+/// A replica whose hard state is damaged stops its node from starting: the error names the
+/// file and what was wrong, and the file is left as it was (nothing is "repaired" by
+/// guessing). The way back in docs/operations.md — remove the node from the group, move
+/// the group's directory aside, start the node, add it back — catches it up from the
+/// others, and its volume then equals theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_replica_is_refused_at_start_and_replaced() {
+    let mut cl = cluster();
+    let eps = cl.eps.clone();
+    let mut c = Client::new(eps.clone());
+    let leader = serving(&eps, PAR, Duration::from_secs(30)).await;
+    let gone = if leader == 3 { 1 } else { 3 };
+    let at = |n: u64| (n - 1) as usize;
+    for i in 0..8u32 {
+        let r = c
+            .append_out_of_order(PAR, vec![block_record(u64::from(i), 0xD000_0000 | i)])
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    }
+    let head = settled(&eps, PAR, 8).await;
+    cl.nodes[at(gone)].kill9();
+    let group_dir = cl
+        ._dir
+        .path()
+        .join(format!("n{gone}"))
+        .join("ooo")
+        .join(PAR.to_string());
+    let hard = group_dir.join("hard");
+    let mut b = std::fs::read(&hard).unwrap();
+    b[9] ^= 0x10; // the term
+    std::fs::write(&hard, &b).unwrap();
+    // Started on it, the node exits, naming the file and the checksum.
+    let node = &mut cl.nodes[at(gone)];
+    node.start();
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = node.child.as_mut().unwrap().try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "node {gone} served on a damaged hard state"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    node.child = None;
+    assert!(!status.success(), "{status:?}");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("checksum"))
+        .unwrap_or_else(|| {
+            panic!("no checksum error in the log of node {gone}:\n{log}");
+        });
+    assert!(line.contains(&hard.display().to_string()), "{line}");
+    assert_eq!(
+        std::fs::read(&hard).unwrap(),
+        b,
+        "the damaged file was changed"
+    );
+    // The way back: out of the membership, its directory aside, started (the
+    // configuration creates the group again, empty), added back.
+    let change = |kind: pb::ChangeKind| pb::ChangeMembershipRequest {
+        group: PAR,
+        kind: kind as i32,
+        node: gone,
+        ..Default::default()
+    };
+    c.change_membership(change(pb::ChangeKind::Remove))
+        .await
+        .unwrap();
+    let without: Vec<u64> = (1..=3).filter(|n| *n != gone).collect();
+    voters_become(&eps, PAR, &without).await;
+    std::fs::rename(&group_dir, group_dir.with_extension("damaged")).unwrap();
+    cl.nodes[at(gone)].start();
+    let end = Instant::now() + Duration::from_secs(20);
+    while c.status_all(PAR).await[at(gone)].1.is_err() {
+        assert!(Instant::now() < end, "node {gone} did not start again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A change may be refused while the previous one completes; retry, bounded.
+    let end = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = c.change_membership(change(pb::ChangeKind::AddVoter)).await {
+        assert!(Instant::now() < end, "adding node {gone} back: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    voters_become(&eps, PAR, &[1, 2, 3]).await;
+    let r = c
+        .append_out_of_order(PAR, vec![block_record(9, 0xD100_0000)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    settled(&eps, PAR, head + 1).await;
+    let want = volume(&eps, at(leader)).await;
+    assert_eq!(volume(&eps, at(gone)).await, want, "node {gone} volume");
+}
