@@ -36,8 +36,8 @@
 //! driver writes a frame itself with a non-blocking send and queues only what the socket
 //! did not take (no wake-up of the writer thread on the common path).
 //!
-//! **Checkpoints and compaction.** When the entries file passes `compact_bytes`, the
-//! driver reads how far the replica may compact ([`OooReplica::compactable`]: the applied
+//! **Checkpoints and compaction.** When the entries file passes `compact_bytes` (or the
+//! state machine's [`OooStateMachine::checkpoint_cost`], if larger), the driver reads how far the replica may compact ([`OooReplica::compactable`]: the applied
 //! head, on a leader no further than its live followers' heads, unless the file reached
 //! four times its bound), has the state machine make everything
 //! applied durable ([`OooStateMachine::checkpoint`], on a helper thread), and then tells
@@ -139,6 +139,17 @@ pub trait OooStateMachine: Send + Sync + 'static {
     fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()>;
     /// Makes everything applied before the call durable (a checkpoint).
     fn checkpoint(&self) -> std::io::Result<()>;
+    /// Bytes the next checkpoint is expected to write beyond what the applies already
+    /// wrote: the size of the whole state for a state machine that checkpoints by
+    /// rewriting it (the demo key-value store), 0 (the default) for one whose checkpoint
+    /// only syncs what its applies wrote in place (the demo volume). The driver lets the
+    /// entries file grow to at least this size past `compact_bytes` before it checkpoints,
+    /// so that checkpoints never write more than the log they let go (a store larger than
+    /// `compact_bytes` was otherwise rewritten whole every `compact_bytes` of entries).
+    /// Called whenever the file is past its bound: keep it cheap.
+    fn checkpoint_cost(&self) -> u64 {
+        0
+    }
     /// An image of the state, holding at least everything applied before the call.
     fn image(&self) -> std::io::Result<Vec<u8>>;
     /// Replaces the whole state with an image from [`OooStateMachine::image`] (another
@@ -649,18 +660,22 @@ impl OooNode {
                     append_groups(&mut replica, mode, now(), &mut staged, &mut waiters, &mut c);
                 }
                 replica.tick(now());
-                // Checkpoint, then compact, once the entries file passed its bound and
-                // something applied is not compacted yet: up to what every live follower
-                // has, unless the file grew to four times its bound.
-                let upto = if log_bytes >= compact_bytes.saturating_mul(4) {
+                // Checkpoint, then compact, once the entries file passed its bound (and
+                // the checkpoint's own cost: a state machine that rewrites its whole
+                // state waits for as many bytes of entries) and something applied is not
+                // compacted yet: up to what every live follower has, unless the file grew
+                // to four times its bound.
+                let bound = if compact_bytes > 0 && log_bytes >= compact_bytes {
+                    compact_bytes.max(sm.checkpoint_cost())
+                } else {
+                    compact_bytes
+                };
+                let upto = if log_bytes >= bound.saturating_mul(4) {
                     replica.applied_head()
                 } else {
                     replica.compactable()
                 };
-                if compact_bytes > 0
-                    && !checkpointing
-                    && log_bytes >= compact_bytes
-                    && upto > replica.base()
+                if compact_bytes > 0 && !checkpointing && log_bytes >= bound && upto > replica.base()
                 {
                     checkpointing = true;
                     let (sm, tx) = (sm.clone(), ev_tx.clone());

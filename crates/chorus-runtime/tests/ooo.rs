@@ -27,6 +27,8 @@ struct Sm {
     durable: Mutex<BTreeMap<u64, u64>>,
     /// Every record applied, by (slot, place in its group).
     applied: Mutex<BTreeMap<(u64, u32), Record>>,
+    /// What it reports as its checkpoint's cost.
+    cost: std::sync::atomic::AtomicU64,
 }
 
 type State = Arc<Sm>;
@@ -50,6 +52,10 @@ impl OooStateMachine for Sm {
     fn checkpoint(&self) -> std::io::Result<()> {
         *self.durable.lock().unwrap() = self.live.lock().unwrap().clone();
         Ok(())
+    }
+
+    fn checkpoint_cost(&self) -> u64 {
+        self.cost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn image(&self) -> std::io::Result<Vec<u8>> {
@@ -578,6 +584,46 @@ fn out_of_order_groups_replicate_over_mutual_tls_and_refuse_a_stranger() {
         "the stranger received messages: {s3:?}"
     );
     assert_eq!(s3.applied_head, 0);
+}
+
+/// A state machine that checkpoints by rewriting a large state reports its size as the
+/// checkpoint's cost, and the driver lets the entries file grow past it first: with a
+/// cost far above what the test writes no node checkpoints, though the file passes four
+/// times `compact_bytes` (8 KiB here); once the cost is 0 every node checkpoints again.
+#[test]
+fn a_costly_checkpoint_waits_for_as_many_bytes_of_entries() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = Cluster::new(Mode::Dependent);
+    for s in &c.states {
+        s.cost.store(1 << 30, Relaxed);
+    }
+    let counters = |i: usize| c.nodes[i].as_ref().unwrap().status().unwrap().counters;
+    let mut from = 0;
+    let t0 = Instant::now();
+    while (0..3).any(|i| counters(i).log_bytes < 5 * (8 << 10)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the entries files did not grow"
+        );
+        c.append_many(from, 50);
+        from += 50;
+    }
+    for i in 0..3 {
+        let k = counters(i);
+        assert_eq!(k.checkpoints, 0, "node {} checkpointed: {k:?}", i + 1);
+    }
+    for s in &c.states {
+        s.cost.store(0, Relaxed);
+    }
+    let t0 = Instant::now();
+    while (0..3).any(|i| counters(i).checkpoints == 0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no checkpoint once the cost fell"
+        );
+        c.append_many(from, 10);
+        from += 10;
+    }
 }
 
 /// Waits until the serving leader holds `voters` with no change in its joint stage and

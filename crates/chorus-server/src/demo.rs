@@ -112,6 +112,9 @@ fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
 pub struct DemoState {
     dir: PathBuf,
     kind: Kind,
+    /// Bytes of the key-value image last written (0 for the volume): what the next
+    /// checkpoint is expected to write ([`OooStateMachine::checkpoint_cost`]).
+    image_bytes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -132,21 +135,34 @@ impl DemoState {
         Ok(Self {
             dir: dir.to_path_buf(),
             kind: Kind::Volume(RwLock::new(f)),
+            image_bytes: 0.into(),
         })
     }
 
     /// Opens the key-value store in `dir` from its last checkpoint (empty if none).
     pub fn kv(dir: &Path) -> io::Result<Self> {
         let path = dir.join("kv.image");
-        let map = match std::fs::read(&path) {
-            Ok(b) => decode_kv(&b).map_err(|e| bad(&path.display().to_string(), e.to_string()))?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => HashMap::new(),
+        let (map, len) = match std::fs::read(&path) {
+            Ok(b) => (
+                decode_kv(&b).map_err(|e| bad(&path.display().to_string(), e.to_string()))?,
+                b.len() as u64,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (HashMap::new(), 0),
             Err(e) => return Err(e),
         };
         Ok(Self {
             dir: dir.to_path_buf(),
             kind: Kind::Kv(Mutex::new(map)),
+            image_bytes: len.into(),
         })
+    }
+
+    /// Writes the key-value image crash-atomically and notes its size.
+    fn write_kv_image(&self, image: &[u8]) -> io::Result<()> {
+        replace_file(&self.dir, "kv.image", image)?;
+        self.image_bytes
+            .store(image.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     fn file(&self) -> Option<std::sync::RwLockReadGuard<'_, std::fs::File>> {
@@ -240,9 +256,15 @@ impl OooStateMachine for DemoState {
             Kind::Volume(_) => self.file().expect("volume").sync_data(),
             Kind::Kv(_) => {
                 let image = self.image()?;
-                replace_file(&self.dir, "kv.image", &image)
+                self.write_kv_image(&image)
             }
         }
+    }
+
+    /// The key-value store rewrites its whole image at each checkpoint: about as many
+    /// bytes as the last one. The volume's checkpoint only syncs what its applies wrote.
+    fn checkpoint_cost(&self) -> u64 {
+        self.image_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn image(&self) -> io::Result<Vec<u8>> {
@@ -335,7 +357,7 @@ impl OooStateMachine for DemoState {
                         None => next.remove(&k),
                     };
                 }
-                replace_file(&self.dir, "kv.image", &encode_kv(&next))?;
+                self.write_kv_image(&encode_kv(&next))?;
                 *map = next;
                 Ok(())
             }
@@ -381,7 +403,7 @@ impl OooStateMachine for DemoState {
             }
             Kind::Kv(m) => {
                 let map = decode_kv(image)?;
-                replace_file(&self.dir, "kv.image", image)?;
+                self.write_kv_image(image)?;
                 *m.lock().unwrap_or_else(|p| p.into_inner()) = map;
                 Ok(())
             }
@@ -684,6 +706,31 @@ mod tests {
                 keys: vec![1]
             })
             .is_err());
+    }
+
+    #[test]
+    fn the_kv_store_reports_its_image_as_the_checkpoint_cost_and_the_volume_none() {
+        let d = tempfile::tempdir().unwrap();
+        let v = DemoState::volume(d.path()).unwrap();
+        assert_eq!(v.checkpoint_cost(), 0);
+        let d = tempfile::tempdir().unwrap();
+        let kv = DemoState::kv(d.path()).unwrap();
+        assert_eq!(kv.checkpoint_cost(), 0, "nothing written yet");
+        let rec = Record {
+            declared: Declared::Txn {
+                read_set: vec![],
+                write_set: (0..100).collect(),
+            },
+            data: vec![7; 1000],
+        };
+        kv.apply(0, &[(0, rec)]).unwrap();
+        kv.checkpoint().unwrap();
+        let len = std::fs::metadata(d.path().join("kv.image")).unwrap().len();
+        assert!(len > 100_000, "{len}");
+        assert_eq!(kv.checkpoint_cost(), len);
+        // Known again after a restart, from the file.
+        drop(kv);
+        assert_eq!(DemoState::kv(d.path()).unwrap().checkpoint_cost(), len);
     }
 
     #[test]
