@@ -37,9 +37,10 @@
 //! did not take (no wake-up of the writer thread on the common path).
 //!
 //! **Checkpoints and compaction.** When the entries file passes `compact_bytes` (or the
-//! state machine's [`OooStateMachine::checkpoint_cost`], if larger), the driver reads how far the replica may compact ([`OooReplica::compactable`]: the applied
-//! head, on a leader no further than its live followers' heads, unless the file reached
-//! four times its bound), has the state machine make everything
+//! state machine's [`OooStateMachine::checkpoint_cost`], if larger), the driver reads how
+//! far the replica may compact ([`OooReplica::compactable`]: the applied head, on a
+//! leader no further than its live followers' heads, unless the file reached four times
+//! its bound), has the state machine make everything
 //! applied durable ([`OooStateMachine::checkpoint`], on a helper thread), and then tells
 //! the replica, which saves the new base and lets the IO thread rewrite the file with the
 //! live tail only. A follower behind a leader's base gets the leader's
