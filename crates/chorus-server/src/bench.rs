@@ -616,23 +616,18 @@ fn add_usage(v: &mut Value, u: &Usage, appends: u64, size: u64) {
 }
 
 /// Against a running cluster: gRPC clients, no OS accounting (the processes may be
-/// anywhere).
-/// Fails with the exit code and the message.
+/// anywhere). Fails with the exit code and the message.
 async fn remote(a: &BenchArgs) -> Result<Value, (u8, String)> {
     let usage = |e: String| (crate::EXIT_USAGE, e);
     let mut c = Client::new(a.ep.endpoints.clone());
     let found = group_mode(&mut c, a.ep.group).await?;
-    let mode = match found.as_str() {
-        "ordered" => DevMode::Ordered,
-        "parallel" => DevMode::Parallel,
-        "dependent" => DevMode::Dependent,
-        other => {
-            return Err(usage(format!(
-                "group {} is in mode {other:?}, which this benchmark does not know",
-                a.ep.group
-            )))
-        }
-    };
+    // `Status` names the mode as `--mode` spells it.
+    let mode = DevMode::from_str(&found, false).map_err(|_| {
+        usage(format!(
+            "group {} is in mode {found:?}, which this benchmark does not know",
+            a.ep.group
+        ))
+    })?;
     if let Some(m) = a.mode.filter(|&m| m != mode) {
         return Err(usage(format!(
             "--mode {}: group {} is a {} group",
