@@ -630,7 +630,7 @@ async fn remote(a: &BenchArgs) -> Result<Value, (u8, String)> {
     })?;
     if let Some(m) = a.mode.filter(|&m| m != mode) {
         return Err(usage(format!(
-            "--mode {}: group {} is a {} group",
+            "--mode {}: group {} is in {} mode",
             m.name(),
             a.ep.group,
             mode.name()
