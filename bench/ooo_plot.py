@@ -91,6 +91,8 @@ def block(res, d):
     jit = st["jitter_ms"]
     links = "nodes 2 and 3" if st.get("jitter_links", 1) == 2 else "node 3"
     how = "frames reordered" if st.get("reorder", False) else "order kept"
+    if st.get("reorder", False) and st.get("connections", 0) >= 2:
+        how = f"one of {st['connections']} connections per link"
     fig.suptitle(f"4 KiB random block writes, 3 replica processes, fsync, "
                  f"0–{jit:g} ms jitter leader→{links} ({how})")
     fig.tight_layout()

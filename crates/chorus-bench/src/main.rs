@@ -242,6 +242,10 @@ struct OooArgs {
     /// Leader → follower links given the jitter: 1 (node 3) or 2 (nodes 2 and 3).
     #[arg(long, default_value_t = 1)]
     jitter_links: usize,
+    /// With --reorder: each jittered link stands for this many connections, frames spread
+    /// over them at random, and only one of them jitters (0: every frame jitters).
+    #[arg(long, default_value_t = 0)]
+    connections: u32,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -292,6 +296,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         ycsb_jitter_ms: a.ycsb_jitter_ms,
         reorder: a.reorder,
         jitter_links: a.jitter_links,
+        connections: a.connections,
         apply_threads: a.apply_threads,
         apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,

@@ -18,7 +18,9 @@
 //! `--reorder` each *frame* is delayed by its own draw and may overtake earlier ones (a
 //! link of several connections, one of them slow: PolarFS section 5.1); with
 //! `--jitter-links 2` node 2's link is proxied the same way, so no majority avoids the
-//! jitter. The same proxy
+//! jitter. `--reorder --connections K` makes each proxied link K connections of which only
+//! one jitters (frames spread over them at random), PolarFS's "one connection blocks or
+//! becomes slow" taken literally. The same proxy
 //! for every system (the out-of-order driver's own `link_jitter` is not used).
 //!
 //! # Systems
@@ -213,6 +215,10 @@ pub struct Settings {
     pub reorder: bool,
     /// How many leader → follower links get the jitter: 1 (node 3) or 2 (nodes 2 and 3).
     pub jitter_links: usize,
+    /// With `reorder`: 0 — every frame jitters; K ≥ 2 — each jittered link stands for K
+    /// connections, frames spread over them at random, one of them jitters
+    /// ([`proxy::Shape::SlowConnection`]).
+    pub connections: u32,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Microseconds each record's apply takes on every node of every system (asleep:
@@ -292,6 +298,18 @@ impl Settings {
             return Err(format!(
                 "--jitter-links {}: expected 1 (node 3) or 2 (nodes 2 and 3)",
                 self.jitter_links
+            ));
+        }
+        if self.connections != 0 && !(2..=64).contains(&self.connections) {
+            return Err(format!(
+                "--connections {}: expected 2 to 64 (or 0: every frame jitters)",
+                self.connections
+            ));
+        }
+        if self.connections != 0 && !self.reorder {
+            return Err(format!(
+                "--connections {} needs --reorder: frames are what the connections carry",
+                self.connections
             ));
         }
         if has(Part::YcsbClients) || has(Part::YcsbTheta) {
@@ -815,11 +833,17 @@ impl Cluster {
             addrs.push((c.id, a));
         }
         // The proxies: in front of node 3, and node 2 too with two jittered links.
-        let shape = if s.reorder {
-            Shape::Reorder(match sys {
-                System::Ordered => Framing::Ordered,
-                _ => Framing::OutOfOrder,
-            })
+        let framing = match sys {
+            System::Ordered => Framing::Ordered,
+            _ => Framing::OutOfOrder,
+        };
+        let shape = if s.reorder && s.connections >= 2 {
+            Shape::SlowConnection {
+                framing,
+                of: s.connections,
+            }
+        } else if s.reorder {
+            Shape::Reorder(framing)
         } else {
             Shape::KeepOrder
         };

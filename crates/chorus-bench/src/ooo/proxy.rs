@@ -13,6 +13,13 @@
 //!   connection blocks or becomes slow, log entries would arrive at follower out of
 //!   order"). Frames stay whole and the connection's lead-in (the out-of-order
 //!   transport's 16-byte preamble, the ordered transport's Hello frame) goes first.
+//! - **One slow connection**: the link is `of` connections between the same two nodes;
+//!   each frame goes on one of them, drawn at random, and only connection 0 jitters (its
+//!   frames delayed by `U[0, bound)`, in its own order, as a TCP connection keeps it); the
+//!   others forward at once. A frame on a fast connection overtakes the slow one's
+//!   backlog. This is PolarFS 5.1's sentence taken literally — "when one connection
+//!   blocks or becomes slow, log entries would arrive at follower out of order" — where
+//!   **Reorder** makes every connection jittery.
 //!
 //! Both replication transports (the ordered runtime's and the out-of-order driver's) dial
 //! a peer and only write on that connection, so the proxy in front of a node delays
@@ -73,6 +80,14 @@ pub enum Shape {
     KeepOrder,
     /// Each frame of this framing delayed by its own draw; frames may overtake.
     Reorder(Framing),
+    /// The link is `of` connections (≥ 2), one of which jitters; frames spread over them
+    /// at random, so a frame on a fast one overtakes the slow one's.
+    SlowConnection {
+        /// How frames are laid out.
+        framing: Framing,
+        /// How many connections the link stands for.
+        of: u32,
+    },
 }
 
 /// A running proxy; dropping it closes every connection and stops its threads.
@@ -155,6 +170,52 @@ impl Drop for JitterProxy {
     }
 }
 
+/// When each chunk ([`Shape::KeepOrder`]) or frame the dialler sends is due upstream.
+struct Delays {
+    shape: Shape,
+    bound: Duration,
+    rng: Rng,
+    /// Per connection the link stands for, the due time of the last thing sent on it
+    /// (nothing overtakes within one connection); empty for [`Shape::Reorder`].
+    last: Vec<Instant>,
+}
+
+impl Delays {
+    fn new(shape: Shape, bound: Duration, seed: u64, now: Instant) -> Self {
+        let conns = match shape {
+            Shape::KeepOrder => 1,
+            Shape::Reorder(_) => 0,
+            Shape::SlowConnection { of, .. } => of.max(1) as usize,
+        };
+        Self {
+            shape,
+            bound,
+            rng: Rng::new(seed),
+            last: vec![now; conns],
+        }
+    }
+
+    fn draw(&mut self) -> Duration {
+        Duration::from_nanos(self.rng.below(self.bound.as_nanos() as u64))
+    }
+
+    /// The due time of the next chunk or frame, read at `now`.
+    fn due(&mut self, now: Instant) -> Instant {
+        let (conn, due) = match self.shape {
+            Shape::KeepOrder => (0, now + self.draw()),
+            Shape::Reorder(_) => return now + self.draw(),
+            Shape::SlowConnection { .. } => {
+                let c = self.rng.below(self.last.len() as u64) as usize;
+                // Connection 0 is the slow one; the others add no delay of their own.
+                (c, if c == 0 { now + self.draw() } else { now })
+            }
+        };
+        let due = due.max(self.last[conn]);
+        self.last[conn] = due;
+        due
+    }
+}
+
 /// A frame longer than this is not a replication frame (both transports refuse far less).
 const MAX_FRAME: usize = 256 << 20;
 
@@ -190,8 +251,7 @@ fn pipe(
     {
         let (mut down, close, stop) = (down.try_clone()?, close.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
-            let mut rng = Rng::new(seed);
-            let mut last = Instant::now();
+            let mut delays = Delays::new(shape, bound, seed, Instant::now());
             let mut buf = vec![0u8; 256 << 10];
             // Reorder: bytes read but not yet a whole frame, and whether the lead-in went.
             let mut pending: Vec<u8> = Vec::new();
@@ -201,21 +261,19 @@ fn pipe(
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                let mut draw = || Duration::from_nanos(rng.below(bound.as_nanos() as u64));
                 match shape {
                     Shape::KeepOrder => {
-                        let due = (Instant::now() + draw()).max(last);
-                        last = due;
+                        let due = delays.due(Instant::now());
                         if tx.send((due, buf[..n].to_vec())).is_err() {
                             break;
                         }
                     }
-                    Shape::Reorder(framing) => {
+                    Shape::Reorder(framing) | Shape::SlowConnection { framing, .. } => {
                         pending.extend_from_slice(&buf[..n]);
                         loop {
                             let (len, due) = if led {
                                 match framing.frame_len(&pending) {
-                                    Some(len) => (len, Instant::now() + draw()),
+                                    Some(len) => (len, delays.due(Instant::now())),
                                     None => break,
                                 }
                             } else {
@@ -371,8 +429,58 @@ mod tests {
 
     #[test]
     fn reordering_moves_whole_frames_and_sends_the_preamble_first() {
+        frames_move_whole_and_the_preamble_goes_first(Shape::Reorder(Framing::OutOfOrder));
+    }
+
+    #[test]
+    fn one_slow_connection_moves_whole_frames_and_sends_the_preamble_first() {
+        frames_move_whole_and_the_preamble_goes_first(Shape::SlowConnection {
+            framing: Framing::OutOfOrder,
+            of: 4,
+        });
+    }
+
+    #[test]
+    fn one_slow_connection_delays_its_share_of_frames_in_its_own_order() {
+        let bound = Duration::from_millis(10);
+        let t0 = Instant::now();
+        let shape = Shape::SlowConnection {
+            framing: Framing::Ordered,
+            of: 4,
+        };
+        let mut d = Delays::new(shape, bound, 5, t0);
+        // 4,000 frames read 1 µs apart: about a quarter go on the slow connection.
+        let mut slow = Vec::new();
+        for i in 0..4_000u64 {
+            let now = t0 + Duration::from_micros(i);
+            let due = d.due(now);
+            assert!(due >= now, "frame {i} due before it was read");
+            if due > now {
+                slow.push(due);
+            }
+        }
+        assert!(
+            (800..1_200).contains(&slow.len()),
+            "{} of 4,000 frames delayed, expected about 1,000",
+            slow.len()
+        );
+        assert!(
+            slow.windows(2).all(|w| w[0] <= w[1]),
+            "the slow connection's frames overtook one another"
+        );
+        let last = t0 + Duration::from_micros(4_000);
+        assert!(
+            *slow.last().unwrap() < last + bound,
+            "a delay past the bound"
+        );
+        // Every frame delayed by its own draw (the Reorder shape): far more than a quarter.
+        let mut r = Delays::new(Shape::Reorder(Framing::Ordered), bound, 5, t0);
+        let delayed = (0..4_000).filter(|_| r.due(t0) > t0).count();
+        assert!(delayed > 3_900, "{delayed} of 4,000 delayed under Reorder");
+    }
+
+    fn frames_move_whole_and_the_preamble_goes_first(shape: Shape) {
         let (up, server) = echo_server();
-        let shape = Shape::Reorder(Framing::OutOfOrder);
         let p = JitterProxy::start_shaped(up, Duration::from_millis(4), 7, shape).unwrap();
         let mut c = TcpStream::connect(p.addr()).unwrap();
         c.set_nodelay(true).unwrap();
