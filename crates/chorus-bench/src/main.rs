@@ -61,6 +61,9 @@ enum Cmd {
         /// Out-of-order election timeout, ms.
         #[arg(long, default_value_t = 1000)]
         election_ms: u64,
+        /// Out-of-order leader: hole resend after this many later acknowledgements.
+        #[arg(long, default_value_t = 3)]
+        hole_resend: u64,
         /// Note every apply for the apply gap.
         #[arg(long)]
         record_applies: bool,
@@ -246,6 +249,11 @@ struct OooArgs {
     /// over them at random, and only one of them jitters (0: every frame jitters).
     #[arg(long, default_value_t = 0)]
     connections: u32,
+    /// Out-of-order leaders resend an uncommitted entry at once to a follower that
+    /// acknowledged this many later ones (0: only the periodic resend; default 3, as the
+    /// server runs).
+    #[arg(long, default_value_t = 3)]
+    hole_resend: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -297,6 +305,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         reorder: a.reorder,
         jitter_links: a.jitter_links,
         connections: a.connections,
+        hole_resend: a.hole_resend,
         apply_threads: a.apply_threads,
         apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,
@@ -468,18 +477,20 @@ fn main() -> AnyResult<()> {
             apply_threads,
             apply_us,
             election_ms,
+            hole_resend,
             record_applies,
         } => {
-            let r = chorus_bench::ooo::System::parse(&system).and_then(|sys| {
-                chorus_bench::ooo::replica_main(
-                    sys,
+            let r = chorus_bench::ooo::System::parse(&system).and_then(|system| {
+                let o = chorus_bench::ooo::node::NodeOpts {
+                    system,
                     id,
                     dir,
                     apply_threads,
                     apply_us,
-                    std::time::Duration::from_millis(election_ms),
-                    record_applies,
-                )
+                    election: std::time::Duration::from_millis(election_ms),
+                    hole_resend,
+                };
+                chorus_bench::ooo::replica_main(o, record_applies)
             });
             if let Err(e) = r {
                 eprintln!("chorus-bench replica {id}: {e}");

@@ -219,6 +219,8 @@ pub struct Settings {
     /// connections, frames spread over them at random, one of them jitters
     /// ([`proxy::Shape::SlowConnection`]).
     pub connections: u32,
+    /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::hole_resend`].
+    pub hole_resend: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Microseconds each record's apply takes on every node of every system (asleep:
@@ -669,6 +671,8 @@ impl Child {
             .arg(s.apply_us.to_string())
             .arg("--election-ms")
             .arg(election_of(s, id).as_millis().to_string())
+            .arg("--hole-resend")
+            .arg(s.hole_resend.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(f);
@@ -818,6 +822,7 @@ impl Cluster {
             apply_threads: s.apply_threads,
             apply_us: s.apply_us,
             election: election_of(s, 1),
+            hole_resend: s.hole_resend,
         };
         let (b1, a1) = node::bind(&o1)?;
         let mut children = Vec::new();
@@ -1170,23 +1175,7 @@ fn measure(
 /// `started`; then `dump PATH` writes the applies noted so far to PATH (pairs of
 /// little-endian u64: record id, `CLOCK_MONOTONIC` ns) and prints `dumped`; end of input
 /// or `exit` stops the node.
-pub fn replica_main(
-    system: System,
-    id: u64,
-    dir: PathBuf,
-    apply_threads: usize,
-    apply_us: u64,
-    election: Duration,
-    record: bool,
-) -> Result<(), String> {
-    let o = NodeOpts {
-        system,
-        id,
-        dir,
-        apply_threads,
-        apply_us,
-        election,
-    };
+pub fn replica_main(o: NodeOpts, record: bool) -> Result<(), String> {
     let (b, a) = node::bind(&o)?;
     let say = |l: &str| {
         let mut out = std::io::stdout().lock();
@@ -1207,7 +1196,7 @@ pub fn replica_main(
         Some(p) => parse_peers(p)?,
         None => return Err(format!("expected `peers …`, got {line:?}")),
     };
-    let rec = Arc::new(Recorder::new(record, Duration::from_micros(apply_us)));
+    let rec = Arc::new(Recorder::new(record, Duration::from_micros(o.apply_us)));
     let running = node::start(b, &o, &peers, rec.clone())?;
     say("started");
     loop {
@@ -1224,7 +1213,7 @@ pub fn replica_main(
         } else if l == "exit" {
             break;
         } else {
-            eprintln!("replica {id}: unknown command {l:?}");
+            eprintln!("replica {}: unknown command {l:?}", o.id);
         }
     }
     running.shutdown();

@@ -117,6 +117,9 @@ pub struct OooNodeConfig {
     /// Checkpoint the state machine and compact the entries file once it holds this many
     /// bytes (0: never).
     pub compact_bytes: u64,
+    /// Leader: resend an uncommitted slot at once to a follower that acknowledged a slot
+    /// this many after it ([`OooConfig::hole_resend`]; 0: only the periodic resend).
+    pub hole_resend: u64,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,
 }
@@ -444,6 +447,7 @@ impl OooNode {
         rc.seed = cfg.id ^ std::process::id() as u64;
         rc.catchup_rate = cfg.catchup_rate;
         rc.conflict_order = cfg.conflict_order;
+        rc.hole_resend = cfg.hole_resend;
         let t0 = Instant::now();
         let now = move || t0.elapsed().as_nanos() as u64;
         let mut replica = OooReplica::recover(rc, hard, members, entries, now());

@@ -208,6 +208,7 @@ impl Cluster {
             // decides the order, so a replica's own setting matters only while it leads.
             conflict_order: i == 0,
             compact_bytes: 8 << 10,
+            hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
             tls: self.tls[i].clone(),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()

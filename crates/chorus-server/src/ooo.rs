@@ -508,6 +508,7 @@ impl OooGroups {
                 catchup_rate: self.settings.catchup_rate,
                 conflict_order: spec.conflict_order,
                 compact_bytes: self.settings.compact_bytes,
+                hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
                 tls: self.settings.tls.clone(),
             },
             listener,
@@ -533,7 +534,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 35] = [
+        let metrics: [(&str, &str, &str, Get); 36] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -738,6 +739,12 @@ impl OooGroups {
                 "counter",
                 "Entries led here that had a majority before such a predecessor committed: held back by the commit rule.",
                 |s| s.stats.held_at_quorum,
+            ),
+            (
+                "chorus_ooo_hole_resends_total",
+                "counter",
+                "Entries this node as leader resent at once to a follower that acknowledged later ones (a hole: the first copy lost or stuck behind a slow connection).",
+                |s| s.stats.hole_resends,
             ),
         ];
         let statuses: Vec<(u64, &'static str, OooStatus)> = self

@@ -833,6 +833,8 @@ async fn out_of_order_groups_through_the_server() {
         let after = metric(new, "chorus_ooo_entries_admitted_after_total", g, mode);
         let held = metric(new, "chorus_ooo_entries_held_at_quorum_total", g, mode);
         assert!(held <= after, "group {g}: {held} held of {after}");
+        // Hole resends are exported (on loopback, without reordering, few or none).
+        metric(new, "chorus_ooo_hole_resends_total", g, mode);
     }
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
         assert!(metric(new, "chorus_ooo_checkpoints_total", g, mode) >= 1);

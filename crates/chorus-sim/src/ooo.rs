@@ -573,6 +573,12 @@ impl Sim {
             c.catchup_rate = 1 << (20 + self.seed / 8 % 4);
         }
         c.seed = mix(self.seed, id ^ self.counter << 8);
+        // Hole resends after 1, 2 or 3 later acknowledgements, and off on a fifth of the
+        // seeds (holes then fill on the resend interval only).
+        c.hole_resend = match self.seed % 5 {
+            4 => 0,
+            r => 1 + r % 3,
+        };
         c.pre_vote = self.o.pre_vote;
         c.conflict_order =
             self.conflict_order() && !(cfg!(feature = "broken") && self.o.broken_conflict_order);
@@ -1527,7 +1533,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
     }
     // Counters of the replicas alive at the end, summed over the nodes (a restart
     // starts a replica's counters afresh, hence "live").
-    let live: [(&'static str, Counter); 14] = [
+    let live: [(&'static str, Counter); 15] = [
         ("superseded_seen_live", |s| s.superseded),
         ("catchup_limited_bytes", |s| s.catchup_bytes),
         ("catchup_deferred", |s| s.catchup_deferred),
@@ -1543,6 +1549,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         ("partial_images_refused_live", |s| s.partial_images_refused),
         ("admitted_after_live", |s| s.admitted_after),
         ("held_at_quorum_live", |s| s.held_at_quorum),
+        ("hole_resends_live", |s| s.hole_resends),
         ("memberships_adopted_live", |s| s.memberships_adopted),
     ];
     for (name, f) in live {

@@ -154,6 +154,8 @@ pub struct NodeOpts {
     /// Out-of-order nodes: this node's election timeout (the driver derives its
     /// heartbeat and resend intervals from it: a sixth of it each).
     pub election: Duration,
+    /// Out-of-order nodes: [`chorus_core::ooo::replica::OooConfig::hole_resend`].
+    pub hole_resend: u64,
 }
 
 /// A node that holds its replication port but has not started replicating.
@@ -228,6 +230,7 @@ pub fn start(
                 conflict_order: o.system == System::ParallelTxn,
                 // The ordered runtime's log is not truncated during a run either.
                 compact_bytes: 0,
+                hole_resend: o.hole_resend,
                 tls: None,
             };
             let node =

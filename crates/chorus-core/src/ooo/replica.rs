@@ -765,6 +765,17 @@ pub struct OooConfig {
     /// drops one of them drops the entry too, as dependent mode does along RAW
     /// predecessors.
     pub conflict_order: bool,
+    /// Leader: a follower that acknowledges a slot at least this many slots after an
+    /// uncommitted one it has not acknowledged gets that slot again at once, once per
+    /// term (0: never; only the periodic resend fills its holes). Entries go out in slot
+    /// order, so a follower holding three later ones was overtaken on this one: the copy
+    /// is lost or stuck behind a slow connection, and a second copy takes another
+    /// (PolarFS section 5.1's several connections per link; TCP's fast retransmit after
+    /// three duplicate acknowledgements, RFC 5681). Only out-of-order acknowledgements
+    /// show which slot is missing — a follower acknowledging its contiguous prefix says
+    /// nothing past the hole. Uncommitted slots only: the commit is what waits, and a
+    /// follower far behind is caught up by the rate-limited resend instead.
+    pub hole_resend: u64,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
@@ -797,6 +808,7 @@ impl OooConfig {
             snapshot_retry: 2_000_000_000,
             partial_image_items: 4096,
             conflict_order: false,
+            hole_resend: HOLE_RESEND,
             seed: id,
             pre_vote: true,
             #[cfg(feature = "broken")]
@@ -835,6 +847,9 @@ enum Applier {
     Parallel(ParallelApplier),
     Dependent(DepApplier<u64>),
 }
+
+/// The default [`OooConfig::hole_resend`]: TCP's three duplicate acknowledgements.
+pub const HOLE_RESEND: u64 = 3;
 
 /// Slots the committed head may move before it is saved again.
 const HEAD_SAVE_EVERY: u64 = 1024;
@@ -949,6 +964,9 @@ struct Peer {
     applied: Seq,
     /// Slots at or above `head` it acknowledged in this term.
     acked: BTreeSet<Seq>,
+    /// Slots at or above `head` resent to it because it acknowledged later ones
+    /// ([`OooConfig::hole_resend`]): each at most once a term.
+    resent: BTreeSet<Seq>,
     /// When it last answered.
     heard: Nanos,
     /// Its head at the last resend tick.
@@ -974,6 +992,7 @@ impl Peer {
             head: 0,
             applied: 0,
             acked: BTreeSet::new(),
+            resent: BTreeSet::new(),
             heard: now,
             tick_head: 0,
             catching_up: false,
@@ -1129,6 +1148,9 @@ pub struct OooStats {
     /// Of the entries this replica led, those held back by the commit rule: they reached
     /// a majority while such a predecessor was still uncommitted ([`DepLeader::held`]).
     pub held_at_quorum: u64,
+    /// Entries resent to a follower that acknowledged later ones
+    /// ([`OooConfig::hole_resend`]).
+    pub hole_resends: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -2691,9 +2713,57 @@ impl OooReplica {
             for s in acked {
                 self.leader_ack(s, from);
             }
+            self.resend_holes(from);
             self.check_transfer();
             self.check_change();
         }
+    }
+
+    /// Resends to `p` the uncommitted slots it has been overtaken on
+    /// ([`OooConfig::hole_resend`]), each once a term, at most a batch at a time.
+    fn resend_holes(&mut self, p: NodeId) {
+        let k = self.cfg.hole_resend;
+        let from = self.commits.head();
+        let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&p)) else {
+            return;
+        };
+        if k == 0 || peer.catching_up || peer.snap.is_some() {
+            return;
+        }
+        let h = peer.head;
+        peer.resent = peer.resent.split_off(&h);
+        let Some(upto) = peer.acked.last().and_then(|t| t.checked_sub(k)) else {
+            return;
+        };
+        let lo = from.max(h);
+        if lo > upto {
+            return;
+        }
+        let batch = self.cfg.max_batch.max(1);
+        let mut entries = Vec::new();
+        for (&s, slot) in self.log.range(lo..=upto) {
+            if entries.len() >= batch {
+                break;
+            }
+            if slot.committed || peer.acked.contains(&s) || !peer.resent.insert(s) {
+                continue;
+            }
+            entries.push(slot.entry.clone());
+        }
+        if entries.is_empty() {
+            return;
+        }
+        self.stats.hole_resends += entries.len() as u64;
+        self.actions.push(Action::Send {
+            to: p,
+            msg: Msg::Append {
+                term: self.hard.term,
+                start: self.hard.leader_start.1,
+                entries,
+                commits: self.commits.clone(),
+                config: self.members.version,
+            },
+        });
     }
 
     fn lead_tick(&mut self) {
@@ -4051,6 +4121,75 @@ mod tests {
         let c = append(&mut net, r(10, 1));
         net.run_with(|_, _, m| !carries_a(m));
         (net, [a, b, c])
+    }
+
+    /// A slot whose first copy both followers miss is resent as soon as each
+    /// acknowledges a slot `hole_resend` later, without waiting for the resend interval
+    /// (the clock never moves here); once a term; never with `hole_resend = 0`.
+    #[test]
+    fn a_follower_overtaken_on_a_slot_gets_it_again_at_once() {
+        for k in [3u64, 0] {
+            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.hole_resend = k);
+            net.elect(1);
+            let now = net.now;
+            let append = |net: &mut Net, block: u64| {
+                let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
+                net.nodes
+                    .get_mut(&1)
+                    .unwrap()
+                    .append(now, d, vec![1])
+                    .unwrap()
+            };
+            let a = append(&mut net, 0);
+            // Only the first copy of `a` is lost: a copy sent alone.
+            let first_copy_of_a = |m: &Msg| {
+                matches!(m, Msg::Append { entries, .. }
+                    if entries.len() == 1 && entries[0].seq == a.seq && entries[0].eid == a.eid)
+            };
+            let lost = std::cell::Cell::new(0);
+            let run = |net: &mut Net| {
+                net.run_with(|_, _, m| {
+                    if first_copy_of_a(m) && lost.get() < 2 {
+                        lost.set(lost.get() + 1);
+                        return false;
+                    }
+                    true
+                })
+            };
+            run(&mut net);
+            assert_eq!(lost.get(), 2, "both followers' first copy of a dropped");
+            let committed = |net: &Net, eid: u64| {
+                net.results
+                    .iter()
+                    .any(|r| r.0 == 1 && r.1 == eid && r.2 == Outcome::Committed)
+            };
+            // Two later slots acknowledged: not yet.
+            for b in 1..=2 {
+                let t = append(&mut net, b);
+                run(&mut net);
+                assert!(committed(&net, t.eid));
+            }
+            assert!(!committed(&net, a.eid));
+            assert_eq!(net.nodes[&1].stats().hole_resends, 0);
+            // The third: `a` goes again to both followers and commits.
+            let t = append(&mut net, 3);
+            run(&mut net);
+            assert!(committed(&net, t.eid));
+            let st = net.nodes[&1].stats();
+            if k == 3 {
+                assert!(committed(&net, a.eid), "a resent and committed");
+                assert_eq!(st.hole_resends, 2, "once to each follower");
+            } else {
+                assert!(!committed(&net, a.eid), "no resend before the interval");
+                assert_eq!(st.hole_resends, 0);
+            }
+            // More slots: nothing resent again.
+            for b in 4..=8 {
+                append(&mut net, b);
+                run(&mut net);
+            }
+            assert_eq!(net.nodes[&1].stats().hole_resends, st.hole_resends);
+        }
     }
 
     #[test]
