@@ -765,16 +765,18 @@ pub struct OooConfig {
     /// drops one of them drops the entry too, as dependent mode does along RAW
     /// predecessors.
     pub conflict_order: bool,
-    /// Leader: a follower that acknowledges a slot at least this many slots after an
-    /// uncommitted one it has not acknowledged gets that slot again at once, once per
-    /// term (0: never; only the periodic resend fills its holes). Entries go out in slot
-    /// order, so a follower holding three later ones was overtaken on this one: the copy
-    /// is lost or stuck behind a slow connection, and a second copy takes another
-    /// (PolarFS section 5.1's several connections per link; TCP's fast retransmit after
-    /// three duplicate acknowledgements, RFC 5681). Only out-of-order acknowledgements
-    /// show which slot is missing — a follower acknowledging its contiguous prefix says
-    /// nothing past the hole. Uncommitted slots only: the commit is what waits, and a
-    /// follower far behind is caught up by the rate-limited resend instead.
+    /// Leader: a follower that acknowledges a slot at least this many slots after one it
+    /// has not acknowledged gets that slot again at once, once per term (0: never; only
+    /// the periodic resend fills its holes). Entries go out in slot order, so a follower
+    /// holding three later ones was overtaken on this one: the copy is lost or stuck
+    /// behind a slow connection, and a second copy takes another (PolarFS section 5.1's
+    /// several connections per link; TCP's fast retransmit after three duplicate
+    /// acknowledgements, RFC 5681). Only out-of-order acknowledgements show which slot is
+    /// missing — a follower acknowledging its contiguous prefix says nothing past the
+    /// hole. Committed slots too: a follower lacking one cannot apply what depends on it
+    /// (look-behind buffer, WAW). Only slots first sent since the last periodic resend:
+    /// older holes are that resend's, and a follower far behind is caught up by the
+    /// rate-limited streaming resend, not by this.
     pub hole_resend: u64,
     /// Seed of the election back-off.
     pub seed: u64,
@@ -1064,6 +1066,10 @@ struct Lead {
     peers: BTreeMap<NodeId, Peer>,
     last_send: Nanos,
     last_resend: Nanos,
+    /// The first slot broadcast since the last periodic resend: hole resends
+    /// ([`OooConfig::hole_resend`]) cover slots from here on, older holes the periodic
+    /// resend.
+    fresh: Seq,
     /// The commit window last sent.
     sent_commits: CommitWindow,
     /// A leader transfer under way.
@@ -2209,6 +2215,7 @@ impl OooReplica {
             peers: peers.iter().map(|&p| (p, Peer::new(self.now))).collect(),
             last_send: self.now,
             last_resend: self.now,
+            fresh: end,
             sent_commits: self.commits.clone(),
             transfer: None,
             change: None,
@@ -2719,12 +2726,15 @@ impl OooReplica {
         }
     }
 
-    /// Resends to `p` the uncommitted slots it has been overtaken on
+    /// Resends to `p` the recent slots it has been overtaken on
     /// ([`OooConfig::hole_resend`]), each once a term, at most a batch at a time.
     fn resend_holes(&mut self, p: NodeId) {
         let k = self.cfg.hole_resend;
-        let from = self.commits.head();
-        let Some(peer) = self.lead.as_mut().and_then(|l| l.peers.get_mut(&p)) else {
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        let from = lead.fresh;
+        let Some(peer) = lead.peers.get_mut(&p) else {
             return;
         };
         if k == 0 || peer.catching_up || peer.snap.is_some() {
@@ -2745,7 +2755,7 @@ impl OooReplica {
             if entries.len() >= batch {
                 break;
             }
-            if slot.committed || peer.acked.contains(&s) || !peer.resent.insert(s) {
+            if peer.acked.contains(&s) || !peer.resent.insert(s) {
                 continue;
             }
             entries.push(slot.entry.clone());
@@ -2790,6 +2800,7 @@ impl OooReplica {
         let lead = self.lead.as_mut().expect("leading");
         if now.saturating_sub(lead.last_resend) >= self.cfg.resend_interval {
             lead.last_resend = now;
+            lead.fresh = lead.end;
             let committed = self.commits.head();
             for peer in lead.peers.values_mut() {
                 peer.catching_up = peer.head < committed && peer.head == peer.tick_head;
@@ -4189,6 +4200,57 @@ mod tests {
                 run(&mut net);
             }
             assert_eq!(net.nodes[&1].stats().hole_resends, st.hole_resends);
+        }
+    }
+
+    /// A slot committed without one follower (the other and the leader hold it) is
+    /// resent to it too, so it can apply what comes after; never with `hole_resend = 0`.
+    #[test]
+    fn a_follower_missing_a_committed_slot_gets_it_again_at_once() {
+        for k in [3u64, 0] {
+            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.hole_resend = k);
+            net.elect(1);
+            let now = net.now;
+            let append = |net: &mut Net, block: u64| {
+                let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
+                net.nodes
+                    .get_mut(&1)
+                    .unwrap()
+                    .append(now, d, vec![1])
+                    .unwrap()
+            };
+            let a = append(&mut net, 0);
+            let lost = std::cell::Cell::new(false);
+            let run = |net: &mut Net| {
+                net.run_with(|_, to, m| {
+                    let first = matches!(m, Msg::Append { entries, .. }
+                        if entries.iter().any(|e| e.seq == a.seq));
+                    if to == 3 && first && !lost.get() {
+                        lost.set(true);
+                        return false;
+                    }
+                    true
+                })
+            };
+            run(&mut net);
+            assert!(lost.get());
+            assert!(
+                net.results.iter().any(|r| r.0 == 1 && r.1 == a.eid),
+                "a committed with node 2"
+            );
+            for b in 1..=5 {
+                append(&mut net, b);
+                run(&mut net);
+            }
+            let node3_applied_a = net.applied.get(&3).is_some_and(|v| v.contains(&a.seq));
+            let st = net.nodes[&1].stats();
+            if k == 3 {
+                assert!(node3_applied_a, "node 3 got a again and applied it");
+                assert_eq!(st.hole_resends, 1, "once, to node 3 only");
+            } else {
+                assert!(!node3_applied_a, "no resend before the interval");
+                assert_eq!(st.hole_resends, 0);
+            }
         }
     }
 
