@@ -4134,6 +4134,17 @@ mod tests {
         (net, [a, b, c])
     }
 
+    /// Node 1 appends one record writing block `block`, at the net's time.
+    fn append_block(net: &mut Net, block: u64) -> Ticket {
+        let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
+        let now = net.now;
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(now, d, vec![1])
+            .unwrap()
+    }
+
     /// A slot whose first copy both followers miss is resent as soon as each
     /// acknowledges a slot `hole_resend` later, without waiting for the resend interval
     /// (the clock never moves here); once a term; never with `hole_resend = 0`.
@@ -4142,15 +4153,7 @@ mod tests {
         for k in [3u64, 0] {
             let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.hole_resend = k);
             net.elect(1);
-            let now = net.now;
-            let append = |net: &mut Net, block: u64| {
-                let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
-                net.nodes
-                    .get_mut(&1)
-                    .unwrap()
-                    .append(now, d, vec![1])
-                    .unwrap()
-            };
+            let append = append_block;
             let a = append(&mut net, 0);
             // Only the first copy of `a` is lost: a copy sent alone.
             let first_copy_of_a = |m: &Msg| {
@@ -4210,15 +4213,7 @@ mod tests {
         for k in [3u64, 0] {
             let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.hole_resend = k);
             net.elect(1);
-            let now = net.now;
-            let append = |net: &mut Net, block: u64| {
-                let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
-                net.nodes
-                    .get_mut(&1)
-                    .unwrap()
-                    .append(now, d, vec![1])
-                    .unwrap()
-            };
+            let append = append_block;
             let a = append(&mut net, 0);
             let lost = std::cell::Cell::new(false);
             let run = |net: &mut Net| {
