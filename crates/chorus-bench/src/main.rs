@@ -62,7 +62,7 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         election_ms: u64,
         /// Out-of-order leader: hole resend after this many later acknowledgements.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
         hole_resend: u64,
         /// Note every apply for the apply gap.
         #[arg(long)]
@@ -249,10 +249,10 @@ struct OooArgs {
     /// over them at random, and only one of them jitters (0: every frame jitters).
     #[arg(long, default_value_t = 0)]
     connections: u32,
-    /// Out-of-order leaders resend an uncommitted entry at once to a follower that
-    /// acknowledged this many later ones (0: only the periodic resend; default 3, as the
-    /// server runs).
-    #[arg(long, default_value_t = 3)]
+    /// Out-of-order leaders resend a recent entry at once to a follower that acknowledged
+    /// this many later ones but not it (0: only the periodic resend; the default is the
+    /// server's).
+    #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
     hole_resend: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]

@@ -117,8 +117,9 @@ pub struct OooNodeConfig {
     /// Checkpoint the state machine and compact the entries file once it holds this many
     /// bytes (0: never).
     pub compact_bytes: u64,
-    /// Leader: resend an uncommitted slot at once to a follower that acknowledged a slot
-    /// this many after it ([`OooConfig::hole_resend`]; 0: only the periodic resend).
+    /// Leader: resend a recent slot at once to a follower that acknowledged a slot this
+    /// many after it but not that one ([`OooConfig::hole_resend`]; 0: only the periodic
+    /// resend).
     pub hole_resend: u64,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,

@@ -966,8 +966,8 @@ struct Peer {
     applied: Seq,
     /// Slots at or above `head` it acknowledged in this term.
     acked: BTreeSet<Seq>,
-    /// Slots at or above `head` resent to it because it acknowledged later ones
-    /// ([`OooConfig::hole_resend`]): each at most once a term.
+    /// Slots resent to it because it acknowledged later ones ([`OooConfig::hole_resend`]),
+    /// at or above its head and [`Lead::fresh`]: each at most once a term.
     resent: BTreeSet<Seq>,
     /// When it last answered.
     heard: Nanos,
@@ -2275,16 +2275,7 @@ impl OooReplica {
         lead.last_send = self.now;
         lead.sent_commits = self.commits.clone();
         for p in self.peers() {
-            self.actions.push(Action::Send {
-                to: p,
-                msg: Msg::Append {
-                    term: self.hard.term,
-                    start: self.hard.leader_start.1,
-                    entries: entries.clone(),
-                    commits: self.commits.clone(),
-                    config: self.members.version,
-                },
-            });
+            self.send_entries(p, entries.clone());
         }
     }
 
@@ -2696,16 +2687,7 @@ impl OooReplica {
             if !missing.is_empty()
                 && self.spend_catchup(from, missing.iter().map(entry_bytes).sum())
             {
-                self.actions.push(Action::Send {
-                    to: from,
-                    msg: Msg::Append {
-                        term: self.hard.term,
-                        start: self.hard.leader_start.1,
-                        entries: missing,
-                        commits: self.commits.clone(),
-                        config: self.members.version,
-                    },
-                });
+                self.send_entries(from, missing);
             }
         }
         let lead = self.lead.as_mut().expect("leading");
@@ -2740,12 +2722,12 @@ impl OooReplica {
         if k == 0 || peer.catching_up || peer.snap.is_some() {
             return;
         }
-        let h = peer.head;
-        peer.resent = peer.resent.split_off(&h);
+        // Slots below `lo` are not resent again this term (`fresh` only grows).
+        let lo = from.max(peer.head);
+        peer.resent = peer.resent.split_off(&lo);
         let Some(upto) = peer.acked.last().and_then(|t| t.checked_sub(k)) else {
             return;
         };
-        let lo = from.max(h);
         if lo > upto {
             return;
         }
@@ -2764,8 +2746,14 @@ impl OooReplica {
             return;
         }
         self.stats.hole_resends += entries.len() as u64;
+        self.send_entries(p, entries);
+    }
+
+    /// Leader: sends `entries` to one follower, with the commit window and membership
+    /// version every [`Msg::Append`] carries.
+    fn send_entries(&mut self, to: NodeId, entries: Vec<Entry>) {
         self.actions.push(Action::Send {
-            to: p,
+            to,
             msg: Msg::Append {
                 term: self.hard.term,
                 start: self.hard.leader_start.1,
@@ -2819,16 +2807,7 @@ impl OooReplica {
                 }
             }
             for (to, entries) in sends {
-                self.actions.push(Action::Send {
-                    to,
-                    msg: Msg::Append {
-                        term: self.hard.term,
-                        start: self.hard.leader_start.1,
-                        entries,
-                        commits: self.commits.clone(),
-                        config: self.members.version,
-                    },
-                });
+                self.send_entries(to, entries);
             }
             // Followers that have not said they hold our membership get it again.
             let version = self.members.version;
