@@ -132,6 +132,9 @@ pub struct OooOptions {
     /// The merge keeps entries whose listed predecessors it made NULL (takes effect only
     /// in the test-only `broken` build: the end-of-seed conflict-order check must bite).
     pub broken_cascade: bool,
+    /// Dependent leaders list only uncommitted WAW writers below a trailing base (takes
+    /// effect only in the test-only `broken` build: the apply-order checks must bite).
+    pub broken_trail: bool,
 }
 
 impl Default for OooOptions {
@@ -154,6 +157,7 @@ impl Default for OooOptions {
             conflict_order: true,
             broken_conflict_order: false,
             broken_cascade: false,
+            broken_trail: false,
         }
     }
 }
@@ -592,6 +596,7 @@ impl Sim {
         {
             c.ghost_guard = self.o.ghost_guard;
             c.cascade = !self.o.broken_cascade;
+            c.trail_lists_committed = !self.o.broken_trail;
         }
         c
     }

@@ -98,3 +98,17 @@ fn a_merge_that_drops_a_predecessor_but_keeps_its_waiter_is_caught() {
         "no entry committed past a dropped predecessor"
     );
 }
+
+/// A dependent leader whose window base trails its head for a follower missing a
+/// committed entry, but which lists only uncommitted WAW writers: that follower applies a
+/// later writer of the missing entry's keys before it. The apply-order checks must bite.
+#[test]
+fn a_trailing_base_without_the_committed_writers_is_caught() {
+    let o = chorus_sim::ooo::OooOptions {
+        mode: chorus_core::ooo::replica::Mode::Dependent,
+        broken_trail: true,
+        ..Default::default()
+    };
+    let found = (0..200u64).find(|s| !chorus_sim::ooo::run_seed(*s, &o).violations.is_empty());
+    assert!(found.is_some(), "no apply out of WAW order found");
+}

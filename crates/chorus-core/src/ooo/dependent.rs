@@ -19,13 +19,27 @@
 //! - `base`: writers below it were committed at admission and are not listed. A replica
 //!   may still not have applied them, so for predecessors below `base` it compares write
 //!   sets itself, and a missing one blocks until catch-up brings it (the paper: missing
-//!   entries before the window head are fetched from the leader).
+//!   entries before the window head are fetched from the leader). The paper's window
+//!   starts at the first uncommitted entry; ours starts lower while a live follower is
+//!   missing a committed entry ([`DepLeader::set_floor`], at most [`WAW_TRAIL`] below the
+//!   head), so that follower finds the writers it lacks in the WAW lists and applies every
+//!   later entry that does not write what the missing one wrote, instead of blocking
+//!   everything admitted after the missing entry committed (an entry overtaken on a slow
+//!   connection commits with the other follower and would otherwise stall this one's
+//!   whole apply, as in the ordered mode).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
 use super::{CommitWindow, OooError, Quorum, Seq};
 use crate::format::meta::NodeId;
+
+/// How far below its first uncommitted entry a leader's window may start for a follower
+/// that is missing committed entries ([`DepLeader::set_floor`]): at most this many
+/// committed entries are still listed as WAW predecessors. A follower further behind
+/// compares write sets itself (the `base` rule), as it is catching up anyway. Bounded
+/// because a hot key's writers all go into each later writer's WAW list.
+pub const WAW_TRAIL: u64 = 128;
 
 /// The predecessors an entry must wait for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -73,8 +87,15 @@ pub struct DepLeader<K> {
     /// the entries it may release, not a walk of everything in flight (which made a full
     /// window quadratic: 16% of the leader's CPU at 256 clients).
     waiters: HashMap<Seq, Vec<Seq>>,
-    /// Writers of each key at or above the window head (ascending).
+    /// Writers of each key at or above the window base (ascending).
     writers: HashMap<K, Vec<Seq>>,
+    /// The lowest window base followers asked for ([`DepLeader::set_floor`]); never falls.
+    floor: Seq,
+    /// How far below the head the base may go (0: always the head).
+    trail: u64,
+    /// Test-only (`broken` build): list only uncommitted WAW writers even below the head.
+    #[cfg(feature = "broken")]
+    broken_trail: bool,
     /// The last entry admitted as conflicting with everything
     /// ([`DepLeader::admit_conflicting`] without keys): every later entry commits after it.
     barrier: Option<Seq>,
@@ -94,9 +115,49 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             pending: BTreeMap::new(),
             waiters: HashMap::new(),
             writers: HashMap::new(),
+            floor: next,
+            trail: 0,
+            #[cfg(feature = "broken")]
+            broken_trail: false,
             barrier: None,
             held: 0,
         }
+    }
+
+    /// As [`DepLeader::new`], with a window base that may trail the head by up to `trail`
+    /// entries for followers missing committed ones ([`DepLeader::set_floor`]).
+    pub fn with_trail(quorum: Quorum, window: u64, next: Seq, trail: u64) -> Self {
+        Self {
+            trail,
+            ..Self::new(quorum, window, next)
+        }
+    }
+
+    /// The first slot some live follower may still be missing (its first uncommitted
+    /// slot, as it last said; `Seq::MAX` when none lags). Entries admitted from now on
+    /// list their WAW predecessors from there (at most `trail` below the head), committed
+    /// ones included, so that follower can apply past its holes wherever the keys differ.
+    /// The base never falls: the writers below it are no longer indexed.
+    pub fn set_floor(&mut self, first_missing: Seq) {
+        self.floor = self.floor.max(first_missing.min(self.commits.head()));
+    }
+
+    /// Test-only (`broken` build): entries keep the trailing base but list only
+    /// uncommitted WAW writers, so a follower missing a committed writer applies a later
+    /// writer of its keys first. The simulator must catch it.
+    #[cfg(feature = "broken")]
+    pub fn break_trail(&mut self) {
+        self.broken_trail = true;
+    }
+
+    /// The window base for the next entry: WAW predecessors from here on are listed.
+    /// Every slot below it is committed.
+    pub fn base(&self) -> Seq {
+        let head = self.commits.head();
+        if self.trail == 0 {
+            return head;
+        }
+        self.floor.max(head.saturating_sub(self.trail)).min(head)
     }
 
     /// How many entries this leader held back by the commit rule: each reached a
@@ -138,10 +199,15 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
                 }
             }
         }
+        let base = self.base();
+        #[cfg(feature = "broken")]
+        let base_waw = if self.broken_trail { head } else { base };
+        #[cfg(not(feature = "broken"))]
+        let base_waw = base;
         let mut waw = BTreeSet::new();
         for k in write_set {
             if let Some(v) = self.writers.get(k) {
-                waw.extend(v.iter().copied().filter(|&w| w >= head));
+                waw.extend(v.iter().copied().filter(|&w| w >= base_waw));
             }
         }
         for k in write_set {
@@ -165,7 +231,7 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
         );
         Ok(DepEntry {
             seq,
-            base: head,
+            base,
             deps: Deps {
                 raw,
                 waw: waw.into_iter().collect(),
@@ -281,10 +347,10 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
     }
 
     fn prune(&mut self) {
-        let head = self.commits.head();
-        if self.writers.len() as u64 > 4 * self.window + 64 {
+        let base = self.base();
+        if self.writers.len() as u64 > 4 * (self.window + self.trail) + 64 {
             self.writers.retain(|_, v| {
-                v.retain(|&w| w >= head);
+                v.retain(|&w| w >= base);
                 !v.is_empty()
             });
         }
@@ -677,6 +743,67 @@ mod tests {
         assert_eq!(e4.deps.raw, vec![2], "L4 read b and c, last written by L2");
         assert_eq!(e5.deps.raw, vec![2]);
         assert_eq!(e5.deps.waw, vec![4], "L5 writes d after L4");
+    }
+
+    /// Commits `seq` with acknowledgements from nodes 1 and 2.
+    fn commit_now(l: &mut DepLeader<u32>, seq: Seq) {
+        l.ack(seq, 1);
+        l.ack(seq, 2);
+        assert!(l.is_committed(seq));
+    }
+
+    /// While a follower is missing a committed entry, later entries list committed WAW
+    /// predecessors from its first missing slot on (its base), RAW lists only uncommitted
+    /// ones; the base never falls, never passes the head, and trails it by at most the
+    /// trail; without a trail the base is the head, as in the paper.
+    #[test]
+    fn the_window_base_trails_the_head_for_a_follower_missing_committed_entries() {
+        let mut l = DepLeader::<u32>::with_trail(Quorum::Count(2), 64, 0, 4);
+        let a = l.admit(&[], &[1]).unwrap();
+        let b = l.admit(&[], &[2]).unwrap();
+        commit_now(&mut l, a.seq);
+        commit_now(&mut l, b.seq);
+        // A follower still lacks `a` (its first uncommitted slot).
+        l.set_floor(a.seq);
+        let c = l.admit(&[1], &[1]).unwrap();
+        assert_eq!(c.base, a.seq, "base at the follower's first missing slot");
+        assert_eq!(c.deps.waw, vec![a.seq], "committed writer listed");
+        assert!(
+            c.deps.raw.is_empty(),
+            "a committed writer is no RAW predecessor"
+        );
+        let d = l.admit(&[], &[2]).unwrap();
+        assert_eq!(d.deps.waw, vec![b.seq]);
+        // A lower hint later (a restarted follower) does not lower it.
+        l.set_floor(0);
+        assert_eq!(l.base(), a.seq);
+        // Once the follower has everything, the base is the head again.
+        commit_now(&mut l, c.seq);
+        commit_now(&mut l, d.seq);
+        l.set_floor(Seq::MAX);
+        assert_eq!(l.base(), 4);
+        let e = l.admit(&[], &[1, 2]).unwrap();
+        assert_eq!((e.base, e.deps.waw.clone()), (4, vec![]));
+        commit_now(&mut l, e.seq);
+        // A follower far behind (missing 5 on): the base trails the head by at most 4.
+        for _ in 0..10 {
+            let x = l.admit(&[], &[1]).unwrap();
+            commit_now(&mut l, x.seq);
+        }
+        l.set_floor(5);
+        let head = 15;
+        assert!(l.is_committed(head - 1) && !l.is_committed(head));
+        assert_eq!(l.base(), head - 4);
+        let f = l.admit(&[], &[1]).unwrap();
+        assert_eq!(f.base, head - 4);
+        assert_eq!(f.deps.waw, (head - 4..head).collect::<Vec<_>>());
+        // No trail: the paper's window, from the first uncommitted entry.
+        let mut p = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let a = p.admit(&[], &[1]).unwrap();
+        commit_now(&mut p, a.seq);
+        p.set_floor(0);
+        let b = p.admit(&[], &[1]).unwrap();
+        assert_eq!((b.base, b.deps.waw), (1, vec![]));
     }
 
     #[test]

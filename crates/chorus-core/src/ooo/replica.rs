@@ -91,7 +91,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog};
+use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog, WAW_TRAIL};
 use super::merge::{self, MergeOptions, Version};
 use super::parallel::{BlockRange, LookBehind, ParallelApplier, Stamped};
 use super::{CommitWindow, OooError, Quorum, Seq};
@@ -791,6 +791,10 @@ pub struct OooConfig {
     /// ([`merge::MergeOptions`]). Only the test-only `broken` build can turn it off.
     #[cfg(feature = "broken")]
     pub cascade: bool,
+    /// Whether a dependent leader lists committed WAW writers from its trailing window
+    /// base ([`DepLeader::set_floor`]). Only the test-only `broken` build can turn it off.
+    #[cfg(feature = "broken")]
+    pub trail_lists_committed: bool,
 }
 
 impl OooConfig {
@@ -817,6 +821,8 @@ impl OooConfig {
             ghost_guard: true,
             #[cfg(feature = "broken")]
             cascade: true,
+            #[cfg(feature = "broken")]
+            trail_lists_committed: true,
         }
     }
 
@@ -2289,7 +2295,19 @@ impl OooReplica {
             return;
         }
         let merged: Vec<Seq> = std::mem::take(&mut lead.merging).into_keys().collect();
-        lead.commit = Some(DepLeader::new(quorum, self.cfg.window, lead.end));
+        // Dependent mode lists committed WAW predecessors a follower may still miss
+        // (`set_waw_floor`); conflict order uses only the RAW lists.
+        let trail = match self.cfg.mode {
+            Mode::Dependent => WAW_TRAIL,
+            Mode::Parallel { .. } => 0,
+        };
+        #[allow(unused_mut)]
+        let mut commit = DepLeader::with_trail(quorum, self.cfg.window, lead.end, trail);
+        #[cfg(feature = "broken")]
+        if !self.cfg.trail_lists_committed {
+            commit.break_trail();
+        }
+        lead.commit = Some(commit);
         if self.members.prev.is_some() {
             // A change's joint stage, from an earlier leader: finish it (a fresh version,
             // accepted anew) before starting any other.
@@ -2699,12 +2717,35 @@ impl OooReplica {
             }
             self.check_merged();
         } else {
+            self.set_waw_floor();
             for s in acked {
                 self.leader_ack(s, from);
             }
             self.resend_holes(from);
             self.check_transfer();
             self.check_change();
+        }
+    }
+
+    /// Dependent mode: entries admitted from now on list WAW predecessors from the first
+    /// slot a live follower may be missing ([`DepLeader::set_floor`]). Followers not
+    /// heard within an election timeout, or being caught up by streaming or an image,
+    /// do not hold the base down.
+    fn set_waw_floor(&mut self) {
+        let (now, timeout) = (self.now, self.cfg.election_timeout);
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        let first_missing = lead
+            .peers
+            .values()
+            .filter(|p| now.saturating_sub(p.heard) < timeout && !p.catching_up)
+            .filter(|p| p.snap.is_none() && p.snap_asked.is_none())
+            .map(|p| p.head)
+            .min()
+            .unwrap_or(Seq::MAX);
+        if let Some(c) = lead.commit.as_mut() {
+            c.set_floor(first_missing);
         }
     }
 
@@ -4226,6 +4267,71 @@ mod tests {
                 assert_eq!(st.hole_resends, 0);
             }
         }
+    }
+
+    /// Dependent mode: a follower that missed an entry committed without it (the leader
+    /// and the other follower hold it) still applies every later entry that writes none
+    /// of its keys, because those list their WAW predecessors from its missing slot on;
+    /// a later writer of the same key waits for it. Without the trailing base, every
+    /// entry admitted after the missing one committed would wait (its base above the
+    /// hole, so the follower could not know what the hole wrote).
+    #[test]
+    fn a_dependent_follower_applies_past_a_committed_entry_it_is_missing() {
+        let mut net = Net::with(3, Mode::Dependent, |c| c.hole_resend = 0);
+        net.elect(1);
+        let tx = |w: u64| Declared::Txn {
+            read_set: vec![],
+            write_set: vec![w],
+        };
+        let append = |net: &mut Net, w: u64| {
+            let now = net.now;
+            net.nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(now, tx(w), vec![1])
+                .unwrap()
+        };
+        let a = append(&mut net, 1);
+        // Node 3 never gets `a` (the clock does not move, so nothing is resent).
+        let keep = |_: NodeId, to: NodeId, m: &Msg| {
+            !(to == 3
+                && matches!(m, Msg::Append { entries, .. } if entries.iter().any(|e| e.seq == a.seq)))
+        };
+        net.run_with(keep);
+        assert!(net
+            .results
+            .iter()
+            .any(|r| r.0 == 1 && r.1 == a.eid && r.2 == Outcome::Committed));
+        let later: Vec<Ticket> = (2..=6)
+            .map(|k| {
+                let t = append(&mut net, k);
+                net.run_with(keep);
+                t
+            })
+            .collect();
+        let same_key = append(&mut net, 1);
+        net.run_with(keep);
+        let applied = |n: NodeId| net.applied.get(&n).cloned().unwrap_or_default();
+        for t in &later {
+            assert!(
+                applied(3).contains(&t.seq),
+                "node 3 applied {} past the hole",
+                t.seq
+            );
+            let Body::Dependent { base, .. } = &net.nodes[&3].log[&t.seq].entry.body else {
+                panic!("a dependent entry");
+            };
+            assert_eq!(*base, a.seq, "listed from node 3's first missing slot");
+        }
+        assert!(!applied(3).contains(&a.seq));
+        assert!(
+            !applied(3).contains(&same_key.seq),
+            "a later writer of a's key waits for a"
+        );
+        assert!(
+            applied(2).contains(&same_key.seq),
+            "node 2 holds everything"
+        );
     }
 
     #[test]
