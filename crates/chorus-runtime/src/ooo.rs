@@ -910,8 +910,54 @@ impl Drop for OooNode {
 
 /// Packs the records taken this round into group entries ([`group::split`] bounds them)
 /// and appends each with the union of its records' declarations; a refused group's
-/// writers hear why.
+/// writers hear why. Records that would wait to commit for an uncommitted entry go into
+/// entries after the others ([`group::waiting_last`]), so that one of them does not hold
+/// back the commit of a whole group of writers that need not wait.
 fn append_groups(
+    replica: &mut OooReplica,
+    mode: Mode,
+    now: u64,
+    staged: &mut Vec<(Record, Reply)>,
+    waiters: &mut HashMap<u64, Vec<Reply>>,
+    c: &mut OooCounters,
+) {
+    let (mut free, waiting) = waiting_last(replica, std::mem::take(staged));
+    if !waiting.is_empty() {
+        append_packed(replica, mode, now, &mut free, waiters, c);
+        *staged = waiting;
+    } else {
+        *staged = free;
+    }
+    append_packed(replica, mode, now, staged, waiters, c);
+}
+
+/// Records taken in one round, with where each one's result goes.
+type Staged = Vec<(Record, Reply)>;
+
+/// [`group::waiting_last`] with this replica's commit rule, over the round's records.
+fn waiting_last(replica: &OooReplica, staged: Vec<(Record, Reply)>) -> (Staged, Staged) {
+    let decl: Vec<Declared> = staged.iter().map(|s| s.0.declared.clone()).collect();
+    let (_, waiting) = group::waiting_last(&decl, |d| replica.would_wait(d));
+    if waiting.is_empty() {
+        return (staged, Vec::new());
+    }
+    let mut wait = vec![false; staged.len()];
+    for i in waiting {
+        wait[i] = true;
+    }
+    let (mut free, mut waiting) = (Vec::new(), Vec::new());
+    for (s, w) in staged.into_iter().zip(wait) {
+        if w {
+            waiting.push(s)
+        } else {
+            free.push(s)
+        }
+    }
+    (free, waiting)
+}
+
+/// Packs records into group entries, in order, and appends them.
+fn append_packed(
     replica: &mut OooReplica,
     mode: Mode,
     now: u64,

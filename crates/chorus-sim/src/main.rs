@@ -255,7 +255,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} conflict_order_checks={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} groups_split={} conflict_order_checks={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -281,6 +281,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("campaigns_live"),
         t("handoffs_live"),
         t("hole_resends_live"),
+        t("groups_split"),
         t("conflict_order_checks"),
     );
     if bad > 0 {

@@ -1201,42 +1201,63 @@ impl Sim {
                     }
                 });
             }
-            let (declared, data) = if self.o.groups {
-                (group::union(self.o.mode, &recs), encode_group(&recs))
-            } else {
-                (recs[0].declared.clone(), recs[0].data.clone())
+            // As the runtime does (`group::waiting_last`): records that would wait to
+            // commit go into an entry after the others, conflicting records in order.
+            let parts: Vec<Vec<Record>> = {
+                let r = self.nodes[&id].replica.as_ref().expect("serving");
+                let decl: Vec<Declared> = recs.iter().map(|r| r.declared.clone()).collect();
+                let (free, waiting) = group::waiting_last(&decl, |d| r.would_wait(d));
+                if free.is_empty() || waiting.is_empty() {
+                    vec![recs]
+                } else {
+                    self.bump("groups_split", 1);
+                    let pick = |ix: &[usize]| ix.iter().map(|&i| recs[i].clone()).collect();
+                    vec![pick(&free), pick(&waiting)]
+                }
             };
-            let now = self.now;
-            let checked = self.conflict_order();
-            let n = self.nodes.get_mut(&id).expect("node");
-            let inc = n.incarnation;
-            let r = n.replica.as_mut().expect("serving");
-            let blocks = match &declared {
-                Declared::Blocks(b) => b.clone(),
-                Declared::Txn { .. } => Vec::new(),
-            };
-            match r.append(now, declared, data) {
-                Ok(t) => {
-                    if checked {
-                        self.admitted
-                            .insert((t.eid >> 32, t.seq), (t.eid, blocks.clone()));
-                        self.open.insert((t.eid >> 32, t.seq), (t.eid, blocks));
-                    }
-                    if self.o.mode == Mode::Dependent {
-                        for r in &recs {
-                            if let Some([_, _, wk, wv]) = decode_txn(&r.data) {
-                                n.spec.insert(wk, (t.seq, wv));
+            let mut refused = false;
+            for part in parts {
+                let (declared, data) = if self.o.groups {
+                    (group::union(self.o.mode, &part), encode_group(&part))
+                } else {
+                    (part[0].declared.clone(), part[0].data.clone())
+                };
+                let now = self.now;
+                let checked = self.conflict_order();
+                let n = self.nodes.get_mut(&id).expect("node");
+                let inc = n.incarnation;
+                let r = n.replica.as_mut().expect("serving");
+                let blocks = match &declared {
+                    Declared::Blocks(b) => b.clone(),
+                    Declared::Txn { .. } => Vec::new(),
+                };
+                match r.append(now, declared, data) {
+                    Ok(t) => {
+                        if checked {
+                            self.admitted
+                                .insert((t.eid >> 32, t.seq), (t.eid, blocks.clone()));
+                            self.open.insert((t.eid >> 32, t.seq), (t.eid, blocks));
+                        }
+                        if self.o.mode == Mode::Dependent {
+                            for r in &part {
+                                if let Some([_, _, wk, wv]) = decode_txn(&r.data) {
+                                    n.spec.insert(wk, (t.seq, wv));
+                                }
                             }
                         }
+                        self.appends.insert(t.eid, (id, inc, t.seq, None, false));
+                        self.bump("appends", 1);
+                        self.bump("records", part.len() as u64);
                     }
-                    self.appends.insert(t.eid, (id, inc, t.seq, None, false));
-                    self.bump("appends", 1);
-                    self.bump("records", recs.len() as u64);
+                    Err(_) => {
+                        self.bump("appends_refused", 1);
+                        refused = true;
+                        break;
+                    }
                 }
-                Err(_) => {
-                    self.bump("appends_refused", 1);
-                    break;
-                }
+            }
+            if refused {
+                break;
             }
             if !together {
                 self.drain(id);

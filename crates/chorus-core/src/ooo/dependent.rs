@@ -240,6 +240,23 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
         })
     }
 
+    /// Whether an entry reading `read_set` would have to commit after an entry not yet
+    /// committed: the last writer of a key it reads, or the last entry admitted as
+    /// conflicting with everything. A driver packing several writers' records into one
+    /// entry asks per record, so that records that would wait do not hold back the
+    /// others' commit (see `chorus_runtime::ooo`).
+    pub fn would_wait(&self, read_set: &[K]) -> bool {
+        let head = self.commits.head();
+        let pending = |w: Seq| w >= head && !self.commits.is_committed(w);
+        self.barrier.is_some_and(pending)
+            || read_set.iter().any(|k| {
+                self.writers
+                    .get(k)
+                    .and_then(|v| v.last())
+                    .is_some_and(|&w| pending(w))
+            })
+    }
+
     /// Admits a parallel-mode entry under conflict order (the DP-Raft paper's adaptation
     /// of ParallelRaft, section 5: the read and write keys of a transaction stand for its
     /// blocks, and an entry commits only once every earlier entry overlapping it has):
@@ -804,6 +821,30 @@ mod tests {
         p.set_floor(0);
         let b = p.admit(&[], &[1]).unwrap();
         assert_eq!((b.base, b.deps.waw), (1, vec![]));
+    }
+
+    /// `would_wait` answers what `admit` would record: a read of a key whose last writer
+    /// is uncommitted, or an uncommitted barrier; not a write (WAW does not order commits).
+    #[test]
+    fn would_wait_is_whether_admit_would_list_a_raw_predecessor() {
+        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let w = l.admit(&[], &[7]).unwrap();
+        assert!(l.would_wait(&[7]));
+        assert!(l.would_wait(&[1, 7]));
+        assert!(!l.would_wait(&[8]));
+        assert!(!l.would_wait(&[]));
+        let r = l.admit(&[7], &[]).unwrap();
+        assert_eq!(r.deps.raw, vec![w.seq]);
+        commit_now(&mut l, w.seq);
+        assert!(!l.would_wait(&[7]), "its writer committed");
+        assert!(l.admit(&[7], &[]).unwrap().deps.raw.is_empty());
+        // A barrier (conflict order, too many blocks): everything waits until it commits.
+        let b = l.admit_conflicting(None).unwrap();
+        assert!(l.would_wait(&[]) && l.would_wait(&[99]));
+        commit_now(&mut l, r.seq);
+        commit_now(&mut l, r.seq + 1);
+        commit_now(&mut l, b.seq);
+        assert!(!l.would_wait(&[99]));
     }
 
     #[test]

@@ -133,6 +133,63 @@ pub fn split(sizes: impl IntoIterator<Item = usize>) -> Vec<usize> {
     out
 }
 
+/// Blocks a record may touch before [`waiting_last`] counts it as touching everything.
+const MAX_TOUCHED: u64 = 4096;
+
+/// The keys or blocks a record reads or writes (`None`: more blocks than are worth
+/// listing, so it touches everything).
+fn touched(d: &Declared) -> Option<Vec<u64>> {
+    match d {
+        Declared::Txn {
+            read_set,
+            write_set,
+        } => Some(read_set.iter().chain(write_set).copied().collect()),
+        Declared::Blocks(ranges) => {
+            let n = ranges
+                .iter()
+                .map(|b| b.end.saturating_sub(b.start))
+                .fold(0u64, u64::saturating_add);
+            (n <= MAX_TOUCHED).then(|| ranges.iter().flat_map(|b| b.start..b.end).collect())
+        }
+    }
+}
+
+/// Splits records taken together into those that may commit as soon as a majority has
+/// them and those that would wait for an uncommitted entry (`would_wait`, the leader's
+/// commit rule: [`super::replica::OooReplica::would_wait`]), as positions ascending. A
+/// driver packs the first into entries before the second, so that a record that would
+/// wait does not hold back the commit of a whole group of others (DP-Raft commits per
+/// transaction; a group entry commits as one). Moving records after others taken later
+/// must not reorder two that touch a key or block in common (their order is the order
+/// the database executed them in), so a record that touches what a waiting record
+/// before it touches waits with it.
+pub fn waiting_last(
+    records: &[Declared],
+    mut would_wait: impl FnMut(&Declared) -> bool,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut everything = false;
+    let (mut free, mut waiting) = (Vec::new(), Vec::new());
+    for (i, d) in records.iter().enumerate() {
+        let keys = touched(d);
+        let behind = !waiting.is_empty()
+            && (everything
+                || keys
+                    .as_ref()
+                    .is_none_or(|k| k.iter().any(|x| seen.contains(x))));
+        if behind || would_wait(d) {
+            match keys {
+                Some(k) => seen.extend(k),
+                None => everything = true,
+            }
+            waiting.push(i);
+        } else {
+            free.push(i);
+        }
+    }
+    (free, waiting)
+}
+
 /// The records of a group split into sets that may be applied at the same time: two
 /// records whose writes overlap (a block both write, a key both write) are in one set,
 /// so a set is a chain of records that must keep their group order, and records of
@@ -397,6 +454,58 @@ mod tests {
                 let written = recs.iter().flatten().any(|&(s, n)| s <= b && b < s + n);
                 let covered = u.iter().any(|r| r.start <= b && b < r.end);
                 prop_assert_eq!(written, covered, "block {}", b);
+            }
+        }
+
+        /// `waiting_last` puts every record in one list once, each ascending; every record
+        /// the rule says would wait is in the second; and no two records that touch a
+        /// key or block in common change order (free records go first).
+        #[test]
+        fn waiting_last_keeps_conflicting_records_in_order(
+            recs in proptest::collection::vec(
+                (any::<bool>(), any::<bool>(),
+                 proptest::collection::vec((0u64..30, 1u64..4), 0..3)), 0..24)
+        ) {
+            let decl: Vec<Declared> = recs
+                .iter()
+                .map(|(is_block, _, ws)| if *is_block {
+                    blocks(&ws.iter().map(|&(s, n)| (s, s + n)).collect::<Vec<_>>()).declared
+                } else {
+                    Declared::Txn {
+                        read_set: ws.iter().map(|&(s, _)| s).collect(),
+                        write_set: ws.iter().map(|&(s, n)| s + n).collect(),
+                    }
+                })
+                .collect();
+            let (free, waiting) = waiting_last(&decl, |d| {
+                let k = decl.iter().position(|x| std::ptr::eq(x, d)).unwrap();
+                recs[k].1
+            });
+            let order: Vec<usize> = free.iter().chain(&waiting).copied().collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..decl.len()).collect::<Vec<_>>());
+            prop_assert!(free.windows(2).all(|w| w[0] < w[1]));
+            prop_assert!(waiting.windows(2).all(|w| w[0] < w[1]));
+            for (k, r) in recs.iter().enumerate() {
+                if r.1 {
+                    prop_assert!(waiting.contains(&k), "record {} would wait", k);
+                }
+            }
+            let at: Vec<usize> = {
+                let mut at = vec![0; decl.len()];
+                for (pos, &k) in order.iter().enumerate() {
+                    at[k] = pos;
+                }
+                at
+            };
+            for a in 0..decl.len() {
+                for b in a + 1..decl.len() {
+                    let (ta, tb) = (touched(&decl[a]).unwrap(), touched(&decl[b]).unwrap());
+                    if ta.iter().any(|x| tb.contains(x)) {
+                        prop_assert!(at[a] < at[b], "records {} and {} touch a key in common", a, b);
+                    }
+                }
             }
         }
 

@@ -2433,6 +2433,23 @@ impl OooReplica {
         Ok(Ticket { seq, eid })
     }
 
+    /// Leader: whether an entry declaring `declared`, appended now, would wait to commit
+    /// for an entry not yet committed — in dependent mode a RAW predecessor, under
+    /// conflict order an earlier entry overlapping its blocks ([`DepLeader::would_wait`]).
+    /// False where nothing orders commits (plain parallel mode) and when not serving.
+    pub fn would_wait(&self, declared: &Declared) -> bool {
+        let Some(commit) = self.lead.as_ref().and_then(|l| l.commit.as_ref()) else {
+            return false;
+        };
+        match (self.cfg.mode, declared) {
+            (Mode::Dependent, Declared::Txn { read_set, .. }) => commit.would_wait(read_set),
+            (Mode::Parallel { .. }, Declared::Blocks(ranges)) if self.cfg.conflict_order => {
+                conflict_keys(ranges).is_none_or(|keys| commit.would_wait(&keys))
+            }
+            _ => false,
+        }
+    }
+
     /// The driver made these writes durable: the `(seq, eid, term)` of entries from
     /// [`Action::Write`]s, reported in any later call once synced. A leader counts its own
     /// copy of a slot toward a majority only from here — not when it asked for the write —
@@ -4156,7 +4173,7 @@ mod tests {
 
     /// Node 1 appends one record writing block `block`, at the net's time.
     fn append_block(net: &mut Net, block: u64) -> Ticket {
-        let d = Declared::Blocks(vec![BlockRange::new(block, block + 1).unwrap()]);
+        let d = Declared::Blocks(vec![BlockRange::new(block, 1).unwrap()]);
         let now = net.now;
         net.nodes
             .get_mut(&1)
@@ -4266,6 +4283,38 @@ mod tests {
                 assert!(!node3_applied_a, "no resend before the interval");
                 assert_eq!(st.hole_resends, 0);
             }
+        }
+    }
+
+    /// `would_wait` follows the group's commit rule: a read of an uncommitted write in
+    /// dependent mode, an overlap under conflict order, never in plain parallel mode or
+    /// on a replica that is not serving.
+    #[test]
+    fn would_wait_follows_the_commit_rule_of_the_mode() {
+        let tx = |r: u64, w: u64| Declared::Txn {
+            read_set: vec![r],
+            write_set: vec![w],
+        };
+        let blk = |b: u64| Declared::Blocks(vec![BlockRange::new(b, 1).unwrap()]);
+        let mut net = Net::new(3, Mode::Dependent);
+        net.elect(1);
+        let now = net.now;
+        let n1 = net.nodes.get_mut(&1).unwrap();
+        n1.append(now, tx(1, 5), vec![1]).unwrap();
+        assert!(n1.would_wait(&tx(5, 6)), "reads an uncommitted write");
+        assert!(!n1.would_wait(&tx(6, 5)), "only writes it");
+        assert!(!net.nodes[&2].would_wait(&tx(5, 6)), "not serving");
+        net.run();
+        assert!(!net.nodes[&1].would_wait(&tx(5, 6)), "its writer committed");
+        for conflict_order in [false, true] {
+            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| {
+                c.conflict_order = conflict_order
+            });
+            net.elect(1);
+            append_block(&mut net, 3);
+            let n1 = &net.nodes[&1];
+            assert_eq!(n1.would_wait(&blk(3)), conflict_order);
+            assert!(!n1.would_wait(&blk(4)));
         }
     }
 
