@@ -2684,9 +2684,6 @@ impl OooReplica {
             return;
         };
         peer.heard = now;
-        // Streaming catch-up: a follower whose first uncommitted slot moved but is still
-        // below ours gets the next piece right away, one batch per round trip, instead of
-        // one per resend interval.
         // Its latest word, even if lower: a restarted follower may know less committed
         // than it said before (its saved head is a lower bound), and resends start here.
         peer.head = head;
@@ -2707,7 +2704,10 @@ impl OooReplica {
             peer.snap = None;
             peer.snap_asked = None;
         }
-        let catch_up = peer.catching_up && head >= peer.head;
+        // Streaming catch-up: a follower still below our committed head gets the next
+        // piece with every acknowledgement — one batch per round trip, within the rate
+        // limit — instead of one per resend interval.
+        let catch_up = peer.catching_up;
         let h = peer.head;
         peer.acked = peer.acked.split_off(&h);
         let mut acked = Vec::new();
