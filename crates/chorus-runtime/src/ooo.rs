@@ -921,66 +921,35 @@ fn append_groups(
     waiters: &mut HashMap<u64, Vec<Reply>>,
     c: &mut OooCounters,
 ) {
-    let (mut free, waiting) = waiting_last(replica, std::mem::take(staged));
-    if !waiting.is_empty() {
-        append_packed(replica, mode, now, &mut free, waiters, c);
-        *staged = waiting;
-    } else {
-        *staged = free;
-    }
-    append_packed(replica, mode, now, staged, waiters, c);
-}
-
-/// Records taken in one round, with where each one's result goes.
-type Staged = Vec<(Record, Reply)>;
-
-/// [`group::waiting_last`] with this replica's commit rule, over the round's records.
-fn waiting_last(replica: &OooReplica, staged: Vec<(Record, Reply)>) -> (Staged, Staged) {
-    let decl: Vec<Declared> = staged.iter().map(|s| s.0.declared.clone()).collect();
-    let (_, waiting) = group::waiting_last(&decl, |d| replica.would_wait(d));
-    if waiting.is_empty() {
-        return (staged, Vec::new());
-    }
+    let (_, waiting) = group::waiting_last(staged.iter().map(|s| &s.0.declared), |d| {
+        replica.would_wait(d)
+    });
     let mut wait = vec![false; staged.len()];
     for i in waiting {
         wait[i] = true;
     }
-    let (mut free, mut waiting) = (Vec::new(), Vec::new());
-    for (s, w) in staged.into_iter().zip(wait) {
-        if w {
-            waiting.push(s)
-        } else {
-            free.push(s)
-        }
-    }
-    (free, waiting)
-}
-
-/// Packs records into group entries, in order, and appends them.
-fn append_packed(
-    replica: &mut OooReplica,
-    mode: Mode,
-    now: u64,
-    staged: &mut Vec<(Record, Reply)>,
-    waiters: &mut HashMap<u64, Vec<Reply>>,
-    c: &mut OooCounters,
-) {
-    let lens = group::split(staged.iter().map(|s| s.0.data.len()));
-    let mut rest = std::mem::take(staged).into_iter();
-    for n in lens {
-        let (records, replies): (Vec<Record>, Vec<Reply>) = rest.by_ref().take(n).unzip();
-        let declared = group::union(mode, &records);
-        match replica.append(now, declared, encode_group(&records)) {
-            Ok(t) => {
-                c.appends += n as u64;
-                c.groups += 1;
-                waiters.insert(t.eid, replies);
-            }
-            // The group is refused whole (not the leader, or the window is full): each
-            // of its writers hears why.
-            Err(e) => {
-                for r in replies {
-                    let _ = r.send(Err(e.clone().into()));
+    let (free, waiting): (Vec<_>, Vec<_>) = std::mem::take(staged)
+        .into_iter()
+        .zip(wait)
+        .partition(|(_, w)| !w);
+    for part in [free, waiting] {
+        let lens = group::split(part.iter().map(|s| s.0 .0.data.len()));
+        let mut rest = part.into_iter().map(|(s, _)| s);
+        for n in lens {
+            let (records, replies): (Vec<Record>, Vec<Reply>) = rest.by_ref().take(n).unzip();
+            let declared = group::union(mode, &records);
+            match replica.append(now, declared, encode_group(&records)) {
+                Ok(t) => {
+                    c.appends += n as u64;
+                    c.groups += 1;
+                    waiters.insert(t.eid, replies);
+                }
+                // The group is refused whole (not the leader, or the window is full): each
+                // of its writers hears why.
+                Err(e) => {
+                    for r in replies {
+                        let _ = r.send(Err(e.clone().into()));
+                    }
                 }
             }
         }

@@ -1205,8 +1205,8 @@ impl Sim {
             // commit go into an entry after the others, conflicting records in order.
             let parts: Vec<Vec<Record>> = {
                 let r = self.nodes[&id].replica.as_ref().expect("serving");
-                let decl: Vec<Declared> = recs.iter().map(|r| r.declared.clone()).collect();
-                let (free, waiting) = group::waiting_last(&decl, |d| r.would_wait(d));
+                let (free, waiting) =
+                    group::waiting_last(recs.iter().map(|x| &x.declared), |d| r.would_wait(d));
                 if free.is_empty() || waiting.is_empty() {
                     vec![recs]
                 } else {

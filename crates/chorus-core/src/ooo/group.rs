@@ -163,21 +163,26 @@ fn touched(d: &Declared) -> Option<Vec<u64>> {
 /// must not reorder two that touch a key or block in common (their order is the order
 /// the database executed them in), so a record that touches what a waiting record
 /// before it touches waits with it.
-pub fn waiting_last(
-    records: &[Declared],
+pub fn waiting_last<'a>(
+    records: impl IntoIterator<Item = &'a Declared>,
     mut would_wait: impl FnMut(&Declared) -> bool,
 ) -> (Vec<usize>, Vec<usize>) {
     let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut everything = false;
     let (mut free, mut waiting) = (Vec::new(), Vec::new());
-    for (i, d) in records.iter().enumerate() {
+    for (i, d) in records.into_iter().enumerate() {
+        // Until some record waits, nothing is moved and nothing needs noting.
+        if waiting.is_empty() && !would_wait(d) {
+            free.push(i);
+            continue;
+        }
         let keys = touched(d);
         let behind = !waiting.is_empty()
             && (everything
                 || keys
                     .as_ref()
                     .is_none_or(|k| k.iter().any(|x| seen.contains(x))));
-        if behind || would_wait(d) {
+        if waiting.is_empty() || behind || would_wait(d) {
             match keys {
                 Some(k) => seen.extend(k),
                 None => everything = true,
