@@ -229,6 +229,10 @@ pub struct OooStatus {
     pub committed_head: u64,
     /// First slot not applied.
     pub applied_head: u64,
+    /// Recovering entries it lost on disk: following and acknowledging, but neither
+    /// voting nor campaigning until it holds them again
+    /// ([`chorus_core::ooo::replica::Hard::after_loss`]).
+    pub recovering_lost: bool,
     /// The replica's counters.
     pub stats: OooStats,
     /// The driver's counters.
@@ -274,6 +278,10 @@ pub struct OooCounters {
     pub log_bytes: u64,
     /// Every slot below is compacted.
     pub base: u64,
+    /// Damaged stretches of the entries file found at start (synced records that went
+    /// bad, valid records after them): skipped, the replica recovering what it lost from
+    /// its peers.
+    pub damaged_at_start: u64,
 }
 
 /// Committed entries read from a replica ([`OooNode::read`]).
@@ -438,8 +446,36 @@ impl OooNode {
             None => None,
         };
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
-        let (store, hard, entries, _rec) = OooStore::open(fs, &cfg.dir)?;
+        let (mut store, mut hard, entries, rec) = OooStore::open_tolerating_damage(fs, &cfg.dir)?;
         let members = store.load_membership()?;
+        if let Some(first) = rec.damaged.first() {
+            // Synced entries went bad on disk. With another voter to learn them from, the
+            // replica saves that it lost acknowledged entries (so it stays out of
+            // elections until it holds them again) before the damage is dropped from the
+            // file; alone, nothing can replace them and the node does not start.
+            let voters = members
+                .as_ref()
+                .map(|m| m.members())
+                .unwrap_or_else(|| cfg.voters.iter().map(|v| v.0).collect());
+            if !voters.iter().any(|&v| v != cfg.id) {
+                return Err(first.to_error().into());
+            }
+            for d in &rec.damaged {
+                tracing::warn!(
+                    group = cfg.group,
+                    path = %d.path.display(),
+                    offset = d.file_offset,
+                    len = d.len,
+                    detail = %d.detail,
+                    "damaged out-of-order entries skipped; recovering them from peers \
+                     (the file as found is kept as entries.damaged)"
+                );
+            }
+            hard = hard.after_loss();
+            store.save_hard(&hard)?;
+            store.compact(&entries)?;
+        }
+        let damaged_at_start = rec.damaged.len() as u64;
         let mut log_bytes = store.len();
         let mut rc = OooConfig::new(cfg.id, cfg.voters.iter().map(|v| v.0).collect(), cfg.mode);
         rc.election_timeout = cfg.election_timeout.as_nanos() as u64;
@@ -525,7 +561,10 @@ impl OooNode {
             // are all taken.
             let mut staged: Vec<(Record, Reply)> = Vec::new();
             let mut failed = false;
-            let mut c = OooCounters::default();
+            let mut c = OooCounters {
+                damaged_at_start,
+                ..OooCounters::default()
+            };
             // A checkpoint is under way (at most one at a time).
             let mut checkpointing = false;
             // Batches whose actions wait for their writes (and every earlier batch's).
@@ -582,6 +621,7 @@ impl OooNode {
                                 serving: replica.is_serving(),
                                 committed_head: replica.committed_head(),
                                 applied_head: replica.applied_head(),
+                                recovering_lost: replica.is_recovering_lost(),
                                 stats: replica.stats(),
                                 counters: c,
                             });

@@ -534,7 +534,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 36] = [
+        let metrics: [(&str, &str, &str, Get); 39] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -745,6 +745,24 @@ impl OooGroups {
                 "counter",
                 "Entries this node as leader resent at once to a follower that acknowledged later ones (a hole: the first copy lost or stuck behind a slow connection).",
                 |s| s.stats.hole_resends,
+            ),
+            (
+                "chorus_ooo_recovering_lost",
+                "gauge",
+                "1 while this replica recovers entries it lost on disk (damaged at start): it follows but neither votes nor campaigns.",
+                |s| s.recovering_lost as u64,
+            ),
+            (
+                "chorus_ooo_damaged_at_start",
+                "gauge",
+                "Damaged stretches of the entries file skipped when this node started (the file as found is kept as entries.damaged).",
+                |s| s.counters.damaged_at_start,
+            ),
+            (
+                "chorus_ooo_votes_refused_lost_total",
+                "counter",
+                "Votes and pre-votes refused here while recovering entries lost on disk.",
+                |s| s.stats.votes_refused_lost,
             ),
         ];
         let statuses: Vec<(u64, &'static str, OooStatus)> = self

@@ -877,7 +877,8 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         "endpoint": ep, "group": g.group, "node": g.node, "role": g.role,
                         "mode": g.mode, "term": g.proposal_id,
                         "leader": if g.has_leader { Some(g.leader) } else { None },
-                        "serving": g.serving, "committed_seq": g.committed_seq,
+                        "serving": g.serving, "recovering_lost": g.recovering_lost,
+                        "committed_seq": g.committed_seq,
                         "applied_seq": g.applied_seq, "voters": g.voters,
                         "prev_voters": if g.prev_voters.is_empty() { None } else { Some(&g.prev_voters) },
                         "config_version": [g.config_proposal_id, g.config_seq],
@@ -928,7 +929,13 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         g.mode,
                         g.committed_seq,
                         g.applied_seq,
-                        if g.role == "leader" && !g.serving { " (merging)" } else { "" },
+                        if g.role == "leader" && !g.serving {
+                            " (merging)"
+                        } else if g.recovering_lost {
+                            " (recovering entries lost on disk: not voting)"
+                        } else {
+                            ""
+                        },
                         g.voters,
                         if g.prev_voters.is_empty() { String::new() } else { format!(" (joint with {:?})", g.prev_voters) },
                         if g.stopped.is_empty() { String::new() } else { format!("  STOPPED: {}", g.stopped) }

@@ -300,6 +300,7 @@ fn ooo_group_status(group: u64, node: u64, s: chorus_runtime::ooo::OooStatus) ->
         committed_seq: s.committed_head,
         applied_seq: s.applied_head,
         serving: s.serving,
+        recovering_lost: s.recovering_lost,
         ..Default::default()
     }
 }

@@ -136,6 +136,23 @@ async fn settled(eps: &[String], group: u64, at_least: u64) -> u64 {
     }
 }
 
+/// A node's metric of one group (the line's value), from its metrics endpoint.
+fn metric_of(metrics: &[String], node: u64, name: &str, group: u64, mode: &str) -> u64 {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(&metrics[(node - 1) as usize]).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no {name} for group {group} in:\n{text}"))
+}
+
 /// Waits until the serving leader of `group` reports `voters` with no change under way.
 async fn voters_become(eps: &[String], group: u64, voters: &[u64]) {
     let end = Instant::now() + Duration::from_secs(20);
@@ -632,21 +649,8 @@ async fn out_of_order_groups_through_the_server() {
     assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
     want_kv[2] = Some(0xE000_0000u32.to_le_bytes().to_vec());
 
-    // A node's metric of one group (the line's value).
     let metric = |node: u64, name: &str, group: u64, mode: &str| -> u64 {
-        use std::io::Read;
-        let mut s = std::net::TcpStream::connect(&cl.metrics[(node - 1) as usize]).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text.lines()
-            .find(|l| {
-                l.starts_with(&format!("{name}{{"))
-                    && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} for group {group} in:\n{text}"))
+        metric_of(&cl.metrics, node, name, group, mode)
     };
     // Membership of the dependent group: a follower is removed, appends go on without it,
     // it is added back and catches up (every node's keys are compared below). These
@@ -994,4 +998,106 @@ async fn a_damaged_replica_is_refused_at_start_and_replaced() {
     settled(&eps, PAR, head + 1).await;
     let want = volume(&eps, at(leader)).await;
     assert_eq!(volume(&eps, at(gone)).await, want, "node {gone} volume");
+}
+
+/// Synced entries that went bad on a follower's disk (a flipped bit in the first record
+/// of its entries file, valid records after it) no longer stop the node: it starts, keeps
+/// the file as found in `entries.damaged`, says it is recovering what it lost (status and
+/// metrics) and takes no part in elections until it holds it again; it then votes as
+/// before, and its keys equal the others'. Its raised term deposes the leader once, so
+/// the group elects again meanwhile. (The dependent group: its small records are not
+/// compacted away between appends, so the file holds several.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_entries_are_recovered_from_the_peers() {
+    let mut cl = cluster();
+    let eps = cl.eps.clone();
+    let mut c = Client::new(eps.clone());
+    serving(&eps, PAR, Duration::from_secs(30)).await;
+    c.create_group_with(pb::CreateGroupRequest {
+        group: DEP,
+        voters: vec![1, 2, 3],
+        mode: "dependent".into(),
+        replicas: cl
+            .dep_replicas
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let leader = serving(&eps, DEP, Duration::from_secs(30)).await;
+    let gone = if leader == 3 { 1 } else { 3 };
+    let at = |n: u64| (n - 1) as usize;
+    for i in 0..8u32 {
+        let r = c
+            .append_out_of_order(
+                DEP,
+                vec![txn_record(u64::from(i), u64::from(i) + 1, 0xE000_0000 | i)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    }
+    let head = settled(&eps, DEP, 8).await;
+    cl.nodes[at(gone)].kill9();
+    let group_dir = cl
+        ._dir
+        .path()
+        .join(format!("n{gone}"))
+        .join("ooo")
+        .join(DEP.to_string());
+    let entries = group_dir.join("entries.log");
+    let mut b = std::fs::read(&entries).unwrap();
+    // The first record damaged, at least one valid one after it.
+    let first_len = chorus_core::format::ooo::entry_len(&b).unwrap();
+    assert!(b.len() > first_len, "one record only ({} bytes)", b.len());
+    b[first_len / 2] ^= 0x08;
+    std::fs::write(&entries, &b).unwrap();
+    cl.nodes[at(gone)].start();
+    let end = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Ok(s) = &c.status_all(DEP).await[at(gone)].1 {
+            break s.groups[0].clone();
+        }
+        assert!(
+            Instant::now() < end,
+            "node {gone} did not start on damaged entries"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        std::fs::read(group_dir.join("entries.damaged")).unwrap(),
+        b,
+        "the file as found is kept"
+    );
+    let metric = |name: &str| metric_of(&cl.metrics, gone, name, DEP, "dependent");
+    assert_eq!(metric("chorus_ooo_damaged_at_start"), 1);
+    // It recovers without help: a leader elected after the loss, every slot below its
+    // merge start committed here.
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = c.status_all(DEP).await;
+        let g = all[at(gone)].1.as_ref().map(|s| s.groups[0].clone());
+        if g.as_ref()
+            .is_ok_and(|g| !g.recovering_lost && g.applied_seq >= head)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "node {gone} still recovering: {g:?} (first status {first:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric("chorus_ooo_recovering_lost"), 0);
+    let r = c
+        .append_out_of_order(DEP, vec![txn_record(1, 9, 0xE100_0000)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    settled(&eps, DEP, head + 1).await;
+    let now_leader = serving(&eps, DEP, Duration::from_secs(30)).await;
+    let want = kv(&eps, at(now_leader)).await;
+    assert_eq!(kv(&eps, at(gone)).await, want, "node {gone} keys");
 }

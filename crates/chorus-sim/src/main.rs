@@ -66,6 +66,10 @@ struct Args {
     /// of seeds found before conflict order existed).
     #[arg(long)]
     no_conflict_order: bool,
+    /// Out-of-order groups: no damage at rest (the trajectories of seeds found before
+    /// storage faults were injected in out-of-order runs).
+    #[arg(long)]
+    no_corrupt: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -188,6 +192,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         pre_vote: !args.no_pre_vote,
         partial_images: !args.full_images,
         conflict_order: !args.no_conflict_order,
+        corrupt: !args.no_corrupt,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -209,16 +214,25 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     if args.no_conflict_order {
         broken_flag.push_str(" --no-conflict-order");
     }
+    if args.no_corrupt {
+        broken_flag.push_str(" --no-corrupt");
+    }
     if let Some(b) = &args.broken {
-        if b != "no-ghost-guard" {
-            eprintln!("chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard");
+        if b != "no-ghost-guard" && b != "no-lost-guard" {
+            eprintln!(
+                "chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard or no-lost-guard"
+            );
             return ExitCode::from(2);
         }
         if !cfg!(feature = "broken") {
             eprintln!("chorus-sim: --broken {b:?} needs a build with --features broken");
             return ExitCode::from(2);
         }
-        o.ghost_guard = false;
+        if b == "no-ghost-guard" {
+            o.ghost_guard = false;
+        } else {
+            o.broken_lost_guard = true;
+        }
         broken_flag += &format!(" --broken {b}");
     }
     let (start, count) = match args.seed {
@@ -255,7 +269,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} groups_split={} conflict_order_checks={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -283,6 +297,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("hole_resends_live"),
         t("groups_split"),
         t("conflict_order_checks"),
+        t("corruptions"),
+        t("damaged_opens"),
+        t("votes_refused_lost_live"),
     );
     if bad > 0 {
         ExitCode::from(1)

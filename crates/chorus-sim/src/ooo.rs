@@ -57,7 +57,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use chorus_core::format::meta::NodeId;
-use chorus_core::format::ooo::encode_group;
+use chorus_core::format::ooo::{decode_entry, encode_group, entry_len};
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{
@@ -135,6 +135,16 @@ pub struct OooOptions {
     /// Dependent leaders list only uncommitted WAW writers below a trailing base (takes
     /// effect only in the test-only `broken` build: the apply-order checks must bite).
     pub broken_trail: bool,
+    /// Storage faults at rest: an eighth of the restarts during the fault time first flip
+    /// a bit in a synced entry record that valid records follow (one node at a time
+    /// recovering what it lost), drawn from a random stream of their own; the node
+    /// recovers from its peers
+    /// ([`chorus_core::ooo::replica::Hard::after_loss`]). Off, the trajectories of the seeds
+    /// found before it replay exactly.
+    pub corrupt: bool,
+    /// A replica recovering lost entries votes as if it had lost nothing (takes effect
+    /// only in the test-only `broken` build: the committed-log checks must bite).
+    pub broken_lost_guard: bool,
 }
 
 impl Default for OooOptions {
@@ -158,6 +168,8 @@ impl Default for OooOptions {
             broken_conflict_order: false,
             broken_cascade: false,
             broken_trail: false,
+            corrupt: true,
+            broken_lost_guard: false,
         }
     }
 }
@@ -388,6 +400,12 @@ struct Sim {
     last_transfer: Option<(NodeId, NodeId, u64)>,
     /// Draws of the membership changes, apart from `rng`.
     crng: Rng,
+    /// Draws of the storage faults at rest, apart from `rng`.
+    drng: Rng,
+    /// Nodes given damage not yet seen recovered (at most one at a time: a second
+    /// damaged copy could be the majority of some committed slot's copies, and then
+    /// halting is the right answer, not a finding).
+    lost: BTreeSet<NodeId>,
     /// Print roles, memberships and crashes to stderr (`CHORUS_SIM_TRACE` set).
     trace: bool,
 }
@@ -412,6 +430,8 @@ impl Sim {
             trng: Rng::new(seed ^ 0x5452_414e_5346_4552),
             last_transfer: None,
             crng: Rng::new(seed ^ 0x4348_414e_4745_5321),
+            drng: Rng::new(seed ^ 0x4441_4d41_4745_4421),
+            lost: BTreeSet::new(),
             trace: std::env::var_os("CHORUS_SIM_TRACE").is_some(),
             o,
         };
@@ -597,6 +617,7 @@ impl Sim {
             c.ghost_guard = self.o.ghost_guard;
             c.cascade = !self.o.broken_cascade;
             c.trail_lists_committed = !self.o.broken_trail;
+            c.lost_guard = !self.o.broken_lost_guard;
         }
         c
     }
@@ -1101,9 +1122,11 @@ impl Sim {
             return;
         }
         n.spec.clear();
+        self.maybe_corrupt(id);
+        let n = self.nodes.get_mut(&id).expect("node");
         let fs: Arc<dyn FileSystem> = n.fs.clone();
-        match OooStore::open(fs, Path::new(DIR)) {
-            Ok((store, hard, entries, rec)) => {
+        match OooStore::open_tolerating_damage(fs, Path::new(DIR)) {
+            Ok((mut store, mut hard, entries, rec)) => {
                 let members = match store.load_membership() {
                     Ok(m) => m,
                     Err(e) => {
@@ -1111,10 +1134,32 @@ impl Sim {
                         return;
                     }
                 };
+                if !rec.damaged.is_empty() {
+                    // What the runtime does: the loss saved, then the damage dropped.
+                    hard = hard.after_loss();
+                    let saved = store
+                        .save_hard(&hard)
+                        .and_then(|()| store.compact(&entries));
+                    if let Err(e) = saved {
+                        self.violation(format!("node {id}: recovering from damage: {e}"));
+                        return;
+                    }
+                }
+                let damaged = !rec.damaged.is_empty();
                 n.store = Some(store);
                 Self::load_image(n, hard.base);
-                n.replica = Some(OooReplica::recover(cfg, hard, members, entries, self.now));
+                let r = OooReplica::recover(cfg, hard, members, entries, self.now);
+                if r.is_recovering_lost() {
+                    self.lost.insert(id);
+                }
+                n.replica = Some(r);
                 self.bump("torn_bytes", rec.torn_bytes);
+                if damaged {
+                    self.bump("damaged_opens", 1);
+                    if self.trace {
+                        eprintln!("{:>6}us node {id} lost entries", self.now / 1000);
+                    }
+                }
             }
             Err(e) => {
                 self.violation(format!("node {id}: the store does not reopen: {e}"));
@@ -1122,6 +1167,50 @@ impl Sim {
             }
         }
         self.drain(id);
+    }
+
+    /// During the fault time, on an eighth of restarts ([`OooOptions::corrupt`]) and
+    /// while no other node is recovering lost entries: flips a bit in a synced entry
+    /// record of the (down) node's file that valid records follow — damage at rest that
+    /// recovery cannot take for a torn tail.
+    fn maybe_corrupt(&mut self, id: NodeId) {
+        if !(self.o.corrupt && self.faults_on && self.drng.chance(1, 8)) {
+            return;
+        }
+        // Nodes seen recovered (or no longer members) count no more.
+        let nodes = &self.nodes;
+        self.lost.retain(|d| {
+            nodes[d]
+                .replica
+                .as_ref()
+                .is_none_or(|r| r.is_recovering_lost())
+        });
+        if self.lost.iter().any(|&d| d != id) {
+            return;
+        }
+        let n = &self.nodes[&id];
+        let path = Path::new(DIR).join("entries.log");
+        let Ok(data) = n.fs.durable_content(&path) else {
+            return;
+        };
+        let mut records = Vec::new();
+        let mut at = 0;
+        while at < data.len() {
+            match entry_len(&data[at..]) {
+                Ok(len) if at + len <= data.len() && decode_entry(&data[at..at + len]).is_ok() => {
+                    records.push((at, len));
+                    at += len;
+                }
+                _ => break,
+            }
+        }
+        if records.len() < 2 || at != data.len() {
+            return;
+        }
+        let (off, len) = records[self.drng.below(records.len() as u64 - 1) as usize];
+        if n.fs.flip_bits(&path, off as u64, len as u64, 1).is_ok() {
+            self.bump("corruptions", 1);
+        }
     }
 
     fn client(&mut self) {
@@ -1409,6 +1498,11 @@ impl Sim {
                 continue;
             }
             heads.push((id, r.applied_head()));
+            if r.is_recovering_lost() {
+                problems.push(format!(
+                    "node {id} is still recovering entries it lost on disk after settling"
+                ));
+            }
             if r.applied_head() == end && n.state != serial {
                 let diff = serial
                     .iter()
@@ -1559,7 +1653,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
     }
     // Counters of the replicas alive at the end, summed over the nodes (a restart
     // starts a replica's counters afresh, hence "live").
-    let live: [(&'static str, Counter); 15] = [
+    let live: [(&'static str, Counter); 17] = [
         ("superseded_seen_live", |s| s.superseded),
         ("catchup_limited_bytes", |s| s.catchup_bytes),
         ("catchup_deferred", |s| s.catchup_deferred),
@@ -1577,6 +1671,8 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         ("held_at_quorum_live", |s| s.held_at_quorum),
         ("hole_resends_live", |s| s.hole_resends),
         ("memberships_adopted_live", |s| s.memberships_adopted),
+        ("lost_restored_live", |s| s.lost_restored),
+        ("votes_refused_lost_live", |s| s.votes_refused_lost),
     ];
     for (name, f) in live {
         let sum = sim

@@ -20,8 +20,9 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
-/// transfers, membership changes, pre-votes, partial images or conflict order: every seed run this way was
-/// found before those existed and replays its trajectory exactly.
+/// transfers, membership changes, pre-votes, partial images, conflict order or damage at
+/// rest: every seed run this way was found before those existed and replays its
+/// trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
         seed,
@@ -33,6 +34,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             pre_vote: false,
             partial_images: false,
             conflict_order: false,
+            corrupt: false,
             ..OooOptions::default()
         },
     )

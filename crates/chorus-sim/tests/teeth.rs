@@ -112,3 +112,23 @@ fn a_trailing_base_without_the_committed_writers_is_caught() {
     let found = (0..200u64).find(|s| !chorus_sim::ooo::run_seed(*s, &o).violations.is_empty());
     assert!(found.is_some(), "no apply out of WAW order found");
 }
+
+/// A replica that lost synced entries on disk but votes as if it had not: its vote lets a
+/// candidate lacking a slot it had acknowledged win, and that merge finds the slot
+/// nowhere. The committed-log checks must bite.
+#[test]
+fn a_replica_that_lost_entries_and_still_votes_is_caught() {
+    for mode in [
+        chorus_core::ooo::replica::Mode::Dependent,
+        chorus_core::ooo::replica::Mode::Parallel { span: 2 },
+    ] {
+        let o = chorus_sim::ooo::OooOptions {
+            mode,
+            broken_lost_guard: true,
+            ..Default::default()
+        };
+        let found = (0..300u64).find(|s| !chorus_sim::ooo::run_seed(*s, &o).violations.is_empty());
+        eprintln!("{mode:?}: first caught on seed {found:?}");
+        assert!(found.is_some(), "{mode:?}: no committed entry lost found");
+    }
+}

@@ -13,8 +13,13 @@
 //!
 //! Recovery reads every record. A record that fails its checks is a **torn tail** only if
 //! no valid record follows it anywhere in the file — then the file is cut there (those
-//! bytes were never synced, so nothing acknowledged is lost); otherwise it is corruption,
-//! refused by name with its file offset, never cut.
+//! bytes were never synced, so nothing acknowledged is lost); otherwise it is corruption:
+//! [`OooStore::open`] refuses it by name with its file offset, never cut.
+//! [`OooStore::open_tolerating_damage`] instead skips each damaged stretch to the next
+//! valid record, reports it ([`OooRecovery::damaged`]) and keeps a copy of the file as
+//! found (`entries.damaged`); the replica then recovers what it lost from its peers
+//! (`Hard::after_loss`, protocol-aware recovery), and the driver saves that hard state
+//! before rewriting the file without the damage ([`OooStore::compact`]).
 //!
 //! **Compaction** ([`OooStore::compact`], after the replica's `Action::Compact`): once the
 //! state machine's image covers every slot below the replica's base (and the hard state
@@ -30,7 +35,7 @@ use std::sync::Arc;
 
 use chorus_core::format::ooo::{
     decode_entry, decode_hard, decode_membership, encode_entry, encode_hard, encode_membership,
-    entry_len, ENTRY_MAGIC, HARD_SIZE, MAX_VOTERS,
+    entry_len, ENTRY_MAGIC, HARD_SIZE_V3, MAX_VOTERS,
 };
 use chorus_core::format::FormatError;
 use chorus_core::ooo::replica::{Entry, Hard, Membership};
@@ -45,6 +50,8 @@ const HARD_TMP: &str = "hard.tmp";
 const ENTRIES_TMP: &str = "entries.tmp";
 const MEMBERS: &str = "members";
 const MEMBERS_TMP: &str = "members.tmp";
+const DAMAGED: &str = "entries.damaged";
+const DAMAGED_TMP: &str = "entries.damaged.tmp";
 
 /// What [`OooStore::open`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,6 +60,41 @@ pub struct OooRecovery {
     pub records: u64,
     /// Bytes of a torn tail cut off.
     pub torn_bytes: u64,
+    /// Damaged stretches that valid records follow, skipped
+    /// ([`OooStore::open_tolerating_damage`] only; [`OooStore::open`] refuses them).
+    pub damaged: Vec<OooDamage>,
+}
+
+/// A stretch of the entries file that fails its checks although a valid record follows
+/// it: synced data that went bad, never a torn tail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OooDamage {
+    /// The entries file.
+    pub path: PathBuf,
+    /// Where the stretch starts.
+    pub file_offset: u64,
+    /// Its length: the next valid record starts at `file_offset + len`.
+    pub len: u64,
+    /// What was wrong with the record at `file_offset`, as found.
+    pub detail: String,
+}
+
+impl OooDamage {
+    /// The damage as the error [`OooStore::open`] refuses it with.
+    pub fn to_error(&self) -> StorageError {
+        StorageError::CorruptRecord {
+            path: self.path.clone(),
+            file_offset: self.file_offset,
+            source: FormatError::Malformed {
+                what: "out-of-order entries file",
+                detail: format!(
+                    "{}; a valid record follows at offset {}",
+                    self.detail,
+                    self.file_offset + self.len
+                ),
+            },
+        }
+    }
 }
 
 /// The store. See the module documentation.
@@ -76,10 +118,32 @@ fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> St
 
 impl OooStore {
     /// Opens (creating if needed) the store in `dir`; returns it with the saved hard state
-    /// (default when none was saved) and the latest entry of every slot.
+    /// (default when none was saved) and the latest entry of every slot. Damage before
+    /// the tail is refused ([`StorageError::CorruptRecord`]).
     pub fn open(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
+    ) -> Result<(Self, Hard, Vec<Entry>, OooRecovery)> {
+        Self::open_with(fs, dir, false)
+    }
+
+    /// As [`OooStore::open`], but damaged stretches that valid records follow are skipped
+    /// and reported in [`OooRecovery::damaged`] rather than refused; the file as found is
+    /// first copied to `entries.damaged` (synced), for the operator. The entries returned
+    /// are then only what survived: the caller must treat the replica as having lost
+    /// acknowledged entries (`Hard::after_loss`, saved before [`OooStore::compact`]
+    /// rewrites the file without the damage).
+    pub fn open_tolerating_damage(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+    ) -> Result<(Self, Hard, Vec<Entry>, OooRecovery)> {
+        Self::open_with(fs, dir, true)
+    }
+
+    fn open_with(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        tolerate: bool,
     ) -> Result<(Self, Hard, Vec<Entry>, OooRecovery)> {
         fs.create_dir_all(dir).map_err(io(dir, "create_dir_all"))?;
         let hard_path = dir.join(HARD);
@@ -88,7 +152,7 @@ impl OooStore {
                 .open(&hard_path, OpenOptions::read_only())
                 .map_err(io(&hard_path, "open"))?;
             let len = f.len().map_err(io(&hard_path, "stat"))?;
-            let mut b = vec![0u8; len.min(HARD_SIZE as u64 + 1) as usize];
+            let mut b = vec![0u8; len.min(HARD_SIZE_V3 as u64 + 1) as usize];
             f.read_exact_at(&mut b, 0).map_err(io(&hard_path, "read"))?;
             decode_hard(&b).map_err(|source| StorageError::CorruptRecord {
                 path: hard_path.clone(),
@@ -123,16 +187,18 @@ impl OooStore {
                 }
                 Err(source) => {
                     if let Some(next) = next_valid(&bytes, at + 1) {
-                        return Err(StorageError::CorruptRecord {
-                            path,
+                        let d = OooDamage {
+                            path: path.clone(),
                             file_offset: at as u64,
-                            source: FormatError::Malformed {
-                                what: "out-of-order entries file",
-                                detail: format!(
-                                    "{source}; a valid record follows at offset {next}"
-                                ),
-                            },
-                        });
+                            len: (next - at) as u64,
+                            detail: source.to_string(),
+                        };
+                        if !tolerate {
+                            return Err(d.to_error());
+                        }
+                        rec.damaged.push(d);
+                        at = next;
+                        continue;
                     }
                     rec.torn_bytes = (bytes.len() - at) as u64;
                     file.set_len(at as u64).map_err(io(&path, "truncate"))?;
@@ -141,7 +207,7 @@ impl OooStore {
                 }
             }
         }
-        let store = Self {
+        let mut store = Self {
             fs,
             dir: dir.to_path_buf(),
             file,
@@ -149,6 +215,11 @@ impl OooStore {
             buf: Vec::new(),
             failed: None,
         };
+        if !rec.damaged.is_empty() {
+            // The file as found, for whoever wants to look at the damage; an earlier copy
+            // (a second loss) is replaced.
+            store.replace(DAMAGED_TMP, DAMAGED, &bytes)?;
+        }
         Ok((store, hard, slots.into_values().collect(), rec))
     }
 
@@ -343,6 +414,7 @@ mod tests {
             committed_head: 0,
             leader_start: (2, 5),
             base: 0,
+            lost_below: 0,
         };
         s.save_hard(&hard).unwrap();
         s.write(&e(9, 2, 14)).unwrap(); // never synced
@@ -463,5 +535,45 @@ mod tests {
             }
             other => panic!("expected corruption, got {other:?}"),
         }
+        let damaged_file = {
+            let mut all = vec![0u8; len as usize];
+            f.read_exact_at(&mut all, 0).unwrap();
+            all
+        };
+        // Tolerating damage: the record is skipped (the torn tail still cut), the rest
+        // read, the file as found kept aside, and the file itself untouched until the
+        // caller has saved the hard state of a replica that lost entries.
+        let fs2: Arc<dyn FileSystem> = fs.clone();
+        let (mut s, hard, es, r) =
+            OooStore::open_tolerating_damage(fs2, Path::new("/g")).expect("tolerated");
+        assert_eq!(
+            es.iter().map(|x| x.seq).collect::<Vec<_>>(),
+            vec![0, 2, 3],
+            "slot 1's record is the damaged one"
+        );
+        assert_eq!(r.records, 3);
+        assert_eq!(r.damaged.len(), 1);
+        assert_eq!(
+            (r.damaged[0].file_offset, r.damaged[0].len),
+            (rec.len() as u64, rec.len() as u64)
+        );
+        assert!(matches!(
+            r.damaged[0].to_error(),
+            StorageError::CorruptRecord { file_offset, .. } if file_offset == rec.len() as u64
+        ));
+        let kept = fs
+            .open(Path::new("/g/entries.damaged"), OpenOptions::read_only())
+            .unwrap();
+        let mut copy = vec![0u8; kept.len().unwrap() as usize];
+        kept.read_exact_at(&mut copy, 0).unwrap();
+        assert_eq!(copy, damaged_file, "the damaged file is kept as found");
+        let lost = hard.after_loss();
+        s.save_hard(&lost).unwrap();
+        s.compact(&es).unwrap();
+        drop(s);
+        // Reopened strictly: clean, what survived, and the loss remembered.
+        let (_, h, es2, r2) = open(&fs);
+        assert_eq!((h, es2, r2.damaged.len()), (lost, es, 0));
+        assert_eq!(h.lost_below, 1);
     }
 }

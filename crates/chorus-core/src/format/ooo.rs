@@ -60,7 +60,18 @@
 //! | 48 | 8 | base: every slot below is compacted (in the state machine's durable image) |
 //! | 56 | 4 | CRC32C of bytes 0..56 |
 //!
-//! Version 1 (52 bytes: no base, the CRC at 48) is still read, as base 0.
+//! Version 3 (`HARD_SIZE_V3` = 68 bytes) is written only while the replica is recovering
+//! entries it lost on disk (`Hard::lost_below` not 0): version 3 at offset 4, the
+//! fields above up to offset 56, then
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 56 | 8 | lost below: the replica may have lost entries it acknowledged in terms below this one (never 0 in version 3) |
+//! | 64 | 4 | CRC32C of bytes 0..64 |
+//!
+//! A version-3 record whose `lost below` is 0 is refused (that state is written as
+//! version 2, so every hard state has one encoding). Version 1 (52 bytes: no base, the
+//! CRC at 48) is still read, as base 0.
 //!
 //! # Messages
 //!
@@ -91,6 +102,8 @@ pub const ENTRY_HEADER_SIZE: usize = 48;
 pub const MAX_BODY: u32 = 64 << 20;
 /// Bytes of the hard state record (version 2).
 pub const HARD_SIZE: usize = 60;
+/// Bytes of a version-3 hard state record (a replica recovering lost entries).
+pub const HARD_SIZE_V3: usize = 68;
 /// Bytes of a version-1 hard state record (no base), still read.
 pub const HARD_SIZE_V1: usize = 52;
 
@@ -549,24 +562,28 @@ pub fn decode_group(buf: &[u8]) -> Result<Vec<Record>, FormatError> {
 /// Encodes the hard state: magic u32, version u16 (2), reserved u16, term u64, voted-for
 /// u64 (0 = none), committed head u64, leader-start term u64, leader-start slot u64, base
 /// u64, CRC32C u32 of the 56 bytes before it.
-pub fn encode_hard(h: &Hard) -> [u8; HARD_SIZE] {
-    let mut out = Vec::with_capacity(HARD_SIZE);
+pub fn encode_hard(h: &Hard) -> Vec<u8> {
+    let lost = h.lost_below != 0;
+    let mut out = Vec::with_capacity(HARD_SIZE_V3);
     put_u32(&mut out, HARD_MAGIC);
-    out.extend_from_slice(&[2, 0, 0, 0]);
+    out.extend_from_slice(&[if lost { 3 } else { 2 }, 0, 0, 0]);
     put_u64(&mut out, h.term);
     put_u64(&mut out, h.voted_for.unwrap_or(0));
     put_u64(&mut out, h.committed_head);
     put_u64(&mut out, h.leader_start.0);
     put_u64(&mut out, h.leader_start.1);
     put_u64(&mut out, h.base);
+    if lost {
+        put_u64(&mut out, h.lost_below);
+    }
     let crc = crc32c::crc32c(&out);
     put_u32(&mut out, crc);
-    out.try_into().expect("fixed size")
+    out
 }
 
-/// Decodes the hard state (version 2, or version 1 as base 0).
+/// Decodes the hard state (version 2 or 3, or version 1 as base 0).
 pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
-    if buf.len() != HARD_SIZE && buf.len() != HARD_SIZE_V1 {
+    if buf.len() != HARD_SIZE && buf.len() != HARD_SIZE_V1 && buf.len() != HARD_SIZE_V3 {
         return Err(FormatError::FieldMismatch {
             what: WHAT_HARD,
             field: "record length",
@@ -585,16 +602,17 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
     }
     let version = u16::from_le_bytes(r.take(2)?.try_into().expect("2"));
     let body = match (version, buf.len()) {
+        (3, HARD_SIZE_V3) => 64,
         (2, HARD_SIZE) => 56,
         (1, HARD_SIZE_V1) => 48,
-        (1 | 2, n) => {
+        (1..=3, n) => {
             return Err(FormatError::FieldMismatch {
                 what: WHAT_HARD,
                 field: "record length for its version",
-                expected: if version == 2 {
-                    HARD_SIZE
-                } else {
-                    HARD_SIZE_V1
+                expected: match version {
+                    3 => HARD_SIZE_V3,
+                    2 => HARD_SIZE,
+                    _ => HARD_SIZE_V1,
                 } as u64,
                 found: n as u64,
             })
@@ -603,7 +621,7 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
             return Err(FormatError::UnknownVersion {
                 what: WHAT_HARD,
                 found: version,
-                supported: 2,
+                supported: 3,
             })
         }
     };
@@ -626,13 +644,21 @@ pub fn decode_hard(buf: &[u8]) -> Result<Hard, FormatError> {
     let voted = r.u64()?;
     let committed_head = r.u64()?;
     let leader_start = (r.u64()?, r.u64()?);
-    let base = if version == 2 { r.u64()? } else { 0 };
+    let base = if version >= 2 { r.u64()? } else { 0 };
+    let lost_below = if version == 3 { r.u64()? } else { 0 };
+    if version == 3 && lost_below == 0 {
+        return Err(FormatError::Malformed {
+            what: WHAT_HARD,
+            detail: "version 3 with lost-below 0 (that state is written as version 2)".into(),
+        });
+    }
     Ok(Hard {
         term,
         voted_for: (voted != 0).then_some(voted),
         committed_head,
         leader_start,
         base,
+        lost_below,
     })
 }
 
@@ -782,6 +808,7 @@ pub fn fuzz_decode(data: &[u8]) {
         }
         3 => {
             let body = match b.len() {
+                HARD_SIZE_V3 => 64,
                 HARD_SIZE => 56,
                 HARD_SIZE_V1 => 48,
                 _ => return,
@@ -792,7 +819,7 @@ pub fn fuzz_decode(data: &[u8]) {
             if let Ok(h) = decode_hard(&b) {
                 let again = encode_hard(&h);
                 assert_eq!(decode_hard(&again).as_ref(), Ok(&h), "hard state re-decode");
-                if b.len() == HARD_SIZE {
+                if b.len() != HARD_SIZE_V1 {
                     assert_eq!(&again[..], &b[..], "hard state re-encode differs");
                 }
             }
@@ -1564,9 +1591,34 @@ mod tests {
             committed_head: 99,
             leader_start: (6, 40),
             base: 77,
+            lost_below: 0,
         };
         let b = encode_hard(&h);
+        assert_eq!(b.len(), HARD_SIZE);
         assert_eq!(decode_hard(&b).unwrap(), h);
+        // A replica recovering lost entries writes version 3, its one extra field before
+        // the CRC; a version 3 that says nothing was lost is refused by name.
+        let lost = Hard { lost_below: 8, ..h };
+        let b3 = encode_hard(&lost);
+        assert_eq!((b3.len(), b3[4]), (HARD_SIZE_V3, 3));
+        assert_eq!(&b3[..4], &b[..4]);
+        assert_eq!(&b3[5..56], &b[5..56]);
+        assert_eq!(&b3[56..64], &8u64.to_le_bytes());
+        assert_eq!(decode_hard(&b3).unwrap(), lost);
+        let mut z = b3.clone();
+        z[56..64].fill(0);
+        let crc = crc32c::crc32c(&z[..64]);
+        z[64..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            decode_hard(&z),
+            Err(FormatError::Malformed { detail, .. }) if detail.contains("lost-below 0")
+        ));
+        let mut short = b3.clone();
+        short[4] = 2;
+        assert!(matches!(
+            decode_hard(&short),
+            Err(FormatError::FieldMismatch { .. })
+        ));
         // A version-1 record (no base) still reads, as base 0.
         let mut v1 = b[..48].to_vec();
         v1[4] = 1;
@@ -1579,7 +1631,7 @@ mod tests {
             decode_hard(&v2),
             Err(FormatError::FieldMismatch { .. })
         ));
-        let mut d = b;
+        let mut d = b.clone();
         d[20] ^= 1;
         assert!(matches!(
             decode_hard(&d),
@@ -1587,7 +1639,7 @@ mod tests {
         ));
         // Reserved bytes that are not zero are refused by name even under a valid
         // checksum (found by the `ooo` fuzz target: they were skipped unread).
-        let mut r = b;
+        let mut r = b.clone();
         r[7] = 45;
         let crc = crc32c::crc32c(&r[..56]);
         r[56..].copy_from_slice(&crc.to_le_bytes());

@@ -317,6 +317,41 @@ pub struct Hard {
     /// image (a checkpoint the driver took, or a snapshot it installed), so the entries
     /// are no longer kept. Saved only after that image is durable.
     pub base: Seq,
+    /// Not 0 while the replica is recovering entries it lost on disk ([`Hard::after_loss`]):
+    /// it may have acknowledged, in terms below this one, slots it no longer holds, so
+    /// it neither votes nor campaigns until it holds again every slot below the merge
+    /// start of a leader of this term or later (protocol-aware recovery, Alagappan et
+    /// al., FAST 2018). 0 otherwise.
+    pub lost_below: u64,
+}
+
+impl Hard {
+    /// The hard state of a replica that found synced entries damaged on disk, to be saved
+    /// before the damaged records are dropped and the replica recovers from it.
+    ///
+    /// The term moves one past the saved one without a vote, and `lost_below` becomes
+    /// that term. A replica that lost entries cannot tell which of its acknowledgements
+    /// it can no longer back, so it must not take part in elections (a vote carries its
+    /// versions into the winner's merge, [`Msg::VoteReply`]) until it holds again
+    /// everything that might have been committed with them. Every such slot is below the
+    /// merge start of any leader elected at a later term without this replica (that
+    /// election's quorum meets each commit quorum in a replica that acknowledged before
+    /// voting, so the merge keeps the slot), and a leader of the term at the loss cannot
+    /// say where its slots end — so the raised term deposes it (its next append is
+    /// answered with it) and the group elects one that can. The committed head falls to
+    /// the base: a damaged record may have been a newer version of a slot whose older
+    /// version survives, so no surviving version is taken as committed until a leader
+    /// confirms it.
+    pub fn after_loss(&self) -> Hard {
+        let term = self.term + 1;
+        Hard {
+            term,
+            voted_for: None,
+            committed_head: self.base,
+            lost_below: term,
+            ..*self
+        }
+    }
 }
 
 /// The voters of an out-of-order group, kept beside the hard state rather than in the log
@@ -795,6 +830,10 @@ pub struct OooConfig {
     /// base ([`DepLeader::set_floor`]). Only the test-only `broken` build can turn it off.
     #[cfg(feature = "broken")]
     pub trail_lists_committed: bool,
+    /// Whether a replica recovering lost entries ([`Hard::lost_below`]) abstains from
+    /// votes and campaigns. Only the test-only `broken` build can turn it off.
+    #[cfg(feature = "broken")]
+    pub lost_guard: bool,
 }
 
 impl OooConfig {
@@ -823,6 +862,19 @@ impl OooConfig {
             cascade: true,
             #[cfg(feature = "broken")]
             trail_lists_committed: true,
+            #[cfg(feature = "broken")]
+            lost_guard: true,
+        }
+    }
+
+    fn lost_guard(&self) -> bool {
+        #[cfg(feature = "broken")]
+        {
+            self.lost_guard
+        }
+        #[cfg(not(feature = "broken"))]
+        {
+            true
         }
     }
 
@@ -1163,6 +1215,12 @@ pub struct OooStats {
     /// Entries resent to a follower that acknowledged later ones
     /// ([`OooConfig::hole_resend`]).
     pub hole_resends: u64,
+    /// Votes and pre-votes refused because this replica is recovering entries it lost on
+    /// disk ([`Hard::lost_below`]).
+    pub votes_refused_lost: u64,
+    /// Recoveries from lost entries completed: the replica holds again every slot below
+    /// a later leader's merge start and votes again.
+    pub lost_restored: u64,
 }
 
 /// One replica of an out-of-order group. See the module documentation.
@@ -1404,6 +1462,18 @@ impl OooReplica {
         self.cfg.mode
     }
 
+    /// Whether this replica stays out of elections: it is recovering entries it lost on
+    /// disk ([`Hard::lost_below`]).
+    fn abstains(&self) -> bool {
+        self.hard.lost_below != 0 && self.cfg.lost_guard()
+    }
+
+    /// Whether this replica is recovering entries it lost on disk ([`Hard::after_loss`]):
+    /// it follows and acknowledges but neither votes nor campaigns.
+    pub fn is_recovering_lost(&self) -> bool {
+        self.hard.lost_below != 0
+    }
+
     fn me(&self) -> NodeId {
         self.cfg.id
     }
@@ -1473,15 +1543,15 @@ impl OooReplica {
         if self.lead.is_some() {
             self.lead_tick();
         } else if self.now >= self.deadline {
-            if self.members.is_member(self.me()) {
+            if self.members.is_member(self.me()) && !self.abstains() {
                 if self.cfg.pre_vote {
                     self.pre_campaign();
                 } else {
                     self.campaign();
                 }
             } else {
-                // Not a voter (joining and not told the membership yet, or removed): it
-                // only follows.
+                // Not a voter (joining and not told the membership yet, or removed), or
+                // recovering lost entries: it only follows.
                 self.reset_deadline();
             }
         }
@@ -1959,6 +2029,7 @@ impl OooReplica {
         if term != self.hard.term
             || self.leader != Some(from)
             || self.lead.is_some()
+            || self.abstains()
             || self.incoming.is_some()
             || self.install.is_some()
             || self.installing.is_some()
@@ -2015,7 +2086,11 @@ impl OooReplica {
                 if lease && term > self.hard.term {
                     self.stats.pre_votes_refused_by_lease += 1;
                 }
-                term > self.hard.term && !lease && grants_vote(&self.vote_log(), &log)
+                let abstain = self.abstains();
+                if abstain {
+                    self.stats.votes_refused_lost += 1;
+                }
+                term > self.hard.term && !lease && !abstain && grants_vote(&self.vote_log(), &log)
             }
         };
         self.actions.push(Action::Send {
@@ -2069,9 +2144,14 @@ impl OooReplica {
         if term > self.hard.term {
             self.step_down(term, None);
         }
+        let abstain = self.abstains();
+        if abstain {
+            self.stats.votes_refused_lost += 1;
+        }
         let grant = term == self.hard.term
             && self.hard.voted_for.is_none_or(|v| v == from)
             && self.lead.is_none()
+            && !abstain
             && grants_vote(&self.vote_log(), &log);
         let mut entries = Vec::new();
         if grant {
@@ -3451,6 +3531,17 @@ impl OooReplica {
                 self.broadcast(Vec::new());
             }
         }
+        // Recovering lost entries: done once a leader of a term after the loss has had
+        // every slot below its merge start committed here (see [`Hard::after_loss`]).
+        if self.hard.lost_below != 0
+            && self.hard.leader_start.0 >= self.hard.lost_below
+            && self.commits.head() >= self.hard.leader_start.1
+        {
+            self.hard.lost_below = 0;
+            self.hard.committed_head = self.commits.head();
+            self.stats.lost_restored += 1;
+            self.save_hard();
+        }
         // The saved committed head is a hint (a lower bound that shortens recovery and
         // the merge range), so it is saved after it moved by `HEAD_SAVE_EVERY` slots — not on every commit, which would cost a
         // crash-atomic replace (three syncs) per commit.
@@ -4180,6 +4271,164 @@ mod tests {
             .unwrap()
             .append(now, d, vec![1])
             .unwrap()
+    }
+
+    /// Protocol-aware recovery (Alagappan et al., FAST 2018): slot 0 is committed on
+    /// nodes 1 and 2 only, then node 2 loses it on disk. Had node 2 voted, node 3 (which
+    /// never had slot 0) could win with it and its merge would find slot 0 nowhere — a
+    /// committed entry lost. Node 2 instead raises its term without a vote and stays out
+    /// of elections, so without node 1 nobody is elected; with node 1 back, node 2's term
+    /// deposes it, node 1 wins again with node 3, and once node 2 holds every slot below
+    /// that leader's merge start committed it votes again.
+    #[test]
+    fn a_replica_that_lost_entries_stays_out_of_elections_until_it_holds_them_again() {
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        let a = append_block(&mut net, 7);
+        net.run_with(|f, t, _| f != 3 && t != 3);
+        let committed = |net: &Net, eid: u64| {
+            net.results
+                .iter()
+                .filter(|r| r.1 == eid)
+                .map(|r| r.2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(committed(&net, a.eid), vec![Outcome::Committed]);
+        assert!(!net.nodes[&3].log.contains_key(&a.seq));
+
+        // Node 2 restarts having lost slot 0's record.
+        let r2 = &net.nodes[&2];
+        let before = r2.hard;
+        let lost = before.after_loss();
+        assert_eq!(
+            (
+                lost.term,
+                lost.voted_for,
+                lost.lost_below,
+                lost.committed_head
+            ),
+            (before.term + 1, None, before.term + 1, before.base)
+        );
+        let survived: Vec<Entry> = r2
+            .log
+            .values()
+            .map(|s| s.entry.clone())
+            .filter(|e| e.seq != a.seq)
+            .collect();
+        let cfg = OooConfig::new(2, vec![1, 2, 3], Mode::Parallel { span: 2 });
+        let r2 = OooReplica::recover(cfg, lost, None, survived, net.now);
+        assert!(r2.is_recovering_lost());
+        net.nodes.insert(2, r2);
+
+        // Node 1 is down: node 3 cannot be elected, and node 2 does not campaign.
+        for _ in 0..5 {
+            net.now += 10_000_000_000;
+            for id in [2, 3] {
+                net.nodes.get_mut(&id).unwrap().tick(net.now);
+            }
+            net.run_with(|f, t, _| f != 1 && t != 1);
+        }
+        assert!(!net.nodes[&2].is_serving() && !net.nodes[&3].is_serving());
+        assert_eq!(net.nodes[&2].stats().campaigns, 0);
+        assert!(net.nodes[&2].stats().votes_refused_lost >= 5);
+
+        // Node 1 is back (it stepped down, not having heard a majority for so long). Only
+        // it can be elected — node 3's log lacks slot 0 and node 2 abstains — and it is,
+        // with node 3's vote, once its pre-vote has asked about a term nobody passed.
+        for _ in 0..4 {
+            net.now += 10_000_000_000;
+            net.nodes.get_mut(&1).unwrap().tick(net.now);
+            net.run();
+            if net.nodes[&1].is_serving() {
+                break;
+            }
+        }
+        assert!(net.nodes[&1].is_serving());
+        assert!(net.nodes[&2].is_recovering_lost());
+        // The periodic resend brings node 2 what it lacks; it is whole again.
+        for _ in 0..3 {
+            net.now += 60_000_000;
+            net.nodes.get_mut(&1).unwrap().tick(net.now);
+            net.run();
+        }
+        let r2 = &net.nodes[&2];
+        assert!(!r2.is_recovering_lost());
+        assert_eq!(r2.stats().lost_restored, 1);
+        assert_eq!(r2.hard.lost_below, 0);
+        assert!(r2.committed_head() > a.seq);
+        assert_eq!(r2.log[&a.seq].entry.eid, a.eid);
+        assert_eq!(committed(&net, a.eid), vec![Outcome::Committed]);
+        assert_eq!(net.state[&2], net.state[&1]);
+
+        // And it votes again: with node 1 down, node 2 is elected with node 3's vote.
+        net.now += 10_000_000_000;
+        net.nodes.get_mut(&2).unwrap().tick(net.now);
+        net.run_with(|f, t, _| f != 1 && t != 1);
+        assert!(net.nodes[&2].is_serving());
+        assert_eq!(net.nodes[&2].log[&a.seq].entry.eid, a.eid);
+    }
+
+    /// A replica that lost entries raises its term (without a vote): the leader of the
+    /// term it lost them in cannot say where its slots end, so its next heartbeat is
+    /// answered with the raised term and it steps down; the replica follows the next
+    /// leader and is whole again once it holds what lies below that leader's merge start.
+    #[test]
+    fn a_replica_that_lost_entries_deposes_the_leader_of_that_term() {
+        let mut net = Net::new(3, Mode::Dependent);
+        net.elect(1);
+        let now = net.now;
+        let t = net
+            .nodes
+            .get_mut(&1)
+            .unwrap()
+            .append(
+                now,
+                Declared::Txn {
+                    read_set: vec![],
+                    write_set: vec![4],
+                },
+                vec![1],
+            )
+            .unwrap();
+        net.run();
+        let term = net.nodes[&1].hard.term;
+        let r2 = &net.nodes[&2];
+        let survived: Vec<Entry> = r2
+            .log
+            .values()
+            .map(|s| s.entry.clone())
+            .filter(|e| e.seq != t.seq)
+            .collect();
+        let cfg = OooConfig::new(2, vec![1, 2, 3], Mode::Dependent);
+        let r2 = OooReplica::recover(cfg, r2.hard.after_loss(), None, survived, net.now);
+        net.nodes.insert(2, r2);
+        net.now += 60_000_000;
+        net.nodes.get_mut(&1).unwrap().tick(net.now);
+        net.run();
+        assert!(!net.nodes[&1].is_serving(), "deposed by the raised term");
+        assert_eq!(net.nodes[&1].hard.term, term + 1);
+        for _ in 0..4 {
+            if net.nodes.values().any(|r| r.is_serving()) {
+                break;
+            }
+            net.now += 10_000_000_000;
+            for id in [1, 3] {
+                net.nodes.get_mut(&id).unwrap().tick(net.now);
+            }
+            net.run();
+        }
+        assert!(net.nodes[&1].is_serving() || net.nodes[&3].is_serving());
+        for _ in 0..3 {
+            net.now += 60_000_000;
+            for id in [1, 3] {
+                net.nodes.get_mut(&id).unwrap().tick(net.now);
+            }
+            net.run();
+        }
+        let r2 = &net.nodes[&2];
+        assert!(!r2.is_recovering_lost());
+        assert_eq!(r2.log[&t.seq].entry.eid, t.eid);
+        assert!(r2.committed_head() > t.seq);
     }
 
     /// A slot whose first copy both followers miss is resent as soon as each
