@@ -1004,8 +1004,7 @@ async fn a_damaged_replica_is_refused_at_start_and_replaced() {
 /// of its entries file, valid records after it) no longer stop the node: it starts, keeps
 /// the file as found in `entries.damaged`, says it is recovering what it lost (status and
 /// metrics) and takes no part in elections until it holds it again; it then votes as
-/// before, and its keys equal the others'. Its raised term deposes the leader once, so
-/// the group elects again meanwhile. (The dependent group: its small records are not
+/// before, and its keys equal the others'. (The dependent group: its small records are not
 /// compacted away between appends, so the file holds several.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_entries_are_recovered_from_the_peers() {

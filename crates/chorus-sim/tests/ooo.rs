@@ -391,3 +391,25 @@ fn the_commit_rule_holds_entries_back_only_where_it_applies() {
         "plain parallel mode"
     );
 }
+
+/// Seeds found with damage at rest (the full mix): 2100090 (dependent) never finished a
+/// merge while a recovering follower asked for the leader's end every heartbeat and each
+/// ask made the leader forget the acknowledgements given since (now once per restart, a
+/// nonce); 1272 (parallel) elected nobody after healing — an old voter recovering lost
+/// entries, the removed leader holding the newest log and, removed, never campaigning,
+/// and the others holding the joint stage of its change, whose old majority was out of
+/// reach (now a final-stage holder answers a joint-stage candidate with the final stage).
+#[test]
+fn damage_at_rest_regression_seeds() {
+    for (mode, seed) in [
+        (Mode::Dependent, 2100090),
+        (Mode::Parallel { span: 2 }, 1272),
+    ] {
+        let r = clean_seed(mode, seed);
+        assert!(
+            r.stats["damaged_opens"] > 0,
+            "{mode:?} seed {seed}: {:?}",
+            r.stats
+        );
+    }
+}

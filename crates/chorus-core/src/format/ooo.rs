@@ -76,7 +76,8 @@
 //! # Messages
 //!
 //! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack, 5 Snapshot, 6
-//! TimeoutNow) and its
+//! TimeoutNow, 7 Config, 8 ConfigAck, 9 Newer, 10 PreVote, 11 PreVoteReply, 12 AskEnd, 13
+//! End) and its
 //! fields in declaration order: integers as `u64`, `bool` as one byte 0/1, a [`VoteLog`]
 //! as its four `u64` fields, a snapshot piece's data as `u32` length and bytes, a [`CommitWindow`] as
 //! `u64` head and a list of `u64` words, entries as a list of entry records (each a `u32`
@@ -982,6 +983,16 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             out.push(9);
             put_membership(&mut out, membership);
         }
+        Msg::AskEnd { term, nonce } => {
+            out.push(12);
+            put_u64(&mut out, *term);
+            put_u64(&mut out, *nonce);
+        }
+        Msg::End { term, end } => {
+            out.push(13);
+            put_u64(&mut out, *term);
+            put_u64(&mut out, *end);
+        }
         Msg::ConfigAck {
             term,
             version,
@@ -1126,6 +1137,14 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
         },
         9 => Msg::Newer {
             membership: read_membership(&mut r)?,
+        },
+        12 => Msg::AskEnd {
+            term: r.u64()?,
+            nonce: r.u64()?,
+        },
+        13 => Msg::End {
+            term: r.u64()?,
+            end: r.u64()?,
         },
         8 => Msg::ConfigAck {
             term: r.u64()?,
@@ -1279,6 +1298,8 @@ mod tests {
                 Msg::Snapshot { term, base: 40, offset: 0, total: 3, part: Some(31), data: vec![1, 2, 3] },
                 Msg::Snapshot { term, base: 0, offset: 0, total: 0, part: None, data: vec![] },
                 Msg::TimeoutNow { term },
+                Msg::AskEnd { term, nonce: 5 },
+                Msg::End { term, end: 77 },
                 Msg::PreVote { term, log: VoteLog { last_term: 5, last_seq: 8, first_uncommitted: 6, base: 1 }, config: (3, term) },
                 Msg::PreVoteReply { term, granted: true },
                 Msg::PreVoteReply { term, granted: false },

@@ -288,6 +288,15 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
         }
     }
 
+    /// Forgets every acknowledgement `node` gave an entry not committed yet: it lost them
+    /// on disk (a replica recovering lost entries, `Hard::after_loss`), so they are no
+    /// longer copies a commit may count. Nothing is committed by this.
+    pub fn forget(&mut self, node: NodeId) {
+        for p in self.pending.values_mut() {
+            p.acks.remove(&node);
+        }
+    }
+
     /// `node` (the leader included) has `seq` durable. Returns the entries this commits,
     /// ascending: possibly `seq` and entries that were waiting for it as a RAW
     /// predecessor.

@@ -86,7 +86,9 @@
 //! * **Restart**: the driver hands back the saved [`Hard`] state and the entries on disk.
 //!   The saved committed head is a lower bound (it is saved after the writes it covers);
 //!   the replica re-applies its committed prefix, so a state machine rebuilt from nothing
-//!   replays the log.
+//!   replays the log. A replica whose synced entries went bad on disk restarts from
+//!   [`Hard::after_loss`] and stays out of elections until it holds again what it may
+//!   have acknowledged (it asks its leader where the slots end, [`Msg::AskEnd`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -319,9 +321,9 @@ pub struct Hard {
     pub base: Seq,
     /// Not 0 while the replica is recovering entries it lost on disk ([`Hard::after_loss`]):
     /// it may have acknowledged, in terms below this one, slots it no longer holds, so
-    /// it neither votes nor campaigns until it holds again every slot below the merge
-    /// start of a leader of this term or later (protocol-aware recovery, Alagappan et
-    /// al., FAST 2018). 0 otherwise.
+    /// it neither votes nor campaigns until every slot below a bound a leader gave it is
+    /// committed on it (protocol-aware recovery, Alagappan et al., FAST 2018). 0
+    /// otherwise.
     pub lost_below: u64,
 }
 
@@ -329,26 +331,28 @@ impl Hard {
     /// The hard state of a replica that found synced entries damaged on disk, to be saved
     /// before the damaged records are dropped and the replica recovers from it.
     ///
-    /// The term moves one past the saved one without a vote, and `lost_below` becomes
-    /// that term. A replica that lost entries cannot tell which of its acknowledgements
-    /// it can no longer back, so it must not take part in elections (a vote carries its
-    /// versions into the winner's merge, [`Msg::VoteReply`]) until it holds again
-    /// everything that might have been committed with them. Every such slot is below the
-    /// merge start of any leader elected at a later term without this replica (that
-    /// election's quorum meets each commit quorum in a replica that acknowledged before
-    /// voting, so the merge keeps the slot), and a leader of the term at the loss cannot
-    /// say where its slots end — so the raised term deposes it (its next append is
-    /// answered with it) and the group elects one that can. The committed head falls to
-    /// the base: a damaged record may have been a newer version of a slot whose older
-    /// version survives, so no surviving version is taken as committed until a leader
-    /// confirms it.
+    /// `lost_below` becomes the term after the saved one (term and vote are kept: the
+    /// vote is a promise the replica still holds). A replica that lost entries cannot
+    /// tell which of its acknowledgements it can no longer back, so it must not take part
+    /// in elections (a vote carries its versions into the winner's merge,
+    /// [`Msg::VoteReply`]) until it holds again everything that might have been
+    /// committed with them. Every such slot is below a bound it learns from a leader:
+    ///
+    /// - the end of the leader of its term or a later one ([`Msg::AskEnd`], asked at
+    ///   once): that leader assigned, or merged from a quorum, every slot the replica was
+    ///   ever sent; asking also makes it forget the replica's acknowledgements of slots
+    ///   not yet committed, so no commit counts a lost copy from then on;
+    /// - or the merge start of any leader of a later term ([`Hard::leader_start`]): that
+    ///   election's quorum meets each commit quorum in a replica that acknowledged before
+    ///   voting, so the merge kept the slot.
+    ///
+    /// The committed head falls to the base: a damaged record may have been a newer
+    /// version of a slot whose older version survives, so no surviving version is taken
+    /// as committed until a leader confirms it.
     pub fn after_loss(&self) -> Hard {
-        let term = self.term + 1;
         Hard {
-            term,
-            voted_for: None,
             committed_head: self.base,
-            lost_below: term,
+            lost_below: self.term + 1,
             ..*self
         }
     }
@@ -576,6 +580,26 @@ pub enum Msg {
     Newer {
         /// The voter's membership.
         membership: Membership,
+    },
+    /// A follower recovering entries it lost on disk ([`Hard::after_loss`]) asks its
+    /// leader where the leader's slots end, and tells it that acknowledgements it gave
+    /// before may be gone: the leader forgets them (for commits and resends) — once per
+    /// `nonce`, drawn at each restart, so that asking again (a lost answer) does not
+    /// forget the acknowledgements given since.
+    AskEnd {
+        /// The follower's term.
+        term: u64,
+        /// Names the restart that lost the entries.
+        nonce: u64,
+    },
+    /// The answer to [`Msg::AskEnd`]: the first slot the leader of `term` has not
+    /// assigned. Every slot the asking replica may have acknowledged before its loss is
+    /// below it.
+    End {
+        /// The leader's term.
+        term: u64,
+        /// Its next slot.
+        end: Seq,
     },
     /// A follower holds this membership durably; `head` is its first uncommitted slot.
     ConfigAck {
@@ -1024,6 +1048,8 @@ struct Peer {
     applied: Seq,
     /// Slots at or above `head` it acknowledged in this term.
     acked: BTreeSet<Seq>,
+    /// The nonce of the last [`Msg::AskEnd`] that made us forget its acknowledgements.
+    forgot: Option<u64>,
     /// Slots resent to it because it acknowledged later ones ([`OooConfig::hole_resend`]),
     /// at or above its head and [`Lead::fresh`]: each at most once a term.
     resent: BTreeSet<Seq>,
@@ -1052,6 +1078,7 @@ impl Peer {
             head: 0,
             applied: 0,
             acked: BTreeSet::new(),
+            forgot: None,
             resent: BTreeSet::new(),
             heard: now,
             tick_head: 0,
@@ -1269,6 +1296,11 @@ pub struct OooReplica {
     /// The base of the image handed to the driver by [`Action::Install`], until
     /// [`OooReplica::installed`].
     installing: Option<Seq>,
+    /// Recovering lost entries: the end a leader answered ([`Msg::End`]), and when it was
+    /// last asked.
+    lost_end: Option<Seq>,
+    asked_end: Option<Nanos>,
+    lost_nonce: u64,
     stats: OooStats,
 }
 
@@ -1344,12 +1376,18 @@ impl OooReplica {
             incoming: None,
             install: None,
             installing: None,
+            lost_end: None,
+            asked_end: None,
+            lost_nonce: 0,
             written: BTreeMap::new(),
             written_from: base,
             written_items: 0,
             stats: OooStats::default(),
         };
         r.reset_deadline();
+        // Differs between restarts (drivers seed each start apart) without a draw from the
+        // election timer's stream.
+        r.lost_nonce = r.cfg.seed.rotate_left(17) ^ now ^ r.hard.term.rotate_left(40);
         let prefix: Vec<Entry> = r.log.range(..head).map(|(_, s)| s.entry.clone()).collect();
         for e in &prefix {
             let fed = r.applier.feed(e);
@@ -1685,6 +1723,16 @@ impl OooReplica {
                 version,
                 head,
             } => self.on_config_ack(from, term, version, head),
+            Msg::AskEnd { term, nonce } => self.on_ask_end(from, term, nonce),
+            Msg::End { term, end } => {
+                if term == self.hard.term
+                    && self.leader == Some(from)
+                    && self.hard.lost_below != 0
+                    && self.lost_end.is_none()
+                {
+                    self.lost_end = Some(end);
+                }
+            }
         }
         self.finish();
     }
@@ -2047,11 +2095,15 @@ impl OooReplica {
     fn hopeless(&mut self, from: NodeId, config: (u64, u64)) -> Option<bool> {
         let outsider = !self.members.is_member(from);
         if config < self.members.version
-            && (epoch(config) < epoch(self.members.version)
-                || (outsider && self.members.prev.is_none()))
+            && (epoch(config) < epoch(self.members.version) || self.members.prev.is_none())
         {
-            // It missed a membership we hold (one without it, if it is an outsider of a
-            // final one): it cannot win with our vote, and takes ours.
+            // It missed a membership we hold: one of a later change, or the final stage
+            // of the change whose joint stage it holds (the final stage exists only once
+            // the joint one was accepted, so taking it is what the lost message would
+            // have done). It takes ours; with the final stage it needs only the new
+            // voters, so a group whose old majority is out of reach — an old voter down
+            // or recovering lost entries while the removed leader holds the newest log
+            // and, removed, never campaigns — still elects.
             self.actions.push(Action::Send {
                 to: from,
                 msg: Msg::Newer {
@@ -2616,6 +2668,21 @@ impl OooReplica {
         if !self.follow(from, term) {
             return;
         }
+        if self.hard.lost_below != 0
+            && self.lost_end.is_none()
+            && self
+                .asked_end
+                .is_none_or(|t| self.now >= t + self.cfg.heartbeat_interval)
+        {
+            self.asked_end = Some(self.now);
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::AskEnd {
+                    term,
+                    nonce: self.lost_nonce,
+                },
+            });
+        }
         let other = config != self.members.version;
         if other && epoch(self.members.version) < epoch(config) {
             // The leader's membership has not arrived yet: no entries before it. Saying
@@ -2682,6 +2749,39 @@ impl OooReplica {
             // has never set one since the group's voters changed): it sends its own.
             self.send_config_ack(from);
         }
+    }
+
+    /// A follower recovering lost entries asks where our slots end. The first time for
+    /// a restart (`nonce`), its acknowledgements of slots not yet committed are forgotten
+    /// — it may have lost those copies — so it is resent what it lacks from its first
+    /// uncommitted slot on, acknowledged or not, and no commit or merge counts a lost
+    /// copy. The answer is our end: every slot it was ever sent by us is below, and every
+    /// slot an earlier term may have committed is below our merge start.
+    fn on_ask_end(&mut self, from: NodeId, term: u64, nonce: u64) {
+        if term != self.hard.term {
+            return;
+        }
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        let Some(peer) = lead.peers.get_mut(&from) else {
+            return;
+        };
+        if peer.forgot != Some(nonce) {
+            peer.forgot = Some(nonce);
+            peer.acked.clear();
+            for acks in lead.merging.values_mut() {
+                acks.remove(&from);
+            }
+            if let Some(c) = lead.commit.as_mut() {
+                c.forget(from);
+            }
+        }
+        let end = lead.end;
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::End { term, end },
+        });
     }
 
     fn send_config_ack(&mut self, to: NodeId) {
@@ -3531,11 +3631,13 @@ impl OooReplica {
                 self.broadcast(Vec::new());
             }
         }
-        // Recovering lost entries: done once a leader of a term after the loss has had
-        // every slot below its merge start committed here (see [`Hard::after_loss`]).
+        // Recovering lost entries: done once every slot below a bound a leader gave has
+        // committed here (see [`Hard::after_loss`]).
+        let head = self.commits.head();
         if self.hard.lost_below != 0
-            && self.hard.leader_start.0 >= self.hard.lost_below
-            && self.commits.head() >= self.hard.leader_start.1
+            && ((self.hard.leader_start.0 >= self.hard.lost_below
+                && head >= self.hard.leader_start.1)
+                || self.lost_end.is_some_and(|end| head >= end))
         {
             self.hard.lost_below = 0;
             self.hard.committed_head = self.commits.head();
@@ -4276,10 +4378,9 @@ mod tests {
     /// Protocol-aware recovery (Alagappan et al., FAST 2018): slot 0 is committed on
     /// nodes 1 and 2 only, then node 2 loses it on disk. Had node 2 voted, node 3 (which
     /// never had slot 0) could win with it and its merge would find slot 0 nowhere — a
-    /// committed entry lost. Node 2 instead raises its term without a vote and stays out
-    /// of elections, so without node 1 nobody is elected; with node 1 back, node 2's term
-    /// deposes it, node 1 wins again with node 3, and once node 2 holds every slot below
-    /// that leader's merge start committed it votes again.
+    /// committed entry lost. Node 2 instead stays out of elections, so without node 1
+    /// nobody is elected; with node 1 back, node 1 wins again with node 3, and once node
+    /// 2 holds every slot below a bound that leader gave it is whole and votes again.
     #[test]
     fn a_replica_that_lost_entries_stays_out_of_elections_until_it_holds_them_again() {
         let mut net = Net::new(3, Mode::Parallel { span: 2 });
@@ -4307,7 +4408,7 @@ mod tests {
                 lost.lost_below,
                 lost.committed_head
             ),
-            (before.term + 1, None, before.term + 1, before.base)
+            (before.term, before.voted_for, before.term + 1, before.base)
         );
         let survived: Vec<Entry> = r2
             .log
@@ -4368,67 +4469,118 @@ mod tests {
         assert_eq!(net.nodes[&2].log[&a.seq].entry.eid, a.eid);
     }
 
-    /// A replica that lost entries raises its term (without a vote): the leader of the
-    /// term it lost them in cannot say where its slots end, so its next heartbeat is
-    /// answered with the raised term and it steps down; the replica follows the next
-    /// leader and is whole again once it holds what lies below that leader's merge start.
+    /// A replica that lost entries under a serving leader asks it where its slots end
+    /// ([`Msg::AskEnd`]); the leader forgets its acknowledgements, resends what it lacks,
+    /// and answers; once everything below that end is committed on it, it is whole —
+    /// no election, no new term. In a group of two too, where an election would need the
+    /// recovering replica's vote (a replica that waited for a later leader would wait
+    /// forever there).
     #[test]
-    fn a_replica_that_lost_entries_deposes_the_leader_of_that_term() {
-        let mut net = Net::new(3, Mode::Dependent);
+    fn a_replica_that_lost_entries_recovers_under_the_same_leader() {
+        for n in [3u64, 2] {
+            let mut net = Net::new(n, Mode::Dependent);
+            net.elect(1);
+            let txn = |w: u64| Declared::Txn {
+                read_set: vec![],
+                write_set: vec![w],
+            };
+            let now = net.now;
+            let t = net
+                .nodes
+                .get_mut(&1)
+                .unwrap()
+                .append(now, txn(4), vec![1])
+                .unwrap();
+            net.run();
+            let term = net.nodes[&1].hard.term;
+            let r2 = &net.nodes[&2];
+            let survived: Vec<Entry> = r2
+                .log
+                .values()
+                .map(|s| s.entry.clone())
+                .filter(|e| e.seq != t.seq)
+                .collect();
+            let cfg = OooConfig::new(2, (1..=n).collect(), Mode::Dependent);
+            let r2 = OooReplica::recover(cfg, r2.hard.after_loss(), None, survived, net.now);
+            assert!(r2.is_recovering_lost());
+            net.nodes.insert(2, r2);
+            for _ in 0..3 {
+                net.now += 60_000_000;
+                net.nodes.get_mut(&1).unwrap().tick(net.now);
+                net.run();
+            }
+            let (r1, r2) = (&net.nodes[&1], &net.nodes[&2]);
+            assert!(r1.is_serving(), "{n} voters: still leading");
+            assert_eq!((r1.hard.term, r2.hard.term), (term, term), "{n} voters");
+            assert!(!r2.is_recovering_lost(), "{n} voters");
+            assert_eq!(r2.stats().lost_restored, 1);
+            assert_eq!(r2.log[&t.seq].entry.eid, t.eid);
+            assert!(r2.committed_head() > t.seq);
+            assert_eq!(r1.stats().campaigns, 1, "{n} voters: no election");
+        }
+    }
+
+    /// Acknowledgements a recovering follower gave before its loss no longer count once
+    /// it asked where the leader's slots end: an entry it had acknowledged waits for a
+    /// copy it really holds.
+    #[test]
+    fn a_leader_forgets_what_a_recovering_follower_acknowledged() {
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
         net.elect(1);
+        // Node 2 acknowledges slot 0; node 3 hears nothing, and node 1's own copy is not
+        // counted yet (its persisted report is held back below).
+        let a = append_block(&mut net, 5);
         let now = net.now;
-        let t = net
-            .nodes
-            .get_mut(&1)
-            .unwrap()
-            .append(
-                now,
-                Declared::Txn {
-                    read_set: vec![],
-                    write_set: vec![4],
-                },
-                vec![1],
-            )
-            .unwrap();
-        net.run();
         let term = net.nodes[&1].hard.term;
-        let r2 = &net.nodes[&2];
-        let survived: Vec<Entry> = r2
-            .log
-            .values()
-            .map(|s| s.entry.clone())
-            .filter(|e| e.seq != t.seq)
-            .collect();
-        let cfg = OooConfig::new(2, vec![1, 2, 3], Mode::Dependent);
-        let r2 = OooReplica::recover(cfg, r2.hard.after_loss(), None, survived, net.now);
-        net.nodes.insert(2, r2);
-        net.now += 60_000_000;
-        net.nodes.get_mut(&1).unwrap().tick(net.now);
-        net.run();
-        assert!(!net.nodes[&1].is_serving(), "deposed by the raised term");
-        assert_eq!(net.nodes[&1].hard.term, term + 1);
-        for _ in 0..4 {
-            if net.nodes.values().any(|r| r.is_serving()) {
-                break;
-            }
-            net.now += 10_000_000_000;
-            for id in [1, 3] {
-                net.nodes.get_mut(&id).unwrap().tick(net.now);
-            }
-            net.run();
-        }
-        assert!(net.nodes[&1].is_serving() || net.nodes[&3].is_serving());
-        for _ in 0..3 {
-            net.now += 60_000_000;
-            for id in [1, 3] {
-                net.nodes.get_mut(&id).unwrap().tick(net.now);
-            }
-            net.run();
-        }
-        let r2 = &net.nodes[&2];
-        assert!(!r2.is_recovering_lost());
-        assert_eq!(r2.log[&t.seq].entry.eid, t.eid);
-        assert!(r2.committed_head() > t.seq);
+        let acts = net.nodes.get_mut(&1).unwrap().take_actions();
+        let msg = acts
+            .into_iter()
+            .find_map(|x| match x {
+                Action::Send {
+                    to: 2,
+                    msg: m @ Msg::Append { .. },
+                } => Some(m),
+                _ => None,
+            })
+            .expect("append to 2");
+        net.nodes.get_mut(&2).unwrap().receive(now, 1, msg);
+        let ack = net
+            .nodes
+            .get_mut(&2)
+            .unwrap()
+            .take_actions()
+            .into_iter()
+            .find_map(|x| match x {
+                Action::Send {
+                    to: 1,
+                    msg: m @ Msg::Ack { .. },
+                } => Some(m),
+                _ => None,
+            })
+            .expect("ack");
+        // Node 2 loses the slot and asks for the end right after its ack.
+        let r1 = net.nodes.get_mut(&1).unwrap();
+        r1.receive(now, 2, ack);
+        r1.receive(now, 2, Msg::AskEnd { term, nonce: 9 });
+        let acts = r1.take_actions();
+        assert!(
+            acts.iter().any(|x| matches!(
+                x,
+                Action::Send {
+                    to: 2,
+                    msg: Msg::End { end: 1, .. }
+                }
+            )),
+            "{acts:?}"
+        );
+        // Its own copy durable now: with node 2's acknowledgement forgotten, one copy.
+        r1.persisted(now, &[(a.seq, a.eid, term)]);
+        let acts = r1.take_actions();
+        assert!(
+            !acts.iter().any(|x| matches!(x, Action::Result { .. })),
+            "committed on a forgotten copy: {acts:?}"
+        );
+        assert!(!r1.commits.is_committed(a.seq));
     }
 
     /// A slot whose first copy both followers miss is resent as soon as each
