@@ -34,6 +34,23 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+impl Cluster {
+    /// The request that creates the dependent group on every node.
+    fn create_dep(&self) -> pb::CreateGroupRequest {
+        pb::CreateGroupRequest {
+            group: DEP,
+            voters: vec![1, 2, 3],
+            mode: "dependent".into(),
+            replicas: self
+                .dep_replicas
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
 fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let ports: Vec<[u16; 5]> = (0..3)
@@ -501,17 +518,7 @@ async fn out_of_order_groups_through_the_server() {
     }
     // The dependent group is created over gRPC on every node; creating it again with the
     // same spec is accepted, with another mode refused.
-    let create = pb::CreateGroupRequest {
-        group: DEP,
-        voters: vec![1, 2, 3],
-        mode: "dependent".into(),
-        replicas: cl
-            .dep_replicas
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect(),
-        ..Default::default()
-    };
+    let create = cl.create_dep();
     c.create_group_with(create.clone()).await.unwrap();
     c.create_group_with(create.clone()).await.unwrap();
     let err = c
@@ -901,6 +908,33 @@ async fn out_of_order_groups_through_the_server() {
     }
 }
 
+/// Appends eight records to `group` one at a time (each committed), waits until every
+/// replica applied them, and kills a follower: the leader, the follower, the applied head
+/// and the follower's directory of the group.
+async fn eight_committed_then_a_follower_killed(
+    cl: &mut Cluster,
+    group: u64,
+    record: impl Fn(u32) -> pb::OutOfOrderRecord,
+) -> (u64, u64, u64, std::path::PathBuf) {
+    let eps = cl.eps.clone();
+    let mut c = Client::new(eps.clone());
+    let leader = serving(&eps, group, Duration::from_secs(30)).await;
+    let gone = if leader == 3 { 1 } else { 3 };
+    for i in 0..8u32 {
+        let r = c.append_out_of_order(group, vec![record(i)]).await.unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    }
+    let head = settled(&eps, group, 8).await;
+    cl.nodes[(gone - 1) as usize].kill9();
+    let dir = cl
+        ._dir
+        .path()
+        .join(format!("n{gone}"))
+        .join("ooo")
+        .join(group.to_string());
+    (leader, gone, head, dir)
+}
+
 /// A replica whose hard state is damaged stops its node from starting: the error names the
 /// file and what was wrong, and the file is left as it was (nothing is "repaired" by
 /// guessing). The way back in docs/operations.md — remove the node from the group, move
@@ -911,24 +945,12 @@ async fn a_damaged_replica_is_refused_at_start_and_replaced() {
     let mut cl = cluster();
     let eps = cl.eps.clone();
     let mut c = Client::new(eps.clone());
-    let leader = serving(&eps, PAR, Duration::from_secs(30)).await;
-    let gone = if leader == 3 { 1 } else { 3 };
     let at = |n: u64| (n - 1) as usize;
-    for i in 0..8u32 {
-        let r = c
-            .append_out_of_order(PAR, vec![block_record(u64::from(i), 0xD000_0000 | i)])
-            .await
-            .unwrap();
-        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
-    }
-    let head = settled(&eps, PAR, 8).await;
-    cl.nodes[at(gone)].kill9();
-    let group_dir = cl
-        ._dir
-        .path()
-        .join(format!("n{gone}"))
-        .join("ooo")
-        .join(PAR.to_string());
+    let (leader, gone, head, group_dir) =
+        eight_committed_then_a_follower_killed(&mut cl, PAR, |i| {
+            block_record(u64::from(i), 0xD000_0000 | i)
+        })
+        .await;
     let hard = group_dir.join("hard");
     let mut b = std::fs::read(&hard).unwrap();
     b[9] ^= 0x10; // the term
@@ -1012,40 +1034,12 @@ async fn damaged_entries_are_recovered_from_the_peers() {
     let eps = cl.eps.clone();
     let mut c = Client::new(eps.clone());
     serving(&eps, PAR, Duration::from_secs(30)).await;
-    c.create_group_with(pb::CreateGroupRequest {
-        group: DEP,
-        voters: vec![1, 2, 3],
-        mode: "dependent".into(),
-        replicas: cl
-            .dep_replicas
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let leader = serving(&eps, DEP, Duration::from_secs(30)).await;
-    let gone = if leader == 3 { 1 } else { 3 };
+    c.create_group_with(cl.create_dep()).await.unwrap();
     let at = |n: u64| (n - 1) as usize;
-    for i in 0..8u32 {
-        let r = c
-            .append_out_of_order(
-                DEP,
-                vec![txn_record(u64::from(i), u64::from(i) + 1, 0xE000_0000 | i)],
-            )
-            .await
-            .unwrap();
-        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
-    }
-    let head = settled(&eps, DEP, 8).await;
-    cl.nodes[at(gone)].kill9();
-    let group_dir = cl
-        ._dir
-        .path()
-        .join(format!("n{gone}"))
-        .join("ooo")
-        .join(DEP.to_string());
+    let (_, gone, head, group_dir) = eight_committed_then_a_follower_killed(&mut cl, DEP, |i| {
+        txn_record(u64::from(i), u64::from(i) + 1, 0xE000_0000 | i)
+    })
+    .await;
     let entries = group_dir.join("entries.log");
     let mut b = std::fs::read(&entries).unwrap();
     // The first record damaged, at least one valid one after it.
