@@ -122,14 +122,15 @@ enum Cmd {
         output: Output,
     },
     /// List and check the blocks and groups in a replica directory (a group's directory,
-    /// `DATA_DIR/groups/<id>`, the one holding `log/`).
+    /// `DATA_DIR/groups/<id>`, the one holding `log/`), or an out-of-order group's
+    /// (`DATA_DIR/ooo/<id>`: hard state, membership and every entry record). Reads only.
     Inspect {
         /// The replica directory.
         dir: PathBuf,
         /// Check every checksum and the accumulated chain; exit 1 at the first bad place.
         #[arg(long)]
         verify: bool,
-        /// List every group, not only the blocks.
+        /// List every group, not only the blocks (out-of-order: every entry record).
         #[arg(long)]
         groups: bool,
         /// List every entry of every group (implies --groups).

@@ -781,6 +781,20 @@ async fn out_of_order_groups_through_the_server() {
     order.extend(eps.iter().filter(|e| **e != first).cloned());
     let tail = TailF::start(PAR, head, &order.join(","));
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The old node's heads when it stops: both leaders' bases must pass them, so that it
+    // installs their images when it comes back.
+    let mut old_heads = [0u64; 2];
+    for (k, g) in [PAR, DEP].into_iter().enumerate() {
+        old_heads[k] = c.status_all(g).await[(old - 1) as usize]
+            .1
+            .as_ref()
+            .unwrap()
+            .groups
+            .iter()
+            .find(|x| x.group == g)
+            .unwrap()
+            .committed_seq;
+    }
     cl.nodes[(old - 1) as usize].kill9();
     let live: Vec<String> = (1..=3u64)
         .filter(|n| *n != old)
@@ -788,7 +802,7 @@ async fn out_of_order_groups_through_the_server() {
         .collect();
     let new = serving(&live, PAR, Duration::from_secs(30)).await;
     assert_ne!(new, old);
-    serving(&live, DEP, Duration::from_secs(30)).await;
+    let dep_leader = serving(&live, DEP, Duration::from_secs(30)).await;
     let mut c = Client::new(live.clone());
     let mut after = Vec::new();
     let mut last_par = 0;
@@ -804,6 +818,34 @@ async fn out_of_order_groups_through_the_server() {
         assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
         assert!(res[0].seq >= dep_head);
         want_kv[t.write_set[0] as usize] = Some(t.data);
+    }
+    // Leaders compact by bytes of entries (and the key-value store by its image's size),
+    // not by appends: go on until both bases have passed the old node's heads (bounded).
+    let mut i = 100u32;
+    while metric(new, "chorus_ooo_base_slots", PAR, "parallel") <= old_heads[0] {
+        assert!(
+            i < 2_000,
+            "the parallel leader's base never passed slot {}",
+            old_heads[0]
+        );
+        let r = block_record(i as u64 % BLOCKS, 0xF000_0000 | i);
+        let res = c.append_out_of_order(PAR, vec![r.clone()]).await.unwrap();
+        assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+        last_par = res[0].seq;
+        after.push(r);
+        i += 1;
+    }
+    while metric(dep_leader, "chorus_ooo_base_slots", DEP, "dependent") <= old_heads[1] {
+        assert!(
+            i < 4_000,
+            "the dependent leader's base never passed slot {}",
+            old_heads[1]
+        );
+        let t = txn_record(0, i as u64 % KEYS, 0xF000_0000 | i);
+        let res = c.append_out_of_order(DEP, vec![t.clone()]).await.unwrap();
+        assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
+        want_kv[t.write_set[0] as usize] = Some(t.data);
+        i += 1;
     }
     for r in &after {
         let b = r.blocks[0].start as usize * 4096;

@@ -175,38 +175,21 @@ impl OooStore {
         let mut bytes = vec![0u8; len as usize];
         file.read_exact_at(&mut bytes, 0)
             .map_err(io(&path, "read"))?;
-        let mut slots: BTreeMap<Seq, Entry> = BTreeMap::new();
-        let mut rec = OooRecovery::default();
-        let mut at = 0usize;
-        while at < bytes.len() {
-            match record_at(&bytes, at) {
-                Ok((e, n)) => {
-                    slots.insert(e.seq, e);
-                    rec.records += 1;
-                    at += n;
-                }
-                Err(source) => {
-                    if let Some(next) = next_valid(&bytes, at + 1) {
-                        let d = OooDamage {
-                            path: path.clone(),
-                            file_offset: at as u64,
-                            len: (next - at) as u64,
-                            detail: source.to_string(),
-                        };
-                        if !tolerate {
-                            return Err(d.to_error());
-                        }
-                        rec.damaged.push(d);
-                        at = next;
-                        continue;
-                    }
-                    rec.torn_bytes = (bytes.len() - at) as u64;
-                    file.set_len(at as u64).map_err(io(&path, "truncate"))?;
-                    file.sync_data().map_err(io(&path, "fdatasync"))?;
-                    break;
-                }
-            }
+        let scan = scan_entries(&path, &bytes);
+        if let Some(d) = scan.damaged.first().filter(|_| !tolerate) {
+            return Err(d.to_error());
         }
+        let at = scan.end as usize;
+        let rec = OooRecovery {
+            records: scan.records.len() as u64,
+            torn_bytes: (bytes.len() - at) as u64,
+            damaged: scan.damaged,
+        };
+        if at < bytes.len() {
+            file.set_len(at as u64).map_err(io(&path, "truncate"))?;
+            file.sync_data().map_err(io(&path, "fdatasync"))?;
+        }
+        let slots = scan.slots;
         let mut store = Self {
             fs,
             dir: dir.to_path_buf(),
@@ -349,6 +332,51 @@ impl OooStore {
     pub fn is_empty(&self) -> bool {
         self.end == 0
     }
+}
+
+/// What reading an entries file finds ([`scan_entries`]), changing nothing.
+#[derive(Clone, Debug, Default)]
+pub struct EntriesScan {
+    /// The latest valid record of every slot.
+    pub slots: BTreeMap<Seq, Entry>,
+    /// Every valid record, in file order: (file offset, length, slot, term, eid).
+    pub records: Vec<(u64, u64, Seq, u64, u64)>,
+    /// Damaged stretches that valid records follow.
+    pub damaged: Vec<OooDamage>,
+    /// Where the valid records end: a torn tail (bad bytes with no valid record after
+    /// them) runs from here to the end of the file.
+    pub end: u64,
+}
+
+/// Reads an entries file's bytes as recovery does ([`OooStore::open`]), without changing
+/// anything: for `chorus inspect` and for the open itself.
+pub fn scan_entries(path: &Path, bytes: &[u8]) -> EntriesScan {
+    let mut scan = EntriesScan::default();
+    let mut at = 0usize;
+    while at < bytes.len() {
+        match record_at(bytes, at) {
+            Ok((e, n)) => {
+                scan.records
+                    .push((at as u64, n as u64, e.seq, e.term, e.eid));
+                scan.slots.insert(e.seq, e);
+                at += n;
+            }
+            Err(source) => match next_valid(bytes, at + 1) {
+                Some(next) => {
+                    scan.damaged.push(OooDamage {
+                        path: path.to_path_buf(),
+                        file_offset: at as u64,
+                        len: (next - at) as u64,
+                        detail: source.to_string(),
+                    });
+                    at = next;
+                }
+                None => break,
+            },
+        }
+    }
+    scan.end = at as u64;
+    scan
 }
 
 fn record_at(bytes: &[u8], at: usize) -> std::result::Result<(Entry, usize), FormatError> {
