@@ -312,6 +312,11 @@ pub struct OooSettings {
 pub struct OooGroups {
     settings: OooSettings,
     groups: RwLock<BTreeMap<u64, Arc<OooGroup>>>,
+    /// Groups whose replica did not start because its files are damaged beyond what it
+    /// recovers alone (a damaged hard state or membership, or damaged entries with no
+    /// other voter): their spec and the error. The node serves its other groups; the
+    /// operator replaces the replica (docs/operations.md).
+    failed: RwLock<BTreeMap<u64, (GroupSpec, String)>>,
 }
 
 impl std::fmt::Debug for OooGroups {
@@ -342,6 +347,22 @@ fn bind(spec: &OooSpec, me: u64) -> Result<TcpListener, OooGroupError> {
     })
 }
 
+/// Whether a group failed to start because its files are damaged (as opposed to a port
+/// in use, a bad spec or an IO error), so the node may go on without it.
+fn is_damage(e: &OooGroupError) -> bool {
+    use chorus_runtime::ooo::OooNodeError;
+    use chorus_storage::StorageError;
+    matches!(
+        e,
+        OooGroupError::Node {
+            source: OooNodeError::Storage(
+                StorageError::CorruptRecord { .. } | StorageError::Corrupt { .. }
+            ),
+            ..
+        }
+    )
+}
+
 fn io(group: u64, path: &Path) -> impl FnOnce(std::io::Error) -> OooGroupError + '_ {
     move |source| OooGroupError::Io {
         group,
@@ -356,6 +377,7 @@ impl OooGroups {
         let me = Self {
             settings,
             groups: RwLock::new(BTreeMap::new()),
+            failed: RwLock::new(BTreeMap::new()),
         };
         let dir = me.settings.dir.clone();
         if dir.exists() {
@@ -373,10 +395,46 @@ impl OooGroups {
                 }
             }
             for g in specs {
-                me.start(g, None)?;
+                match me.start(g.clone(), None) {
+                    Ok(()) => {}
+                    Err(e) if is_damage(&e) => {
+                        tracing::error!(
+                            group = g.id,
+                            error = %e,
+                            "out-of-order group not started: its replica is damaged; the \
+                             node serves its other groups (docs/operations.md: a damaged \
+                             replica)"
+                        );
+                        me.failed
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(g.id, (g, e.to_string()));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(me)
+    }
+
+    /// Why group `id` did not start here, if it is one whose replica is damaged; with
+    /// the group's configured voters.
+    pub fn failed(&self, id: u64) -> Option<(Vec<u64>, String)> {
+        let f = self.failed.read().unwrap_or_else(|p| p.into_inner());
+        f.get(&id).map(|(g, e)| (g.voters.clone(), e.clone()))
+    }
+
+    /// The mode named in the spec of a group that did not start (see
+    /// [`OooGroups::failed`]).
+    pub fn failed_mode(&self, id: u64) -> Option<String> {
+        let f = self.failed.read().unwrap_or_else(|p| p.into_inner());
+        f.get(&id).map(|(g, _)| g.mode.to_string())
+    }
+
+    /// Groups that did not start because their replica is damaged.
+    pub fn failed_ids(&self) -> Vec<u64> {
+        let f = self.failed.read().unwrap_or_else(|p| p.into_inner());
+        f.keys().copied().collect()
     }
 
     /// Group ids.
@@ -402,6 +460,18 @@ impl OooGroups {
     /// not reopen it). Waits, up to `wait`, for requests still holding the group to let
     /// it go; the replica's threads are joined before anything is deleted.
     pub fn remove(&self, id: u64, wait: std::time::Duration) -> Result<(), OooGroupError> {
+        let damaged = self
+            .failed
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if damaged.is_some() {
+            // Nothing runs: its files go, and the group can be created again, empty.
+            let dir = self.settings.dir.join(id.to_string());
+            std::fs::remove_dir_all(&dir).map_err(io(id, &dir))?;
+            tracing::info!(group = id, "damaged out-of-order group deleted");
+            return Ok(());
+        }
         let g = self
             .groups
             .write()
@@ -437,6 +507,19 @@ impl OooGroups {
 
     /// Creates a group (or accepts an existing one with the same spec) and starts it.
     pub fn create(&self, g: GroupSpec) -> Result<(), OooGroupError> {
+        if let Some((have, _)) = self
+            .failed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&g.id)
+        {
+            // Known, damaged, not running: the same spec is that group.
+            return if *have == g {
+                Ok(())
+            } else {
+                Err(OooGroupError::Exists(g.id))
+            };
+        }
         if let Some(have) = self.get(g.id) {
             return if have.spec == g {
                 Ok(())

@@ -149,6 +149,18 @@ impl Service {
         .map_err(|e| Status::internal(e.to_string()))?
     }
 
+    /// The ordered group `id`; an out-of-order group whose damaged replica did not start
+    /// here is UNAVAILABLE by name (clients go on to another endpoint), not "no such
+    /// group".
+    fn log_group(&self, id: u64) -> Result<chorus_runtime::LogHandle, Status> {
+        if let Some((_, why)) = self.ooo.failed(id) {
+            return Err(Status::unavailable(format!(
+                "group {id} not started on this node: its replica is damaged: {why}"
+            )));
+        }
+        self.env.group(id).map_err(status)
+    }
+
     /// Refuses an ordered-group operation on an out-of-order group by name (instead of
     /// "no such group").
     fn ordered_only(&self, group: u64, op: &str) -> Result<(), Status> {
@@ -170,7 +182,11 @@ impl Service {
 
     fn ooo_group(&self, group: u64, op: &str) -> Result<Arc<OooGroup>, Status> {
         self.ooo.get(group).ok_or_else(|| {
-            if self.env.group(group).is_ok() {
+            if let Some((_, why)) = self.ooo.failed(group) {
+                Status::unavailable(format!(
+                    "group {group} not started on this node: its replica is damaged: {why}"
+                ))
+            } else if self.env.group(group).is_ok() {
                 Status::unimplemented(format!(
                     "group {group} is an ordered group: {op} is for out-of-order groups"
                 ))
@@ -460,7 +476,7 @@ impl pb::chorus_server::Chorus for Service {
             )));
         }
         self.ordered_only(req.group, "Append")?;
-        let log = self.env.group(req.group).map_err(status)?;
+        let log = self.log_group(req.group)?;
         let mut pending = Vec::with_capacity(req.records.len());
         for (i, r) in req.records.iter().enumerate() {
             match log.append(r, req.ref_csn) {
@@ -512,7 +528,7 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<Self::TailStream>, Status> {
         let r = req.into_inner();
         self.ordered_only(r.group, "Tail")?;
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         let env = self.env.clone();
         Ok(Response::new(follow(
             r.group,
@@ -539,7 +555,7 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<pb::LocateResponse>, Status> {
         let r = req.into_inner();
         self.ordered_only(r.group, "Locate")?;
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         let found = tokio::task::spawn_blocking(move || log.locate(r.csn))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -558,10 +574,22 @@ impl pb::chorus_server::Chorus for Service {
         let mut ids = if g == 0 { self.env.groups() } else { vec![g] };
         if g == 0 {
             ids.extend(self.ooo.ids());
+            ids.extend(self.ooo.failed_ids());
             ids.sort_unstable();
         }
         let mut groups = Vec::new();
         for id in ids {
+            if let Some((voters, why)) = self.ooo.failed(id) {
+                groups.push(pb::GroupStatus {
+                    group: id,
+                    node: self.env.node(),
+                    voters,
+                    mode: self.ooo.failed_mode(id).unwrap_or_default(),
+                    stopped: format!("not started, its replica is damaged: {why}"),
+                    ..Default::default()
+                });
+                continue;
+            }
             if let Some(og) = self.ooo.get(id) {
                 let (node, mode, voters) = (self.env.node(), og.mode, og.voters());
                 let (s, m) =
@@ -586,7 +614,7 @@ impl pb::chorus_server::Chorus for Service {
                 });
                 continue;
             }
-            let log = self.env.group(id).map_err(status)?;
+            let log = self.log_group(id)?;
             groups.push(group_status(log.status()));
         }
         Ok(Response::new(pb::StatusResponse {
@@ -669,6 +697,17 @@ impl pb::chorus_server::Chorus for Service {
             }
             Ok(())
         };
+        if let Some((voters, _)) = self.ooo.failed(group) {
+            // A damaged replica that did not start: its saved membership is not trusted,
+            // so the configured voters decide whether force is needed.
+            voter(&voters)?;
+            let ooo = self.ooo.clone();
+            return tokio::task::spawn_blocking(move || ooo.remove(group, Duration::ZERO))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map(|()| Response::new(pb::Empty {}))
+                .map_err(|e| Status::internal(e.to_string()));
+        }
         if let Some(g) = self.ooo.get(group) {
             let m = tokio::task::spawn_blocking(move || g.node.membership())
                 .await
@@ -694,7 +733,7 @@ impl pb::chorus_server::Chorus for Service {
                 Err(e) => Err(Status::internal(e.to_string())),
             };
         }
-        let log = self.env.group(group).map_err(status)?;
+        let log = self.log_group(group)?;
         voter(&log.status().membership.voters)?;
         let env = self.env.clone();
         tokio::task::spawn_blocking(move || env.remove_group(group))
@@ -735,7 +774,7 @@ impl pb::chorus_server::Chorus for Service {
             self.env.set_peer_addr(r.node, r.node_addr.clone());
         }
         self.ordered_only(r.group, "ChangeMembership")?;
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         log.change_membership(change).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -767,7 +806,7 @@ impl pb::chorus_server::Chorus for Service {
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         }
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         log.transfer_leader(r.to).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -778,7 +817,7 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
         self.ordered_only(r.group, "SetPriority")?;
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         log.set_priority(r.priority);
         Ok(Response::new(pb::Empty {}))
     }
@@ -786,7 +825,7 @@ impl pb::chorus_server::Chorus for Service {
     async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
         self.ordered_only(r.group, "Trim")?;
-        let log = self.env.group(r.group).map_err(status)?;
+        let log = self.log_group(r.group)?;
         tokio::task::spawn_blocking(move || log.trim(r.lsn))
             .await
             .map_err(|e| Status::internal(e.to_string()))?

@@ -977,16 +977,21 @@ async fn eight_committed_then_a_follower_killed(
     (leader, gone, head, dir)
 }
 
-/// A replica whose hard state is damaged stops its node from starting: the error names the
-/// file and what was wrong, and the file is left as it was (nothing is "repaired" by
-/// guessing). The way back in docs/operations.md — remove the node from the group, move
-/// the group's directory aside, start the node, add it back — catches it up from the
-/// others, and its volume then equals theirs.
+/// A replica whose hard state is damaged does not start, and only its group stops: the
+/// node starts and serves its other groups, `Status` shows the group stopped with the
+/// error (naming the file and what was wrong), and the file is left as it was (nothing
+/// is "repaired" by guessing). The way back in docs/operations.md — remove the node from
+/// the group, delete the group on that node, restart it (its configuration creates the
+/// group again, empty), add it back — catches it up from the others, and its volume then
+/// equals theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_replica_is_refused_at_start_and_replaced() {
+async fn a_damaged_replica_stops_only_its_group_and_is_replaced() {
     let mut cl = cluster();
     let eps = cl.eps.clone();
     let mut c = Client::new(eps.clone());
+    serving(&eps, PAR, Duration::from_secs(30)).await;
+    c.create_group_with(cl.create_dep()).await.unwrap();
+    serving(&eps, DEP, Duration::from_secs(30)).await;
     let at = |n: u64| (n - 1) as usize;
     let (leader, gone, head, group_dir) =
         eight_committed_then_a_follower_killed(&mut cl, PAR, |i| {
@@ -997,38 +1002,60 @@ async fn a_damaged_replica_is_refused_at_start_and_replaced() {
     let mut b = std::fs::read(&hard).unwrap();
     b[9] ^= 0x10; // the term
     std::fs::write(&hard, &b).unwrap();
-    // Started on it, the node exits, naming the file and the checksum.
-    let node = &mut cl.nodes[at(gone)];
-    node.start();
+    // Started on it, the node serves; the damaged group is reported stopped.
+    cl.nodes[at(gone)].start();
     let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(st) = node.child.as_mut().unwrap().try_wait().unwrap() {
-            break st;
+    let st = loop {
+        if let Ok(s) = &c.status_all(PAR).await[at(gone)].1 {
+            break s.groups[0].clone();
         }
-        assert!(
-            Instant::now() < end,
-            "node {gone} served on a damaged hard state"
-        );
+        assert!(Instant::now() < end, "node {gone} did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    node.child = None;
-    assert!(!status.success(), "{status:?}");
-    let log = std::fs::read_to_string(&node.log).unwrap();
-    let line = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("checksum"))
-        .unwrap_or_else(|| {
-            panic!("no checksum error in the log of node {gone}:\n{log}");
-        });
-    assert!(line.contains(&hard.display().to_string()), "{line}");
+    assert!(
+        st.stopped.contains("damaged")
+            && st.stopped.contains("checksum")
+            && st.stopped.contains(&hard.display().to_string()),
+        "{st:?}"
+    );
+    assert_eq!(st.mode, "parallel");
     assert_eq!(
         std::fs::read(&hard).unwrap(),
         b,
         "the damaged file was changed"
     );
-    // The way back: out of the membership, its directory aside, started (the
-    // configuration creates the group again, empty), added back.
+    // Its other group goes on, on this node too.
+    let dep_head = c.status_all(DEP).await[at(leader)]
+        .1
+        .as_ref()
+        .unwrap()
+        .groups[0]
+        .committed_seq;
+    let r = c
+        .append_out_of_order(DEP, vec![txn_record(1, 2, 0xD200_0000)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    settled(&eps, DEP, dep_head + 1).await;
+    // `chorus status` says it.
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args([
+            "status",
+            "-g",
+            &PAR.to_string(),
+            "--endpoints",
+            &eps[at(gone)],
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("STOPPED: not started, its replica is damaged"),
+        "{text}"
+    );
+    // The way back: out of the membership, deleted here (force: this node is one of the
+    // configured voters), the node restarted (its configuration creates the group again,
+    // empty), added back.
     let change = |kind: pb::ChangeKind| pb::ChangeMembershipRequest {
         group: PAR,
         kind: kind as i32,
@@ -1040,11 +1067,26 @@ async fn a_damaged_replica_is_refused_at_start_and_replaced() {
         .unwrap();
     let without: Vec<u64> = (1..=3).filter(|n| *n != gone).collect();
     voters_become(&eps, PAR, &without).await;
-    std::fs::rename(&group_dir, group_dir.with_extension("damaged")).unwrap();
+    let err = c.delete_group(at(gone), PAR, false).await.unwrap_err();
+    assert!(err.to_string().contains("one of its voters"), "{err}");
+    c.delete_group(at(gone), PAR, true).await.unwrap();
+    assert!(!group_dir.exists());
+    cl.nodes[at(gone)].kill9();
     cl.nodes[at(gone)].start();
     let end = Instant::now() + Duration::from_secs(20);
-    while c.status_all(PAR).await[at(gone)].1.is_err() {
-        assert!(Instant::now() < end, "node {gone} did not start again");
+    loop {
+        let all = c.status_all(PAR).await;
+        if all[at(gone)]
+            .1
+            .as_ref()
+            .is_ok_and(|s| s.groups.first().is_some_and(|g| g.stopped.is_empty()))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "node {gone} did not start the group again"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A change may be refused while the previous one completes; retry, bounded.
