@@ -861,6 +861,20 @@ impl OooGroups {
             })
             .collect();
         let mut out = String::new();
+        let failed = self.failed_ids();
+        if !failed.is_empty() {
+            // Groups whose damaged replica did not start have no status to export; each
+            // is named here, so an alert need not parse `chorus status`.
+            out.push_str(
+                "# HELP chorus_ooo_group_not_started 1 for an out-of-order group whose replica is damaged and did not start on this node.\n# TYPE chorus_ooo_group_not_started gauge\n",
+            );
+            for id in failed {
+                let mode = self.failed_mode(id).unwrap_or_default();
+                out.push_str(&format!(
+                    "chorus_ooo_group_not_started{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} 1\n"
+                ));
+            }
+        }
         if statuses.is_empty() {
             return out;
         }

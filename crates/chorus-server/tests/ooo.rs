@@ -1020,6 +1020,16 @@ async fn a_damaged_replica_stops_only_its_group_and_is_replaced() {
     );
     assert_eq!(st.mode, "parallel");
     assert_eq!(
+        metric_of(
+            &cl.metrics,
+            gone,
+            "chorus_ooo_group_not_started",
+            PAR,
+            "parallel"
+        ),
+        1
+    );
+    assert_eq!(
         std::fs::read(&hard).unwrap(),
         b,
         "the damaged file was changed"
