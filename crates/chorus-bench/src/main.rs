@@ -250,8 +250,9 @@ struct OooArgs {
     #[arg(long, default_value_t = 0)]
     connections: u32,
     /// Out-of-order leaders resend a recent entry at once to a follower that acknowledged
-    /// this many later ones but not it (0: only the periodic resend; the default is the
-    /// server's).
+    /// this many later ones but not it; ordered followers ask for a gap to be resent once
+    /// they hold this many later messages (0: neither, only the periodic resends; the
+    /// default is the server's).
     #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
     hole_resend: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).

@@ -219,7 +219,8 @@ pub struct Settings {
     /// connections, frames spread over them at random, one of them jitters
     /// ([`proxy::Shape::SlowConnection`]).
     pub connections: u32,
-    /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::hole_resend`].
+    /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::hole_resend`];
+    /// ordered followers: [`chorus_core::replica::ReplicaConfig::gap_resend_after`].
     pub hole_resend: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,

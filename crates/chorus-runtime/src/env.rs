@@ -464,6 +464,15 @@ impl Env {
                 );
             }
         }
+        let name = "chorus_gap_resend_requests_total";
+        let _ = writeln!(out, "# HELP {name} Times this replica, as a follower, asked its leader to resend past a gap at once (it held later appends).\n# TYPE {name} counter");
+        for s in &statuses {
+            let _ = writeln!(
+                out,
+                "{name}{{node=\"{node}\",group=\"{}\"}} {}",
+                s.group, s.gap_resend_requests
+            );
+        }
         let _ = writeln!(out, "# HELP chorus_follower_lag_bytes Leader only: log bytes a follower has not yet made durable.\n# TYPE chorus_follower_lag_bytes gauge");
         for s in &statuses {
             for (f, matched) in &s.followers {

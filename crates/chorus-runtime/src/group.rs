@@ -108,6 +108,9 @@ pub struct GroupStatus {
     pub stopped: Option<String>,
     /// Inputs the replica dropped, by reason.
     pub drops: Vec<(String, u64)>,
+    /// Times this replica, as a follower, asked its leader to resend past a gap at once
+    /// ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]), since the group opened.
+    pub gap_resend_requests: u64,
 }
 
 /// Counters of one group (monotonic).
@@ -133,6 +136,9 @@ pub struct GroupCounters {
     pub meta_saves: AtomicU64,
     /// Inputs the replica dropped.
     pub drops: AtomicU64,
+    /// Gap resends asked for by earlier incarnations of the replica (a repair restarts
+    /// it); [`GroupStatus::gap_resend_requests`] adds the current one's.
+    pub gap_resends_before: AtomicU64,
 }
 
 pub(crate) struct EnvShared {
@@ -573,6 +579,9 @@ impl Group {
         let mut c = self.core.lock().expect("core");
         let now = self.env.now();
         self.close_lane(&mut c, now);
+        self.counters
+            .gap_resends_before
+            .fetch_add(c.replica.gap_resend_requests(), Ordering::Relaxed);
         c.replica = replica;
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
@@ -816,6 +825,8 @@ impl Group {
             pending_appends: r.pending_appends(),
             stopped: self.stopped.get().cloned(),
             drops: r.drops().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            gap_resend_requests: self.counters.gap_resends_before.load(Ordering::Relaxed)
+                + r.gap_resend_requests(),
         }
     }
 

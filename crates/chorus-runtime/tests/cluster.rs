@@ -193,6 +193,18 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
             .windows(2)
             .all(|w| w[0].lsn < w[1].lsn && w[0].csn < w[1].csn));
     }
+    // Every node exports its group's counters, the gap resends among them (a TCP
+    // connection does not reorder, so any count is fine; the line must be there).
+    for e in c.envs.values() {
+        let m = e.render_metrics();
+        let line = format!(
+            "chorus_gap_resend_requests_total{{node=\"{}\",group=\"1\"}} ",
+            e.node()
+        );
+        assert!(m.contains(&line), "node {}: no {line:?} in\n{m}", e.node());
+        let commits = format!("chorus_commits_total{{node=\"{}\",group=\"1\"}} ", e.node());
+        assert!(m.contains(&commits), "node {}: no {commits:?}", e.node());
+    }
     // The replay saw the same records, in order.
     let fend = c.envs[&follower].group(1).unwrap().committed_end();
     let deadline = Instant::now() + Duration::from_secs(10);

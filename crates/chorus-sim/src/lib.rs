@@ -57,6 +57,9 @@ pub struct ClusterOptions {
     pub commit_mode: CommitMode,
     /// Priorities by node id (default 0).
     pub priorities: BTreeMap<NodeId, u32>,
+    /// [`ReplicaConfig::gap_resend_after`] on every node; `None` picks it by seed
+    /// (`(seed / 2) % 4` early messages, 0 being off), so batches run every setting.
+    pub gap_resend_after: Option<usize>,
     /// Deliberately broken variant (test builds only).
     #[cfg(feature = "broken")]
     pub broken: chorus_core::replica::Broken,
@@ -69,6 +72,7 @@ impl Default for ClusterOptions {
             spares: 0,
             commit_mode: CommitMode::Piggyback,
             priorities: BTreeMap::new(),
+            gap_resend_after: None,
             #[cfg(feature = "broken")]
             broken: Default::default(),
         }
@@ -93,6 +97,9 @@ pub fn sim_replica_config(id: NodeId, opts: &ClusterOptions, seed: u64) -> Repli
         max_index_groups: 256,
         cache_bytes: 96 << 10,
         commit_mode: opts.commit_mode,
+        gap_resend_after: opts
+            .gap_resend_after
+            .unwrap_or(chorus_core::replica::GAP_RESEND_AFTER),
         seed,
         #[cfg(feature = "broken")]
         broken: opts.broken,
@@ -186,6 +193,9 @@ pub struct Cluster {
     pub net: NetFaults,
     /// Blocked directed links (from, to).
     pub blocked: BTreeSet<(NodeId, NodeId)>,
+    /// One-shot extra delays (from, to, by): the next append carrying log from `from` to
+    /// `to` arrives `by` later than it would — one message overtaken by the ones after it.
+    holds: Vec<(NodeId, NodeId, Nanos)>,
     /// The invariant checker.
     pub checker: Checker,
     /// Counters.
@@ -202,7 +212,8 @@ pub struct Cluster {
 impl Cluster {
     /// A fresh cluster from `seed`: every node's storage is created empty with the
     /// initial voters as membership.
-    pub fn new(seed: u64, opts: ClusterOptions) -> Self {
+    pub fn new(seed: u64, mut opts: ClusterOptions) -> Self {
+        opts.gap_resend_after = Some(opts.gap_resend_after.unwrap_or(((seed / 2) % 4) as usize));
         let mut rng = Rng::new(seed);
         let voters: Vec<NodeId> = (1..=opts.voters as NodeId).collect();
         let mut nodes = BTreeMap::new();
@@ -265,6 +276,7 @@ impl Cluster {
             seed,
             net: NetFaults::default(),
             blocked: BTreeSet::new(),
+            holds: Vec::new(),
             checker: Checker::default(),
             stats: BTreeMap::new(),
             next_tag: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
@@ -399,16 +411,35 @@ impl Cluster {
     /// Crashes a node: unsynced data is lost per `mode`; its pending results are void.
     pub fn crash(&mut self, id: NodeId, mode: CrashMode) {
         let node = self.nodes.get_mut(&id).expect("node");
-        if node.up.is_none() {
+        let Some(up) = node.up.take() else {
             return;
-        }
-        node.up = None;
+        };
+        let asked = up.replica.gap_resend_requests();
         node.fs.crash(mode);
         let inc = node.inc;
         node.inc += 1;
         self.checker.on_crash(id, inc);
         self.bump("crashes");
+        *self.stats.entry("gap_resend_requests").or_default() += asked;
         self.note(format!("node {id} crashed"));
+    }
+
+    /// Gap resends followers asked for ([`ReplicaConfig::gap_resend_after`]), crashed
+    /// incarnations included.
+    pub fn gap_resend_requests(&self) -> u64 {
+        self.stats.get("gap_resend_requests").copied().unwrap_or(0)
+            + self
+                .nodes
+                .values()
+                .filter_map(|n| n.replica())
+                .map(|r| r.gap_resend_requests())
+                .sum::<u64>()
+    }
+
+    /// Delays the next append carrying log from `from` to `to` by `by` beyond its usual
+    /// delay, so the appends sent after it overtake it (a slow connection).
+    pub fn hold_next_append(&mut self, from: NodeId, to: NodeId, by: Nanos) {
+        self.holds.push((from, to, by));
     }
 
     /// Damages one synced group of a crashed node's last block that has valid groups
@@ -705,6 +736,15 @@ impl Cluster {
             self.bump("messages_lost");
             return;
         }
+        let mut held = 0;
+        if let Message::Append { groups, .. } = &msg {
+            if !groups.is_empty() {
+                if let Some(i) = self.holds.iter().position(|h| (h.0, h.1) == (from, to)) {
+                    held = self.holds.remove(i).2;
+                    self.bump("messages_held");
+                }
+            }
+        }
         let copies = if net.dup_ppm > 0 && self.rng.below(1_000_000) < net.dup_ppm as u64 {
             2
         } else {
@@ -715,7 +755,7 @@ impl Cluster {
             if net.long_delay_ppm > 0 && self.rng.below(1_000_000) < net.long_delay_ppm as u64 {
                 delay += 50 * MS;
             }
-            let at = self.now + delay;
+            let at = self.now + delay + held;
             self.schedule(
                 at,
                 Event::Deliver {

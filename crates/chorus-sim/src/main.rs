@@ -70,6 +70,11 @@ struct Args {
     /// storage faults were injected in out-of-order runs).
     #[arg(long)]
     no_corrupt: bool,
+    /// Ordered groups: followers ask for a gap to be resent after this many early
+    /// messages, 0 never (default: by seed, 0 to 3; `--gap-resend 0` gives the trajectories
+    /// of seeds found before gap resends existed).
+    #[arg(long)]
+    gap_resend: Option<usize>,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -98,6 +103,7 @@ fn main() -> ExitCode {
     opts.cluster.commit_mode = mode;
     opts.faults = !args.no_faults;
     opts.fault_time = args.fault_secs * 1_000 * MS;
+    opts.cluster.gap_resend_after = args.gap_resend;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
         {
@@ -149,14 +155,17 @@ fn main() -> ExitCode {
                 format!(" --features broken -- --broken {b}")
             });
             let sep = if broken.is_empty() { " --" } else { "" };
+            let gap = args
+                .gap_resend
+                .map_or(String::new(), |g| format!(" --gap-resend {g}"));
             println!(
-                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}",
+                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
                 r.seed, args.mode
             );
         }
     }
     println!(
-        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={}",
+        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={}",
         args.mode,
         reports.len(),
         start,
@@ -168,6 +177,7 @@ fn main() -> ExitCode {
         totals.get("committed").unwrap_or(&0),
         totals.get("failed").unwrap_or(&0),
         totals.get("messages_delivered").unwrap_or(&0),
+        totals.get("gap_resend_requests").unwrap_or(&0),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -8,7 +8,7 @@
 //!
 //! | command | effect |
 //! |---|---|
-//! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async]` | new cluster |
+//! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async] [gap-resend=N]` | new cluster (gap resends off unless set) |
 //! | `run MS` | advance time |
 //! | `wait-leader [MS]` | run until a leader serves (at most MS, default 5000) |
 //! | `status` | role, proposal id, leader, log end, flushed, committed, config per node |
@@ -17,6 +17,8 @@
 //! | `log NODE` | NODE's groups: LSN, proposal id, entries, piggybacked committed end |
 //! | `progress NODE` | the leader's view of followers' flushed ends and the commit point |
 //! | `partition A B \| C` · `block A B` · `heal` | network |
+//! | `hold A B MS` | the next append carrying log from A to B arrives MS late (overtaken) |
+//! | `gap-asks NODE` | gap resends NODE asked for ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]) |
 //! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
 //! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
@@ -100,13 +102,19 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
     let mut words = line.split_whitespace();
     let cmd = words.next().unwrap_or_default();
     if cmd == "cluster" {
-        let mut opts = ClusterOptions::default();
+        // Gap resends off unless asked for: the scripts written before they existed keep
+        // their trajectories.
+        let mut opts = ClusterOptions {
+            gap_resend_after: Some(0),
+            ..ClusterOptions::default()
+        };
         for w in words {
             let (k, v) = w.split_once('=').ok_or(format!("bad option {w}"))?;
             match k {
                 "voters" => opts.voters = num(Some(v))? as usize,
                 "spares" => opts.spares = num(Some(v))? as usize,
                 "mode" => opts.commit_mode = parse_commit_mode(v).ok_or("bad mode")?,
+                "gap-resend" => opts.gap_resend_after = Some(num(Some(v))? as usize),
                 "prio" => {
                     for p in v.split(',') {
                         let (n, p) = p.split_once(':').ok_or("bad prio")?;
@@ -275,6 +283,18 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
             let b = num(words.next())?;
             c.block(a, b);
             out.push_str("ok");
+        }
+        "hold" => {
+            let a = num(words.next())?;
+            let b = num(words.next())?;
+            let ms = num(words.next())?;
+            c.hold_next_append(a, b, ms * MS);
+            out.push_str("ok");
+        }
+        "gap-asks" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().ok_or("node down")?;
+            let _ = write!(out, "asked {}", r.gap_resend_requests());
         }
         "heal" => {
             c.heal();

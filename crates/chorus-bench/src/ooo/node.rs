@@ -154,7 +154,8 @@ pub struct NodeOpts {
     /// Out-of-order nodes: this node's election timeout (the driver derives its
     /// heartbeat and resend intervals from it: a sixth of it each).
     pub election: Duration,
-    /// Out-of-order nodes: [`chorus_core::ooo::replica::OooConfig::hole_resend`].
+    /// Out-of-order nodes: [`chorus_core::ooo::replica::OooConfig::hole_resend`]; ordered
+    /// nodes: [`chorus_core::replica::ReplicaConfig::gap_resend_after`], the same number.
     pub hole_resend: u64,
 }
 
@@ -191,6 +192,8 @@ pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
         if o.id == 1 {
             cfg.replica.priority = 100;
         }
+        // The ordered counterpart of the out-of-order leaders' hole resends, set alike.
+        cfg.replica.gap_resend_after = o.hole_resend as usize;
         let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
         let a = env.replication_addr();
         Ok((Bound::Ordered(env), a))

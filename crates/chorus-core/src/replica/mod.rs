@@ -64,6 +64,11 @@ pub type Nanos = u64;
 
 const MS: Nanos = 1_000_000;
 
+/// Default of [`ReplicaConfig::gap_resend_after`]: the out-of-order replica's
+/// [`crate::ooo::replica::HOLE_RESEND`], so the two modes recover from an overtaken
+/// message alike.
+pub const GAP_RESEND_AFTER: usize = 3;
+
 /// How the committed end LSN reaches followers (piggyback paper sections 4 and 6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CommitMode {
@@ -136,6 +141,14 @@ pub struct ReplicaConfig {
     pub cache_bytes: usize,
     /// Early (out-of-order) append messages a follower buffers.
     pub max_buffered_appends: usize,
+    /// A follower holding this many early append messages past a gap asks the leader to
+    /// resend from its end at once, once per gap (0: only on a heartbeat past its end or
+    /// the leader's `resend_interval`). The ordered counterpart of the out-of-order
+    /// replica's hole resends: the message filling the gap was overtaken by this many
+    /// later ones (lost, or stuck behind a slow connection), so a copy sent now takes
+    /// another path — TCP's fast retransmit after three duplicate acknowledgements
+    /// (RFC 5681), asked by the receiver because only it sees the gap.
+    pub gap_resend_after: usize,
     /// Seed for the replica's own randomness (election back-off).
     pub seed: u64,
     /// Broken variant (test-only).
@@ -163,6 +176,7 @@ impl Default for ReplicaConfig {
             max_index_groups: 4096,
             cache_bytes: 64 << 20,
             max_buffered_appends: 64,
+            gap_resend_after: GAP_RESEND_AFTER,
             seed: 0,
             #[cfg(feature = "broken")]
             broken: Broken::None,
@@ -547,6 +561,11 @@ pub struct Replica {
     next_ticket: u64,
     last_csn: Csn,
     early: BTreeMap<Lsn, (NodeId, Message)>,
+    /// The log end at which this follower last asked for a gap to be resent
+    /// ([`ReplicaConfig::gap_resend_after`]): once per gap.
+    gap_asked_at: Option<Lsn>,
+    /// Gap resends asked for since this replica started.
+    gap_asks: u64,
     halted: Option<String>,
     storage_failed: bool,
     repairing: Option<RepairState>,
@@ -612,6 +631,8 @@ impl Replica {
             next_ticket: 1,
             last_csn,
             early: BTreeMap::new(),
+            gap_asked_at: None,
+            gap_asks: 0,
             halted: None,
             storage_failed: false,
             repairing: None,
@@ -725,6 +746,12 @@ impl Replica {
                 .as_ref()
                 .and_then(|l| l.open.as_ref())
                 .map_or(0, |o| o.records.len())
+    }
+
+    /// Times this follower asked its leader to resend past a gap at once
+    /// ([`ReplicaConfig::gap_resend_after`]) since it started.
+    pub fn gap_resend_requests(&self) -> u64 {
+        self.gap_asks
     }
 
     /// Counts of dropped inputs by reason.
@@ -2553,6 +2580,7 @@ impl Replica {
             self.matched_end = self.log.committed;
             self.leader_committed = 0;
             self.early.clear();
+            self.gap_asked_at = None;
             let role = self.role;
             self.actions.push(Action::Role {
                 role,
@@ -2569,6 +2597,15 @@ impl Replica {
             // so tell the leader where we are.
             if !groups.is_empty() && self.early.len() < self.cfg.max_buffered_appends {
                 self.early.insert(prev.lsn, (from, msg));
+                let end = self.log.end();
+                let after = self.cfg.gap_resend_after;
+                if after > 0 && self.early.len() >= after && self.gap_asked_at != Some(end) {
+                    // Overtaken `after` times: ask for the gap now rather than wait for
+                    // the slow copy or a heartbeat (the leader resends from `end`).
+                    self.gap_asked_at = Some(end);
+                    self.gap_asks += 1;
+                    self.send_ack(false, end);
+                }
             } else {
                 let end = self.log.end();
                 self.send_ack(false, end);
