@@ -825,7 +825,8 @@ pub struct OooConfig {
     /// predecessors.
     pub conflict_order: bool,
     /// Leader: a follower that acknowledges a slot at least this many slots after one it
-    /// has not acknowledged gets that slot again at once, once per term (0: never; only
+    /// has not acknowledged gets that slot again at once — and again each time it
+    /// acknowledges this many more past the last resend, the copy overtaken too (0: never; only
     /// the periodic resend fills its holes). Entries go out in slot order, so a follower
     /// holding three later ones was overtaken on this one: the copy is lost or stuck
     /// behind a slow connection, and a second copy takes another (PolarFS section 5.1's
@@ -1051,8 +1052,11 @@ struct Peer {
     /// The nonce of the last [`Msg::AskEnd`] that made us forget its acknowledgements.
     forgot: Option<u64>,
     /// Slots resent to it because it acknowledged later ones ([`OooConfig::hole_resend`]),
-    /// at or above its head and [`Lead::fresh`]: each at most once a term.
-    resent: BTreeSet<Seq>,
+    /// at or above its head and [`Lead::fresh`], each with the newest slot it had
+    /// acknowledged when it was resent: sent again only once it acknowledged
+    /// [`OooConfig::hole_resend`] more past that (the resent copy was overtaken too), so
+    /// one late acknowledgement does not resend a slot on every later one.
+    resent: BTreeMap<Seq, Seq>,
     /// When it last answered.
     heard: Nanos,
     /// Its head at the last resend tick.
@@ -1079,7 +1083,7 @@ impl Peer {
             applied: 0,
             acked: BTreeSet::new(),
             forgot: None,
-            resent: BTreeSet::new(),
+            resent: BTreeMap::new(),
             heard: now,
             tick_head: 0,
             catching_up: false,
@@ -2947,7 +2951,8 @@ impl OooReplica {
     }
 
     /// Resends to `p` the recent slots it has been overtaken on
-    /// ([`OooConfig::hole_resend`]), each once a term, at most a batch at a time.
+    /// ([`OooConfig::hole_resend`]), each again only once overtaken `hole_resend` more
+    /// times, at most a batch at a time.
     fn resend_holes(&mut self, p: NodeId) {
         let k = self.cfg.hole_resend;
         let Some(lead) = self.lead.as_mut() else {
@@ -2975,9 +2980,14 @@ impl OooReplica {
             if entries.len() >= batch {
                 break;
             }
-            if peer.acked.contains(&s) || !peer.resent.insert(s) {
+            if peer.acked.contains(&s) {
                 continue;
             }
+            let newest = upto + k;
+            if peer.resent.get(&s).is_some_and(|&at| newest < at + k) {
+                continue;
+            }
+            peer.resent.insert(s, newest);
             entries.push(slot.entry.clone());
         }
         if entries.is_empty() {
@@ -4583,9 +4593,56 @@ mod tests {
         assert!(!r1.commits.is_committed(a.seq));
     }
 
+    /// A resent copy overtaken in turn (lost here) is sent again once the follower
+    /// acknowledges `hole_resend` more slots past the one that triggered the first
+    /// resend — not before — so a slot lost twice does not wait for the resend interval.
+    #[test]
+    fn a_slot_whose_resend_is_overtaken_too_is_sent_again() {
+        let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.hole_resend = 3);
+        net.elect(1);
+        let a = append_block(&mut net, 0);
+        // Every copy of `a` to node 3 is lost until `lost` reaches 2 (the first copy and
+        // the first resend).
+        let lost = std::cell::Cell::new(0);
+        let run = |net: &mut Net| {
+            net.run_with(|_, to, m| {
+                let has_a = matches!(m, Msg::Append { entries, .. }
+                    if entries.iter().any(|e| e.seq == a.seq && e.eid == a.eid));
+                if to == 3 && has_a && lost.get() < 2 {
+                    lost.set(lost.get() + 1);
+                    return false;
+                }
+                true
+            })
+        };
+        run(&mut net);
+        let holds_a = |net: &Net| net.nodes[&3].log.contains_key(&a.seq);
+        for b in 1..=3 {
+            append_block(&mut net, b);
+            run(&mut net);
+        }
+        // The third later acknowledgement sent `a` again; that copy was lost too.
+        assert_eq!(lost.get(), 2);
+        assert_eq!(net.nodes[&1].stats().hole_resends, 1);
+        assert!(!holds_a(&net));
+        // Two more acknowledged past it: not yet.
+        for b in 4..=5 {
+            append_block(&mut net, b);
+            run(&mut net);
+        }
+        assert_eq!(net.nodes[&1].stats().hole_resends, 1);
+        assert!(!holds_a(&net));
+        // The third more: sent again, and this copy arrives.
+        append_block(&mut net, 6);
+        run(&mut net);
+        assert_eq!(net.nodes[&1].stats().hole_resends, 2);
+        assert!(holds_a(&net), "node 3 holds a after the second resend");
+    }
+
     /// A slot whose first copy both followers miss is resent as soon as each
     /// acknowledges a slot `hole_resend` later, without waiting for the resend interval
-    /// (the clock never moves here); once a term; never with `hole_resend = 0`.
+    /// (the clock never moves here); not again on the next acknowledgement; never with
+    /// `hole_resend = 0`.
     #[test]
     fn a_follower_overtaken_on_a_slot_gets_it_again_at_once() {
         for k in [3u64, 0] {

@@ -142,7 +142,8 @@ pub struct ReplicaConfig {
     /// Early (out-of-order) append messages a follower buffers.
     pub max_buffered_appends: usize,
     /// A follower holding this many early append messages past a gap asks the leader to
-    /// resend from its end at once, once per gap (0: only on a heartbeat past its end or
+    /// resend from its end at once, and again for the same gap each time it holds this
+    /// many more (the resent copy overtaken too) (0: only on a heartbeat past its end or
     /// the leader's `resend_interval`). The ordered counterpart of the out-of-order
     /// replica's hole resends: the message filling the gap was overtaken by this many
     /// later ones (lost, or stuck behind a slow connection), so a copy sent now takes
@@ -562,8 +563,10 @@ pub struct Replica {
     last_csn: Csn,
     early: BTreeMap<Lsn, (NodeId, Message)>,
     /// The log end at which this follower last asked for a gap to be resent
-    /// ([`ReplicaConfig::gap_resend_after`]): once per gap.
-    gap_asked_at: Option<Lsn>,
+    /// ([`ReplicaConfig::gap_resend_after`]), and how many early appends it held then:
+    /// it asks again for the same gap only after as many more (the resent copy was
+    /// overtaken too).
+    gap_asked_at: Option<(Lsn, usize)>,
     /// Gap resends asked for since this replica started.
     gap_asks: u64,
     halted: Option<String>,
@@ -2599,10 +2602,15 @@ impl Replica {
                 self.early.insert(prev.lsn, (from, msg));
                 let end = self.log.end();
                 let after = self.cfg.gap_resend_after;
-                if after > 0 && self.early.len() >= after && self.gap_asked_at != Some(end) {
+                let held = self.early.len();
+                let due = match self.gap_asked_at {
+                    Some((at, n)) if at == end => held >= n + after,
+                    _ => held >= after,
+                };
+                if after > 0 && due {
                     // Overtaken `after` times: ask for the gap now rather than wait for
                     // the slow copy or a heartbeat (the leader resends from `end`).
-                    self.gap_asked_at = Some(end);
+                    self.gap_asked_at = Some((end, held));
                     self.gap_asks += 1;
                     self.send_ack(false, end);
                 }
