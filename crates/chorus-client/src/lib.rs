@@ -527,9 +527,14 @@ impl Client {
     }
 }
 
-/// Whether a failed call surely never reached the server (the connection could not be
-/// made), so that retrying it elsewhere cannot apply it twice.
+/// Whether a failed call surely did nothing (the connection could not be made, or the
+/// server refused it because the group is not running there, marked with the
+/// `chorus-not-started` metadata key), so that retrying it elsewhere cannot apply it
+/// twice.
 fn not_sent(s: &Status) -> bool {
+    if s.metadata().contains_key("chorus-not-started") {
+        return true;
+    }
     let m = s.message().to_ascii_lowercase();
     let mut src = std::error::Error::source(s);
     let mut chain = m.clone();
@@ -551,4 +556,24 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal marked "not started here" did nothing and may go to another endpoint; an
+    /// UNAVAILABLE without the mark (a connection lost mid-call) may have been applied.
+    #[test]
+    fn only_a_marked_or_unconnected_failure_counts_as_not_sent() {
+        let mut marked = Status::unavailable("group 2 not started on this node");
+        marked
+            .metadata_mut()
+            .insert("chorus-not-started", "2".parse().unwrap());
+        assert!(not_sent(&marked));
+        assert!(!not_sent(&Status::unavailable("connection reset mid-call")));
+        assert!(not_sent(&Status::unavailable(
+            "tcp connect error: Connection refused"
+        )));
+    }
 }

@@ -154,9 +154,7 @@ impl Service {
     /// group".
     fn log_group(&self, id: u64) -> Result<chorus_runtime::LogHandle, Status> {
         if let Some((_, why)) = self.ooo.failed(id) {
-            return Err(Status::unavailable(format!(
-                "group {id} not started on this node: its replica is damaged: {why}"
-            )));
+            return Err(not_started(id, &why));
         }
         self.env.group(id).map_err(status)
     }
@@ -183,9 +181,7 @@ impl Service {
     fn ooo_group(&self, group: u64, op: &str) -> Result<Arc<OooGroup>, Status> {
         self.ooo.get(group).ok_or_else(|| {
             if let Some((_, why)) = self.ooo.failed(group) {
-                Status::unavailable(format!(
-                    "group {group} not started on this node: its replica is damaged: {why}"
-                ))
+                not_started(group, &why)
             } else if self.env.group(group).is_ok() {
                 Status::unimplemented(format!(
                     "group {group} is an ordered group: {op} is for out-of-order groups"
@@ -195,6 +191,23 @@ impl Service {
             }
         })
     }
+}
+
+/// The gRPC metadata key a refusal carries when the server did nothing with the request
+/// because the group is not running on this node: clients may send even a
+/// non-idempotent request (a membership change, an append) to another endpoint.
+pub const NOT_STARTED_KEY: &str = "chorus-not-started";
+
+/// UNAVAILABLE by name for a group whose damaged replica did not start here, marked
+/// [`NOT_STARTED_KEY`]: refused before anything was done, so not an indeterminate result.
+fn not_started(group: u64, why: &str) -> Status {
+    let mut s = Status::unavailable(format!(
+        "group {group} not started on this node: its replica is damaged: {why}"
+    ));
+    if let Ok(v) = group.to_string().parse() {
+        s.metadata_mut().insert(NOT_STARTED_KEY, v);
+    }
+    s
 }
 
 fn mode_name(m: Mode) -> &'static str {
