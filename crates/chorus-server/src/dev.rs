@@ -127,8 +127,20 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
                 let tail = std::fs::read_to_string(&log).unwrap_or_default();
                 let tail: Vec<&str> = tail.lines().rev().take(10).collect();
                 stop_all(&mut children);
+                // The data directory kept a group of another mode: say how to start over.
+                let hint = if tail.iter().any(|l| l.contains("but exists here as")) {
+                    format!(
+                        "\n{} holds group 1 in another mode from an earlier run: `chorus dev \
+                         --fresh --mode {}` deletes that data first, `--dir` picks another \
+                         directory",
+                        dir.display(),
+                        a.mode.name()
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(format!(
-                    "node {i} exited ({st}); last lines of {}:\n{}",
+                    "node {i} exited ({st}); last lines of {}:\n{}{hint}",
                     log.display(),
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )

@@ -1,0 +1,142 @@
+//! `chorus dev`, the README's first command, end to end: a detached local cluster leads,
+//! takes appends and reads them back; starting it again on the same directory in another
+//! mode is refused with the way out named; `--fresh` starts over in that mode.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn chorus() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_chorus"))
+}
+
+/// A base port whose API, replication, metrics and out-of-order replication ports for
+/// three nodes (base+1..=3, +101..=103, +201..=203, +301..=303) are free now, below the
+/// kernel's ephemeral range (see `common::free_port`), in this process's own stretch.
+fn free_base() -> u16 {
+    let start = 20_000 + (std::process::id() % 300) * 40;
+    for k in 0..300u32 {
+        let base = 20_000 + (start - 20_000 + k * 40) % 11_600;
+        let ports = (1..=3).flat_map(|i| [0, 100, 200, 300].map(|off| base + off + i));
+        if ports
+            .into_iter()
+            .all(|p| TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
+        {
+            return base as u16;
+        }
+    }
+    panic!("no free stretch of ports for a dev cluster")
+}
+
+/// The dev cluster's processes (from `DIR/pids`), SIGKILLed when dropped — also when the
+/// test fails half-way.
+struct Running(PathBuf);
+
+impl Running {
+    fn pids(&self) -> Vec<String> {
+        std::fs::read_to_string(self.0.join("pids"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Kills the nodes and waits until they are gone (their ports and data free).
+    fn stop(&self) {
+        let pids = self.pids();
+        if pids.is_empty() {
+            return;
+        }
+        let _ = Command::new("kill").arg("-9").args(&pids).output();
+        let end = Instant::now() + Duration::from_secs(10);
+        while pids
+            .iter()
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(self.0.join("pids"));
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn dev(dir: &Path, base: u16, extra: &[&str]) -> Output {
+    chorus()
+        .args(["dev", "--detach", "--dir"])
+        .arg(dir)
+        .args(["--base-port", &base.to_string()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn dev_cluster_serves_and_a_directory_of_another_mode_is_refused_with_the_way_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("chorus-dev");
+    let base = free_base();
+    let eps: Vec<String> = (1..=3)
+        .map(|i| format!("http://127.0.0.1:{}", base + i))
+        .collect();
+    let eps = eps.join(",");
+    let running = Running(dir.clone());
+
+    let out = dev(&dir, base, &[]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains("3 nodes, group 1 (ordered mode), node") && said.contains("leads"),
+        "{said}"
+    );
+    let out = chorus()
+        .args(["append", "--endpoints", &eps, "hello", "world"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches("committed").count(), 2);
+    let out = chorus()
+        .args(["read", "--endpoints", &eps, "--max", "3"])
+        .output()
+        .unwrap();
+    let read = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(read.contains("hello") && read.contains("world"), "{read}");
+    running.stop();
+
+    // The directory holds an ordered group 1: a dependent cluster there is refused, by
+    // name, with the flags that start over.
+    let out = dev(&dir, base, &["--mode", "dependent"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains("configured as dependent but exists here as an ordered group")
+            && err.contains("--fresh --mode dependent"),
+        "{err}"
+    );
+
+    // --fresh deletes the earlier data and starts that mode (the refused run stopped
+    // the nodes it had started).
+    running.stop();
+    let out = dev(&dir, base, &["--fresh", "--mode", "dependent"]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.contains("group 1 (dependent mode)"), "{said}");
+    let out = chorus()
+        .args(["status", "--endpoints", &eps])
+        .output()
+        .unwrap();
+    let status = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(status.contains("leader"), "{status}");
+}
