@@ -527,12 +527,17 @@ impl Client {
     }
 }
 
+/// The gRPC metadata key a server's refusal carries when it did nothing with the request
+/// because the group is not running on that node (its damaged replica did not start):
+/// even a non-idempotent request (a membership change, an append) may go to another
+/// endpoint.
+pub const NOT_STARTED_KEY: &str = "chorus-not-started";
+
 /// Whether a failed call surely did nothing (the connection could not be made, or the
-/// server refused it because the group is not running there, marked with the
-/// `chorus-not-started` metadata key), so that retrying it elsewhere cannot apply it
-/// twice.
+/// server refused it marked [`NOT_STARTED_KEY`]), so that retrying it elsewhere cannot
+/// apply it twice.
 fn not_sent(s: &Status) -> bool {
-    if s.metadata().contains_key("chorus-not-started") {
+    if s.metadata().contains_key(NOT_STARTED_KEY) {
         return true;
     }
     let m = s.message().to_ascii_lowercase();
@@ -569,7 +574,7 @@ mod tests {
         let mut marked = Status::unavailable("group 2 not started on this node");
         marked
             .metadata_mut()
-            .insert("chorus-not-started", "2".parse().unwrap());
+            .insert(NOT_STARTED_KEY, "2".parse().unwrap());
         assert!(not_sent(&marked));
         assert!(!not_sent(&Status::unavailable("connection reset mid-call")));
         assert!(not_sent(&Status::unavailable(

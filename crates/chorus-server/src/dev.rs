@@ -8,6 +8,7 @@ use chorus_client::Client;
 use clap::{Args, ValueEnum};
 
 use crate::config::{GroupSpec, ServerConfig};
+use crate::server::MODE_MISMATCH;
 use crate::{AnyResult, EXIT_UNREACHABLE};
 
 /// Flags of `chorus dev`.
@@ -128,7 +129,7 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
                 let tail: Vec<&str> = tail.lines().rev().take(10).collect();
                 stop_all(&mut children);
                 // The data directory kept a group of another mode: say how to start over.
-                let hint = if tail.iter().any(|l| l.contains("but exists here as")) {
+                let hint = if tail.iter().any(|l| l.contains(MODE_MISMATCH)) {
                     format!(
                         "\n{} holds group 1 in another mode from an earlier run: `chorus dev \
                          --fresh --mode {}` deletes that data first, `--dir` picks another \

@@ -14,6 +14,11 @@ use crate::ooo::{OooGroups, OooSettings};
 use crate::service::{serve_metrics, Service};
 use crate::{AnyResult, EXIT_USAGE};
 
+/// What a node says when its configuration names a group's mode other than the one the
+/// group was created with in its data directory (`chorus dev` recognises it to name the
+/// way out).
+pub(crate) const MODE_MISMATCH: &str = "but exists here as";
+
 /// Flags of `chorus server` (each overrides the config file and the environment).
 #[derive(Args, Debug, Default)]
 pub struct ServerArgs {
@@ -112,7 +117,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         if !g.is_ordered() {
             if env.group(g.id).is_ok() {
                 return Err(format!(
-                    "group {} is configured as {} but exists here as an ordered group",
+                    "group {} is configured as {} {MODE_MISMATCH} an ordered group",
                     g.id, g.mode
                 )
                 .into());
@@ -122,7 +127,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         }
         if ooo.get(g.id).is_some() {
             return Err(format!(
-                "group {} is configured as ordered but exists here as an out-of-order group",
+                "group {} is configured as ordered {MODE_MISMATCH} an out-of-order group",
                 g.id
             )
             .into());

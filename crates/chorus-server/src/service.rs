@@ -193,19 +193,15 @@ impl Service {
     }
 }
 
-/// The gRPC metadata key a refusal carries when the server did nothing with the request
-/// because the group is not running on this node: clients may send even a
-/// non-idempotent request (a membership change, an append) to another endpoint.
-pub const NOT_STARTED_KEY: &str = "chorus-not-started";
-
 /// UNAVAILABLE by name for a group whose damaged replica did not start here, marked
-/// [`NOT_STARTED_KEY`]: refused before anything was done, so not an indeterminate result.
+/// [`chorus_client::NOT_STARTED_KEY`]: refused before anything was done, so not an
+/// indeterminate result.
 fn not_started(group: u64, why: &str) -> Status {
     let mut s = Status::unavailable(format!(
         "group {group} not started on this node: its replica is damaged: {why}"
     ));
     if let Ok(v) = group.to_string().parse() {
-        s.metadata_mut().insert(NOT_STARTED_KEY, v);
+        s.metadata_mut().insert(chorus_client::NOT_STARTED_KEY, v);
     }
     s
 }

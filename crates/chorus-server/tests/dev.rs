@@ -15,9 +15,9 @@ fn chorus() -> Command {
 /// three nodes (base+1..=3, +101..=103, +201..=203, +301..=303) are free now, below the
 /// kernel's ephemeral range (see `common::free_port`), in this process's own stretch.
 fn free_base() -> u16 {
-    let start = 20_000 + (std::process::id() % 300) * 40;
-    for k in 0..300u32 {
-        let base = 20_000 + (start - 20_000 + k * 40) % 11_600;
+    let first = std::process::id() % 290;
+    for k in 0..290u32 {
+        let base = 20_000 + (first + k) % 290 * 40;
         let ports = (1..=3).flat_map(|i| [0, 100, 200, 300].map(|off| base + off + i));
         if ports
             .into_iter()

@@ -2968,7 +2968,11 @@ impl OooReplica {
         // Slots below `lo` are not resent again this term (`fresh` only grows).
         let lo = from.max(peer.head);
         peer.resent = peer.resent.split_off(&lo);
-        let Some(upto) = peer.acked.last().and_then(|t| t.checked_sub(k)) else {
+        // The newest slot it acknowledged: slots `k` or more below it were overtaken.
+        let Some(&newest) = peer.acked.last() else {
+            return;
+        };
+        let Some(upto) = newest.checked_sub(k) else {
             return;
         };
         if lo > upto {
@@ -2983,7 +2987,6 @@ impl OooReplica {
             if peer.acked.contains(&s) {
                 continue;
             }
-            let newest = upto + k;
             if peer.resent.get(&s).is_some_and(|&at| newest < at + k) {
                 continue;
             }
