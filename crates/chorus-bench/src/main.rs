@@ -64,6 +64,9 @@ enum Cmd {
         /// Out-of-order leader: hole resend after this many later acknowledgements.
         #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
         hole_resend: u64,
+        /// Out-of-order leader: longest wait, µs, to pack appends while its log write is in flight.
+        #[arg(long, default_value_t = 0)]
+        freeze_us: u64,
         /// Note every apply for the apply gap.
         #[arg(long)]
         record_applies: bool,
@@ -255,6 +258,11 @@ struct OooArgs {
     /// default is the server's).
     #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
     hole_resend: u64,
+    /// Out-of-order leaders: longest wait, µs, to pack appends into a group entry while
+    /// the leader's own log write is in flight (adaptive group replication, PALF section
+    /// 6; 0: pack what each driver round took, the server's default)
+    #[arg(long, default_value_t = 0)]
+    ooo_freeze_us: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -307,6 +315,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         jitter_links: a.jitter_links,
         connections: a.connections,
         hole_resend: a.hole_resend,
+        ooo_freeze_us: a.ooo_freeze_us,
         apply_threads: a.apply_threads,
         apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,
@@ -479,6 +488,7 @@ fn main() -> AnyResult<()> {
             apply_us,
             election_ms,
             hole_resend,
+            freeze_us,
             record_applies,
         } => {
             let r = chorus_bench::ooo::System::parse(&system).and_then(|system| {
@@ -490,6 +500,7 @@ fn main() -> AnyResult<()> {
                     apply_us,
                     election: std::time::Duration::from_millis(election_ms),
                     hole_resend,
+                    freeze: std::time::Duration::from_micros(freeze_us),
                 };
                 chorus_bench::ooo::replica_main(o, record_applies)
             });

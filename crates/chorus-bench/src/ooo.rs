@@ -222,6 +222,9 @@ pub struct Settings {
     /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::hole_resend`];
     /// ordered followers: [`chorus_core::replica::ReplicaConfig::gap_resend_after`].
     pub hole_resend: u64,
+    /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`],
+    /// µs (0: pack appends every driver round).
+    pub ooo_freeze_us: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Microseconds each record's apply takes on every node of every system (asleep:
@@ -674,6 +677,8 @@ impl Child {
             .arg(election_of(s, id).as_millis().to_string())
             .arg("--hole-resend")
             .arg(s.hole_resend.to_string())
+            .arg("--freeze-us")
+            .arg(s.ooo_freeze_us.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(f);
@@ -824,6 +829,7 @@ impl Cluster {
             apply_us: s.apply_us,
             election: election_of(s, 1),
             hole_resend: s.hole_resend,
+            freeze: Duration::from_micros(s.ooo_freeze_us),
         };
         let (b1, a1) = node::bind(&o1)?;
         let mut children = Vec::new();

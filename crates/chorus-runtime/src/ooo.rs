@@ -14,6 +14,11 @@
 //! outcome rests on durable copies only), and an apply waits for its own entry's write
 //! only, not for the other writes of its batch.
 //!
+//! A leader packs the appends a round took into group entries at the end of the round;
+//! with [`OooNodeConfig::freeze_interval`] set, appends taken while its own log write is in
+//! flight wait for that write (or the interval) and leave together (PALF section 6's
+//! adaptive group replication, as the ordered replica freezes its groups).
+//!
 //! Applies run on a pool of `apply_threads` threads (DP-Raft section 4.3: followers apply
 //! independent entries in parallel): the replica only releases together entries that do
 //! not conflict, each worker calls the caller's callback and reports the slot back to the
@@ -79,6 +84,12 @@ use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
 use chorus_storage::ooo::OooStore;
 
+/// Starts a thread named `name` (shown by `top -H`, `perf` and debuggers; Linux keeps
+/// the first 15 bytes).
+fn spawn<F: FnOnce() + Send + 'static>(name: &str, f: F) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.to_string()).spawn(f)
+}
+
 /// Largest frame accepted.
 const MAX_FRAME: usize = 256 << 20;
 
@@ -121,6 +132,15 @@ pub struct OooNodeConfig {
     /// many after it but not that one ([`OooConfig::hole_resend`]; 0: only the periodic
     /// resend).
     pub hole_resend: u64,
+    /// Leader: how long appends may wait to be packed into a group entry while the
+    /// leader's own log write is in flight (zero: appends taken in a driver round are
+    /// packed at the end of that round). Adaptive group replication, PALF section 6 (1 ms
+    /// there): appends are packed at once when this node's log IO is idle (low
+    /// concurrency: no added latency), and otherwise when that write is durable or this
+    /// interval has passed (high concurrency: fewer, fuller entries, so fewer frames,
+    /// syncs and acknowledgements per append). The cost: followers learn commits from the
+    /// next entry, which now leaves later (see `docs/benchmarks.md`).
+    pub freeze_interval: Duration,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,
 }
@@ -490,15 +510,24 @@ impl OooNode {
         let mut replica = OooReplica::recover(rc, hard, members, entries, now());
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
+        // A thread the system refuses to start fails the start; the threads already
+        // running see `stop` (or their queue close as this function's locals drop) and end.
+        let halt = |e: std::io::Error| {
+            stop.store(true, Ordering::Relaxed);
+            e
+        };
         let (tx, rx) = mpsc::channel::<Ev>();
         let mut threads = Vec::new();
         // Inbound connections.
         listener.set_nonblocking(true)?;
         {
             let (tx, stop, group, tls) = (tx.clone(), stop.clone(), cfg.group, tls.clone());
-            threads.push(std::thread::spawn(move || {
-                accept_loop(listener, group, tls, tx, stop)
-            }));
+            threads.push(
+                spawn("ooo-accept", move || {
+                    accept_loop(listener, group, tls, tx, stop)
+                })
+                .map_err(&halt)?,
+            );
         }
         // Apply workers: they take released entries from one queue and report each
         // applied slot back to the driver; a worker cuts an entry into pieces of whole
@@ -507,15 +536,18 @@ impl OooNode {
         for _ in 0..cfg.apply_threads {
             let (work, tx, sm) = (work.clone(), tx.clone(), sm.clone());
             let pieces = cfg.apply_threads;
-            threads.push(std::thread::spawn(move || {
-                while let Some(w) = work.pop() {
-                    if let Some(ev) = apply_work(&*sm, &work, w, pieces) {
-                        if tx.send(ev).is_err() {
-                            return;
+            threads.push(
+                spawn("ooo-apply", move || {
+                    while let Some(w) = work.pop() {
+                        if let Some(ev) = apply_work(&*sm, &work, w, pieces) {
+                            if tx.send(ev).is_err() {
+                                return;
+                            }
                         }
                     }
-                }
-            }));
+                })
+                .map_err(&halt)?,
+            );
         }
         let work = ApplyPool(work);
         let pool = cfg.apply_threads > 0;
@@ -536,22 +568,26 @@ impl OooNode {
             let jitter = cfg.link_jitter.filter(|j| j.0 == p).map(|j| j.1);
             let tls = tls.clone();
             let l = link.clone();
-            threads.push(std::thread::spawn(move || {
-                writer_loop(hello, a, tls, prx, l, stop, jitter)
-            }));
+            threads.push(
+                spawn(&format!("ooo-send-{p}"), move || {
+                    writer_loop(hello, a, tls, prx, l, stop, jitter)
+                })
+                .map_err(&halt)?,
+            );
             peers.insert(p, link);
         }
         let stop2 = stop.clone();
         let compact_bytes = cfg.compact_bytes;
+        let freeze = cfg.freeze_interval;
         let committed = tokio::sync::watch::Sender::new(replica.committed_head());
         let committed_tx = committed.clone();
         let ev_tx = tx.clone();
         let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
         {
             let tx = tx.clone();
-            threads.push(std::thread::spawn(move || io_loop(store, io_rx, tx)));
+            threads.push(spawn("ooo-io", move || io_loop(store, io_rx, tx)).map_err(&halt)?);
         }
-        threads.push(std::thread::spawn(move || {
+        threads.push(spawn("ooo-driver", move || {
             // Dropping the apply pool (it closes its queue) and the IO queue's sender when
             // the driver ends stops the workers and the IO thread.
             let (work, io_tx) = (work, io_tx);
@@ -560,6 +596,12 @@ impl OooNode {
             // Records taken this round, packed into group entries once the round's events
             // are all taken.
             let mut staged: Vec<(Record, Reply)> = Vec::new();
+            // When the oldest staged record was taken, and the staged records' bytes.
+            let mut staged_since: Option<Instant> = None;
+            let mut staged_bytes = 0usize;
+            // The last batch handed to the IO thread: the log IO is idle once every
+            // batch up to it is reported durable.
+            let mut io_sent = 0u64;
             let mut failed = false;
             let mut c = OooCounters {
                 damaged_at_start,
@@ -582,7 +624,11 @@ impl OooNode {
             while !stop2.load(Ordering::Relaxed) && !failed {
                 // Take every event already queued (up to a bound) before draining the
                 // replica: their writes go to the IO thread as one batch.
-                let mut next = match rx.recv_timeout(Duration::from_millis(5)) {
+                // Staged records wait at most until their freeze deadline.
+                let wait = staged_since.map_or(Duration::from_millis(5), |t| {
+                    (t + freeze).saturating_duration_since(Instant::now())
+                });
+                let mut next = match rx.recv_timeout(wait.min(Duration::from_millis(5))) {
                     Ok(ev) => Some(ev),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => break,
@@ -598,7 +644,10 @@ impl OooNode {
                         }
                         Ev::Msg(..) => {}
                         Ev::Append(declared, data, reply) => match group::check(mode, &declared) {
-                            Ok(()) => staged.push((Record { declared, data }, reply)),
+                            Ok(()) => {
+                                staged_bytes += data.len();
+                                staged.push((Record { declared, data }, reply))
+                            }
                             Err(e) => {
                                 let _ = reply.send(Err(e.into()));
                             }
@@ -703,7 +752,20 @@ impl OooNode {
                     break;
                 }
                 if !staged.is_empty() {
-                    append_groups(&mut replica, mode, now(), &mut staged, &mut waiters, &mut c);
+                    // Adaptive group replication (PALF section 6): pack at once while
+                    // this node's log IO is idle; while a write is in flight, let
+                    // appends gather until it is durable (its Synced event starts a
+                    // round), a full group is staged, or the freeze interval passed.
+                    let since = *staged_since.get_or_insert_with(Instant::now);
+                    let due = io_sent <= synced_upto
+                        || since.elapsed() >= freeze
+                        || staged.len() >= group::MAX_GROUP_RECORDS
+                        || staged_bytes >= group::MAX_GROUP_BYTES
+                        || !replica.is_serving();
+                    if due {
+                        append_groups(&mut replica, mode, now(), &mut staged, &mut waiters, &mut c);
+                        (staged_since, staged_bytes) = (None, 0);
+                    }
                 }
                 replica.tick(now());
                 // Checkpoint, then compact, once the entries file passed its bound (and
@@ -808,9 +870,12 @@ impl OooNode {
                     // the next round.
                     next_id = id;
                     let io = !ops.is_empty();
-                    if io && io_tx.send((next_id, ops)).is_err() {
-                        failed = true;
-                        break;
+                    if io {
+                        if io_tx.send((next_id, ops)).is_err() {
+                            failed = true;
+                            break;
+                        }
+                        io_sent = next_id;
                     }
                     pending.push_back(Pending {
                         id: next_id,
@@ -827,7 +892,7 @@ impl OooNode {
             for w in waiters.into_values().flatten().chain(staged.into_iter().map(|s| s.1)) {
                 let _ = w.send(Err(OooNodeError::Stopped));
             }
-        }));
+        }).map_err(&halt)?);
         Ok(Self {
             tx,
             stop,
@@ -1285,9 +1350,12 @@ fn accept_loop(listener: TcpListener, group: u64, tls: Tls, tx: Sender<Ev>, stop
         match listener.accept() {
             Ok((s, _)) => {
                 let (tx, stop, tls) = (tx.clone(), stop.clone(), tls.clone());
-                readers.push(std::thread::spawn(move || {
-                    reader_loop(s, group, tls, tx, stop)
-                }));
+                // A connection no thread can be started for is closed (dropped with the
+                // closure); the peer redials.
+                match spawn("ooo-recv", move || reader_loop(s, group, tls, tx, stop)) {
+                    Ok(r) => readers.push(r),
+                    Err(e) => tracing::warn!(error = %e, "no thread for an inbound connection"),
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(5));

@@ -148,6 +148,8 @@ struct Cluster {
     /// Nodes 1..=voters are the voters at creation; any after them are spares a
     /// membership change may add.
     voters: usize,
+    /// Each node's [`OooNodeConfig::freeze_interval`].
+    freeze: Vec<Duration>,
 }
 
 impl Cluster {
@@ -165,6 +167,20 @@ impl Cluster {
     }
 
     fn build(mode: Mode, tls: Vec<Option<TlsFiles>>, voters: usize) -> Self {
+        // Node 1 packs appends as PALF's adaptive group replication does; the others pack
+        // every round: both paths run under every test's faults.
+        let freeze = (0..tls.len())
+            .map(|i| Duration::from_millis(u64::from(i == 0)))
+            .collect();
+        Self::build_with(mode, tls, voters, freeze)
+    }
+
+    fn build_with(
+        mode: Mode,
+        tls: Vec<Option<TlsFiles>>,
+        voters: usize,
+        freeze: Vec<Duration>,
+    ) -> Self {
         let n = tls.len();
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
@@ -176,6 +192,7 @@ impl Cluster {
             addrs,
             nodes: Vec::new(),
             states: (0..n).map(|_| State::default()).collect(),
+            freeze,
             tls,
             voters,
         };
@@ -209,6 +226,7 @@ impl Cluster {
             conflict_order: i == 0,
             compact_bytes: 8 << 10,
             hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+            freeze_interval: self.freeze[i],
             tls: self.tls[i].clone(),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()
@@ -651,6 +669,65 @@ fn a_costly_checkpoint_waits_for_as_many_bytes_of_entries() {
         c.append_many(from, 10);
         from += 10;
     }
+}
+
+/// Adaptive group replication (PALF section 6) with a freeze interval far longer than the
+/// test: an append taken while the leader's log IO is idle is packed at once, and appends
+/// taken while its write is in flight gather until that write is durable — neither waits
+/// for the interval, and the gathered ones share entries.
+#[test]
+fn appends_gather_while_the_leaders_write_is_in_flight() {
+    let long = Duration::from_secs(30);
+    let c = Cluster::build_with(Mode::Parallel { span: 2 }, vec![None; 3], 3, vec![long; 3]);
+    let l = c.leader();
+    let node = c.nodes[l].as_ref().unwrap();
+    let t0 = Instant::now();
+    c.append_many(0, 10);
+    assert!(
+        t0.elapsed() < long / 3,
+        "appends one at a time waited for the freeze interval: {:?}",
+        t0.elapsed()
+    );
+    // A stream of appends, each sent while earlier ones are still being written (a
+    // submission is queued to the driver when made; its result is awaited later).
+    let before = node.status().unwrap().counters;
+    let t0 = Instant::now();
+    let futs: Vec<_> = (0..300)
+        .map(|i| {
+            // 16 KiB each, so the leader's writes take a while (and eight fill a group).
+            let (d, mut data) = c.record(1000 + i);
+            data.resize(16 << 10, 0);
+            let f = node.submit(d, data);
+            std::thread::sleep(Duration::from_micros(20));
+            f
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let results = rt.block_on(async {
+        let mut out = Vec::new();
+        for f in futs {
+            out.push(f.await);
+        }
+        out
+    });
+    assert!(
+        t0.elapsed() < long / 3,
+        "gathered appends waited for the freeze interval: {:?}",
+        t0.elapsed()
+    );
+    for r in &results {
+        assert_eq!(r.as_ref().unwrap().outcome, Outcome::Committed, "{r:?}");
+    }
+    let after = node.status().unwrap().counters;
+    let (appends, groups) = (after.appends - before.appends, after.groups - before.groups);
+    assert_eq!(appends, 300);
+    assert!(
+        groups <= 100,
+        "300 appends streamed should share entries while writes are in flight: {groups} entries"
+    );
+    c.converge();
 }
 
 /// Waits until the serving leader holds `voters` with no change in its joint stage and

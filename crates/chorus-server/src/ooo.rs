@@ -304,6 +304,9 @@ pub struct OooSettings {
     pub catchup_rate: u64,
     /// Checkpoint and compact a group's entries file past this many bytes (0: never).
     pub compact_bytes: u64,
+    /// How long a leader lets appends gather while its own log write is in flight
+    /// ([`chorus_runtime::ooo::OooNodeConfig::freeze_interval`]; zero: not at all).
+    pub freeze_interval: std::time::Duration,
     /// Mutual TLS on every group's replication connections (None: plain TCP).
     pub tls: Option<chorus_runtime::transport::TlsFiles>,
 }
@@ -592,6 +595,7 @@ impl OooGroups {
                 conflict_order: spec.conflict_order,
                 compact_bytes: self.settings.compact_bytes,
                 hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+                freeze_interval: self.settings.freeze_interval,
                 tls: self.settings.tls.clone(),
             },
             listener,
@@ -1022,6 +1026,7 @@ mod tests {
             apply_threads: 0,
             catchup_rate: 0,
             compact_bytes: 0,
+            freeze_interval: std::time::Duration::ZERO,
             tls: None,
         })
         .unwrap();
@@ -1053,6 +1058,7 @@ mod tests {
             apply_threads: 0,
             catchup_rate: 0,
             compact_bytes: 0,
+            freeze_interval: std::time::Duration::ZERO,
             tls: None,
         })
         .unwrap();

@@ -85,9 +85,11 @@ fn cluster() -> Cluster {
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
              [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\ncommit_order = \"conflicts\"\n\
              [groups.replicas]\n{replicas}\n\
-             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\ncompact_bytes = 8192\n",
+             [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\ncompact_bytes = 8192\nfreeze_us = {}\n",
             dir.path().join(format!("n{i}")).display(),
-            i - 1
+            i - 1,
+            // Node 1's leaders let appends gather (adaptive group replication).
+            if i == 1 { 1000 } else { 0 }
         )
         .unwrap();
         let mut n = Server::new(cfg, dir.path().join(format!("n{i}.log")));

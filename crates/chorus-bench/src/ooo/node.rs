@@ -157,6 +157,8 @@ pub struct NodeOpts {
     /// Out-of-order nodes: [`chorus_core::ooo::replica::OooConfig::hole_resend`]; ordered
     /// nodes: [`chorus_core::replica::ReplicaConfig::gap_resend_after`], the same number.
     pub hole_resend: u64,
+    /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`].
+    pub freeze: Duration,
 }
 
 /// A node that holds its replication port but has not started replicating.
@@ -234,6 +236,7 @@ pub fn start(
                 // The ordered runtime's log is not truncated during a run either.
                 compact_bytes: 0,
                 hole_resend: o.hole_resend,
+                freeze_interval: o.freeze,
                 tls: None,
             };
             let node =
