@@ -197,9 +197,18 @@ impl Service {
 /// [`chorus_client::NOT_STARTED_KEY`]: refused before anything was done, so not an
 /// indeterminate result.
 fn not_started(group: u64, why: &str) -> Status {
-    let mut s = Status::unavailable(format!(
-        "group {group} not started on this node: its replica is damaged: {why}"
-    ));
+    nothing_done(
+        Status::unavailable(format!(
+            "group {group} not started on this node: its replica is damaged: {why}"
+        )),
+        group,
+    )
+}
+
+/// Marks a refusal of `group`'s request that did nothing with it
+/// ([`chorus_client::NOT_STARTED_KEY`]), so that a client may send even a non-idempotent
+/// request to another node.
+fn nothing_done(mut s: Status, group: u64) -> Status {
     if let Ok(v) = group.to_string().parse() {
         s.metadata_mut().insert(chorus_client::NOT_STARTED_KEY, v);
     }
@@ -247,7 +256,7 @@ pub fn status(e: Error) -> Status {
         Error::NoSuchGroup(_) | Error::NotARecord { .. } => Status::not_found(msg),
         Error::GroupExists(_) => Status::already_exists(msg),
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
-        Error::Append { source, .. } => match source {
+        Error::Append { source, group } => match source {
             AppendError::NotLeader { leader } => {
                 let mut s = Status::failed_precondition(msg);
                 if let Some(l) = leader {
@@ -260,7 +269,9 @@ pub fn status(e: Error) -> Status {
             AppendError::Transferring => Status::failed_precondition(msg),
             AppendError::WindowFull => Status::resource_exhausted(msg),
             AppendError::TooLarge { .. } => Status::invalid_argument(msg),
-            AppendError::Halted(_) => Status::unavailable(msg),
+            // A halted replica refuses before writing or sending anything: another node
+            // may take the append.
+            AppendError::Halted(_) => nothing_done(Status::unavailable(msg), *group),
         },
         Error::Change { source, .. } => match source {
             ChangeError::NotLeader => Status::failed_precondition(msg),
@@ -1040,5 +1051,43 @@ pub async fn serve_metrics(env: Env, ooo: Arc<OooGroups>, listener: tokio::net::
             );
             let _ = sock.write_all(resp.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only refusals that surely did nothing carry the mark a client retries elsewhere
+    /// on: a halted replica's refusal does; a stopped group's (the append may have been
+    /// taken) does not.
+    #[test]
+    fn a_halted_replicas_refusal_is_marked_as_nothing_done() {
+        let halted = status(Error::Append {
+            group: 7,
+            source: AppendError::Halted("halted"),
+        });
+        assert_eq!(halted.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            halted
+                .metadata()
+                .get(chorus_client::NOT_STARTED_KEY)
+                .map(|v| v.to_str().unwrap().to_string()),
+            Some("7".to_string())
+        );
+        let stopped = status(Error::Shutdown);
+        assert_eq!(stopped.code(), tonic::Code::Unavailable);
+        assert!(stopped
+            .metadata()
+            .get(chorus_client::NOT_STARTED_KEY)
+            .is_none());
+        let full = status(Error::Append {
+            group: 7,
+            source: AppendError::WindowFull,
+        });
+        assert!(full
+            .metadata()
+            .get(chorus_client::NOT_STARTED_KEY)
+            .is_none());
     }
 }
