@@ -297,20 +297,35 @@ impl TailF {
 
 /// Runs the `chorus` CLI with `args`, which must succeed; the JSON lines it printed.
 fn chorus_json(args: &[&str]) -> Vec<serde_json::Value> {
+    chorus_json_result(args).unwrap_or_else(|e| panic!("chorus {args:?}: {e}"))
+}
+
+/// Runs the `chorus` CLI with `args`: the JSON lines it printed, or what it said on
+/// standard error when it failed.
+fn chorus_json_result(args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
     let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(args)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "chorus {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+        .collect())
+}
+
+/// The base a compacted-slot refusal names ("every slot below N is held only by the
+/// state machine's image"), if `message` is one.
+fn compacted_below(message: &str) -> Option<u64> {
+    let at = message.find("is compacted (every slot below ")? + 31;
+    message[at..]
+        .split(|ch: char| !ch.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Every replica reads the group's log (`ReadOutOfOrder`) from the highest base among
@@ -322,6 +337,24 @@ async fn log_reads_match(
     group: u64,
     committed: &[((u64, u32), pb::OutOfOrderRecord)],
 ) -> usize {
+    // Nothing appends meanwhile, but replicas go on compacting as followers catch up (a
+    // leader compacts no further than its followers' heads): a read that finds its start
+    // compacted since the bases were taken starts again from the new base.
+    for _ in 0..20 {
+        if let Some(n) = log_reads_match_from_bases(eps, group, committed).await {
+            return n;
+        }
+    }
+    panic!("group {group}: the replicas' bases kept moving past every read");
+}
+
+/// One try of [`log_reads_match`]: `None` when a replica compacted past the start in
+/// the middle.
+async fn log_reads_match_from_bases(
+    eps: &[String],
+    group: u64,
+    committed: &[((u64, u32), pb::OutOfOrderRecord)],
+) -> Option<usize> {
     let mut bases = Vec::new();
     for ep in eps {
         let mut c = Client::new(vec![ep.clone()]);
@@ -345,7 +378,15 @@ async fn log_reads_match(
     let mut first: Option<Vec<pb::OutOfOrderEntry>> = None;
     for ep in eps {
         let mut c = Client::new(vec![ep.clone()]);
-        let r = c.read_out_of_order(group, from, 10_000).await.unwrap();
+        let r = match c.read_out_of_order(group, from, 10_000).await {
+            Ok(r) => r,
+            Err(chorus_client::ClientError::Status { code, message, .. })
+                if code == Code::OutOfRange && compacted_below(&message).is_some() =>
+            {
+                return None
+            }
+            Err(e) => panic!("{e}"),
+        };
         let es: Vec<_> = r.entries.into_iter().filter(|e| !e.null).collect();
         let recs: Vec<_> = es
             .iter()
@@ -384,7 +425,7 @@ async fn log_reads_match(
             Some(f) => assert_eq!(*f, es, "replicas read different logs"),
         }
     }
-    let places: Vec<(u64, u32)> = chorus_json(&[
+    let printed = match chorus_json_result(&[
         "read",
         "-o",
         "json",
@@ -396,18 +437,23 @@ async fn log_reads_match(
         &from.to_string(),
         "--endpoints",
         &eps[0],
-    ])
-    .into_iter()
-    .filter(|v| !v["null"].as_bool().unwrap())
-    .map(|v| {
-        (
-            v["seq"].as_u64().unwrap(),
-            v["index"].as_u64().unwrap() as u32,
-        )
-    })
-    .collect();
+    ]) {
+        Ok(p) => p,
+        Err(e) if compacted_below(&e).is_some() => return None,
+        Err(e) => panic!("chorus read: {e}"),
+    };
+    let places: Vec<(u64, u32)> = printed
+        .into_iter()
+        .filter(|v| !v["null"].as_bool().unwrap())
+        .map(|v| {
+            (
+                v["seq"].as_u64().unwrap(),
+                v["index"].as_u64().unwrap() as u32,
+            )
+        })
+        .collect();
     assert_eq!(places, want.iter().map(|(s, _)| *s).collect::<Vec<_>>());
-    want.len()
+    Some(want.len())
 }
 
 /// Reading an out-of-order group as it grows: `TailOutOfOrder` on a follower, started at
@@ -459,21 +505,32 @@ async fn tails_follow(eps: &[String], group: u64, rec: pb::OutOfOrderRecord) {
         seen,
         "`chorus tail -f` did not print slot {slot} within 10 s; stderr: {err}"
     );
-    let seqs: Vec<u64> = chorus_json(&[
-        "tail",
-        "-o",
-        "json",
-        "-g",
-        &group.to_string(),
-        "--from",
-        &head.to_string(),
-        "--endpoints",
-        &eps[leader as usize - 1],
-    ])
-    .iter()
-    .map(|v| v["seq"].as_u64().unwrap())
-    .collect();
-    assert_eq!(seqs.last(), Some(&slot), "{seqs:?}");
+    // From the head on, or from the leader's base if it compacted past the head since
+    // (it compacts as its followers catch up); the slot itself stays readable unless the
+    // base passed it too, and then the tail is refused by name.
+    let mut from = head;
+    let seqs: Vec<u64> = loop {
+        match chorus_json_result(&[
+            "tail",
+            "-o",
+            "json",
+            "-g",
+            &group.to_string(),
+            "--from",
+            &from.to_string(),
+            "--endpoints",
+            &eps[leader as usize - 1],
+        ]) {
+            Ok(p) => break p.iter().map(|v| v["seq"].as_u64().unwrap()).collect(),
+            Err(e) => match compacted_below(&e) {
+                Some(base) if base > from => from = base,
+                _ => panic!("chorus tail: {e}"),
+            },
+        }
+    };
+    if from <= slot {
+        assert_eq!(seqs.last(), Some(&slot), "from {from}: {seqs:?}");
+    }
     // Below a replica's base the tail ends as the read does: OUT_OF_RANGE.
     let mut one = Client::new(vec![eps[f].clone()]);
     if let Err(chorus_client::ClientError::Status {
@@ -866,28 +923,37 @@ async fn out_of_order_groups_through_the_server() {
         assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
         assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
     }
-    // The new leader's metrics count its commits and compactions, per group and mode;
-    // the restarted node installed both leaders' images.
-    let commits = metric(new, "chorus_ooo_commits_total", PAR, "parallel");
+    // The leaders' metrics count their commits and compactions, per group and mode; the
+    // restarted node installed both leaders' images. Under load the leadership may have
+    // moved between the two live nodes during the appends, so commits are summed and the
+    // packing is checked on the node that committed most.
+    let commits: Vec<u64> = (1..=3)
+        .map(|n| metric(n, "chorus_ooo_commits_total", PAR, "parallel"))
+        .collect();
+    assert!(commits.iter().sum::<u64>() >= 100, "{commits:?}");
     // The parallel group's new leader merged before it served (the NULLs it decided, if
     // any, are counted next to it).
     assert!(metric(new, "chorus_ooo_merges_total", PAR, "parallel") >= 1);
     metric(new, "chorus_ooo_merge_nulls_total", PAR, "parallel");
-    assert!(commits >= 100, "{commits}");
     // Every accepted append was packed into some group entry, never more entries than
     // appends.
-    let appends = metric(new, "chorus_ooo_appends_total", PAR, "parallel");
-    let entries = metric(new, "chorus_ooo_group_entries_total", PAR, "parallel");
+    let most = (1..=3u64)
+        .max_by_key(|&n| commits[(n - 1) as usize])
+        .unwrap();
+    let appends = metric(most, "chorus_ooo_appends_total", PAR, "parallel");
+    let entries = metric(most, "chorus_ooo_group_entries_total", PAR, "parallel");
     assert!(
         (1..=appends).contains(&entries),
-        "{entries} entries for {appends} appends"
+        "node {most}: {entries} entries for {appends} appends"
     );
     // What the commit rules held back (conflict order in the parallel group, RAW in the
     // dependent one): at most the entries that had a predecessor to commit after.
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
-        let after = metric(new, "chorus_ooo_entries_admitted_after_total", g, mode);
-        let held = metric(new, "chorus_ooo_entries_held_at_quorum_total", g, mode);
-        assert!(held <= after, "group {g}: {held} held of {after}");
+        for n in 1..=3 {
+            let after = metric(n, "chorus_ooo_entries_admitted_after_total", g, mode);
+            let held = metric(n, "chorus_ooo_entries_held_at_quorum_total", g, mode);
+            assert!(held <= after, "node {n}, group {g}: {held} held of {after}");
+        }
         // Hole resends are exported (on loopback, without reordering, few or none).
         metric(new, "chorus_ooo_hole_resends_total", g, mode);
     }
@@ -923,6 +989,9 @@ async fn out_of_order_groups_through_the_server() {
     // and appends records of that mode: random block writes, or transactions.
     let eps_arg = eps.join(",");
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
+        // A group still electing (the restarted node may have called an election) would
+        // leave the one-second run without a leader.
+        serving(&eps, g, Duration::from_secs(30)).await;
         let gs = g.to_string();
         let v = &chorus_json(&[
             "bench",
