@@ -841,12 +841,17 @@ impl LocalCluster {
             .iter()
             .map(|c| format!("http://{}", c.api_listen))
             .collect();
+        // Why the last leader found could not be used (it lost the leadership).
+        let mut moved: Option<String> = None;
         loop {
             self.check_children()?;
             if Instant::now() > deadline {
-                return Err(match w {
-                    Workload::Ordered => "node 1 did not become leader within 30 s".into(),
-                    _ => "no node led and served group 1 within 30 s".into(),
+                return Err(match (w, moved) {
+                    (Workload::Ordered, _) => "node 1 did not become leader within 30 s".into(),
+                    (_, None) => "no node led and served group 1 within 30 s".into(),
+                    (_, Some(e)) => {
+                        format!("no node led and served group 1 within 30 s (last: {e})")
+                    }
                 });
             }
             match &self.env {
@@ -871,11 +876,19 @@ impl LocalCluster {
                             .then_some((ep, s.node))
                     });
                     if let Some((ep, node)) = leader {
-                        // Only the leader's endpoint: the clients talk to it.
-                        let conns = grpc_conns(a, w, vec![ep], 1)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        return Ok((conns, node));
+                        // Only the leader's endpoint: the clients talk to it. Leadership
+                        // may move before their probes commit (a loaded machine can miss
+                        // a heartbeat); then the leader is looked for again.
+                        match grpc_conns(a, w, vec![ep], 1).await {
+                            Ok(conns) => return Ok((conns, node)),
+                            Err(
+                                e @ (ClientError::NoLeader { .. }
+                                | ClientError::Indeterminate { .. }),
+                            ) => {
+                                moved = Some(e.to_string());
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
                     }
                 }
             }
