@@ -209,9 +209,8 @@ fn not_started(group: u64, why: &str) -> Status {
 /// ([`chorus_client::NOT_STARTED_KEY`]), so that a client may send even a non-idempotent
 /// request to another node.
 fn nothing_done(mut s: Status, group: u64) -> Status {
-    if let Ok(v) = group.to_string().parse() {
-        s.metadata_mut().insert(chorus_client::NOT_STARTED_KEY, v);
-    }
+    s.metadata_mut()
+        .insert(chorus_client::NOT_STARTED_KEY, group.into());
     s
 }
 

@@ -362,13 +362,7 @@ async fn log_reads_match_from_bases(
             Ok(_) => 0,
             Err(chorus_client::ClientError::Status { code, message, .. }) => {
                 assert_eq!(code, Code::OutOfRange, "{message}");
-                let at = message.find("below ").expect("names the base") + 6;
-                message[at..]
-                    .split(|ch: char| !ch.is_ascii_digit())
-                    .next()
-                    .unwrap()
-                    .parse::<u64>()
-                    .unwrap()
+                compacted_below(&message).expect("names the base")
             }
             Err(e) => panic!("{e}"),
         });
