@@ -67,6 +67,9 @@ enum Cmd {
         /// Out-of-order leader: longest wait, µs, to pack appends while its log write is in flight.
         #[arg(long, default_value_t = 0)]
         freeze_us: u64,
+        /// Bytes of zeros the log keeps written past its end.
+        #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
+        preallocate: u64,
         /// Note every apply for the apply gap.
         #[arg(long)]
         record_applies: bool,
@@ -91,6 +94,10 @@ enum Cmd {
         /// Rounds per system (alternating).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Bytes of zeros the Chorus legs keep written past the log's end
+        /// (`LogOptions::preallocate`); when not 0, a third Chorus leg runs without.
+        #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
+        preallocate: u64,
     },
     /// Replication transport vs the same messages in a tonic bidirectional stream.
     Transport {
@@ -263,6 +270,11 @@ struct OooArgs {
     /// 6; 0: pack what each driver round took, the server's default)
     #[arg(long, default_value_t = 0)]
     ooo_freeze_us: u64,
+    /// Bytes of zeros every node's log (ordered block file, out-of-order entries file)
+    /// keeps written past its end, so most syncs do not grow the file (0: none; the
+    /// default is the server's).
+    #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
+    preallocate: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -316,6 +328,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         connections: a.connections,
         hole_resend: a.hole_resend,
         ooo_freeze_us: a.ooo_freeze_us,
+        preallocate: a.preallocate,
         apply_threads: a.apply_threads,
         apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,
@@ -443,6 +456,7 @@ fn main() -> AnyResult<()> {
             batch_bytes,
             round_bytes,
             rounds,
+            preallocate,
         } => storage(
             &dir,
             record_bytes,
@@ -450,6 +464,7 @@ fn main() -> AnyResult<()> {
             batch_bytes,
             round_bytes,
             rounds,
+            preallocate,
         ),
         Cmd::Recovery {
             dir,
@@ -489,6 +504,7 @@ fn main() -> AnyResult<()> {
             election_ms,
             hole_resend,
             freeze_us,
+            preallocate,
             record_applies,
         } => {
             let r = chorus_bench::ooo::System::parse(&system).and_then(|system| {
@@ -501,6 +517,7 @@ fn main() -> AnyResult<()> {
                     election: std::time::Duration::from_millis(election_ms),
                     hole_resend,
                     freeze: std::time::Duration::from_micros(freeze_us),
+                    preallocate,
                 };
                 chorus_bench::ooo::replica_main(o, record_applies)
             });
@@ -613,6 +630,7 @@ fn storage(
     batch_bytes: usize,
     round_bytes: u64,
     rounds: usize,
+    preallocate: u64,
 ) -> AnyResult<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
@@ -635,40 +653,46 @@ fn storage(
         rounds
     );
     let (mut chorus_mbs, mut raw_mbs, mut direct_mbs) = (Vec::new(), Vec::new(), Vec::new());
-    let mut chorus_direct_mbs = Vec::new();
-    for round in 0..rounds {
-        // Chorus: a fresh log per round, so each round writes the same LSN range.
+    let (mut chorus_direct_mbs, mut chorus_grow_mbs) = (Vec::new(), Vec::new());
+    // One Chorus leg: a fresh log, so each round writes the same LSN range; `None` when
+    // direct IO was asked for and the file system refuses it.
+    let chorus_leg = |opts: LogOptions| -> AnyResult<Option<f64>> {
         let cdir = dir.join("chorus");
         let _ = std::fs::remove_dir_all(&cdir);
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
-        let mut log = LogStorage::create(fs, &cdir, LogOptions::default(), 1)?;
+        let mut log = LogStorage::create(fs, &cdir, opts, 1)?;
+        if opts.direct_io && !log.is_direct() {
+            return Ok(None);
+        }
         let t = Instant::now();
         for b in &batches {
             log.append(b)?;
             log.sync()?;
         }
-        let c = bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
-        drop(log);
-
-        // Chorus with direct IO (LogOptions::direct_io), the same batches.
-        let _ = std::fs::remove_dir_all(&cdir);
-        let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
-        let dopts = LogOptions {
-            direct_io: true,
+        Ok(Some(bytes as f64 / t.elapsed().as_secs_f64() / 1e6))
+    };
+    for round in 0..rounds {
+        // Chorus buffered, then with direct IO (LogOptions::direct_io), then direct
+        // without zeros ahead (LogOptions::preallocate), the same batches.
+        let opts = LogOptions {
+            direct_io: false,
+            preallocate,
             ..LogOptions::default()
         };
-        let mut log = LogStorage::create(fs, &cdir, dopts, 1)?;
-        let cd = if log.is_direct() {
-            let t = Instant::now();
-            for b in &batches {
-                log.append(b)?;
-                log.sync()?;
-            }
-            Some(bytes as f64 / t.elapsed().as_secs_f64() / 1e6)
+        let c = chorus_leg(opts)?.unwrap_or_default();
+        let cd = chorus_leg(LogOptions {
+            direct_io: true,
+            ..opts
+        })?;
+        let grow = if preallocate > 0 {
+            chorus_leg(LogOptions {
+                direct_io: true,
+                preallocate: 0,
+                ..opts
+            })?
         } else {
             None
         };
-        drop(log);
 
         let path = dir.join("raw.log");
         let _ = std::fs::remove_file(&path);
@@ -691,13 +715,17 @@ fn storage(
         let _ = std::fs::remove_file(&dpath);
         let d = direct_loop(&dpath, &batches)?;
         println!(
-            "round {round}: chorus {c:.1} MB/s  chorus-direct {} MB/s  raw {r:.1} MB/s  raw-direct {} MB/s  chorus/raw {:.3}",
+            "round {round}: chorus {c:.1} MB/s  chorus-direct {} MB/s  chorus-direct-no-zeros-ahead {} MB/s  raw {r:.1} MB/s  raw-direct {} MB/s  chorus/raw {:.3}",
             cd.map_or("n/a".into(), |d| format!("{d:.1}")),
+            grow.map_or("n/a".into(), |d| format!("{d:.1}")),
             d.map_or("n/a".into(), |d| format!("{d:.1}")),
             c / r
         );
         if let Some(cd) = cd {
             chorus_direct_mbs.push(cd);
+            if let Some(g) = grow {
+                chorus_grow_mbs.push(cd / g);
+            }
         }
         chorus_mbs.push(c);
         raw_mbs.push(r);
@@ -717,6 +745,12 @@ fn storage(
             "median chorus-direct {cd:.1} MB/s  chorus-direct/chorus-buffered {:.3}  chorus-direct/raw {:.3}",
             cd / c,
             cd / r
+        );
+    }
+    if !chorus_grow_mbs.is_empty() {
+        println!(
+            "median per-round chorus-direct / chorus-direct-no-zeros-ahead {:.3}",
+            median(&mut chorus_grow_mbs)
         );
     }
     if !direct_mbs.is_empty() {

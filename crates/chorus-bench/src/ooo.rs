@@ -225,6 +225,8 @@ pub struct Settings {
     /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`],
     /// µs (0: pack appends every driver round).
     pub ooo_freeze_us: u64,
+    /// Bytes of zeros every node's log keeps written past its end, in every system.
+    pub preallocate: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Microseconds each record's apply takes on every node of every system (asleep:
@@ -679,6 +681,8 @@ impl Child {
             .arg(s.hole_resend.to_string())
             .arg("--freeze-us")
             .arg(s.ooo_freeze_us.to_string())
+            .arg("--preallocate")
+            .arg(s.preallocate.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(f);
@@ -830,6 +834,7 @@ impl Cluster {
             election: election_of(s, 1),
             hole_resend: s.hole_resend,
             freeze: Duration::from_micros(s.ooo_freeze_us),
+            preallocate: s.preallocate,
         };
         let (b1, a1) = node::bind(&o1)?;
         let mut children = Vec::new();

@@ -141,6 +141,9 @@ pub struct OooNodeConfig {
     /// syncs and acknowledgements per append). The cost: followers learn commits from the
     /// next entry, which now leaves later (see `docs/benchmarks.md`).
     pub freeze_interval: Duration,
+    /// Bytes of zeros the store keeps written past the end of its entries file, so most
+    /// syncs do not grow the file ([`OooStore::set_preallocate`]; 0: none).
+    pub preallocate: u64,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,
 }
@@ -467,6 +470,7 @@ impl OooNode {
         };
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (mut store, mut hard, entries, rec) = OooStore::open_tolerating_damage(fs, &cfg.dir)?;
+        store.set_preallocate(cfg.preallocate);
         let members = store.load_membership()?;
         if let Some(first) = rec.damaged.first() {
             // Synced entries went bad on disk. With another voter to learn them from, the

@@ -227,6 +227,7 @@ impl Cluster {
             compact_bytes: 8 << 10,
             hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
             freeze_interval: self.freeze[i],
+            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             tls: self.tls[i].clone(),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()

@@ -188,6 +188,9 @@ pub struct LogSection {
     pub block_size: u64,
     /// Append with O_DIRECT (falls back to buffered where refused).
     pub direct_io: bool,
+    /// Bytes of zeros kept written past the end of the tail block file (and of every
+    /// out-of-order group's entries file), so most syncs do not grow the file; 0: none.
+    pub preallocate: u64,
 }
 
 impl Default for LogSection {
@@ -196,6 +199,7 @@ impl Default for LogSection {
         Self {
             block_size: d.block_size,
             direct_io: d.direct_io,
+            preallocate: d.preallocate,
         }
     }
 }
@@ -483,6 +487,15 @@ impl ServerConfig {
                 "a multiple of 4096 from 65536 to 4294967296",
             ));
         }
+        if !self.log.preallocate.is_multiple_of(4096)
+            || self.log.preallocate > chorus_storage::log::MAX_PREALLOCATE
+        {
+            return Err(bad(
+                "log.preallocate",
+                self.log.preallocate,
+                "0 or a multiple of 4096 up to 67108864",
+            ));
+        }
         if self.log.block_size < r.max_group_bytes as u64 * 2 {
             return Err(bad(
                 "log.block_size",
@@ -514,6 +527,7 @@ impl ServerConfig {
         env.log = LogOptions {
             block_size: self.log.block_size,
             direct_io: self.log.direct_io,
+            preallocate: self.log.preallocate,
         };
         env.max_frame_bytes = (r.max_message_bytes as u32).saturating_add(1 << 20);
         env.tls = self.tls.as_ref().map(|t| TlsFiles {
@@ -561,6 +575,9 @@ mod tests {
         assert_eq!(e.setting, "node");
         let e = with("node = 1\n[log]\nblock_size = 5000").unwrap_err();
         assert_eq!(e.setting, "log.block_size");
+        let e = with("node = 1\n[log]\npreallocate = 1000").unwrap_err();
+        assert_eq!(e.setting, "log.preallocate");
+        assert!(with("node = 1\n[log]\npreallocate = 0").is_ok());
         assert!(with("node = 1\nnot_a_setting = 2").is_err());
     }
 

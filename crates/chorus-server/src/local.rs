@@ -170,6 +170,7 @@ struct BlockRow {
     file: String,
     block_id: u64,
     start_lsn: u64,
+    /// Log bytes in the file: its length after the header while a problem is found.
     log_bytes: u64,
     groups: u64,
     end_lsn: u64,
@@ -383,6 +384,10 @@ pub fn inspect(
             off = end;
         }
         row.end_lsn = chain.end_lsn;
+        if row.problem.is_none() {
+            // The log's bytes, not the zeros written ahead of them (chorus_storage::log).
+            row.log_bytes = row.end_lsn - row.start_lsn;
+        }
         prev_chain = Some(chain);
         note(&mut report.first_problem, &row.problem);
         report.blocks.push(row);
@@ -512,7 +517,7 @@ fn inspect_ooo(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResul
         r.slots = scan.slots.len() as u64;
         r.first_slot = scan.slots.keys().next().copied();
         r.last_slot = scan.slots.keys().next_back().copied();
-        r.torn_tail_bytes = bytes.len() as u64 - scan.end;
+        r.torn_tail_bytes = scan.torn;
         if let Some(d) = scan.damaged.first() {
             note(&mut r.first_problem, &Some(d.to_error().to_string()));
         }

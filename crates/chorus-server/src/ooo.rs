@@ -307,6 +307,10 @@ pub struct OooSettings {
     /// How long a leader lets appends gather while its own log write is in flight
     /// ([`chorus_runtime::ooo::OooNodeConfig::freeze_interval`]; zero: not at all).
     pub freeze_interval: std::time::Duration,
+    /// Bytes of zeros each group's entries file keeps written past its end
+    /// ([`chorus_runtime::ooo::OooNodeConfig::preallocate`]; the `[log] preallocate`
+    /// setting).
+    pub preallocate: u64,
     /// Mutual TLS on every group's replication connections (None: plain TCP).
     pub tls: Option<chorus_runtime::transport::TlsFiles>,
 }
@@ -596,6 +600,7 @@ impl OooGroups {
                 compact_bytes: self.settings.compact_bytes,
                 hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
                 freeze_interval: self.settings.freeze_interval,
+                preallocate: self.settings.preallocate,
                 tls: self.settings.tls.clone(),
             },
             listener,
@@ -1027,6 +1032,7 @@ mod tests {
             catchup_rate: 0,
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
+            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             tls: None,
         })
         .unwrap();
@@ -1059,6 +1065,7 @@ mod tests {
             catchup_rate: 0,
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
+            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             tls: None,
         })
         .unwrap();

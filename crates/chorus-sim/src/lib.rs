@@ -60,6 +60,9 @@ pub struct ClusterOptions {
     /// [`ReplicaConfig::gap_resend_after`] on every node; `None` picks it by seed
     /// (`(seed / 2) % 4` early messages, 0 being off), so batches run every setting.
     pub gap_resend_after: Option<usize>,
+    /// [`LogOptions::preallocate`] on every node; `None` picks it by seed
+    /// ([`preallocate_by_seed`]), so batches run the log with and without zeros ahead.
+    pub preallocate: Option<u64>,
     /// Deliberately broken variant (test builds only).
     #[cfg(feature = "broken")]
     pub broken: chorus_core::replica::Broken,
@@ -73,10 +76,19 @@ impl Default for ClusterOptions {
             commit_mode: CommitMode::Piggyback,
             priorities: BTreeMap::new(),
             gap_resend_after: None,
+            preallocate: None,
             #[cfg(feature = "broken")]
             broken: Default::default(),
         }
     }
+}
+
+/// The bytes of zeros a simulated store keeps written ahead of its end when no setting is
+/// given: by `(seed / 8) % 4`, off, one page, four pages or 64 KiB (a whole simulated
+/// block), so a batch runs the log and the out-of-order store with and without zeros
+/// ahead, extended often and seldom, under crashes.
+pub fn preallocate_by_seed(seed: u64) -> u64 {
+    [0, 4096, 16384, 64 << 10][((seed / 8) % 4) as usize]
 }
 
 /// The replica settings used in simulation: short timings so that a run covers many
@@ -214,6 +226,7 @@ impl Cluster {
     /// initial voters as membership.
     pub fn new(seed: u64, mut opts: ClusterOptions) -> Self {
         opts.gap_resend_after = Some(opts.gap_resend_after.unwrap_or(((seed / 2) % 4) as usize));
+        opts.preallocate = Some(opts.preallocate.unwrap_or(preallocate_by_seed(seed)));
         let mut rng = Rng::new(seed);
         let voters: Vec<NodeId> = (1..=opts.voters as NodeId).collect();
         let mut nodes = BTreeMap::new();
@@ -246,6 +259,7 @@ impl Cluster {
                     // Odd seeds append with direct IO, even ones buffered: both paths run
                     // under crashes.
                     direct_io: seed % 2 == 1,
+                    preallocate: opts.preallocate.unwrap_or_default(),
                 },
                 LOG_ID,
             )
@@ -336,6 +350,7 @@ impl Cluster {
 
     fn start_node(&mut self, id: NodeId) {
         let seed = self.seed;
+        let preallocate = self.opts.preallocate.unwrap_or_default();
         let node = self.nodes.get_mut(&id).expect("node");
         let fs: Arc<dyn FileSystem> = node.fs.clone();
         let opened = (|| {
@@ -346,6 +361,7 @@ impl Cluster {
                 LogOptions {
                     block_size: BLOCK_SIZE,
                     direct_io: seed % 2 == 1,
+                    preallocate,
                 },
                 LOG_ID,
             )?;

@@ -75,6 +75,11 @@ struct Args {
     /// of seeds found before gap resends existed).
     #[arg(long)]
     gap_resend: Option<usize>,
+    /// Bytes of zeros each node's log (or out-of-order store) keeps written past its end
+    /// (default: by seed, 0 to 64 KiB; `--preallocate 0` gives the trajectories of seeds
+    /// found before zeros were written ahead).
+    #[arg(long)]
+    preallocate: Option<u64>,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
     opts.faults = !args.no_faults;
     opts.fault_time = args.fault_secs * 1_000 * MS;
     opts.cluster.gap_resend_after = args.gap_resend;
+    opts.cluster.preallocate = args.preallocate;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
         {
@@ -155,9 +161,12 @@ fn main() -> ExitCode {
                 format!(" --features broken -- --broken {b}")
             });
             let sep = if broken.is_empty() { " --" } else { "" };
-            let gap = args
+            let mut gap = args
                 .gap_resend
                 .map_or(String::new(), |g| format!(" --gap-resend {g}"));
+            if let Some(p) = args.preallocate {
+                gap.push_str(&format!(" --preallocate {p}"));
+            }
             println!(
                 "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
                 r.seed, args.mode
@@ -203,6 +212,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         partial_images: !args.full_images,
         conflict_order: !args.no_conflict_order,
         corrupt: !args.no_corrupt,
+        preallocate: args.preallocate,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -226,6 +236,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if args.no_corrupt {
         broken_flag.push_str(" --no-corrupt");
+    }
+    if let Some(p) = args.preallocate {
+        broken_flag.push_str(&format!(" --preallocate {p}"));
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" && b != "no-lost-guard" {

@@ -145,6 +145,11 @@ pub struct OooOptions {
     /// A replica recovering lost entries votes as if it had lost nothing (takes effect
     /// only in the test-only `broken` build: the committed-log checks must bite).
     pub broken_lost_guard: bool,
+    /// Bytes of zeros every store keeps written past its end
+    /// ([`OooStore::set_preallocate`]); `None` picks them by seed
+    /// ([`crate::preallocate_by_seed`]); `Some(0)` gives the trajectories of the seeds
+    /// found before stores wrote zeros ahead.
+    pub preallocate: Option<u64>,
 }
 
 impl Default for OooOptions {
@@ -170,6 +175,7 @@ impl Default for OooOptions {
             broken_trail: false,
             corrupt: true,
             broken_lost_guard: false,
+            preallocate: None,
         }
     }
 }
@@ -411,6 +417,13 @@ struct Sim {
 }
 
 impl Sim {
+    /// See [`OooOptions::preallocate`].
+    fn preallocate(&self) -> u64 {
+        self.o
+            .preallocate
+            .unwrap_or_else(|| crate::preallocate_by_seed(self.seed))
+    }
+
     fn new(seed: u64, o: OooOptions) -> Self {
         let mut s = Self {
             seed,
@@ -439,8 +452,9 @@ impl Sim {
             let r = OooReplica::new(s.config(id), 0);
             let fs = Arc::new(SimFs::new(mix(seed, id)));
             let dyn_fs: Arc<dyn FileSystem> = fs.clone();
-            let (store, _, _, _) =
+            let (mut store, _, _, _) =
                 OooStore::open(dyn_fs, Path::new(DIR)).expect("a fresh store opens");
+            store.set_preallocate(s.preallocate());
             s.nodes.insert(
                 id,
                 Node {
@@ -1123,10 +1137,12 @@ impl Sim {
         }
         n.spec.clear();
         self.maybe_corrupt(id);
+        let preallocate = self.preallocate();
         let n = self.nodes.get_mut(&id).expect("node");
         let fs: Arc<dyn FileSystem> = n.fs.clone();
         match OooStore::open_tolerating_damage(fs, Path::new(DIR)) {
             Ok((mut store, mut hard, entries, rec)) => {
+                store.set_preallocate(preallocate);
                 let members = match store.load_membership() {
                     Ok(m) => m,
                     Err(e) => {

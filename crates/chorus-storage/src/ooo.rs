@@ -8,6 +8,10 @@
 //!   the order they were written; the last record of a slot wins. [`OooStore::write`]
 //!   buffers, [`OooStore::sync`] appends the buffer and runs `fdatasync` — the driver
 //!   syncs before executing any action after a `Write` (the replica's durability rule).
+//!   Like the ordered log's tail block (`crate::log`, "Zeros ahead of the end"), the file
+//!   is kept zero-filled up to [`OooStore::set_preallocate`] bytes past its end, so most
+//!   syncs overwrite written space instead of growing the file; recovery takes zeros
+//!   after the last valid record for the end (they are never a torn tail) and cuts them.
 //! - `hard`: the hard state record, replaced crash-atomically (write `hard.tmp`, fsync,
 //!   rename, fsync the directory).
 //!
@@ -106,7 +110,18 @@ pub struct OooStore {
     end: u64,
     buf: Vec<u8>,
     failed: Option<String>,
+    /// Bytes of zeros kept written past `end` (0: none).
+    preallocate: u64,
+    /// Below this offset the file holds records or zeros this store wrote. Invariant:
+    /// `zeroed >= end`.
+    zeroed: u64,
+    /// Zeros to write ahead with, allocated at first use.
+    zeros: Vec<u8>,
 }
+
+/// Default bytes of zeros an [`OooStore`] keeps written past the end of its entries file
+/// (1 MiB, as the ordered log's [`crate::log::DEFAULT_PREALLOCATE`]).
+pub const DEFAULT_PREALLOCATE: u64 = crate::log::DEFAULT_PREALLOCATE;
 
 fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
     move |source| StorageError::Io {
@@ -168,9 +183,19 @@ impl OooStore {
             fs.remove_file(&stray).map_err(io(&stray, "remove"))?;
         }
         let path = dir.join(ENTRIES);
+        let fresh = !fs.exists(&path).map_err(io(&path, "stat"))?;
         let file = fs
             .open(&path, OpenOptions::create())
             .map_err(io(&path, "open"))?;
+        if fresh {
+            // A new file's name is durable only once its directory is synced (and the
+            // directory's own name once its parent is): without this a crash could take
+            // entries.log away with every entry synced into it.
+            fs.sync_dir(dir).map_err(io(dir, "fsync dir"))?;
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs.sync_dir(parent).map_err(io(parent, "fsync dir"))?;
+            }
+        }
         let len = file.len().map_err(io(&path, "stat"))?;
         let mut bytes = vec![0u8; len as usize];
         file.read_exact_at(&mut bytes, 0)
@@ -182,7 +207,7 @@ impl OooStore {
         let at = scan.end as usize;
         let rec = OooRecovery {
             records: scan.records.len() as u64,
-            torn_bytes: (bytes.len() - at) as u64,
+            torn_bytes: scan.torn,
             damaged: scan.damaged,
         };
         if at < bytes.len() {
@@ -197,6 +222,9 @@ impl OooStore {
             end: at as u64,
             buf: Vec::new(),
             failed: None,
+            preallocate: DEFAULT_PREALLOCATE,
+            zeroed: at as u64,
+            zeros: Vec::new(),
         };
         if !rec.damaged.is_empty() {
             // The file as found, for whoever wants to look at the damage; an earlier copy
@@ -215,6 +243,12 @@ impl OooStore {
         }
     }
 
+    /// Sets how many bytes of zeros [`OooStore::sync`] keeps written past the end of the
+    /// entries file (0: none; default [`DEFAULT_PREALLOCATE`]); see the module docs.
+    pub fn set_preallocate(&mut self, bytes: u64) {
+        self.preallocate = bytes;
+    }
+
     /// Buffers an entry; durable after the next [`OooStore::sync`].
     pub fn write(&mut self, e: &Entry) -> Result<()> {
         self.check()?;
@@ -231,16 +265,31 @@ impl OooStore {
             return Ok(());
         }
         let path = self.dir.join(ENTRIES);
+        let end = self.end + self.buf.len() as u64;
+        // Zeros ahead once fewer than half of `preallocate` are left past the new end;
+        // the sync below makes them durable with the records.
+        let ahead = (self.preallocate > 0 && self.zeroed.max(end) < end + self.preallocate / 2)
+            .then(|| (self.zeroed.max(end), end + self.preallocate));
         let r = self
             .file
             .write_all_at(&self.buf, self.end)
             .map_err(io(&path, "write"))
+            .and_then(|()| match ahead {
+                Some((from, to)) => {
+                    self.zeros.resize((to - from) as usize, 0);
+                    self.file
+                        .write_all_at(&self.zeros[..(to - from) as usize], from)
+                        .map_err(io(&path, "write zeros ahead"))
+                }
+                None => Ok(()),
+            })
             .and_then(|()| self.file.sync_data().map_err(io(&path, "fdatasync")));
         if let Err(e) = r {
             self.failed = Some(e.to_string());
             return Err(e);
         }
-        self.end += self.buf.len() as u64;
+        self.end = end;
+        self.zeroed = ahead.map_or(self.zeroed.max(end), |(_, to)| to);
         self.buf.clear();
         Ok(())
     }
@@ -296,6 +345,7 @@ impl OooStore {
         }
         self.file = self.replace(ENTRIES_TMP, ENTRIES, &bytes)?;
         self.end = bytes.len() as u64;
+        self.zeroed = self.end;
         Ok(())
     }
 
@@ -343,9 +393,13 @@ pub struct EntriesScan {
     pub records: Vec<(u64, u64, Seq, u64, u64)>,
     /// Damaged stretches that valid records follow.
     pub damaged: Vec<OooDamage>,
-    /// Where the valid records end: a torn tail (bad bytes with no valid record after
-    /// them) runs from here to the end of the file.
+    /// Where the valid records end; from here to the end of the file run zeros written
+    /// ahead (see the module docs) or a torn tail (bad bytes with no valid record after
+    /// them).
     pub end: u64,
+    /// Bytes of a torn tail after `end`, up to the last byte that is not zero: 0 when
+    /// nothing or only zeros follow `end`.
+    pub torn: u64,
 }
 
 /// Reads an entries file's bytes as recovery does ([`OooStore::open`]), without changing
@@ -376,6 +430,10 @@ pub fn scan_entries(path: &Path, bytes: &[u8]) -> EntriesScan {
         }
     }
     scan.end = at as u64;
+    // Zeros after the torn bytes are zeros written ahead, not part of the tear.
+    if let Some(last) = bytes[at..].iter().rposition(|b| *b != 0) {
+        scan.torn = last as u64 + 1;
+    }
     scan
 }
 
@@ -527,6 +585,67 @@ mod tests {
         let (_, _, es2, _) = open(&fs);
         assert_eq!(es2, es);
         assert!(!fs.exists(Path::new("/g/entries.tmp")).unwrap());
+    }
+
+    /// Entries synced into a fresh store survive a crash that comes before anything else
+    /// (a hard state, a membership) has synced the directory: the file's name is made
+    /// durable when the file is created.
+    #[test]
+    fn a_fresh_stores_synced_entries_survive_a_crash() {
+        for seed in 0..20 {
+            let fs = Arc::new(SimFs::new(seed));
+            let (mut s, _, _, _) = open(&fs);
+            s.write(&e(1, 1, 7)).unwrap();
+            s.sync().unwrap();
+            fs.crash(CrashMode::Arbitrary);
+            let (_, _, es, _) = open(&fs);
+            assert_eq!(es, vec![e(1, 1, 7)], "seed {seed}");
+        }
+    }
+
+    /// Zeros written ahead: most syncs leave the file's length alone, a reopen takes the
+    /// zeros for the end (no torn bytes), and a compaction or a crash loses nothing.
+    #[test]
+    fn zeros_ahead_keep_the_length_and_are_no_torn_tail() {
+        for p in [0, 4096, DEFAULT_PREALLOCATE] {
+            let fs = Arc::new(SimFs::new(9));
+            let (mut s, _, _, _) = open(&fs);
+            s.set_preallocate(p);
+            let path = Path::new("/g/entries.log");
+            let (mut syncs, mut growths, mut last) = (0, 0, 0);
+            for i in 0..200 {
+                s.write(&e(i, 1, 1000 + i)).unwrap();
+                s.sync().unwrap();
+                let len = fs.durable_content(path).unwrap().len() as u64;
+                assert!(len >= s.len() + p / 2, "{len} < {} + {p} / 2", s.len());
+                syncs += 1;
+                if len != last {
+                    growths += 1;
+                }
+                last = len;
+            }
+            if p == 0 {
+                assert_eq!(growths, syncs);
+            } else {
+                // ~150 bytes a record: a growth per p / 300 records or so.
+                assert!(
+                    growths * 10 <= syncs,
+                    "{growths} length changes in {syncs} syncs"
+                );
+            }
+            s.write(&e(500, 1, 5000)).unwrap(); // never synced
+            fs.crash(CrashMode::Arbitrary);
+            let (mut s, _, es, r) = open(&fs);
+            assert_eq!((es.len(), r.records, r.torn_bytes), (200, 200, 0));
+            s.set_preallocate(p);
+            let live: Vec<Entry> = es.iter().filter(|x| x.seq >= 150).cloned().collect();
+            s.compact(&live).unwrap();
+            s.write(&e(300, 2, 3000)).unwrap();
+            s.sync().unwrap();
+            fs.crash(CrashMode::Prefix);
+            let (_, _, es, r) = open(&fs);
+            assert_eq!((es.len(), r.torn_bytes), (51, 0));
+        }
     }
 
     #[test]

@@ -27,7 +27,13 @@ fn direct() -> LogOptions {
     LogOptions {
         block_size: BS,
         direct_io: true,
+        ..LogOptions::default()
     }
+}
+
+/// `o` writing `preallocate` bytes of zeros ahead.
+fn ahead(o: LogOptions, preallocate: u64) -> LogOptions {
+    LogOptions { preallocate, ..o }
 }
 
 /// Encodes the next group of `n` random records after `chain`, preceded by a padding group
@@ -249,6 +255,129 @@ fn crash_recovery_keeps_every_synced_group_direct_io() {
     crash_recovery(direct());
 }
 
+/// Zeros ahead extended every few appends (one page, four pages) or never.
+#[test]
+fn crash_recovery_keeps_every_synced_group_with_any_zeros_ahead() {
+    let buffered = LogOptions {
+        direct_io: false,
+        ..opts()
+    };
+    for p in [0, 4096, 16384] {
+        crash_recovery(ahead(buffered, p));
+        crash_recovery(ahead(direct(), p));
+    }
+}
+
+/// The point of zeros ahead: while appends fill zeros already written, syncs do not grow
+/// the file (no file-system metadata to commit), so the tail file's length changes only
+/// once per `preallocate / 2` bytes of log or so, never passes the block's end, and a
+/// reopen finds the log's end with no torn tail.
+#[test]
+fn zeros_ahead_keep_the_file_length_while_appends_fill_them() {
+    let buffered = LogOptions {
+        direct_io: false,
+        ..opts()
+    };
+    for (o, p) in [(buffered, 16384), (direct(), 16384), (buffered, 0)] {
+        let (fs, dyn_fs, dir) = sim();
+        let o = ahead(o, p);
+        let mut log = LogStorage::create(dyn_fs.clone(), &dir, o, LOG_ID).unwrap();
+        let mut rng = Rng::new(3);
+        let mut growths = 0;
+        let mut syncs = 0;
+        let mut last_len = 0;
+        while log.end_lsn() < 3 * BS {
+            let g = next_groups(&mut rng, &log.chain(), 2);
+            log.append(&g).unwrap();
+            log.sync().unwrap();
+            syncs += 1;
+            let tail = log.block_ids().pop().unwrap();
+            let path = dir.join("log").join(block_file_name(tail));
+            let len = fs.durable_content(&path).unwrap().len() as u64;
+            let data_end = BLOCK_HEADER_SIZE as u64 + log.end_lsn() - tail * BS;
+            assert!(len <= BLOCK_HEADER_SIZE as u64 + BS, "past the block's end");
+            if p > 0 {
+                assert!(
+                    len >= data_end.min(BLOCK_HEADER_SIZE as u64 + BS),
+                    "the log is in the file"
+                );
+                assert!(
+                    len >= (data_end + p / 2).min(BLOCK_HEADER_SIZE as u64 + BS),
+                    "at least half of the zeros ahead are left ({len} < {data_end} + {})",
+                    p / 2
+                );
+            }
+            if len != last_len {
+                growths += 1;
+            }
+            last_len = len;
+        }
+        if p == 0 {
+            assert!(growths * 10 > syncs * 9, "{growths} of {syncs}");
+        } else {
+            // A few hundred bytes a group: one growth per several KiB of log, plus the
+            // block rolls.
+            assert!(
+                growths * 5 < syncs,
+                "{growths} length changes in {syncs} syncs"
+            );
+        }
+        let end = log.end_lsn();
+        let written = all_bytes(&log);
+        drop(log);
+        let (log, report) = LogStorage::open(dyn_fs, &dir, o, LOG_ID).unwrap();
+        assert_eq!(report.end_lsn, end);
+        assert_eq!(report.torn_tail, None, "zeros are not a torn tail");
+        assert_eq!(all_bytes(&log), written);
+    }
+}
+
+/// A torn group followed by zeros written ahead is a torn tail, cut and reported.
+#[test]
+fn a_torn_group_before_zeros_ahead_is_a_torn_tail() {
+    let (fs, dyn_fs, dir) = sim();
+    let o = LogOptions {
+        direct_io: false,
+        ..ahead(opts(), 16384)
+    };
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, o, LOG_ID).unwrap();
+    let mut rng = Rng::new(5);
+    let g = next_groups(&mut rng, &log.chain(), 3);
+    log.append(&g).unwrap();
+    log.sync().unwrap();
+    let end = log.end_lsn();
+    drop(log);
+    // Half a group written over the zeros after the end, as a crash mid-write leaves it.
+    let path = dir.join("log").join(block_file_name(0));
+    let f = dyn_fs.open(&path, OpenOptions::read_write()).unwrap();
+    let half = next_groups(
+        &mut rng,
+        &ChainPoint {
+            end_lsn: end,
+            ..Default::default()
+        },
+        2,
+    );
+    f.write_all_at(&half[..half.len() / 2], BLOCK_HEADER_SIZE as u64 + end)
+        .unwrap();
+    f.sync_data().unwrap();
+    assert!(
+        fs.durable_content(&path).unwrap().len() as u64 > BLOCK_HEADER_SIZE as u64 + end + 8192
+    );
+    let (_, report) = LogStorage::open(dyn_fs, &dir, o, LOG_ID).unwrap();
+    assert_eq!(report.end_lsn, end);
+    let (at, bytes) = report.torn_tail.expect("a torn tail");
+    assert_eq!(at, end);
+    let torn = &half[..half.len() / 2];
+    let last = torn.iter().rposition(|b| *b != 0).unwrap() as u64 + 1;
+    assert_eq!(bytes, last, "the torn bytes, not the zeros after them");
+    assert_eq!(
+        fs.durable_content(&path).unwrap().len() as u64,
+        BLOCK_HEADER_SIZE as u64 + end,
+        "cut at the end"
+    );
+}
+
 /// A bad group before the tail is corruption: opening fails naming the place, and the
 /// file is not truncated.
 #[test]
@@ -373,6 +502,12 @@ fn bad_input_is_refused_and_changes_nothing() {
         ),
         Err(StorageError::InvalidConfig { .. })
     ));
+    for p in [1000, 128 << 20] {
+        match LogStorage::open(dyn_fs.clone(), &dir, ahead(opts(), p), LOG_ID) {
+            Err(StorageError::InvalidConfig { setting, .. }) => assert_eq!(setting, "preallocate"),
+            other => panic!("preallocate {p}: {other:?}"),
+        }
+    }
     // A gap in the block sequence.
     let stray = dir.join("log").join(block_file_name(5));
     dyn_fs.open(&stray, OpenOptions::create()).unwrap();

@@ -159,6 +159,10 @@ pub struct NodeOpts {
     pub hole_resend: u64,
     /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`].
     pub freeze: Duration,
+    /// Bytes of zeros every system's log keeps written past its end
+    /// ([`chorus_storage::LogOptions::preallocate`],
+    /// [`chorus_runtime::ooo::OooNodeConfig::preallocate`]).
+    pub preallocate: u64,
 }
 
 /// A node that holds its replication port but has not started replicating.
@@ -196,6 +200,7 @@ pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
         }
         // The ordered counterpart of the out-of-order leaders' hole resends, set alike.
         cfg.replica.gap_resend_after = o.hole_resend as usize;
+        cfg.log.preallocate = o.preallocate;
         let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
         let a = env.replication_addr();
         Ok((Bound::Ordered(env), a))
@@ -237,6 +242,7 @@ pub fn start(
                 compact_bytes: 0,
                 hole_resend: o.hole_resend,
                 freeze_interval: o.freeze,
+                preallocate: o.preallocate,
                 tls: None,
             };
             let node =
