@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// With `--local`: commit-point mode of the cluster (`piggyback`, `sync`, `async`).
     #[arg(long, default_value = "piggyback")]
     commit_mode: String,
+    /// With `--local`: bytes of zeros each node's log keeps written past its end (the
+    /// `[log] preallocate` setting; 0: none).
+    #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
+    preallocate: u64,
     /// With `--local`: first port; node i uses API base+i, replication base+10+i, metrics
     /// base+20+i. 0 (the default) lets the OS choose free ports, and a start that loses a
     /// port to another process between choosing and binding is retried with fresh ones.
@@ -750,6 +754,7 @@ fn node_config(a: &BenchArgs, mode: DevMode, dir: &Path, i: u64, ports: &Ports) 
         ..ServerConfig::default()
     };
     c.replica.commit_mode = a.commit_mode.clone();
+    c.log.preallocate = a.preallocate;
     // Node 1 leads: the clients are co-located with it (PALF section 8.1).
     if i == 1 {
         c.replica.priority = 100;

@@ -31,8 +31,9 @@
 //! unallocated space into data also commits file-system metadata (on ext4 a journal
 //! commit); one that only overwrites written space does not. Zero-filling ahead, one
 //! piece every `preallocate / 2` bytes of log, makes the other syncs of the append path
-//! overwrites: on this project's test machine 1.7–2× more syncs per second
-//! (docs/benchmarks.md). `fallocate` would not do: it leaves unwritten extents, and
+//! overwrites: on this project's test machine 1.6–2.5× more syncs per second
+//! (docs/benchmarks.md). Zeroing writes each byte twice, so it stops while syncs carry
+//! much data ([`ZERO_AHEAD_BELOW`]): there the metadata commit is small next to the data. `fallocate` would not do: it leaves unwritten extents, and
 //! turning those into data costs the same metadata commit. Recovery and readers already
 //! treat zeros after the last valid group as the end of the log (below), so the format
 //! does not change; recovery cuts the zeros off and appends write them again.
@@ -69,6 +70,20 @@ pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 
 /// The largest accepted [`LogOptions::preallocate`] (64 MiB).
 pub const MAX_PREALLOCATE: u64 = 64 << 20;
+
+/// Zeros are written ahead only while the log's syncs average fewer bytes than this
+/// (64 KiB; a moving average over about the last eight syncs). Zeroing writes every byte
+/// of log twice; it pays while each sync's metadata commit is large next to its data, and
+/// costs throughput once syncs carry much data. Measured on the ordered runtime
+/// (docs/benchmarks.md, session 30): ≈ 2–17 KiB per sync +10–29% appends/s, ≈ 110 KiB
+/// per sync −13%.
+pub const ZERO_AHEAD_BELOW: u64 = 64 << 10;
+
+/// The moving average of bytes per sync that [`ZERO_AHEAD_BELOW`] is compared with:
+/// `avg` moved an eighth of the way towards `bytes`.
+pub fn sync_bytes_average(avg: u64, bytes: u64) -> u64 {
+    avg - avg / 8 + bytes / 8
+}
 
 /// Log storage settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +187,8 @@ pub struct LogStorage {
     zeroed: u64,
     /// Zeros to write ahead with, allocated at first use (aligned for direct IO).
     zeros: Option<AlignedBuf>,
+    /// Bytes per sync, averaged ([`sync_bytes_average`]).
+    sync_bytes: u64,
 }
 
 /// The file name of block `id`.
@@ -226,6 +243,7 @@ impl LogStorage {
             preallocate: opts.preallocate,
             zeroed: BLOCK_HEADER_SIZE as u64,
             zeros: None,
+            sync_bytes: 0,
         }
     }
 
@@ -637,6 +655,7 @@ impl LogStorage {
     fn zero_ahead(&mut self, id: u64, end: u64) -> Result<()> {
         let limit = BLOCK_HEADER_SIZE as u64 + self.block_size;
         if self.preallocate == 0
+            || self.sync_bytes >= ZERO_AHEAD_BELOW
             || self.zeroed >= limit
             || self.zeroed >= end + self.preallocate / 2
         {
@@ -731,6 +750,8 @@ impl LogStorage {
         let path = self.block_path(tail);
         let r = self.blocks[&tail].sync_data().ctx(&path, "fdatasync");
         self.fail(r)?;
+        self.sync_bytes =
+            sync_bytes_average(self.sync_bytes, self.chain.end_lsn - self.flushed_end);
         self.flushed_end = self.chain.end_lsn;
         Ok(self.flushed_end)
     }
@@ -757,6 +778,7 @@ impl LogStorage {
     pub fn synced(&mut self, point: &SyncPoint, r: Result<()>) -> Result<Lsn> {
         self.fail(r)?;
         if point.end <= self.chain.end_lsn && point.end > self.flushed_end {
+            self.sync_bytes = sync_bytes_average(self.sync_bytes, point.end - self.flushed_end);
             self.flushed_end = point.end;
         }
         Ok(self.flushed_end)

@@ -10,7 +10,8 @@
 //!   syncs before executing any action after a `Write` (the replica's durability rule).
 //!   Like the ordered log's tail block (`crate::log`, "Zeros ahead of the end"), the file
 //!   is kept zero-filled up to [`OooStore::set_preallocate`] bytes past its end, so most
-//!   syncs overwrite written space instead of growing the file; recovery takes zeros
+//!   syncs overwrite written space instead of growing the file (while syncs carry little
+//!   data, `crate::log::ZERO_AHEAD_BELOW`); recovery takes zeros
 //!   after the last valid record for the end (they are never a torn tail) and cuts them.
 //! - `hard`: the hard state record, replaced crash-atomically (write `hard.tmp`, fsync,
 //!   rename, fsync the directory).
@@ -117,6 +118,8 @@ pub struct OooStore {
     zeroed: u64,
     /// Zeros to write ahead with, allocated at first use.
     zeros: Vec<u8>,
+    /// Bytes per sync, averaged ([`crate::log::sync_bytes_average`]).
+    sync_bytes: u64,
 }
 
 /// Default bytes of zeros an [`OooStore`] keeps written past the end of its entries file
@@ -225,6 +228,7 @@ impl OooStore {
             preallocate: DEFAULT_PREALLOCATE,
             zeroed: at as u64,
             zeros: Vec::new(),
+            sync_bytes: 0,
         };
         if !rec.damaged.is_empty() {
             // The file as found, for whoever wants to look at the damage; an earlier copy
@@ -268,7 +272,9 @@ impl OooStore {
         let end = self.end + self.buf.len() as u64;
         // Zeros ahead once fewer than half of `preallocate` are left past the new end;
         // the sync below makes them durable with the records.
-        let ahead = (self.preallocate > 0 && self.zeroed.max(end) < end + self.preallocate / 2)
+        let ahead = (self.preallocate > 0
+            && self.sync_bytes < crate::log::ZERO_AHEAD_BELOW
+            && self.zeroed.max(end) < end + self.preallocate / 2)
             .then(|| (self.zeroed.max(end), end + self.preallocate));
         let r = self
             .file
@@ -288,6 +294,7 @@ impl OooStore {
             self.failed = Some(e.to_string());
             return Err(e);
         }
+        self.sync_bytes = crate::log::sync_bytes_average(self.sync_bytes, end - self.end);
         self.end = end;
         self.zeroed = ahead.map_or(self.zeroed.max(end), |(_, to)| to);
         self.buf.clear();
@@ -646,6 +653,37 @@ mod tests {
             let (_, _, es, r) = open(&fs);
             assert_eq!((es.len(), r.torn_bytes), (51, 0));
         }
+    }
+
+    /// Large syncs stop the zeros ahead, small ones bring them back (as the ordered log).
+    #[test]
+    fn large_syncs_stop_the_zeros_ahead() {
+        let fs = Arc::new(SimFs::new(3));
+        let (mut s, _, _, _) = open(&fs);
+        s.set_preallocate(16384);
+        let path = Path::new("/g/entries.log");
+        let big = |seq: Seq| Entry {
+            body: Body::Dependent {
+                base: 0,
+                deps: Deps::default(),
+                write_set: vec![seq],
+                data: vec![9; 128 << 10].into(),
+            },
+            ..e(seq, 1, seq + 1)
+        };
+        s.write(&e(0, 1, 1)).unwrap();
+        s.sync().unwrap();
+        assert!(fs.durable_content(path).unwrap().len() as u64 >= s.len() + 8192);
+        for i in 1..=12 {
+            s.write(&big(i)).unwrap();
+            s.sync().unwrap();
+        }
+        assert_eq!(fs.durable_content(path).unwrap().len() as u64, s.len());
+        for i in 13..60 {
+            s.write(&e(i, 1, i + 1)).unwrap();
+            s.sync().unwrap();
+        }
+        assert!(fs.durable_content(path).unwrap().len() as u64 >= s.len() + 8192);
     }
 
     #[test]

@@ -332,6 +332,51 @@ fn zeros_ahead_keep_the_file_length_while_appends_fill_them() {
     }
 }
 
+/// Syncs that carry much data stop the zeros ahead (each byte would be written twice for
+/// a metadata commit that is small next to the data); small syncs bring them back.
+#[test]
+fn large_syncs_stop_the_zeros_ahead_and_small_ones_bring_them_back() {
+    const BIG: u64 = 4 << 20;
+    let (fs, dyn_fs, dir) = sim();
+    let o = LogOptions {
+        block_size: BIG,
+        direct_io: false,
+        preallocate: 16384,
+    };
+    let mut log = LogStorage::create(dyn_fs, &dir, o, LOG_ID).unwrap();
+    let path = dir.join("log").join(block_file_name(0));
+    let len = |log: &LogStorage| {
+        let file = fs.durable_content(&path).unwrap().len() as u64;
+        (file, BLOCK_HEADER_SIZE as u64 + log.end_lsn())
+    };
+    let mut rng = Rng::new(11);
+    let mut append = |log: &mut LogStorage, bytes: u64| {
+        let start = log.end_lsn();
+        while log.end_lsn() - start < bytes {
+            // Groups sized for a 64 KiB block fit in this one too.
+            let g = next_groups(&mut rng, &log.chain(), 20);
+            log.append(&g).unwrap();
+        }
+        log.sync().unwrap();
+    };
+    append(&mut log, 100);
+    let (file, data) = len(&log);
+    assert!(
+        file >= data + 8192,
+        "small syncs zero ahead: {file} vs {data}"
+    );
+    for _ in 0..12 {
+        append(&mut log, 128 << 10);
+    }
+    let (file, data) = len(&log);
+    assert_eq!(file, data, "128 KiB syncs: the file ends with the log");
+    for _ in 0..40 {
+        append(&mut log, 100);
+    }
+    let (file, data) = len(&log);
+    assert!(file >= data + 8192, "small syncs again: {file} vs {data}");
+}
+
 /// A torn group followed by zeros written ahead is a torn tail, cut and reported.
 #[test]
 fn a_torn_group_before_zeros_ahead_is_a_torn_tail() {
