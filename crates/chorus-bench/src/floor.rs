@@ -5,7 +5,10 @@
 //!
 //! - fdatasync: a 4 KiB page written with `pwrite` at the next offset of a file opened with
 //!   `O_DIRECT` (buffered if the filesystem refuses it), then `fdatasync` — what a replica
-//!   pays to make one small group durable.
+//!   pays to make one small group durable. The file's pages are written and synced before
+//!   the measured loop, so each measured sync overwrites written space (no metadata to
+//!   commit), as the logs' syncs into their zeros ahead do; until 2026-11-27 the loop grew
+//!   the file, which made the floor about 1.5–2× higher on this disk.
 //! - the same fdatasync while a second thread flushes another file at once: the three
 //!   replicas here share one disk, so a leader's and a follower's flushes meet at the device
 //!   (reported beside the floor, not in it — the target's formula assumes its own disk).
@@ -100,6 +103,13 @@ fn sync_latencies(path: &Path, n: usize) -> std::io::Result<(Vec<f64>, bool)> {
     let mut raw = vec![0xA5u8; 8192];
     let off = raw.as_ptr().align_offset(4096);
     let page = &mut raw[off..off + 4096];
+    // The pages are written and synced once first, so each measured sync overwrites
+    // written space and commits no file-system metadata: the cheapest small durable write
+    // this disk offers, as the logs' zeros ahead give it (chorus_storage::log).
+    for i in 0..n as u64 {
+        file.write_all_at(page, i * 4096)?;
+    }
+    file.sync_all()?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n as u64 {
         page[..8].copy_from_slice(&i.to_le_bytes());
