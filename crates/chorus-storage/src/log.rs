@@ -33,8 +33,9 @@
 //! piece every `preallocate / 2` bytes of log, makes the other syncs of the append path
 //! overwrites: on this project's test machine 1.6–2.5× more syncs per second
 //! (docs/benchmarks.md). Zeroing writes each byte twice, so it stops while syncs carry
-//! much data ([`ZERO_AHEAD_BELOW`]): there the metadata commit is small next to the data. `fallocate` would not do: it leaves unwritten extents, and
-//! turning those into data costs the same metadata commit. Recovery and readers already
+//! much data ([`ZERO_AHEAD_BELOW`]): there the metadata commit is small next to the data.
+//! `fallocate` would not do: it leaves unwritten extents, and turning those into data
+//! costs the same metadata commit. Recovery and readers already
 //! treat zeros after the last valid group as the end of the log (below), so the format
 //! does not change; recovery cuts the zeros off and appends write them again.
 //!
@@ -1234,7 +1235,7 @@ fn check_options(opts: &LogOptions) -> Result<()> {
 
 /// The length of a torn tail that starts `rest`: up to its last byte that is not zero
 /// (zeros after it are direct-IO padding or zeros written ahead); `None` if all are zero.
-fn torn_len(rest: &[u8]) -> Option<u64> {
+pub(crate) fn torn_len(rest: &[u8]) -> Option<u64> {
     rest.iter().rposition(|b| *b != 0).map(|i| i as u64 + 1)
 }
 

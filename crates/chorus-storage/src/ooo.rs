@@ -11,8 +11,8 @@
 //!   Like the ordered log's tail block (`crate::log`, "Zeros ahead of the end"), the file
 //!   is kept zero-filled up to [`OooStore::set_preallocate`] bytes past its end, so most
 //!   syncs overwrite written space instead of growing the file (while syncs carry little
-//!   data, `crate::log::ZERO_AHEAD_BELOW`); recovery takes zeros
-//!   after the last valid record for the end (they are never a torn tail) and cuts them.
+//!   data, `crate::log::ZERO_AHEAD_BELOW`); recovery takes zeros after the last valid
+//!   record for the end (they are never a torn tail) and cuts them.
 //! - `hard`: the hard state record, replaced crash-atomically (write `hard.tmp`, fsync,
 //!   rename, fsync the directory).
 //!
@@ -438,9 +438,7 @@ pub fn scan_entries(path: &Path, bytes: &[u8]) -> EntriesScan {
     }
     scan.end = at as u64;
     // Zeros after the torn bytes are zeros written ahead, not part of the tear.
-    if let Some(last) = bytes[at..].iter().rposition(|b| *b != 0) {
-        scan.torn = last as u64 + 1;
-    }
+    scan.torn = crate::log::torn_len(&bytes[at..]).unwrap_or(0);
     scan
 }
 
