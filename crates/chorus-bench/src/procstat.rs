@@ -51,7 +51,9 @@ pub enum ProcStatError {
 /// Counters of one process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcCounters {
-    /// Bytes this process caused to be sent to the storage layer.
+    /// Bytes this process caused to be sent to the storage layer (`write_bytes`): direct
+    /// IO as written, buffered writes as the page-cache folios they dirtied (a small
+    /// write into a large clean folio counts the whole folio).
     pub write_bytes: u64,
     /// User plus system CPU time, in clock ticks.
     pub cpu_ticks: u64,

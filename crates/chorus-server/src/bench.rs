@@ -283,8 +283,9 @@ fn print_table(v: &Value) {
     );
     if !v["write_amp"].is_null() {
         println!(
-            "  write amplification {:.3} per replica, {:.0} fsyncs/s, {:.0} device flushes/s, {:.1} CPU s per million appends, follower {:.0} msgs/s",
+            "  write amplification {:.3} per replica (device: {:.3}), {:.0} fsyncs/s, {:.0} device flushes/s, {:.1} CPU s per million appends, follower {:.0} msgs/s",
             f("write_amp"),
+            f("dev_write_amp"),
             f("fsyncs_per_sec"),
             f("dev_flushes_per_sec"),
             f("cpu_sec_per_million"),
@@ -579,6 +580,7 @@ fn base_result(
         "cpu_seconds": null,
         "cpu_sec_per_million": null,
         "dev_write_bytes": null,
+        "dev_write_amp": null,
         "dev_write_reqs_per_sec": null,
         "dev_flushes_per_sec": null,
         "dev_write_mb_per_sec": null,
@@ -614,6 +616,15 @@ fn add_usage(v: &mut Value, u: &Usage, appends: u64, size: u64) {
         Value::Null
     };
     v["dev_write_bytes"] = json!(u.dev_write_bytes);
+    // What the device wrote per payload byte, per replica (all replicas share the disk):
+    // `write_amp` reads the processes' `write_bytes`, which counts a buffered write into a
+    // large clean page-cache folio as the whole folio (docs/benchmarks.md, session 31).
+    let replicas = u.proc_write_bytes.len().max(1) as f64;
+    v["dev_write_amp"] = if appends > 0 {
+        json!(u.dev_write_bytes as f64 / replicas / payload)
+    } else {
+        Value::Null
+    };
     v["dev_write_reqs_per_sec"] = json!(u.dev_write_reqs as f64 / u.seconds);
     v["dev_flushes_per_sec"] = json!(u.dev_flushes.map(|f| f as f64 / u.seconds));
     v["dev_write_mb_per_sec"] = json!(u.dev_write_bytes as f64 / u.seconds / 1e6);
