@@ -230,7 +230,10 @@ impl Client {
     }
 
     /// Appends records to an out-of-order group (each declaring its blocks or read/write
-    /// sets) and waits for each final result.
+    /// sets) and waits for each final result: one per record, in request order, with
+    /// `refused` set on a record never appended and `unknown` on one whose outcome this
+    /// replica cannot know (see `AppendOutOfOrderResponse`). Only a call in which every
+    /// record was refused is retried at the leader.
     pub async fn append_out_of_order(
         &mut self,
         group: u64,

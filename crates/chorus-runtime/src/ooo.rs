@@ -942,7 +942,10 @@ impl OooNode {
     }
 
     /// Appends a record; the future resolves to its result and slot. Appends submitted
-    /// from one thread get increasing slots in submission order.
+    /// from one thread that touch a block or key in common get increasing (slot, index)
+    /// places in submission order; others may not (a record that would wait to commit
+    /// is packed after the rest, [`group::waiting_last`]), and one may be refused while
+    /// a later one is appended.
     pub fn submit(
         &self,
         declared: Declared,

@@ -420,23 +420,48 @@ async fn append_out_of_order(
             .iter()
             .any(|r| r.outcome != pb::Outcome::Committed as i32);
     if outcomes.len() < total {
+        // A server before per-record reporting cut its list at a refusal.
         eprintln!(
             "chorus: only {} of {total} records have a result",
             outcomes.len()
         );
     }
+    // What a record without a result says instead: never appended (safe to append
+    // again), or appended with its outcome unknown here (it may have committed).
+    let status = |r: &pb::OutOfOrderResult| -> String {
+        if !r.refused.is_empty() {
+            format!("refused: {}", r.refused)
+        } else if !r.unknown.is_empty() {
+            format!("unknown: {}", r.unknown)
+        } else {
+            outcome(r.outcome).to_string()
+        }
+    };
+    let no_slot = |r: &pb::OutOfOrderResult| !r.refused.is_empty() || !r.unknown.is_empty();
     match a.ep.output {
         Output::Json => {
             let v: Vec<_> = outcomes
                 .iter()
-                .map(|r| json!({"slot": r.seq, "index": r.index, "outcome": outcome(r.outcome)}))
+                .map(|r| {
+                    if !r.refused.is_empty() {
+                        json!({"outcome": "refused", "reason": r.refused})
+                    } else if !r.unknown.is_empty() {
+                        json!({"outcome": "unknown", "reason": r.unknown})
+                    } else {
+                        json!({"slot": r.seq, "index": r.index, "outcome": outcome(r.outcome)})
+                    }
+                })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }
         Output::Table => {
             println!("{:>14} {:>5}  OUTCOME", "SLOT", "INDEX");
             for r in &outcomes {
-                println!("{:>14} {:>5}  {}", r.seq, r.index, outcome(r.outcome));
+                if no_slot(r) {
+                    println!("{:>14} {:>5}  {}", "-", "-", status(r));
+                } else {
+                    println!("{:>14} {:>5}  {}", r.seq, r.index, status(r));
+                }
             }
         }
     }

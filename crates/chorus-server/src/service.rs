@@ -248,6 +248,50 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
     }
 }
 
+/// The answer to an out-of-order append of several records, from each record's result
+/// in request order (see `AppendOutOfOrderResponse` in `proto/chorus.proto`): every record
+/// is reported — the records of a request are independent appends, so one refused (a
+/// full window, a leader stepping down) says nothing of those after it, which may have
+/// been packed first and committed. The call fails whole only when no record has a
+/// result and all failed alike, so that a client retrying it elsewhere cannot append a
+/// record twice unknowingly: all refused (nothing was appended), or none refused and
+/// none known.
+fn ooo_batch_response(
+    results: Vec<Result<chorus_runtime::ooo::OooResult, chorus_runtime::ooo::OooNodeError>>,
+) -> Result<pb::AppendOutOfOrderResponse, Status> {
+    use chorus_runtime::ooo::OooNodeError as E;
+    let refused = |r: &Result<_, E>| matches!(r, Err(E::Refused(_)));
+    let all_refused = results.iter().all(refused);
+    let none_known = results.iter().all(|r| r.is_err() && !refused(r));
+    if !results.is_empty() && (all_refused || none_known) {
+        let first = results.into_iter().next().expect("not empty");
+        return Err(ooo_status(first.expect_err("no result")));
+    }
+    let results = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => pb::OutOfOrderResult {
+                seq: r.seq,
+                index: r.index,
+                outcome: match r.outcome {
+                    Outcome::Committed => pb::Outcome::Committed,
+                    Outcome::Failed => pb::Outcome::Failed,
+                } as i32,
+                ..Default::default()
+            },
+            Err(e @ E::Refused(_)) => pb::OutOfOrderResult {
+                refused: e.to_string(),
+                ..Default::default()
+            },
+            Err(e) => pb::OutOfOrderResult {
+                unknown: e.to_string(),
+                ..Default::default()
+            },
+        })
+        .collect();
+    Ok(pb::AppendOutOfOrderResponse { results })
+}
+
 /// Maps a runtime error to a gRPC status (see the codes in `proto/chorus.proto`).
 pub fn status(e: Error) -> Status {
     let msg = e.to_string();
@@ -878,26 +922,10 @@ impl pb::chorus_server::Chorus for Service {
             .map(|(d, data)| g.node.submit(d, data))
             .collect();
         let mut results = Vec::with_capacity(pending.len());
-        for (i, p) in pending.into_iter().enumerate() {
-            match p.await {
-                Ok(r) => results.push(pb::OutOfOrderResult {
-                    seq: r.seq,
-                    index: r.index,
-                    outcome: match r.outcome {
-                        Outcome::Committed => pb::Outcome::Committed,
-                        Outcome::Failed => pb::Outcome::Failed,
-                    } as i32,
-                }),
-                Err(e) if i == 0 => return Err(ooo_status(e)),
-                Err(e) => {
-                    // Records after the first refusal may still have been accepted; they are
-                    // independent appends, so only the prefix with known results is reported.
-                    tracing::debug!(error = %e, answered = i, "out-of-order batch cut short");
-                    break;
-                }
-            }
+        for p in pending {
+            results.push(p.await);
         }
-        Ok(Response::new(pb::AppendOutOfOrderResponse { results }))
+        ooo_batch_response(results).map(Response::new)
     }
 
     async fn read_blocks(
@@ -1088,5 +1116,64 @@ mod tests {
             .metadata()
             .get(chorus_client::NOT_STARTED_KEY)
             .is_none());
+    }
+
+    /// Every record of an out-of-order batch is reported: a refusal in the middle does
+    /// not hide the results after it (those records may have been packed first and
+    /// committed), and the call fails whole only when nothing has a result and all
+    /// failed alike.
+    #[test]
+    fn an_out_of_order_batch_reports_every_record() {
+        use chorus_runtime::ooo::{OooNodeError as E, OooResult};
+        let ok = |seq| {
+            Ok(OooResult {
+                seq,
+                index: 0,
+                outcome: Outcome::Committed,
+            })
+        };
+        let not_leader = || Err(E::Refused(OooAppendError::NotLeader { leader: Some(2) }));
+        // Refused, then committed: both reported, in request order.
+        let r = ooo_batch_response(vec![ok(5), not_leader(), ok(4), Err(E::Stopped)]).unwrap();
+        assert_eq!(r.results.len(), 4);
+        assert_eq!(
+            (r.results[0].seq, r.results[0].outcome),
+            (5, pb::Outcome::Committed as i32)
+        );
+        assert!(r.results[0].refused.is_empty() && r.results[0].unknown.is_empty());
+        assert!(
+            r.results[1].refused.contains("not the serving leader"),
+            "{:?}",
+            r.results[1]
+        );
+        assert_eq!(r.results[1].outcome, pb::Outcome::Unspecified as i32);
+        assert_eq!(r.results[2].seq, 4);
+        assert!(
+            r.results[3].unknown.contains("stopped"),
+            "{:?}",
+            r.results[3]
+        );
+        assert!(r.results[3].refused.is_empty());
+        // The first refused, a later one appended: not a whole-call refusal (a client
+        // retrying it elsewhere would append the later one twice).
+        let r = ooo_batch_response(vec![not_leader(), ok(9)]).unwrap();
+        assert!(!r.results[0].refused.is_empty());
+        assert_eq!(r.results[1].seq, 9);
+        // All refused: nothing appended, the call fails with the first's code and hint.
+        let e = ooo_batch_response(vec![
+            not_leader(),
+            Err(E::Refused(OooAppendError::Transferring { to: 3 })),
+        ])
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(e.metadata().get("chorus-leader").unwrap(), "2");
+        // None known and none refused: the call fails as a single unknown append does.
+        let e = ooo_batch_response(vec![Err(E::Unknown { seq: 3 }), Err(E::Stopped)]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unknown);
+        // Refused and unknown mixed: the unknown one may have committed, so no whole-call
+        // refusal; each is reported.
+        let r = ooo_batch_response(vec![not_leader(), Err(E::Stopped)]).unwrap();
+        assert!(!r.results[0].refused.is_empty() && !r.results[1].unknown.is_empty());
+        assert!(ooo_batch_response(vec![]).unwrap().results.is_empty());
     }
 }
