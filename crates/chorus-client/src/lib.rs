@@ -99,10 +99,22 @@ pub struct Client {
     pub leader_timeout: Duration,
 }
 
+/// `host:port` as `http://host:port`; anything naming a scheme is left as written (an
+/// unknown one is refused when connecting, naming the endpoint).
+fn with_scheme(ep: String) -> String {
+    if ep.contains("://") {
+        ep
+    } else {
+        format!("http://{ep}")
+    }
+}
+
 impl Client {
-    /// A client for these endpoints (`http://host:port`); connections open lazily.
+    /// A client for these endpoints (`http://host:port`; a bare `host:port` is taken as
+    /// `http://host:port`); connections open lazily.
     pub fn new(endpoints: Vec<String>) -> Self {
         let n = endpoints.len();
+        let endpoints = endpoints.into_iter().map(with_scheme).collect();
         Self {
             endpoints,
             conns: vec![None; n],
@@ -583,5 +595,34 @@ mod tests {
         assert!(not_sent(&Status::unavailable(
             "tcp connect error: Connection refused"
         )));
+    }
+
+    /// `host:port` works as an endpoint; a written scheme is kept, a bad one is named.
+    #[test]
+    fn a_bare_host_and_port_is_taken_as_http() {
+        let c = Client::new(vec![
+            "127.0.0.1:7001".into(),
+            "http://127.0.0.1:7002".into(),
+            "https://db1:7003".into(),
+        ]);
+        assert_eq!(
+            c.endpoints(),
+            [
+                "http://127.0.0.1:7001",
+                "http://127.0.0.1:7002",
+                "https://db1:7003"
+            ]
+        );
+        let mut bad = Client::new(vec!["http://no spaces:1".into()]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        match rt.block_on(bad.conn(0)) {
+            Err(ClientError::BadEndpoint { endpoint, .. }) => {
+                assert_eq!(endpoint, "http://no spaces:1")
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! directory, the worker pool shared by every log group, the transport and the timer,
 //! and hosts any number of log groups.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use chorus_core::format::meta::NodeId;
 use chorus_core::replica::{MembershipChange, Message, ReplicaConfig};
 use chorus_core::{Csn, Lsn};
-use chorus_storage::LogOptions;
+use chorus_storage::{LogOptions, StorageError};
 use tokio::sync::watch;
 
 use crate::error::Error;
@@ -153,6 +153,24 @@ struct Inner {
     timer: Mutex<Option<JoinHandle<()>>>,
     create_lock: Mutex<()>,
     stopped: std::sync::atomic::AtomicBool,
+    /// Groups found damaged at open ([`Error::GroupDamaged`]), with why; not started.
+    damaged: Mutex<BTreeMap<GroupId, String>>,
+}
+
+/// Whether a group failed to open because its files are damaged — as opposed to an IO
+/// error or a setting, which concern the whole node — so the node may go on without it.
+fn is_damage(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage {
+            source: StorageError::Corrupt { .. }
+                | StorageError::CorruptRecord { .. }
+                | StorageError::ForeignBlock { .. }
+                | StorageError::Layout { .. }
+                | StorageError::NotFound { .. },
+            ..
+        }
+    )
 }
 
 impl std::fmt::Debug for Env {
@@ -206,9 +224,26 @@ impl Env {
             found.push((id, e.path()));
         }
         found.sort();
+        // A group damaged beyond what its replica repairs alone stays on disk, not
+        // started: the node serves its other groups, and the operator replaces the
+        // replica (docs/operations.md, "A damaged replica").
+        let mut damaged = BTreeMap::new();
         for (id, path) in found {
-            let g = Group::open(shared.clone(), id, &path)?;
-            router.groups.write().expect("groups").insert(id, g);
+            match Group::open(shared.clone(), id, &path) {
+                Ok(g) => {
+                    router.groups.write().expect("groups").insert(id, g);
+                }
+                Err(e) if is_damage(&e) => {
+                    tracing::error!(
+                        group = id,
+                        error = %e,
+                        "log group not started: its files are damaged; the node serves \
+                         its other groups (docs/operations.md: a damaged replica)"
+                    );
+                    damaged.insert(id, e.to_string());
+                }
+                Err(e) => return Err(e),
+            }
         }
         let mut tcfg = TcpConfig::new(cfg.node, cfg.listen);
         tcfg.cluster_id = cfg.cluster_id;
@@ -232,6 +267,7 @@ impl Env {
                 timer: Mutex::new(None),
                 create_lock: Mutex::new(()),
                 stopped: Default::default(),
+                damaged: Mutex::new(damaged),
             }),
         };
         let weak = Arc::downgrade(&env.inner);
@@ -276,6 +312,7 @@ impl Env {
     ) -> Result<LogHandle, Error> {
         self.check_running()?;
         let _guard = self.inner.create_lock.lock().expect("create");
+        self.check_damaged(id)?;
         if self
             .inner
             .router
@@ -308,8 +345,28 @@ impl Env {
         Ok(LogHandle { g })
     }
 
-    /// The group `id`, if this node hosts it.
+    /// [`Error::GroupDamaged`] for a group that did not start because it is damaged.
+    fn check_damaged(&self, id: GroupId) -> Result<(), Error> {
+        match self.inner.damaged.lock().expect("damaged").get(&id) {
+            Some(reason) => Err(Error::GroupDamaged {
+                group: id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Groups whose files were found damaged when this node started, with why: they did
+    /// not start ([`Error::GroupDamaged`]) until [`Env::remove_group`] deletes them.
+    pub fn damaged_groups(&self) -> Vec<(GroupId, String)> {
+        let d = self.inner.damaged.lock().expect("damaged");
+        d.iter().map(|(&id, why)| (id, why.clone())).collect()
+    }
+
+    /// The group `id`, if this node hosts it; [`Error::GroupDamaged`] if its files were
+    /// found damaged at start.
     pub fn group(&self, id: GroupId) -> Result<LogHandle, Error> {
+        self.check_damaged(id)?;
         self.inner
             .router
             .groups
@@ -340,6 +397,23 @@ impl Env {
     /// stopped. (Remove the node from the group's membership first, or the group loses a
     /// replica.)
     pub fn remove_group(&self, id: GroupId) -> Result<(), Error> {
+        if self
+            .inner
+            .damaged
+            .lock()
+            .expect("damaged")
+            .remove(&id)
+            .is_some()
+        {
+            // Nothing runs: its files go, and the group can be created again, empty.
+            let dir = self.group_dir(id);
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::Io {
+                what: format!("remove {}", dir.display()),
+                source: e,
+            })?;
+            tracing::info!(group = id, "damaged group removed");
+            return Ok(());
+        }
         let g = self
             .inner
             .router
@@ -483,6 +557,11 @@ impl Env {
                     s.end_lsn.saturating_sub(*matched)
                 );
             }
+        }
+        let name = "chorus_group_not_started";
+        let _ = writeln!(out, "# HELP {name} 1 for a log group whose files were found damaged when this node started, so it did not start here.\n# TYPE {name} gauge");
+        for (id, _) in self.damaged_groups() {
+            let _ = writeln!(out, "{name}{{node=\"{node}\",group=\"{id}\"}} 1");
         }
         self.inner.shared.fsync_hist.render(
             &mut out,

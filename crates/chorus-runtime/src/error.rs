@@ -41,6 +41,19 @@ pub enum Error {
     /// The group already exists.
     #[error("log group {0} already exists")]
     GroupExists(u64),
+    /// The group's files on this node are damaged beyond what its replica repairs
+    /// alone, so it did not start here (the node serves its other groups); see
+    /// docs/operations.md, "A damaged replica".
+    #[error(
+        "log group {group} did not start on this node: its files are damaged ({reason}); \
+         remove this node from its membership, then delete the group here and add it back"
+    )]
+    GroupDamaged {
+        /// The log group.
+        group: u64,
+        /// What was found damaged, naming the file.
+        reason: String,
+    },
     /// The append was refused before it got an LSN.
     #[error("group {group}: append refused: {source}")]
     Append {

@@ -66,3 +66,61 @@ fn many_groups_in_one_env_and_removal() {
     assert!(recs.iter().any(|r| r.data == b"group 1 still serves"));
     env.shutdown();
 }
+
+/// A group whose files are damaged beyond what its replica repairs alone (here both
+/// slots of its meta record) does not stop the node: the others start and serve, the
+/// damaged one is named by every call and by the metrics until it is removed, and
+/// creating it again is refused until then (its files are kept for the post-mortem).
+#[test]
+fn a_damaged_group_stops_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+    let env = Env::open(cfg()).unwrap();
+    for g in [1, 2] {
+        env.create_group(g, &[1], &[]).unwrap();
+        leader_append(&env, g, format!("in {g}").as_bytes());
+    }
+    env.shutdown();
+    drop(env);
+    let gdir = chorus_runtime::env::group_dir(dir.path(), 2);
+    let meta = gdir.join("meta");
+    let len = std::fs::metadata(&meta).unwrap().len() as usize;
+    std::fs::write(&meta, vec![0x5A; len]).unwrap();
+
+    let env = Env::open(cfg()).unwrap();
+    assert_eq!(env.groups(), vec![1]);
+    let damaged = env.damaged_groups();
+    assert_eq!(damaged.len(), 1);
+    assert_eq!(damaged[0].0, 2);
+    assert!(damaged[0].1.contains("meta"), "{}", damaged[0].1);
+    match env.group(2) {
+        Err(e @ Error::GroupDamaged { group: 2, .. }) => {
+            assert!(e.to_string().contains("damaged"), "{e}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(matches!(
+        env.create_group(2, &[1], &[]),
+        Err(Error::GroupDamaged { group: 2, .. })
+    ));
+    assert!(gdir.join("meta").exists(), "the damaged files are kept");
+    let m = env.render_metrics();
+    assert!(
+        m.contains("chorus_group_not_started{node=\"1\",group=\"2\"} 1"),
+        "{m}"
+    );
+    leader_append(&env, 1, b"group 1 serves beside the damaged one");
+    // Removing it deletes its files; it can then be created again, empty.
+    env.remove_group(2).unwrap();
+    assert!(!gdir.exists());
+    assert!(env.damaged_groups().is_empty());
+    assert!(matches!(env.group(2), Err(Error::NoSuchGroup(2))));
+    env.create_group(2, &[1], &[]).unwrap();
+    leader_append(&env, 2, b"new 2");
+    env.shutdown();
+    drop(env);
+    let env = Env::open(cfg()).unwrap();
+    assert_eq!(env.groups(), vec![1, 2]);
+    assert!(env.damaged_groups().is_empty());
+    env.shutdown();
+}

@@ -63,7 +63,8 @@ pub enum Output {
 /// Where the cluster is.
 #[derive(Args, Clone, Debug)]
 pub struct Endpoints {
-    /// gRPC API endpoints of the nodes, comma-separated (default: the `chorus dev` cluster).
+    /// gRPC API endpoints of the nodes, comma-separated, each `http://host:port` or
+    /// `host:port` (default: the `chorus dev` cluster).
     #[arg(
         long,
         env = "CHORUS_ENDPOINTS",

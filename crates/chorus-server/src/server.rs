@@ -135,7 +135,8 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             .into());
         }
         match env.create_group(g.id, &g.voters, &g.learners) {
-            Ok(_) | Err(Error::GroupExists(_)) => {}
+            // A damaged group stays as found (logged when the node opened it).
+            Ok(_) | Err(Error::GroupExists(_)) | Err(Error::GroupDamaged { .. }) => {}
             Err(e) => return Err(e.into()),
         }
     }

@@ -298,6 +298,7 @@ pub fn status(e: Error) -> Status {
     match &e {
         Error::NoSuchGroup(_) | Error::NotARecord { .. } => Status::not_found(msg),
         Error::GroupExists(_) => Status::already_exists(msg),
+        Error::GroupDamaged { group, .. } => nothing_done(Status::unavailable(msg), *group),
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
         Error::Append { source, group } => match source {
             AppendError::NotLeader { leader } => {
@@ -635,13 +636,26 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let g = req.into_inner().group;
         let mut ids = if g == 0 { self.env.groups() } else { vec![g] };
+        let damaged: std::collections::BTreeMap<u64, String> =
+            self.env.damaged_groups().into_iter().collect();
         if g == 0 {
             ids.extend(self.ooo.ids());
             ids.extend(self.ooo.failed_ids());
+            ids.extend(damaged.keys());
             ids.sort_unstable();
         }
         let mut groups = Vec::new();
         for id in ids {
+            if let Some(why) = damaged.get(&id) {
+                groups.push(pb::GroupStatus {
+                    group: id,
+                    node: self.env.node(),
+                    mode: "ordered".into(),
+                    stopped: format!("not started, its files are damaged: {why}"),
+                    ..Default::default()
+                });
+                continue;
+            }
             if let Some((voters, why)) = self.ooo.failed(id) {
                 groups.push(pb::GroupStatus {
                     group: id,
@@ -760,6 +774,23 @@ impl pb::chorus_server::Chorus for Service {
             }
             Ok(())
         };
+        if self.env.damaged_groups().iter().any(|(id, _)| *id == group) {
+            // A damaged ordered group that did not start: its membership here is unknown
+            // (its meta record may be what is damaged), so deleting it takes force.
+            if !r.force {
+                return Err(Status::failed_precondition(format!(
+                    "group {group}: its files on this node are damaged, so whether this node \
+                     ({me}) is still one of its voters is unknown here; remove it from the \
+                     membership at the leader, then pass force"
+                )));
+            }
+            let env = self.env.clone();
+            return tokio::task::spawn_blocking(move || env.remove_group(group))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map(|()| Response::new(pb::Empty {}))
+                .map_err(status);
+        }
         if let Some((voters, _)) = self.ooo.failed(group) {
             // A damaged replica that did not start: its saved membership is not trusted,
             // so the configured voters decide whether force is needed.

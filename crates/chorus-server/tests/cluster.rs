@@ -521,3 +521,110 @@ async fn wait_members(c: &mut Client, f: impl Fn(&pb::GroupStatus) -> bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One `chorus server` with two ordered groups; group 2's meta record damaged in both
+/// slots while the node is down. The node starts and serves group 1; group 2 is reported
+/// not started, by name, in `Status`, in its refusals and in the metrics, its files kept
+/// as found; deleting it takes force (its membership here is unknown), and after that a
+/// restart creates it again, empty, from the configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_ordered_group_stops_only_itself() {
+    let root = tempfile::tempdir().unwrap();
+    let (api, repl, metrics) = (free_port(), free_port(), free_port());
+    let cfg = root.path().join("n1.toml");
+    let data = root.path().join("n1");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node = 1\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             metrics_listen = \"127.0.0.1:{metrics}\"\nio_workers = 2\nlog_filter = \"info\"\n\n\
+             [[groups]]\nid = 1\nvoters = [1]\n\n[[groups]]\nid = 2\nvoters = [1]\n\n\
+             [replica]\nlease_ms = 1000\nheartbeat_ms = 100\nping_ms = 100\nresend_ms = 200\n\n\
+             [log]\nblock_size = 4194304\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let mut node = Server::new(cfg, root.path().join("n1.log"));
+    node.start();
+    let eps = vec![format!("127.0.0.1:{api}")];
+    let mut c = Client::new(eps.clone());
+    c.leader_timeout = Duration::from_secs(20);
+    for g in [1, 2] {
+        let r = c
+            .append(g, vec![format!("in {g}").into_bytes()], 0)
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    }
+    node.kill9();
+    let meta = data.join("groups").join(format!("{:020}", 2)).join("meta");
+    let len = std::fs::metadata(&meta).unwrap().len() as usize;
+    std::fs::write(&meta, vec![0x5A; len]).unwrap();
+    node.start();
+    let end = Instant::now() + Duration::from_secs(20);
+    let st = loop {
+        if let Ok(s) = &c.status_all(0).await[0].1 {
+            break s.clone();
+        }
+        assert!(Instant::now() < end, "the node did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let g2 = st
+        .groups
+        .iter()
+        .find(|g| g.group == 2)
+        .expect("group 2 listed");
+    assert!(
+        g2.stopped.contains("damaged") && g2.stopped.contains(&meta.display().to_string()),
+        "{g2:?}"
+    );
+    assert_eq!(g2.mode, "ordered");
+    let r = c
+        .append(1, vec![b"group 1 serves".to_vec()], 0)
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    c.leader_timeout = Duration::from_secs(1);
+    let err = c.append(2, vec![b"x".to_vec()], 0).await.unwrap_err();
+    assert!(err.to_string().contains("damaged"), "{err}");
+    let text = metrics_page(metrics).await;
+    assert!(
+        text.contains("chorus_group_not_started{node=\"1\",group=\"2\"} 1"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(&meta).unwrap(),
+        vec![0x5A; len],
+        "the damaged file was changed"
+    );
+    let err = c.delete_group(0, 2, false).await.unwrap_err();
+    assert!(err.to_string().contains("pass force"), "{err}");
+    c.delete_group(0, 2, true).await.unwrap();
+    assert!(!meta.parent().unwrap().exists());
+    node.kill9();
+    node.start();
+    c.leader_timeout = Duration::from_secs(20);
+    let r = c.append(2, vec![b"new 2".to_vec()], 0).await.unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+}
+
+/// The metrics page at `port`, over a plain TCP request (bounded).
+async fn metrics_page(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await;
+            if !out.is_empty() {
+                return out;
+            }
+        }
+        assert!(Instant::now() < end, "no metrics page on port {port}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
