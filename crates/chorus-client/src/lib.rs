@@ -222,7 +222,10 @@ impl Client {
         }
     }
 
-    /// Appends records (in order, consecutive LSNs) and waits for each final result.
+    /// Appends records (in order, consecutive LSNs) and waits for each final result: one
+    /// per appended record (a refusal ends the list; the records after it were not
+    /// appended), `unknown` set on one whose outcome the replica never learned (see
+    /// `AppendResponse`).
     pub async fn append(
         &mut self,
         group: u64,

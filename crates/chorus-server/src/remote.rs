@@ -336,35 +336,69 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
     let mut c = Client::new(a.ep.endpoints.clone());
     let mut failed = false;
     let mut rows = Vec::new();
+    let mut error = None;
+    // Records go in order: once some are not appended (refused, or the call failed),
+    // none after them is sent, and what was appended before is still printed.
     for chunk in records.chunks(crate::service::MAX_APPEND_BATCH) {
-        let res = c.append(a.ep.group, chunk.to_vec(), a.ref_csn).await?;
-        if res.len() < chunk.len() {
-            eprintln!(
-                "chorus: only {} of {} records were accepted",
-                res.len(),
-                chunk.len()
-            );
-            failed = true;
-        }
+        let res = match c.append(a.ep.group, chunk.to_vec(), a.ref_csn).await {
+            Ok(res) => res,
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        };
+        let short = res.len() < chunk.len();
         for r in res {
             failed |= r.outcome != pb::Outcome::Committed as i32;
             rows.push(r);
         }
+        if short {
+            eprintln!(
+                "chorus: only {} of {} records were appended; the rest were not sent",
+                rows.len(),
+                records.len()
+            );
+            failed = true;
+            break;
+        }
     }
+    let said = |r: &pb::AppendResult| -> String {
+        if r.unknown.is_empty() {
+            outcome(r.outcome).to_string()
+        } else {
+            format!("unknown: {}", r.unknown)
+        }
+    };
     match a.ep.output {
         Output::Json => {
             let v: Vec<_> = rows
                 .iter()
-                .map(|r| json!({"lsn": r.lsn, "csn": r.csn, "outcome": outcome(r.outcome)}))
+                .map(|r| {
+                    if r.unknown.is_empty() {
+                        json!({"lsn": r.lsn, "csn": r.csn, "outcome": outcome(r.outcome)})
+                    } else {
+                        json!({"lsn": r.lsn, "csn": r.csn, "outcome": "unknown", "reason": r.unknown})
+                    }
+                })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }
         Output::Table => {
             println!("{:>14} {:>10}  OUTCOME", "LSN", "CSN");
             for r in &rows {
-                println!("{:>14} {:>10}  {}", r.lsn, r.csn, outcome(r.outcome));
+                println!("{:>14} {:>10}  {}", r.lsn, r.csn, said(r));
             }
         }
+    }
+    if let Some(e) = error {
+        if !rows.is_empty() {
+            eprintln!(
+                "chorus: {} of {} records were appended before this error; the rest were not sent",
+                rows.len(),
+                records.len()
+            );
+        }
+        return Err(e);
     }
     Ok(if failed {
         ExitCode::from(EXIT_PROBLEM)

@@ -248,6 +248,42 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
     }
 }
 
+/// The answer to an ordered append, from each appended record's (LSN, CSN, result) in
+/// request order: a record whose outcome this replica cannot know (it stopped) is
+/// reported `unknown` beside the results known before it, so a client does not append
+/// the committed ones again; the call fails whole only when no outcome is known.
+fn append_response(
+    results: Vec<(u64, u64, Result<chorus_runtime::AppendResult, Error>)>,
+) -> Result<pb::AppendResponse, Status> {
+    if results.iter().all(|r| r.2.is_err()) {
+        if let Some((_, _, Err(e))) = results.into_iter().next() {
+            return Err(status(e));
+        }
+        return Ok(pb::AppendResponse::default());
+    }
+    let results = results
+        .into_iter()
+        .map(|(lsn, csn, r)| match r {
+            Ok(r) => pb::AppendResult {
+                lsn: r.lsn,
+                csn: r.csn,
+                outcome: match r.outcome {
+                    Outcome::Committed => pb::Outcome::Committed,
+                    Outcome::Failed => pb::Outcome::Failed,
+                } as i32,
+                ..Default::default()
+            },
+            Err(e) => pb::AppendResult {
+                lsn,
+                csn,
+                unknown: e.to_string(),
+                ..Default::default()
+            },
+        })
+        .collect();
+    Ok(pb::AppendResponse { results })
+}
+
 /// The answer to an out-of-order append of several records, from each record's result
 /// in request order (see `AppendOutOfOrderResponse` in `proto/chorus.proto`): every record
 /// is reported — the records of a request are independent appends, so one refused (a
@@ -556,17 +592,10 @@ impl pb::chorus_server::Chorus for Service {
         }
         let mut results = Vec::with_capacity(pending.len());
         for a in pending {
-            let r = a.result.await.map_err(status)?;
-            results.push(pb::AppendResult {
-                lsn: r.lsn,
-                csn: r.csn,
-                outcome: match r.outcome {
-                    Outcome::Committed => pb::Outcome::Committed,
-                    Outcome::Failed => pb::Outcome::Failed,
-                } as i32,
-            });
+            let (lsn, csn) = (a.lsn, a.csn);
+            results.push((lsn, csn, a.result.await));
         }
-        Ok(Response::new(pb::AppendResponse { results }))
+        append_response(results).map(Response::new)
     }
 
     async fn read(
@@ -1206,5 +1235,37 @@ mod tests {
         let r = ooo_batch_response(vec![not_leader(), Err(E::Stopped)]).unwrap();
         assert!(!r.results[0].refused.is_empty() && !r.results[1].unknown.is_empty());
         assert!(ooo_batch_response(vec![]).unwrap().results.is_empty());
+    }
+
+    /// An ordered append answers for every appended record: one whose outcome the
+    /// replica never learned is `unknown` beside the known ones before it; the call fails
+    /// whole only when nothing is known.
+    #[test]
+    fn an_ordered_append_reports_unknown_outcomes_beside_known_ones() {
+        let done = |lsn, csn| {
+            Ok(chorus_runtime::AppendResult {
+                lsn,
+                csn,
+                outcome: Outcome::Committed,
+            })
+        };
+        let stopped = || Error::Stopped {
+            group: 1,
+            reason: "the replica stopped before the outcome was known".into(),
+        };
+        let r = append_response(vec![(0, 1, done(0, 1)), (40, 2, Err(stopped()))]).unwrap();
+        assert_eq!(r.results.len(), 2);
+        assert_eq!(r.results[0].outcome, pb::Outcome::Committed as i32);
+        assert!(r.results[0].unknown.is_empty());
+        assert_eq!((r.results[1].lsn, r.results[1].csn), (40, 2));
+        assert_eq!(r.results[1].outcome, pb::Outcome::Unspecified as i32);
+        assert!(
+            r.results[1].unknown.contains("stopped"),
+            "{:?}",
+            r.results[1]
+        );
+        let e = append_response(vec![(0, 1, Err(stopped())), (40, 2, Err(stopped()))]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert!(append_response(vec![]).unwrap().results.is_empty());
     }
 }
