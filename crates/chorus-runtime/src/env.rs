@@ -397,23 +397,20 @@ impl Env {
     /// stopped. (Remove the node from the group's membership first, or the group loses a
     /// replica.)
     pub fn remove_group(&self, id: GroupId) -> Result<(), Error> {
-        if self
-            .inner
-            .damaged
-            .lock()
-            .expect("damaged")
-            .remove(&id)
-            .is_some()
-        {
-            // Nothing runs: its files go, and the group can be created again, empty.
+        let mut damaged = self.inner.damaged.lock().expect("damaged");
+        if damaged.contains_key(&id) {
+            // Nothing runs: its files go, and the group can be created again, empty. It
+            // stays named damaged if they cannot be removed.
             let dir = self.group_dir(id);
             std::fs::remove_dir_all(&dir).map_err(|e| Error::Io {
                 what: format!("remove {}", dir.display()),
                 source: e,
             })?;
+            damaged.remove(&id);
             tracing::info!(group = id, "damaged group removed");
             return Ok(());
         }
+        drop(damaged);
         let g = self
             .inner
             .router

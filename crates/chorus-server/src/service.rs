@@ -248,6 +248,15 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
     }
 }
 
+/// An outcome as the API spells it.
+fn pb_outcome(o: Outcome) -> i32 {
+    let o = match o {
+        Outcome::Committed => pb::Outcome::Committed,
+        Outcome::Failed => pb::Outcome::Failed,
+    };
+    o as i32
+}
+
 /// The answer to an ordered append, from each appended record's (LSN, CSN, result) in
 /// request order: a record whose outcome this replica cannot know (it stopped) is
 /// reported `unknown` beside the results known before it, so a client does not append
@@ -267,10 +276,7 @@ fn append_response(
             Ok(r) => pb::AppendResult {
                 lsn: r.lsn,
                 csn: r.csn,
-                outcome: match r.outcome {
-                    Outcome::Committed => pb::Outcome::Committed,
-                    Outcome::Failed => pb::Outcome::Failed,
-                } as i32,
+                outcome: pb_outcome(r.outcome),
                 ..Default::default()
             },
             Err(e) => pb::AppendResult {
@@ -309,10 +315,7 @@ fn ooo_batch_response(
             Ok(r) => pb::OutOfOrderResult {
                 seq: r.seq,
                 index: r.index,
-                outcome: match r.outcome {
-                    Outcome::Committed => pb::Outcome::Committed,
-                    Outcome::Failed => pb::Outcome::Failed,
-                } as i32,
+                outcome: pb_outcome(r.outcome),
                 ..Default::default()
             },
             Err(e @ E::Refused(_)) => pb::OutOfOrderResult {
