@@ -305,6 +305,19 @@ fn outcome(o: i32) -> &'static str {
     }
 }
 
+/// Why a record of an append has no outcome, if it has none (the server sets at most one
+/// of the two): never appended, so safe to append again ("refused"), or appended with its
+/// outcome unknown to the replica, so it may have committed ("unknown").
+fn no_outcome<'a>(refused: &'a str, unknown: &'a str) -> Option<(&'static str, &'a str)> {
+    if !refused.is_empty() {
+        Some(("refused", refused))
+    } else if !unknown.is_empty() {
+        Some(("unknown", unknown))
+    } else {
+        None
+    }
+}
+
 fn printable(data: &[u8]) -> String {
     match std::str::from_utf8(data) {
         Ok(s) if !s.chars().any(|c| c.is_control() && c != '\t') => s.to_string(),
@@ -362,23 +375,15 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
             break;
         }
     }
-    let said = |r: &pb::AppendResult| -> String {
-        if r.unknown.is_empty() {
-            outcome(r.outcome).to_string()
-        } else {
-            format!("unknown: {}", r.unknown)
-        }
-    };
     match a.ep.output {
         Output::Json => {
             let v: Vec<_> = rows
                 .iter()
-                .map(|r| {
-                    if r.unknown.is_empty() {
-                        json!({"lsn": r.lsn, "csn": r.csn, "outcome": outcome(r.outcome)})
-                    } else {
-                        json!({"lsn": r.lsn, "csn": r.csn, "outcome": "unknown", "reason": r.unknown})
+                .map(|r| match no_outcome("", &r.unknown) {
+                    Some((what, why)) => {
+                        json!({"lsn": r.lsn, "csn": r.csn, "outcome": what, "reason": why})
                     }
+                    None => json!({"lsn": r.lsn, "csn": r.csn, "outcome": outcome(r.outcome)}),
                 })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -386,7 +391,11 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
         Output::Table => {
             println!("{:>14} {:>10}  OUTCOME", "LSN", "CSN");
             for r in &rows {
-                println!("{:>14} {:>10}  {}", r.lsn, r.csn, said(r));
+                let said = no_outcome("", &r.unknown).map_or_else(
+                    || outcome(r.outcome).into(),
+                    |(w, why)| format!("{w}: {why}"),
+                );
+                println!("{:>14} {:>10}  {said}", r.lsn, r.csn);
             }
         }
     }
@@ -460,28 +469,13 @@ async fn append_out_of_order(
             outcomes.len()
         );
     }
-    // What a record without a result says instead: never appended (safe to append
-    // again), or appended with its outcome unknown here (it may have committed).
-    let status = |r: &pb::OutOfOrderResult| -> String {
-        if !r.refused.is_empty() {
-            format!("refused: {}", r.refused)
-        } else if !r.unknown.is_empty() {
-            format!("unknown: {}", r.unknown)
-        } else {
-            outcome(r.outcome).to_string()
-        }
-    };
-    let no_slot = |r: &pb::OutOfOrderResult| !r.refused.is_empty() || !r.unknown.is_empty();
     match a.ep.output {
         Output::Json => {
             let v: Vec<_> = outcomes
                 .iter()
-                .map(|r| {
-                    if !r.refused.is_empty() {
-                        json!({"outcome": "refused", "reason": r.refused})
-                    } else if !r.unknown.is_empty() {
-                        json!({"outcome": "unknown", "reason": r.unknown})
-                    } else {
+                .map(|r| match no_outcome(&r.refused, &r.unknown) {
+                    Some((what, why)) => json!({"outcome": what, "reason": why}),
+                    None => {
                         json!({"slot": r.seq, "index": r.index, "outcome": outcome(r.outcome)})
                     }
                 })
@@ -491,10 +485,9 @@ async fn append_out_of_order(
         Output::Table => {
             println!("{:>14} {:>5}  OUTCOME", "SLOT", "INDEX");
             for r in &outcomes {
-                if no_slot(r) {
-                    println!("{:>14} {:>5}  {}", "-", "-", status(r));
-                } else {
-                    println!("{:>14} {:>5}  {}", r.seq, r.index, status(r));
+                match no_outcome(&r.refused, &r.unknown) {
+                    Some((w, why)) => println!("{:>14} {:>5}  {w}: {why}", "-", "-"),
+                    None => println!("{:>14} {:>5}  {}", r.seq, r.index, outcome(r.outcome)),
                 }
             }
         }

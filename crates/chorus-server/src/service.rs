@@ -806,7 +806,7 @@ impl pb::chorus_server::Chorus for Service {
             }
             Ok(())
         };
-        if self.env.damaged_groups().iter().any(|(id, _)| *id == group) {
+        if let Err(Error::GroupDamaged { .. }) = self.env.group(group) {
             // A damaged ordered group that did not start: its membership here is unknown
             // (its meta record may be what is damaged), so deleting it takes force.
             if !r.force {
