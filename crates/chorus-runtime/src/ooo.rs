@@ -943,9 +943,9 @@ impl OooNode {
 
     /// Appends a record; the future resolves to its result and slot. Appends submitted
     /// from one thread that touch a block or key in common get increasing (slot, index)
-    /// places in submission order; others may not (a record that would wait to commit
-    /// is packed after the rest, [`group::waiting_last`]), and one may be refused while
-    /// a later one is appended.
+    /// places in submission order; others may not (a record that would wait to commit,
+    /// or on some replica to apply, is packed after the rest, [`group::waiting_last`]),
+    /// and one may be refused while a later one is appended.
     pub fn submit(
         &self,
         declared: Declared,
@@ -1022,9 +1022,11 @@ impl Drop for OooNode {
 
 /// Packs the records taken this round into group entries ([`group::split`] bounds them)
 /// and appends each with the union of its records' declarations; a refused group's
-/// writers hear why. Records that would wait to commit for an uncommitted entry go into
-/// entries after the others ([`group::waiting_last`]), so that one of them does not hold
-/// back the commit of a whole group of writers that need not wait.
+/// writers hear why. Records that would wait to commit for an uncommitted entry, or in
+/// dependent mode on some replica to apply after a writer of their keys it has not
+/// applied ([`OooReplica::packs_last`]), go into entries after the others
+/// ([`group::waiting_last`]), so that one of them does not hold back the commit or the
+/// followers' apply of a whole group of writers that need not wait.
 fn append_groups(
     replica: &mut OooReplica,
     mode: Mode,
@@ -1034,7 +1036,7 @@ fn append_groups(
     c: &mut OooCounters,
 ) {
     let (_, waiting) = group::waiting_last(staged.iter().map(|s| &s.0.declared), |d| {
-        replica.would_wait(d)
+        replica.packs_last(d)
     });
     let mut wait = vec![false; staged.len()];
     for i in waiting {

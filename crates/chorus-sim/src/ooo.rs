@@ -1307,11 +1307,12 @@ impl Sim {
                 });
             }
             // As the runtime does (`group::waiting_last`): records that would wait to
-            // commit go into an entry after the others, conflicting records in order.
+            // commit, or to apply on some replica (`OooReplica::packs_last`), go into an
+            // entry after the others, conflicting records in order.
             let parts: Vec<Vec<Record>> = {
                 let r = self.nodes[&id].replica.as_ref().expect("serving");
                 let (free, waiting) =
-                    group::waiting_last(recs.iter().map(|x| &x.declared), |d| r.would_wait(d));
+                    group::waiting_last(recs.iter().map(|x| &x.declared), |d| r.packs_last(d));
                 if free.is_empty() || waiting.is_empty() {
                     vec![recs]
                 } else {

@@ -152,7 +152,10 @@ fn leader_transfers_hand_over_and_stay_safe() {
 fn membership_changes_complete_and_stay_safe() {
     for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
         let (mut asked, mut done) = (0, 0);
-        for seed in 0..6 {
+        // Under faults fewer than a third of the changes asked complete (30–31% over
+        // 1,000 dependent seeds), so a dozen seeds, not a handful: six asked seven
+        // changes and completed none once packing moved their trajectories.
+        for seed in 0..12 {
             let r = clean_seed(mode, seed);
             asked += r.stats.get("changes_asked").copied().unwrap_or(0);
             done += r.stats.get("membership_changes").copied().unwrap_or(0);

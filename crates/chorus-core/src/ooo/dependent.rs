@@ -257,6 +257,23 @@ impl<K: Clone + Eq + Hash> DepLeader<K> {
             })
     }
 
+    /// Whether an entry writing `write_set`, admitted now, would list a WAW predecessor
+    /// at or above `since`: a writer of one of its keys that a replica which has applied
+    /// everything below `since` may still have to apply first. A driver packing several
+    /// writers' records into one entry asks per record (with `since` the lowest apply
+    /// head among the live replicas), so that records a follower could apply at once are
+    /// not held back by a group whose union writes a hot key another copy is still
+    /// carrying (DP-Raft applies per transaction; a group entry applies as one).
+    pub fn would_order(&self, write_set: &[K], since: Seq) -> bool {
+        let from = self.base().max(since);
+        write_set.iter().any(|k| {
+            self.writers
+                .get(k)
+                .and_then(|v| v.last())
+                .is_some_and(|&w| w >= from)
+        })
+    }
+
     /// Admits a parallel-mode entry under conflict order (the DP-Raft paper's adaptation
     /// of ParallelRaft, section 5: the read and write keys of a transaction stand for its
     /// blocks, and an entry commits only once every earlier entry overlapping it has):
@@ -890,6 +907,28 @@ mod tests {
             1,
             "a dependent acknowledged after its predecessor committed"
         );
+    }
+
+    /// `would_order` names a writer of the keys that a replica which applied everything
+    /// below `since` may still have to apply first: at or above both `since` and the
+    /// window base; reads are not writes.
+    #[test]
+    fn would_order_looks_at_writers_from_since_and_the_base() {
+        let mut l = DepLeader::<u64>::new(Quorum::Count(2), 64, 0);
+        l.admit(&[], &[5]).unwrap();
+        l.admit(&[5], &[6]).unwrap();
+        assert!(l.would_order(&[5], 0), "slot 0 writes 5");
+        assert!(l.would_order(&[7, 6], 1), "slot 1 writes 6");
+        assert!(!l.would_order(&[5], 1), "every replica applied slot 0");
+        assert!(!l.would_order(&[7], 0), "nobody writes 7");
+        assert!(!l.would_order(&[], 0));
+        // Slot 0 commits: it falls below the window base, so the base rule orders a later
+        // writer of 5 and nothing is listed.
+        l.ack(0, 1);
+        l.ack(0, 2);
+        assert_eq!(l.base(), 1);
+        assert!(!l.would_order(&[5], 0), "below the window base");
+        assert!(l.would_order(&[6], 0), "slot 1 is above it");
     }
 
     #[test]

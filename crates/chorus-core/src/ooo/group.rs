@@ -154,12 +154,16 @@ fn touched(d: &Declared) -> Option<Vec<u64>> {
     }
 }
 
-/// Splits records taken together into those that may commit as soon as a majority has
-/// them and those that would wait for an uncommitted entry (`would_wait`, the leader's
-/// commit rule: [`super::replica::OooReplica::would_wait`]), as positions ascending. A
-/// driver packs the first into entries before the second, so that a record that would
-/// wait does not hold back the commit of a whole group of others (DP-Raft commits per
-/// transaction; a group entry commits as one). Moving records after others taken later
+/// Splits records taken together into those that need not wait and those that would
+/// (`would_wait`), as positions ascending. The runtime asks
+/// [`super::replica::OooReplica::packs_last`]: whether a record would wait to commit for
+/// an uncommitted entry (the leader's commit rule,
+/// [`super::replica::OooReplica::would_wait`]) or, in dependent mode, to apply on some
+/// replica after a writer of its keys that replica has not applied
+/// ([`super::replica::OooReplica::would_order`]). A driver packs the first into entries
+/// before the second, so that a record that would wait does not hold back the commit or
+/// the followers' apply of a whole group of others (DP-Raft commits and applies per
+/// transaction; a group entry commits and applies as one). Moving records after others taken later
 /// must not reorder two that touch a key or block in common (their order is the order
 /// the database executed them in), so a record that touches what a waiting record
 /// before it touches waits with it.

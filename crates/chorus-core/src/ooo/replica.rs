@@ -2586,6 +2586,45 @@ impl OooReplica {
         }
     }
 
+    /// Leader, dependent mode: whether an entry writing what `declared` writes, appended
+    /// now, would be ordered after a writer some live replica (this one included) has not
+    /// applied yet, as its last acknowledgement said ([`DepLeader::would_order`]). Such an
+    /// entry waits on that replica for the writer — for as long as its copy takes to
+    /// arrive when it is the one that is late. False in parallel mode and when not
+    /// serving. Followers not heard within an election timeout, or being caught up, are
+    /// left out, as they are when the leader sets the window base.
+    pub fn would_order(&self, declared: &Declared) -> bool {
+        let Some(lead) = self.lead.as_ref() else {
+            return false;
+        };
+        let (Some(commit), Mode::Dependent, Declared::Txn { write_set, .. }) =
+            (lead.commit.as_ref(), self.cfg.mode, declared)
+        else {
+            return false;
+        };
+        let (now, timeout) = (self.now, self.cfg.election_timeout);
+        let since = lead
+            .peers
+            .values()
+            .filter(|p| now.saturating_sub(p.heard) < timeout && !p.catching_up)
+            .filter(|p| p.snap.is_none() && p.snap_asked.is_none())
+            .map(|p| p.applied)
+            .min()
+            .unwrap_or(Seq::MAX)
+            .min(self.applier.head());
+        commit.would_order(write_set, since)
+    }
+
+    /// Leader: whether a driver packing records into group entries should put a record
+    /// declaring `declared` into an entry after the others taken with it
+    /// ([`super::group::waiting_last`]): it would wait to commit ([`Self::would_wait`])
+    /// or, on some replica, to apply ([`Self::would_order`]). Either way a group whose
+    /// other records need not wait would wait with it, as a group commits and applies
+    /// whole.
+    pub fn packs_last(&self, declared: &Declared) -> bool {
+        self.would_wait(declared) || self.would_order(declared)
+    }
+
     /// The driver made these writes durable: the `(seq, eid, term)` of entries from
     /// [`Action::Write`]s, reported in any later call once synced. A leader counts its own
     /// copy of a slot toward a majority only from here — not when it asked for the write —
@@ -4777,6 +4816,59 @@ mod tests {
             assert_eq!(n1.would_wait(&blk(3)), conflict_order);
             assert!(!n1.would_wait(&blk(4)));
         }
+    }
+
+    /// `would_order` asks whether some live replica may still have to apply a writer of
+    /// the keys first: true until every replica said it applied the writer, false for
+    /// keys only read, in parallel mode and off the leader; a follower not heard within
+    /// an election timeout does not count. `packs_last` is either rule.
+    #[test]
+    fn would_order_follows_what_the_live_replicas_applied() {
+        let tx = |r: u64, w: u64| Declared::Txn {
+            read_set: vec![r],
+            write_set: vec![w],
+        };
+        // No resends: a follower that makes no progress between two is counted as being
+        // caught up, and left out too.
+        let mut net = Net::with(3, Mode::Dependent, |c| c.resend_interval = 60_000_000_000);
+        net.elect(1);
+        let now = net.now;
+        let n1 = net.nodes.get_mut(&1).unwrap();
+        n1.append(now, tx(1, 5), vec![1]).unwrap();
+        assert!(
+            n1.would_order(&tx(6, 5)),
+            "writes what an unapplied entry writes"
+        );
+        assert!(!n1.would_order(&tx(5, 6)), "only reads it");
+        assert!(n1.packs_last(&tx(6, 5)) && n1.packs_last(&tx(5, 6)));
+        assert!(!n1.packs_last(&tx(7, 8)));
+        assert!(!net.nodes[&2].would_order(&tx(6, 5)), "not serving");
+        // Node 3 hears nothing: it never applies the entry.
+        let cut = |f: NodeId, t: NodeId, _: &Msg| f != 3 && t != 3;
+        net.run_with(cut);
+        let beat = |net: &mut Net| {
+            net.now += 50_000_000;
+            let now = net.now;
+            net.nodes.get_mut(&1).unwrap().tick(now);
+            net.run_with(cut);
+        };
+        beat(&mut net);
+        assert_eq!(net.nodes[&2].applied_head(), 1);
+        assert!(
+            net.nodes[&1].would_order(&tx(6, 5)),
+            "node 3 was heard lately and has not applied it"
+        );
+        while net.now < now + 2 * net.nodes[&1].cfg.election_timeout {
+            beat(&mut net);
+        }
+        assert!(net.nodes[&1].is_serving());
+        assert!(
+            !net.nodes[&1].would_order(&tx(6, 5)),
+            "the replicas heard lately applied it"
+        );
+        let mut net = Net::new(3, Mode::Parallel { span: 2 });
+        net.elect(1);
+        assert!(!net.nodes[&1].would_order(&tx(6, 5)), "parallel mode");
     }
 
     /// Dependent mode: a follower that missed an entry committed without it (the leader
