@@ -604,6 +604,13 @@ async fn a_damaged_ordered_group_stops_only_itself() {
     assert!(!meta.parent().unwrap().exists());
     node.kill9();
     node.start();
+    // Wait until the restarted node answers: an append sent while it is still starting
+    // ends Indeterminate (the client cannot know whether it landed).
+    let end = Instant::now() + Duration::from_secs(20);
+    while c.status_all(0).await[0].1.is_err() {
+        assert!(Instant::now() < end, "the restarted node does not answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     c.leader_timeout = Duration::from_secs(20);
     let r = c.append(2, vec![b"new 2".to_vec()], 0).await.unwrap();
     assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);

@@ -1077,6 +1077,16 @@ struct Peer {
 }
 
 impl Peer {
+    /// Heard within `timeout` of `now` and not being caught up by streaming or an image:
+    /// a follower whose progress the dependent window follows (the window base, and
+    /// which records are packed last). One that is not does not hold either back.
+    fn keeps_pace(&self, now: Nanos, timeout: Nanos) -> bool {
+        now.saturating_sub(self.heard) < timeout
+            && !self.catching_up
+            && self.snap.is_none()
+            && self.snap_asked.is_none()
+    }
+
     fn new(now: Nanos) -> Self {
         Self {
             head: 0,
@@ -2606,8 +2616,7 @@ impl OooReplica {
         let since = lead
             .peers
             .values()
-            .filter(|p| now.saturating_sub(p.heard) < timeout && !p.catching_up)
-            .filter(|p| p.snap.is_none() && p.snap_asked.is_none())
+            .filter(|p| p.keeps_pace(now, timeout))
             .map(|p| p.applied)
             .min()
             .unwrap_or(Seq::MAX)
@@ -2979,8 +2988,7 @@ impl OooReplica {
         let first_missing = lead
             .peers
             .values()
-            .filter(|p| now.saturating_sub(p.heard) < timeout && !p.catching_up)
-            .filter(|p| p.snap.is_none() && p.snap_asked.is_none())
+            .filter(|p| p.keeps_pace(now, timeout))
             .map(|p| p.head)
             .min()
             .unwrap_or(Seq::MAX);
