@@ -276,12 +276,26 @@ impl Cluster {
     }
 
     /// Appends one record after another, each waiting for its result (one per group).
+    /// A refusal because the node no longer leads (an election under a loaded machine)
+    /// appended nothing: the record goes to the new leader, within 20 s.
     fn append_many(&self, from: u64, n: u64) {
-        let l = self.leader();
-        let node = self.nodes[l].as_ref().unwrap();
+        let t0 = Instant::now();
         for i in from..from + n {
-            let (d, data) = self.record(i);
-            assert_eq!(node.append(d, data).unwrap(), Outcome::Committed);
+            loop {
+                let node = self.nodes[self.leader()].as_ref().unwrap();
+                let (d, data) = self.record(i);
+                match node.append(d, data) {
+                    Err(OooNodeError::Refused(OooAppendError::NotLeader { .. }))
+                        if t0.elapsed() < Duration::from_secs(20) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    r => {
+                        assert_eq!(r.unwrap(), Outcome::Committed);
+                        break;
+                    }
+                }
+            }
         }
     }
 
