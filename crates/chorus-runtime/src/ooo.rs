@@ -1035,9 +1035,8 @@ fn append_groups(
     waiters: &mut HashMap<u64, Vec<Reply>>,
     c: &mut OooCounters,
 ) {
-    let (_, waiting) = group::waiting_last(staged.iter().map(|s| &s.0.declared), |d| {
-        replica.packs_last(d)
-    });
+    let (_, waiting) =
+        group::waiting_last(staged.iter().map(|s| &s.0.declared), replica.packs_last());
     let mut wait = vec![false; staged.len()];
     for i in waiting {
         wait[i] = true;

@@ -1312,7 +1312,7 @@ impl Sim {
             let parts: Vec<Vec<Record>> = {
                 let r = self.nodes[&id].replica.as_ref().expect("serving");
                 let (free, waiting) =
-                    group::waiting_last(recs.iter().map(|x| &x.declared), |d| r.packs_last(d));
+                    group::waiting_last(recs.iter().map(|x| &x.declared), r.packs_last());
                 if free.is_empty() || waiting.is_empty() {
                     vec![recs]
                 } else {

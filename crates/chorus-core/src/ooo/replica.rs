@@ -1179,6 +1179,19 @@ struct Lead {
     versions: u64,
 }
 
+impl Lead {
+    /// The least of `at` over the followers that keep pace ([`Peer::keeps_pace`]);
+    /// `Seq::MAX` when none does.
+    fn slowest(&self, now: Nanos, timeout: Nanos, at: impl Fn(&Peer) -> Seq) -> Seq {
+        self.peers
+            .values()
+            .filter(|p| p.keeps_pace(now, timeout))
+            .map(at)
+            .min()
+            .unwrap_or(Seq::MAX)
+    }
+}
+
 /// A membership change under way on the leader: its joint stage is accepted by a
 /// majority of both sets that hold every slot below `barrier`, then its final stage by a
 /// majority of the new voters.
@@ -2604,34 +2617,41 @@ impl OooReplica {
     /// serving. Followers not heard within an election timeout, or being caught up, are
     /// left out, as they are when the leader sets the window base.
     pub fn would_order(&self, declared: &Declared) -> bool {
-        let Some(lead) = self.lead.as_ref() else {
-            return false;
-        };
-        let (Some(commit), Mode::Dependent, Declared::Txn { write_set, .. }) =
-            (lead.commit.as_ref(), self.cfg.mode, declared)
-        else {
-            return false;
-        };
-        let (now, timeout) = (self.now, self.cfg.election_timeout);
-        let since = lead
-            .peers
-            .values()
-            .filter(|p| p.keeps_pace(now, timeout))
-            .map(|p| p.applied)
-            .min()
-            .unwrap_or(Seq::MAX)
-            .min(self.applier.head());
-        commit.would_order(write_set, since)
+        self.orders_after(declared, self.apply_floor())
     }
 
-    /// Leader: whether a driver packing records into group entries should put a record
-    /// declaring `declared` into an entry after the others taken with it
-    /// ([`super::group::waiting_last`]): it would wait to commit ([`Self::would_wait`])
-    /// or, on some replica, to apply ([`Self::would_order`]). Either way a group whose
-    /// other records need not wait would wait with it, as a group commits and applies
-    /// whole.
-    pub fn packs_last(&self, declared: &Declared) -> bool {
-        self.would_wait(declared) || self.would_order(declared)
+    /// Leader: the rule a driver packing the records of one round into group entries
+    /// asks per record ([`super::group::waiting_last`]): whether to put it into an entry
+    /// after the others taken with it, because it would wait to commit
+    /// ([`Self::would_wait`]) or, on some replica, to apply ([`Self::would_order`]).
+    /// Either way a group whose other records need not wait would wait with it, as a
+    /// group commits and applies whole. The replicas' apply heads are read once, here.
+    pub fn packs_last(&self) -> impl Fn(&Declared) -> bool + '_ {
+        let floor = self.apply_floor();
+        move |d| self.would_wait(d) || self.orders_after(d, floor)
+    }
+
+    /// Leader, dependent mode: the lowest apply head among the live replicas, this one
+    /// included; `None` in parallel mode and when not serving.
+    fn apply_floor(&self) -> Option<Seq> {
+        let lead = self.lead.as_ref().filter(|l| l.commit.is_some())?;
+        if !matches!(self.cfg.mode, Mode::Dependent) {
+            return None;
+        }
+        let live = lead.slowest(self.now, self.cfg.election_timeout, |p| p.applied);
+        Some(live.min(self.applier.head()))
+    }
+
+    /// Whether `declared` writes a key whose last writer a replica that applied every
+    /// slot below `floor` may still have to apply ([`Self::apply_floor`]).
+    fn orders_after(&self, declared: &Declared, floor: Option<Seq>) -> bool {
+        let commit = self.lead.as_ref().and_then(|l| l.commit.as_ref());
+        match (floor, commit, declared) {
+            (Some(since), Some(c), Declared::Txn { write_set, .. }) => {
+                c.would_order(write_set, since)
+            }
+            _ => false,
+        }
     }
 
     /// The driver made these writes durable: the `(seq, eid, term)` of entries from
@@ -2985,13 +3005,7 @@ impl OooReplica {
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
-        let first_missing = lead
-            .peers
-            .values()
-            .filter(|p| p.keeps_pace(now, timeout))
-            .map(|p| p.head)
-            .min()
-            .unwrap_or(Seq::MAX);
+        let first_missing = lead.slowest(now, timeout, |p| p.head);
         if let Some(c) = lead.commit.as_mut() {
             c.set_floor(first_missing);
         }
@@ -4848,8 +4862,11 @@ mod tests {
             "writes what an unapplied entry writes"
         );
         assert!(!n1.would_order(&tx(5, 6)), "only reads it");
-        assert!(n1.packs_last(&tx(6, 5)) && n1.packs_last(&tx(5, 6)));
-        assert!(!n1.packs_last(&tx(7, 8)));
+        {
+            let packs_last = n1.packs_last();
+            assert!(packs_last(&tx(6, 5)) && packs_last(&tx(5, 6)));
+            assert!(!packs_last(&tx(7, 8)));
+        }
         assert!(!net.nodes[&2].would_order(&tx(6, 5)), "not serving");
         // Node 3 hears nothing: it never applies the entry.
         let cut = |f: NodeId, t: NodeId, _: &Msg| f != 3 && t != 3;
