@@ -383,6 +383,16 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
                         format!("  {r:.1} rec/entry  TERM {a}->{b}"),
                     (Some(r), _) => format!("  {r:.1} rec/entry"),
                     _ => String::new(),
+                } + &match (p.queue_mean_us, p.fsync_mean_us) {
+                    (Some(q), Some(f)) => format!(
+                        "  queue {q:.0} fsync {f:.0} ack {} µs",
+                        p.peer_ack_mean_us
+                            .iter()
+                            .map(|a| format!("{a:.0}"))
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    ),
+                    _ => String::new(),
                 },
             ),
             Some(e) => eprintln!(

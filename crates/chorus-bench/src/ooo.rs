@@ -426,6 +426,14 @@ pub struct Point {
     /// The same, for entries the commit rule held back: a majority had them before that
     /// predecessor committed (`OooStats::held_at_quorum`).
     pub held_per_entry: Option<f64>,
+    /// Out-of-order systems, node 1 in the measured interval (`OooLatency`): mean µs from
+    /// an append's submission to its packing into a group entry.
+    pub queue_mean_us: Option<f64>,
+    /// The same: mean µs of node 1's write-and-fdatasync of its entries file.
+    pub fsync_mean_us: Option<f64>,
+    /// The same: mean µs from an entry's first send to node 2, then node 3, to that
+    /// node's acknowledgement (a slow connection's delays and their repair show here).
+    pub peer_ack_mean_us: Vec<f64>,
 }
 
 /// What one point runs.
@@ -541,6 +549,9 @@ fn point(
         records_per_entry: None,
         after_per_entry: None,
         held_per_entry: None,
+        queue_mean_us: None,
+        fsync_mean_us: None,
+        peer_ack_mean_us: vec![],
     };
     let dir = root.join(format!(
         "{}-{}-{}-r{repeat}",
@@ -1099,7 +1110,25 @@ fn measure(
         Some(Running::Ooo(n)) => n.status(),
         _ => None,
     };
+    // Node 1's latency histograms as (count, sum ns): queue, fsync, then each peer's
+    // acknowledgements by node id.
+    let ooo_lat = || match &cluster.leader {
+        Some(Running::Ooo(n)) => {
+            let l = n.latency();
+            let mut peers: Vec<_> = l.peer_ack.iter().collect();
+            peers.sort_by_key(|(p, _)| *p);
+            let at = |h: &chorus_runtime::metrics::Histogram| (h.count(), h.sum_ns());
+            Some(
+                [at(&l.queue), at(&l.fsync)]
+                    .into_iter()
+                    .chain(peers.into_iter().map(|(_, h)| at(h)))
+                    .collect::<Vec<_>>(),
+            )
+        }
+        _ => None,
+    };
     let st0 = ooo_status();
+    let lat0 = ooo_lat();
     let (t0, m0) = (Instant::now(), mono_ns());
     measuring.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs_f64(s.seconds));
@@ -1115,6 +1144,16 @@ fn measure(
         };
         p.after_per_entry = per_entry(|s| s.admitted_after);
         p.held_per_entry = per_entry(|s| s.held_at_quorum);
+    }
+    if let (Some(a), Some(b)) = (lat0, ooo_lat()) {
+        let means: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (b.1 - a.1) as f64 / 1e3 / (b.0 - a.0).max(1) as f64)
+            .collect();
+        p.queue_mean_us = means.first().copied();
+        p.fsync_mean_us = means.get(1).copied();
+        p.peer_ack_mean_us = means.iter().skip(2).copied().collect();
     }
     let cpu1: Vec<u64> = pids
         .iter()
@@ -1291,6 +1330,11 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
             "records_per_entry": finite(med(ps, &|p| p.records_per_entry)),
             "after_per_entry": finite(med(ps, &|p| p.after_per_entry)),
             "held_per_entry": finite(med(ps, &|p| p.held_per_entry)),
+            "queue_mean_us": finite(med(ps, &|p| p.queue_mean_us)),
+            "fsync_mean_us": finite(med(ps, &|p| p.fsync_mean_us)),
+            "peer_ack_mean_us": (0..2)
+                .map(|i| finite(med(ps, &|p| p.peer_ack_mean_us.get(i).copied())))
+                .collect::<Vec<_>>(),
         }));
     }
     let mut ratios = Vec::new();
@@ -1464,6 +1508,9 @@ mod tests {
             records_per_entry: None,
             after_per_entry: None,
             held_per_entry: (system == System::Dependent).then_some(ops / 1000.0),
+            queue_mean_us: None,
+            fsync_mean_us: None,
+            peer_ack_mean_us: vec![],
         };
         let pts = vec![
             mk(System::Dependent, 300.0, 50.0),

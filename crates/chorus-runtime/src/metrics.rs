@@ -1,8 +1,9 @@
 //! Metrics in the Prometheus text exposition format.
 //!
 //! The counters live where they are counted (atomics in each group and in the
-//! transport); [`crate::Env::render_metrics`] writes them out. The one histogram, fsync
-//! latency, uses fixed power-of-two buckets so recording is one atomic add.
+//! transport); [`crate::Env::render_metrics`] writes them out. The histograms (the log's
+//! fsync latency; an out-of-order node's, [`crate::ooo::OooLatency`]) use fixed
+//! power-of-two buckets so recording is three relaxed atomic adds.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,10 +37,16 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Writes the histogram as `name` in seconds.
+    /// Writes the histogram as `name` in seconds: its `# HELP` and `# TYPE` lines, then
+    /// its samples.
     pub fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
+        render_header(out, name, help);
+        self.render_samples(out, name, labels);
+    }
+
+    /// Writes the histogram's samples only (`_bucket`, `_sum`, `_count` with `labels`),
+    /// for a family whose header [`render_header`] wrote once above several series.
+    pub fn render_samples(&self, out: &mut String, name: &str, labels: &str) {
         let mut cum = 0;
         let sep = if labels.is_empty() { "" } else { "," };
         for (i, b) in BOUNDS_US.iter().enumerate() {
@@ -53,6 +60,22 @@ impl Histogram {
         let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count());
     }
+
+    /// The sum of the observations, in nanoseconds.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns.load(Ordering::Relaxed)
+    }
+
+    /// The mean observation in nanoseconds (0 with none).
+    pub fn mean_ns(&self) -> u64 {
+        self.sum_ns() / self.count().max(1)
+    }
+}
+
+/// Writes the `# HELP` and `# TYPE` lines of histogram family `name`.
+pub fn render_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
 }
 
 #[cfg(test)]

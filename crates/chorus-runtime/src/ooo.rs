@@ -72,6 +72,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::applyq::{Countdown, WorkQueue};
+use crate::metrics::Histogram;
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::encode_group;
 use chorus_core::format::ooo::{decode_msg, encode_msg};
@@ -328,7 +329,94 @@ pub struct OooResult {
     pub outcome: Outcome,
 }
 
-type Reply = tokio::sync::oneshot::Sender<Result<OooResult, OooNodeError>>;
+/// A writer waiting for its record's answer, and when it submitted the record (for
+/// [`OooLatency`]).
+struct Reply {
+    tx: tokio::sync::oneshot::Sender<Result<OooResult, OooNodeError>>,
+    since: Instant,
+}
+
+impl Reply {
+    /// Tells the writer (who may have stopped waiting: then nobody hears).
+    fn send(self, r: Result<OooResult, OooNodeError>) {
+        let _ = self.tx.send(r);
+    }
+}
+
+/// Latency histograms of one out-of-order node, recorded as it runs (each an atomic add
+/// or two) and exported by the server as `chorus_ooo_*_seconds` (`docs/operations.md`).
+/// They say where an append's time goes: waiting to be packed into a group entry, the
+/// log's fdatasync, each peer's acknowledgement round trip, and the whole.
+#[derive(Debug)]
+pub struct OooLatency {
+    /// Leader: from an append's submission ([`OooNode::submit`]) to its outcome
+    /// (committed or failed), per record.
+    pub append: Histogram,
+    /// Leader: from an append's submission to its packing into a group entry, per record:
+    /// the driver's queue and adaptive grouping (PALF section 6).
+    pub queue: Histogram,
+    /// Every node: one fdatasync of the entries file (by the IO thread).
+    pub fsync: Histogram,
+    /// Leader: from an entry's first send to a peer to that peer's acknowledgement of it,
+    /// per entry, one histogram per peer: network both ways, the peer's queue and its
+    /// sync. A resend does not restart the clock, so a copy lost or stuck behind a slow
+    /// connection shows here as the time its repair took.
+    pub peer_ack: Vec<(NodeId, Histogram)>,
+}
+
+impl OooLatency {
+    fn new(peers: impl IntoIterator<Item = NodeId>) -> Self {
+        Self {
+            append: Histogram::default(),
+            queue: Histogram::default(),
+            fsync: Histogram::default(),
+            peer_ack: peers
+                .into_iter()
+                .map(|p| (p, Histogram::default()))
+                .collect(),
+        }
+    }
+
+    fn peer(&self, p: NodeId) -> Option<&Histogram> {
+        self.peer_ack.iter().find(|(q, _)| *q == p).map(|(_, h)| h)
+    }
+}
+
+/// Leader: when each entry was first sent to each peer and not yet acknowledged by it,
+/// for [`OooLatency::peer_ack`]. Bounded: past [`AckClock::MAX`] entries per peer (a
+/// peer down or far behind) the oldest are forgotten, unmeasured.
+#[derive(Default)]
+struct AckClock {
+    sent: HashMap<NodeId, std::collections::BTreeMap<u64, Instant>>,
+}
+
+impl AckClock {
+    const MAX: usize = 8192;
+
+    /// Notes the first send of `seqs` to `to` at `at` (a resend keeps the first time).
+    fn sent(&mut self, to: NodeId, seqs: impl Iterator<Item = u64>, at: Instant) {
+        let m = self.sent.entry(to).or_default();
+        for s in seqs {
+            m.entry(s).or_insert(at);
+        }
+        while m.len() > Self::MAX {
+            m.pop_first();
+        }
+    }
+
+    /// Records the round trips of the slots `from` acknowledged that this clock holds.
+    fn acked(&mut self, from: NodeId, seqs: impl Iterator<Item = u64>, lat: &OooLatency) {
+        let (Some(m), Some(h)) = (self.sent.get_mut(&from), lat.peer(from)) else {
+            return;
+        };
+        let now = Instant::now();
+        for s in seqs {
+            if let Some(t) = m.remove(&s) {
+                h.record(now.duration_since(t).as_nanos() as u64);
+            }
+        }
+    }
+}
 
 enum Ev {
     Msg(NodeId, Msg),
@@ -390,7 +478,21 @@ struct Pending {
 
 /// The IO thread: executes batches in order; every batch it has taken when the queue runs
 /// dry shares one fdatasync (a hard-state save first syncs the writes before it).
-fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) {
+fn io_loop(
+    mut store: OooStore,
+    rx: Receiver<(u64, Vec<IoOp>)>,
+    tx: Sender<Ev>,
+    lat: Arc<OooLatency>,
+) {
+    // Every sync, timed when it has written something (else it returns at once).
+    let sync = |store: &mut OooStore, dirty: bool| {
+        let t = Instant::now();
+        let r = store.sync();
+        if dirty && r.is_ok() {
+            lat.fsync.record(t.elapsed().as_nanos() as u64);
+        }
+        r
+    };
     while let Ok(first) = rx.recv() {
         let mut upto = first.0;
         let mut ops = first.1;
@@ -408,12 +510,14 @@ fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) 
                     store.write(&e)
                 }
                 IoOp::Hard(h) => {
-                    syncs += std::mem::take(&mut unsynced) as u64;
-                    store.sync().and_then(|()| store.save_hard(&h))
+                    let dirty = std::mem::take(&mut unsynced);
+                    syncs += dirty as u64;
+                    sync(&mut store, dirty).and_then(|()| store.save_hard(&h))
                 }
                 IoOp::Members(m) => {
-                    syncs += std::mem::take(&mut unsynced) as u64;
-                    store.sync().and_then(|()| store.save_membership(&m))
+                    let dirty = std::mem::take(&mut unsynced);
+                    syncs += dirty as u64;
+                    sync(&mut store, dirty).and_then(|()| store.save_membership(&m))
                 }
                 IoOp::Compact(live) => {
                     syncs += std::mem::take(&mut unsynced) as u64;
@@ -426,7 +530,7 @@ fn io_loop(mut store: OooStore, rx: Receiver<(u64, Vec<IoOp>)>, tx: Sender<Ev>) 
         }
         if r.is_ok() {
             syncs += unsynced as u64;
-            r = store.sync();
+            r = sync(&mut store, unsynced);
         }
         let ev = match r {
             Ok(()) => Ev::Synced {
@@ -451,6 +555,7 @@ pub struct OooNode {
     addr: SocketAddr,
     /// The committed head, published by the driver at the end of every round.
     committed: tokio::sync::watch::Sender<u64>,
+    latency: Arc<OooLatency>,
 }
 
 impl OooNode {
@@ -587,9 +692,12 @@ impl OooNode {
         let committed_tx = committed.clone();
         let ev_tx = tx.clone();
         let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
+        let latency = Arc::new(OooLatency::new(peers.keys().copied()));
+        let lat = latency.clone();
         {
             let tx = tx.clone();
-            threads.push(spawn("ooo-io", move || io_loop(store, io_rx, tx)).map_err(&halt)?);
+            let lat = lat.clone();
+            threads.push(spawn("ooo-io", move || io_loop(store, io_rx, tx, lat)).map_err(&halt)?);
         }
         threads.push(spawn("ooo-driver", move || {
             // Dropping the apply pool (it closes its queue) and the IO queue's sender when
@@ -619,8 +727,10 @@ impl OooNode {
             // Slots whose latest write is not known durable yet, with its batch: an
             // Apply of any other slot runs at once (its entry is on disk already).
             let mut unsynced: HashMap<u64, u64> = HashMap::new();
+            let mut clock = AckClock::default();
             let ctx = Ctx {
                 peers: &peers,
+                lat: &lat,
                 pool: pool.then_some(&work.0),
                 sm: &sm,
                 events: &ev_tx,
@@ -644,6 +754,9 @@ impl OooNode {
                         // Only the configured replicas (voters and `others`) are heard.
                         Ev::Msg(from, m) if peers.contains_key(&from) => {
                             c.msgs_in += 1;
+                            if let Msg::Ack { seqs, .. } = &m {
+                                clock.acked(from, seqs.iter().map(|s| s.0), &lat);
+                            }
                             replica.receive(now(), from, m)
                         }
                         Ev::Msg(..) => {}
@@ -652,9 +765,7 @@ impl OooNode {
                                 staged_bytes += data.len();
                                 staged.push((Record { declared, data }, reply))
                             }
-                            Err(e) => {
-                                let _ = reply.send(Err(e.into()));
-                            }
+                            Err(e) => reply.send(Err(e.into())),
                         },
                         Ev::Applied(seq) => {
                             c.applied += 1;
@@ -767,7 +878,15 @@ impl OooNode {
                         || staged_bytes >= group::MAX_GROUP_BYTES
                         || !replica.is_serving();
                     if due {
-                        append_groups(&mut replica, mode, now(), &mut staged, &mut waiters, &mut c);
+                        append_groups(
+                            &mut replica,
+                            mode,
+                            now(),
+                            &mut staged,
+                            &mut waiters,
+                            &mut c,
+                            &lat,
+                        );
                         (staged_since, staged_bytes) = (None, 0);
                     }
                 }
@@ -850,7 +969,12 @@ impl OooNode {
                             Action::Send {
                                 to,
                                 msg: msg @ Msg::Append { .. },
-                            } => send(&peers, &mut c, to, &msg),
+                            } => {
+                                if let Msg::Append { entries, .. } = &msg {
+                                    clock.sent(to, entries.iter().map(|e| e.seq), Instant::now());
+                                }
+                                send(&peers, &mut c, to, &msg)
+                            }
                             // Outcomes rest on durable copies only: the writer hears at
                             // once, not after this batch's fsync of other appends. An
                             // Apply waits for its own entry's write only (the state
@@ -861,7 +985,14 @@ impl OooNode {
                             Action::Apply(e) if !unsynced.contains_key(&e.seq) => {
                                 now_actions.push(Action::Apply(e))
                             }
-                            other => waiting.push(other),
+                            other => {
+                                // A new role or term: what was sent before is
+                                // acknowledged to a leader that no longer asks.
+                                if matches!(other, Action::Role { .. }) {
+                                    clock = AckClock::default();
+                                }
+                                waiting.push(other)
+                            }
                         }
                     }
                     if !now_actions.is_empty() {
@@ -894,7 +1025,7 @@ impl OooNode {
             }
             // Whatever is still waiting learns that its result is unknown.
             for w in waiters.into_values().flatten().chain(staged.into_iter().map(|s| s.1)) {
-                let _ = w.send(Err(OooNodeError::Stopped));
+                w.send(Err(OooNodeError::Stopped));
             }
         }).map_err(&halt)?);
         Ok(Self {
@@ -903,7 +1034,13 @@ impl OooNode {
             threads,
             addr,
             committed,
+            latency,
         })
+    }
+
+    /// This node's latency histograms, as they are now (they only grow).
+    pub fn latency(&self) -> &OooLatency {
+        &self.latency
     }
 
     /// Follows this replica's committed head (the first slot not known committed here,
@@ -923,8 +1060,12 @@ impl OooNode {
     /// use [`OooNode::append_async`] there).
     pub fn append(&self, declared: Declared, data: Vec<u8>) -> Result<Outcome, OooNodeError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let reply = Reply {
+            tx,
+            since: Instant::now(),
+        };
         self.tx
-            .send(Ev::Append(declared, data, tx))
+            .send(Ev::Append(declared, data, reply))
             .map_err(|_| OooNodeError::Stopped)?;
         rx.blocking_recv()
             .map_err(|_| OooNodeError::Stopped)?
@@ -952,7 +1093,11 @@ impl OooNode {
         data: Vec<u8>,
     ) -> impl Future<Output = Result<OooResult, OooNodeError>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let sent = self.tx.send(Ev::Append(declared, data, tx)).is_ok();
+        let reply = Reply {
+            tx,
+            since: Instant::now(),
+        };
+        let sent = self.tx.send(Ev::Append(declared, data, reply)).is_ok();
         async move {
             if !sent {
                 return Err(OooNodeError::Stopped);
@@ -1034,6 +1179,7 @@ fn append_groups(
     staged: &mut Vec<(Record, Reply)>,
     waiters: &mut HashMap<u64, Vec<Reply>>,
     c: &mut OooCounters,
+    lat: &OooLatency,
 ) {
     let (_, waiting) =
         group::waiting_last(staged.iter().map(|s| &s.0.declared), replica.packs_last());
@@ -1055,13 +1201,16 @@ fn append_groups(
                 Ok(t) => {
                     c.appends += n as u64;
                     c.groups += 1;
+                    for r in &replies {
+                        lat.queue.record(r.since.elapsed().as_nanos() as u64);
+                    }
                     waiters.insert(t.eid, replies);
                 }
                 // The group is refused whole (not the leader, or the window is full): each
                 // of its writers hears why.
                 Err(e) => {
                     for r in replies {
-                        let _ = r.send(Err(e.clone().into()));
+                        r.send(Err(e.clone().into()));
                     }
                 }
             }
@@ -1175,6 +1324,7 @@ fn apply_work(
 /// What [`run_actions`] reaches besides the replica.
 struct Ctx<'a> {
     peers: &'a HashMap<NodeId, Arc<Link>>,
+    lat: &'a OooLatency,
     pool: Option<&'a ApplyQueue>,
     sm: &'a Arc<dyn OooStateMachine>,
     events: &'a Sender<Ev>,
@@ -1254,7 +1404,7 @@ fn run_actions(
             }
             Action::Unknown { eid, seq } => {
                 for w in waiters.remove(&eid).unwrap_or_default() {
-                    let _ = w.send(Err(OooNodeError::Unknown { seq }));
+                    w.send(Err(OooNodeError::Unknown { seq }));
                 }
             }
             Action::Result { eid, seq, outcome } => {
@@ -1270,7 +1420,8 @@ fn run_actions(
                         Outcome::Failed => c.failed += 1,
                     }
                     let index = index as u32;
-                    let _ = w.send(Ok(OooResult {
+                    x.lat.append.record(w.since.elapsed().as_nanos() as u64);
+                    w.send(Ok(OooResult {
                         seq,
                         index,
                         outcome,
@@ -1694,6 +1845,41 @@ mod tests {
             places.sort_unstable();
             assert_eq!(places, (0..40).collect::<Vec<u32>>());
         }
+    }
+
+    /// An acknowledgement is timed from the entry's first send to that peer: a resend does
+    /// not restart the clock, a second acknowledgement is not counted again, a slot never
+    /// sent is not counted, and a peer's clock forgets its oldest sends past its bound.
+    #[test]
+    fn the_ack_clock_times_first_sends_once_and_stays_bounded() {
+        let lat = OooLatency::new([2, 3]);
+        let mut c = AckClock::default();
+        let long_ago = Instant::now() - Duration::from_millis(50);
+        c.sent(2, [1, 2].into_iter(), long_ago);
+        c.sent(2, [1].into_iter(), Instant::now());
+        c.acked(2, [1, 2, 9].into_iter(), &lat);
+        let two = lat.peer(2).expect("peer 2");
+        assert_eq!(two.count(), 2);
+        assert!(two.mean_ns() >= 50_000_000, "{} ns", two.mean_ns());
+        c.acked(2, [1].into_iter(), &lat);
+        assert_eq!(two.count(), 2);
+        let three = lat.peer(3).expect("peer 3");
+        c.acked(3, [1].into_iter(), &lat);
+        assert_eq!(three.count(), 0);
+        let n = AckClock::MAX as u64 + 10;
+        c.sent(3, 0..n, Instant::now());
+        assert_eq!(c.sent[&3].len(), AckClock::MAX);
+        c.acked(3, [0, n - 1].into_iter(), &lat);
+        assert_eq!(
+            three.count(),
+            1,
+            "slot 0 was forgotten, slot {} timed",
+            n - 1
+        );
+        // A peer the node does not send to is not timed.
+        c.sent(7, [1].into_iter(), long_ago);
+        c.acked(7, [1].into_iter(), &lat);
+        assert!(lat.peer(7).is_none());
     }
 
     /// Frames sent through a [`Link`] — inline when the socket is idle, through the

@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Declared, Mode};
-use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStatus};
+use chorus_runtime::metrics::{render_header, Histogram};
+use chorus_runtime::ooo::{OooLatency, OooNode, OooNodeConfig, OooStatus};
 
 use crate::config::GroupSpec;
 
@@ -857,7 +858,7 @@ impl OooGroups {
                 |s| s.stats.votes_refused_lost,
             ),
         ];
-        let statuses: Vec<(u64, &'static str, OooStatus)> = self
+        let statuses: Vec<(u64, &'static str, OooStatus, Arc<OooGroup>)> = self
             .ids()
             .into_iter()
             .filter_map(|id| {
@@ -866,7 +867,7 @@ impl OooGroups {
                     Mode::Parallel { .. } => "parallel",
                     Mode::Dependent => "dependent",
                 };
-                Some((id, mode, g.status()?))
+                Some((id, mode, g.status()?, g))
             })
             .collect();
         let mut out = String::new();
@@ -889,11 +890,55 @@ impl OooGroups {
         }
         for (name, kind, help, get) in metrics {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (id, mode, st) in &statuses {
+            for (id, mode, st, _) in &statuses {
                 out.push_str(&format!(
                     "{name}{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} {}\n",
                     get(st)
                 ));
+            }
+        }
+        // Latency histograms (`OooLatency`): where an append's time goes.
+        type Hist = fn(&OooLatency) -> &Histogram;
+        let hists: [(&str, &str, Hist); 3] = [
+            (
+                "chorus_ooo_append_seconds",
+                "Leader: an append's submission to its outcome (committed or failed), per record.",
+                |l| &l.append,
+            ),
+            (
+                "chorus_ooo_append_queue_seconds",
+                "Leader: an append's submission to its packing into a group entry, per record.",
+                |l| &l.queue,
+            ),
+            (
+                "chorus_ooo_fsync_seconds",
+                "Write and fdatasync of the out-of-order entries file.",
+                |l| &l.fsync,
+            ),
+        ];
+        for (name, help, get) in hists {
+            render_header(&mut out, name, help);
+            for (id, mode, _, g) in &statuses {
+                get(g.node.latency()).render_samples(
+                    &mut out,
+                    name,
+                    &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\""),
+                );
+            }
+        }
+        let name = "chorus_ooo_peer_ack_seconds";
+        render_header(
+            &mut out,
+            name,
+            "Leader: an entry's first send to a peer to that peer's acknowledgement, per entry.",
+        );
+        for (id, mode, _, g) in &statuses {
+            for (peer, h) in &g.node.latency().peer_ack {
+                h.render_samples(
+                    &mut out,
+                    name,
+                    &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\",peer=\"{peer}\""),
+                );
             }
         }
         out

@@ -155,14 +155,32 @@ async fn settled(eps: &[String], group: u64, at_least: u64) -> u64 {
     }
 }
 
-/// A node's metric of one group (the line's value), from its metrics endpoint.
-fn metric_of(metrics: &[String], node: u64, name: &str, group: u64, mode: &str) -> u64 {
+/// A node's metrics text, from its metrics endpoint.
+fn metrics_text(metrics: &[String], node: u64) -> String {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(&metrics[(node - 1) as usize]).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The sum of a node's series `name` of one group (every peer's, for a per-peer one).
+fn metric_sum(metrics: &[String], node: u64, name: &str, group: u64, mode: &str) -> u64 {
+    metrics_text(metrics, node)
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && l.contains(&format!("group=\"{group}\",mode=\"{mode}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A node's metric of one group (the line's value), from its metrics endpoint.
+fn metric_of(metrics: &[String], node: u64, name: &str, group: u64, mode: &str) -> u64 {
+    let text = metrics_text(metrics, node);
     text.lines()
         .find(|l| {
             l.starts_with(&format!("{name}{{"))
@@ -628,6 +646,29 @@ async fn out_of_order_groups_through_the_server() {
     for i in 0..3 {
         assert!(volume(&eps, i).await == want_vol, "node {} volume", i + 1);
         assert_eq!(kv(&eps, i).await, want_kv, "node {} keys", i + 1);
+    }
+    // The latency histograms: a leader times every append answered after replication
+    // and its wait to be packed, and each peer's acknowledgements; every node its syncs
+    // (summed over the nodes: a leader may have changed while they wrote).
+    for (g, mode, n) in [(PAR, "parallel", par.len()), (DEP, "dependent", dep.len())] {
+        let sum = |name: &str| -> u64 {
+            (1..=3)
+                .map(|node| metric_sum(&cl.metrics, node, name, g, mode))
+                .sum()
+        };
+        for name in [
+            "chorus_ooo_append_seconds_count",
+            "chorus_ooo_append_queue_seconds_count",
+        ] {
+            let count = sum(name);
+            assert!(count >= n as u64, "group {g}: {name} {count} < {n} appends");
+        }
+        let acks = sum("chorus_ooo_peer_ack_seconds_count");
+        assert!(acks > 0, "group {g}: no acknowledgement timed");
+        for node in 1..=3 {
+            let syncs = metric_of(&cl.metrics, node, "chorus_ooo_fsync_seconds_count", g, mode);
+            assert!(syncs > 0, "group {g}: node {node} timed no sync");
+        }
     }
     // Compaction (8 KiB here) may have taken a group's whole log into its image; the
     // small transaction records leave the dependent group's tail in the log.
