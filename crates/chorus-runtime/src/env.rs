@@ -560,6 +560,19 @@ impl Env {
         for (id, _) in self.damaged_groups() {
             let _ = writeln!(out, "{name}{{node=\"{node}\",group=\"{id}\"}} 1");
         }
+        let name = "chorus_append_seconds";
+        crate::metrics::render_header(
+            &mut out,
+            name,
+            "Leader: an append's acceptance to its result (committed or failed), per record.",
+        );
+        for (id, g) in &groups {
+            g.counters.append_latency.render_samples(
+                &mut out,
+                name,
+                &format!("node=\"{node}\",group=\"{id}\""),
+            );
+        }
         self.inner.shared.fsync_hist.render(
             &mut out,
             "chorus_log_fsync_seconds",

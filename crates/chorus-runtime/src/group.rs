@@ -42,7 +42,14 @@ use chorus_core::format::entry;
 use chorus_core::format::group::GROUP_HEADER_SIZE;
 
 /// An entry's result slot in a lane: its LSN, CSN and where its result goes.
-type Slot = (Lsn, Csn, oneshot::Sender<AppendResult>);
+type Slot = (Lsn, Csn, Waiter);
+
+/// Where an append's result goes, and when it was appended (for
+/// [`GroupCounters::append_latency`]).
+struct Waiter {
+    tx: oneshot::Sender<AppendResult>,
+    since: Nanos,
+}
 use crate::transport::Transport;
 
 /// Identity of a log group within an environment (also the log id in its block headers).
@@ -139,6 +146,9 @@ pub struct GroupCounters {
     /// Gap resends asked for by earlier incarnations of the replica (a repair restarts
     /// it); [`GroupStatus::gap_resend_requests`] adds the current one's.
     pub gap_resends_before: AtomicU64,
+    /// Leader: from an append's acceptance (`append` on the group) to its result (committed
+    /// or failed), per record: exported as `chorus_append_seconds`.
+    pub append_latency: crate::metrics::Histogram,
 }
 
 pub(crate) struct EnvShared {
@@ -159,7 +169,7 @@ impl EnvShared {
 
 struct Core {
     replica: Replica,
-    waiters: HashMap<u64, oneshot::Sender<AppendResult>>,
+    waiters: HashMap<u64, Waiter>,
 }
 
 struct Io {
@@ -353,6 +363,7 @@ impl Group {
                     self.last_tick.store(now, Ordering::Relaxed);
                 }
                 let all = c.replica.take_actions();
+                let answered = self.env.now();
                 let mut rest = Vec::with_capacity(all.len());
                 for a in all {
                     match a {
@@ -367,8 +378,11 @@ impl Group {
                                 Outcome::Failed => &self.counters.failed,
                             }
                             .fetch_add(1, Ordering::Relaxed);
-                            if let Some(tx) = c.waiters.remove(&id) {
-                                results.push((tx, AppendResult { lsn, csn, outcome }));
+                            if let Some(w) = c.waiters.remove(&id) {
+                                self.counters
+                                    .append_latency
+                                    .record(answered.saturating_sub(w.since));
+                                results.push((w.tx, AppendResult { lsn, csn, outcome }));
                             }
                         }
                         other => rest.push(other),
@@ -620,11 +634,12 @@ impl Group {
                     if let Ok(r) = l.state.reserve(size, ref_csn) {
                         let lsn = l.lane.lsn + GROUP_HEADER_SIZE as u64 + r.offset as u64;
                         let (tx, rx) = oneshot::channel();
+                        let since = self.env.now();
                         l.fill(
                             &r,
                             size,
                             |dst| entry::write_entry(dst, r.csn, data),
-                            (lsn, r.csn, tx),
+                            (lsn, r.csn, Waiter { tx, since }),
                         );
                         self.counted(data.len());
                         // Adaptive group replication (PALF section 6): with the log IO
@@ -680,7 +695,7 @@ impl Group {
                     group: self.id,
                     source,
                 })?;
-            c.waiters.insert(t.id, tx);
+            c.waiters.insert(t.id, Waiter { tx, since: now });
             let wake = c.replica.has_actions();
             drop(c);
             self.counted(data.len());
@@ -729,15 +744,15 @@ impl Group {
         let records: Vec<(Lsn, Csn)> = slots.iter().map(|(l, c, _)| (*l, *c)).collect();
         match c.replica.close_lane(now, &l.lane, body, &records) {
             Ok(first) => {
-                for (i, (_, _, tx)) in slots.into_iter().enumerate() {
-                    c.waiters.insert(first + i as u64, tx);
+                for (i, (_, _, w)) in slots.into_iter().enumerate() {
+                    c.waiters.insert(first + i as u64, w);
                 }
             }
             Err(e) => {
                 tracing::debug!(group = self.id, entries = n, error = %e, "lane closed unwritten: its appends failed");
-                for (lsn, csn, tx) in slots {
+                for (lsn, csn, w) in slots {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = tx.send(AppendResult {
+                    let _ = w.tx.send(AppendResult {
                         lsn,
                         csn,
                         outcome: Outcome::Failed,

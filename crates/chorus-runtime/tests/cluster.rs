@@ -205,6 +205,27 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
         let commits = format!("chorus_commits_total{{node=\"{}\",group=\"1\"}} ", e.node());
         assert!(m.contains(&commits), "node {}: no {commits:?}", e.node());
     }
+    // Leaders time every append they answer (summed over the nodes: the appends above
+    // may have met more than one leader).
+    let timed: u64 = c
+        .envs
+        .values()
+        .map(|e| {
+            let prefix = format!(
+                "chorus_append_seconds_count{{node=\"{}\",group=\"1\"}} ",
+                e.node()
+            );
+            let m = e.render_metrics();
+            let line = m.lines().find(|l| l.starts_with(&prefix));
+            let line = line.unwrap_or_else(|| panic!("node {}: no {prefix:?} in\n{m}", e.node()));
+            line[prefix.len()..].parse::<u64>().unwrap()
+        })
+        .sum();
+    let answered = 50 + committed.len() as u64;
+    assert!(
+        timed >= answered,
+        "{timed} appends timed, {answered} answered"
+    );
     // The replay saw the same records, in order.
     let fend = c.envs[&follower].group(1).unwrap().committed_end();
     let deadline = Instant::now() + Duration::from_secs(10);
