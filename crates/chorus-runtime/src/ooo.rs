@@ -337,6 +337,16 @@ struct Reply {
 }
 
 impl Reply {
+    /// A reply submitted now, and the receiver its writer waits on.
+    fn channel() -> (
+        Self,
+        tokio::sync::oneshot::Receiver<Result<OooResult, OooNodeError>>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let since = Instant::now();
+        (Self { tx, since }, rx)
+    }
+
     /// Tells the writer (who may have stopped waiting: then nobody hears).
     fn send(self, r: Result<OooResult, OooNodeError>) {
         let _ = self.tx.send(r);
@@ -1059,11 +1069,7 @@ impl OooNode {
     /// Appends a record and blocks until its result (not from inside an async runtime:
     /// use [`OooNode::append_async`] there).
     pub fn append(&self, declared: Declared, data: Vec<u8>) -> Result<Outcome, OooNodeError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let reply = Reply {
-            tx,
-            since: Instant::now(),
-        };
+        let (reply, rx) = Reply::channel();
         self.tx
             .send(Ev::Append(declared, data, reply))
             .map_err(|_| OooNodeError::Stopped)?;
@@ -1092,11 +1098,7 @@ impl OooNode {
         declared: Declared,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<OooResult, OooNodeError>> + Send + 'static {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let reply = Reply {
-            tx,
-            since: Instant::now(),
-        };
+        let (reply, rx) = Reply::channel();
         let sent = self.tx.send(Ev::Append(declared, data, reply)).is_ok();
         async move {
             if !sent {
@@ -1201,8 +1203,10 @@ fn append_groups(
                 Ok(t) => {
                     c.appends += n as u64;
                     c.groups += 1;
+                    let packed = Instant::now();
                     for r in &replies {
-                        lat.queue.record(r.since.elapsed().as_nanos() as u64);
+                        lat.queue
+                            .record(packed.duration_since(r.since).as_nanos() as u64);
                     }
                     waiters.insert(t.eid, replies);
                 }
@@ -1409,6 +1413,7 @@ fn run_actions(
             }
             Action::Result { eid, seq, outcome } => {
                 // Every record of the group gets the entry's outcome, in its order.
+                let answered = Instant::now();
                 for (index, w) in waiters
                     .remove(&eid)
                     .unwrap_or_default()
@@ -1420,7 +1425,9 @@ fn run_actions(
                         Outcome::Failed => c.failed += 1,
                     }
                     let index = index as u32;
-                    x.lat.append.record(w.since.elapsed().as_nanos() as u64);
+                    x.lat
+                        .append
+                        .record(answered.duration_since(w.since).as_nanos() as u64);
                     w.send(Ok(OooResult {
                         seq,
                         index,
