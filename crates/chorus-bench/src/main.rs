@@ -70,6 +70,12 @@ enum Cmd {
         /// Bytes of zeros the log keeps written past its end.
         #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
         preallocate: u64,
+        /// Out-of-order entries file: direct IO (1) or the page cache (0).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+        ooo_direct_io: u8,
+        /// Out-of-order entries file: compact past this many bytes (0: never).
+        #[arg(long, default_value_t = 0)]
+        ooo_compact_bytes: u64,
         /// Note every apply for the apply gap.
         #[arg(long)]
         record_applies: bool,
@@ -275,6 +281,15 @@ struct OooArgs {
     /// default is the server's).
     #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
     preallocate: u64,
+    /// Out-of-order nodes append to their entries files with direct IO (1, the server's
+    /// default) or through the page cache (0)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    ooo_direct_io: u8,
+    /// Out-of-order nodes checkpoint and compact their entries file past this many bytes,
+    /// as a server does (`[out_of_order] compact_bytes`, 64 MiB there; 0, the default
+    /// here as in every earlier run: never, every entry stays in memory for the run)
+    #[arg(long, default_value_t = 0)]
+    ooo_compact_bytes: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     #[arg(long, default_value_t = 0)]
     apply_threads: usize,
@@ -329,6 +344,8 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         hole_resend: a.hole_resend,
         ooo_freeze_us: a.ooo_freeze_us,
         preallocate: a.preallocate,
+        ooo_direct_io: a.ooo_direct_io == 1,
+        ooo_compact_bytes: a.ooo_compact_bytes,
         apply_threads: a.apply_threads,
         apply_us: a.apply_us,
         ooo_election_ms: a.ooo_election_ms,
@@ -515,6 +532,8 @@ fn main() -> AnyResult<()> {
             hole_resend,
             freeze_us,
             preallocate,
+            ooo_direct_io,
+            ooo_compact_bytes,
             record_applies,
         } => {
             let r = chorus_bench::ooo::System::parse(&system).and_then(|system| {
@@ -528,6 +547,8 @@ fn main() -> AnyResult<()> {
                     hole_resend,
                     freeze: std::time::Duration::from_micros(freeze_us),
                     preallocate,
+                    direct_io: ooo_direct_io == 1,
+                    compact_bytes: ooo_compact_bytes,
                 };
                 chorus_bench::ooo::replica_main(o, record_applies)
             });

@@ -227,6 +227,12 @@ pub struct Settings {
     pub ooo_freeze_us: u64,
     /// Bytes of zeros every node's log keeps written past its end, in every system.
     pub preallocate: u64,
+    /// Out-of-order nodes append with direct IO
+    /// ([`chorus_runtime::ooo::OooNodeConfig::direct_io`]).
+    pub ooo_direct_io: bool,
+    /// Out-of-order nodes compact their entries past this many bytes
+    /// ([`chorus_runtime::ooo::OooNodeConfig::compact_bytes`]; 0: never).
+    pub ooo_compact_bytes: u64,
     /// Out-of-order nodes: apply threads (0: the driver thread applies).
     pub apply_threads: usize,
     /// Microseconds each record's apply takes on every node of every system (asleep:
@@ -694,6 +700,10 @@ impl Child {
             .arg(s.ooo_freeze_us.to_string())
             .arg("--preallocate")
             .arg(s.preallocate.to_string())
+            .arg("--ooo-direct-io")
+            .arg(u8::from(s.ooo_direct_io).to_string())
+            .arg("--ooo-compact-bytes")
+            .arg(s.ooo_compact_bytes.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(f);
@@ -846,6 +856,8 @@ impl Cluster {
             hole_resend: s.hole_resend,
             freeze: Duration::from_micros(s.ooo_freeze_us),
             preallocate: s.preallocate,
+            direct_io: s.ooo_direct_io,
+            compact_bytes: s.ooo_compact_bytes,
         };
         let (b1, a1) = node::bind(&o1)?;
         let mut children = Vec::new();

@@ -145,6 +145,9 @@ pub struct OooNodeConfig {
     /// Bytes of zeros the store keeps written past the end of its entries file, so most
     /// syncs do not grow the file ([`OooStore::set_preallocate`]; 0: none).
     pub preallocate: u64,
+    /// Append to the entries file with direct IO where the file system takes it
+    /// ([`OooStore::set_direct_io`]; false: through the page cache).
+    pub direct_io: bool,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,
 }
@@ -586,6 +589,7 @@ impl OooNode {
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
         let (mut store, mut hard, entries, rec) = OooStore::open_tolerating_damage(fs, &cfg.dir)?;
         store.set_preallocate(cfg.preallocate);
+        store.set_direct_io(cfg.direct_io);
         let members = store.load_membership()?;
         if let Some(first) = rec.damaged.first() {
             // Synced entries went bad on disk. With another voter to learn them from, the

@@ -228,6 +228,7 @@ impl Cluster {
             hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
             freeze_interval: self.freeze[i],
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
+            direct_io: true,
             tls: self.tls[i].clone(),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()

@@ -186,7 +186,8 @@ impl Default for ReplicaSection {
 pub struct LogSection {
     /// Bytes per block file.
     pub block_size: u64,
-    /// Append with O_DIRECT (falls back to buffered where refused).
+    /// Append with O_DIRECT (falls back to buffered where refused): the ordered log's
+    /// tail block and every out-of-order group's entries file.
     pub direct_io: bool,
     /// Bytes of zeros kept written past the end of the tail block file (and of every
     /// out-of-order group's entries file), so most syncs do not grow the file; 0: none.

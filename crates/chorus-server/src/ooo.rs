@@ -312,6 +312,9 @@ pub struct OooSettings {
     /// ([`chorus_runtime::ooo::OooNodeConfig::preallocate`]; the `[log] preallocate`
     /// setting).
     pub preallocate: u64,
+    /// Append to each group's entries file with direct IO where the file system takes it
+    /// (the `[log] direct_io` setting).
+    pub direct_io: bool,
     /// Mutual TLS on every group's replication connections (None: plain TCP).
     pub tls: Option<chorus_runtime::transport::TlsFiles>,
 }
@@ -602,6 +605,7 @@ impl OooGroups {
                 hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
                 freeze_interval: self.settings.freeze_interval,
                 preallocate: self.settings.preallocate,
+                direct_io: self.settings.direct_io,
                 tls: self.settings.tls.clone(),
             },
             listener,
@@ -1078,6 +1082,7 @@ mod tests {
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
+            direct_io: true,
             tls: None,
         })
         .unwrap();
@@ -1111,6 +1116,7 @@ mod tests {
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
+            direct_io: true,
             tls: None,
         })
         .unwrap();

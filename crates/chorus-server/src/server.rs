@@ -112,6 +112,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         compact_bytes: cfg.out_of_order.compact_bytes,
         freeze_interval: std::time::Duration::from_micros(cfg.out_of_order.freeze_us),
         preallocate: cfg.log.preallocate,
+        direct_io: cfg.log.direct_io,
         // The same mutual TLS as the ordered transport, on every group's connections.
         tls: ooo_tls,
     })?);

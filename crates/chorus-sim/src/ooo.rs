@@ -455,6 +455,8 @@ impl Sim {
             let (mut store, _, _, _) =
                 OooStore::open(dyn_fs, Path::new(DIR)).expect("a fresh store opens");
             store.set_preallocate(s.preallocate());
+            // Direct IO on odd seeds, the page cache on even ones (as the ordered log).
+            store.set_direct_io(seed % 2 == 1);
             s.nodes.insert(
                 id,
                 Node {
@@ -1143,6 +1145,7 @@ impl Sim {
         match OooStore::open_tolerating_damage(fs, Path::new(DIR)) {
             Ok((mut store, mut hard, entries, rec)) => {
                 store.set_preallocate(preallocate);
+                store.set_direct_io(self.seed % 2 == 1);
                 let members = match store.load_membership() {
                     Ok(m) => m,
                     Err(e) => {

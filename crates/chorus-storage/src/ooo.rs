@@ -8,6 +8,13 @@
 //!   the order they were written; the last record of a slot wins. [`OooStore::write`]
 //!   buffers, [`OooStore::sync`] appends the buffer and runs `fdatasync` — the driver
 //!   syncs before executing any action after a `Write` (the replica's durability rule).
+//!   Appends use direct IO (`O_DIRECT`) where the file system takes it
+//!   ([`OooStore::set_direct_io`]), as the ordered log's tail block does: the partial last
+//!   page is kept in memory and rewritten with the new records in one aligned write,
+//!   zero-padded to the page boundary, so a group's bytes go from the buffer to the
+//!   device without a copy into the page cache (a parallel follower at block depth 32
+//!   spent a quarter of its CPU in that copy; docs/benchmarks.md, session 35). The
+//!   padding is zeros after the last record, which recovery takes for the end.
 //!   Like the ordered log's tail block (`crate::log`, "Zeros ahead of the end"), the file
 //!   is kept zero-filled up to [`OooStore::set_preallocate`] bytes past its end, so most
 //!   syncs overwrite written space instead of growing the file (while syncs carry little
@@ -39,14 +46,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chorus_core::format::ooo::{
-    decode_entry, decode_hard, decode_membership, encode_entry, encode_hard, encode_membership,
-    entry_len, ENTRY_MAGIC, HARD_SIZE_V3, MAX_VOTERS,
+    decode_entry, decode_hard, decode_membership, encode_entry, encode_entry_into, encode_hard,
+    encode_membership, entry_len, ENTRY_MAGIC, HARD_SIZE_V3, MAX_VOTERS,
 };
 use chorus_core::format::FormatError;
 use chorus_core::ooo::replica::{Entry, Hard, Membership};
 use chorus_core::ooo::Seq;
 
-use crate::fs::{FileSystem, FsFile, OpenOptions};
+use crate::align::{round_down, round_up, AlignedBuf};
+use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 use crate::{Result, StorageError};
 
 const ENTRIES: &str = "entries.log";
@@ -116,10 +124,32 @@ pub struct OooStore {
     /// Below this offset the file holds records or zeros this store wrote. Invariant:
     /// `zeroed >= end`.
     zeroed: u64,
-    /// Zeros to write ahead with, allocated at first use.
-    zeros: Vec<u8>,
+    /// Zeros to write ahead with, allocated at first use (aligned for direct IO).
+    zeros: Option<AlignedBuf>,
     /// Bytes per sync, averaged ([`crate::log::sync_bytes_average`]).
     sync_bytes: u64,
+    /// Append with direct IO (asked for, and the file system takes it).
+    want_direct: bool,
+    /// The direct-IO handle, opened at the first append that uses it.
+    direct: Option<DirectTail>,
+}
+
+/// The direct-IO handle of the entries file and the bytes of its partial last page.
+struct DirectTail {
+    file: Box<dyn FsFile>,
+    /// The file's bytes from the page boundary at or below the end to the end.
+    page: Vec<u8>,
+    /// The aligned write: `page`, the new records, zeros to the page boundary.
+    buf: AlignedBuf,
+}
+
+impl std::fmt::Debug for DirectTail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectTail")
+            .field("page", &self.page.len())
+            .field("buf", &self.buf.capacity())
+            .finish()
+    }
 }
 
 /// Default bytes of zeros an [`OooStore`] keeps written past the end of its entries file
@@ -218,6 +248,7 @@ impl OooStore {
             file.sync_data().map_err(io(&path, "fdatasync"))?;
         }
         let slots = scan.slots;
+        let want_direct = fs.supports_direct_io(dir);
         let mut store = Self {
             fs,
             dir: dir.to_path_buf(),
@@ -227,8 +258,10 @@ impl OooStore {
             failed: None,
             preallocate: DEFAULT_PREALLOCATE,
             zeroed: at as u64,
-            zeros: Vec::new(),
+            zeros: None,
             sync_bytes: 0,
+            want_direct,
+            direct: None,
         };
         if !rec.damaged.is_empty() {
             // The file as found, for whoever wants to look at the damage; an earlier copy
@@ -253,10 +286,26 @@ impl OooStore {
         self.preallocate = bytes;
     }
 
+    /// Whether appends use direct IO ([`OooStore::set_direct_io`]; on by default where
+    /// the file system takes `O_DIRECT`).
+    pub fn is_direct(&self) -> bool {
+        self.want_direct
+    }
+
+    /// Appends with direct IO (`on`, the default) where the file system takes it, or
+    /// through the page cache; see the module documentation. Either way each sync ends
+    /// in `fdatasync`.
+    pub fn set_direct_io(&mut self, on: bool) {
+        self.want_direct = on && self.fs.supports_direct_io(&self.dir);
+        if !self.want_direct {
+            self.direct = None;
+        }
+    }
+
     /// Buffers an entry; durable after the next [`OooStore::sync`].
     pub fn write(&mut self, e: &Entry) -> Result<()> {
         self.check()?;
-        self.buf.extend_from_slice(&encode_entry(e));
+        encode_entry_into(e, &mut self.buf);
         Ok(())
     }
 
@@ -272,33 +321,109 @@ impl OooStore {
         let end = self.end + self.buf.len() as u64;
         // Zeros ahead once fewer than half of `preallocate` are left past the new end;
         // the sync below makes them durable with the records.
+        // A direct write covers whole pages: the file holds records or zeros up to the
+        // page boundary after `end`.
+        let align = if self.want_direct {
+            DIRECT_IO_ALIGN as u64
+        } else {
+            1
+        };
+        let written = end.next_multiple_of(align);
+        let zeroed = self.zeroed.max(written);
+        // Zeros ahead once fewer than half of `preallocate` are left past the new end;
+        // the sync below makes them durable with the records. Whole pages, so that a
+        // direct handle can write them.
         let ahead = (self.preallocate > 0
             && self.sync_bytes < crate::log::ZERO_AHEAD_BELOW
-            && self.zeroed.max(end) < end + self.preallocate / 2)
-            .then(|| (self.zeroed.max(end), end + self.preallocate));
+            && zeroed < end + self.preallocate / 2)
+            .then(|| {
+                let to = written + self.preallocate.next_multiple_of(align);
+                (zeroed.next_multiple_of(align), to)
+            })
+            .filter(|(from, to)| from < to);
         let r = self
-            .file
-            .write_all_at(&self.buf, self.end)
-            .map_err(io(&path, "write"))
+            .append(&path)
             .and_then(|()| match ahead {
-                Some((from, to)) => {
-                    self.zeros.resize((to - from) as usize, 0);
-                    self.file
-                        .write_all_at(&self.zeros[..(to - from) as usize], from)
-                        .map_err(io(&path, "write zeros ahead"))
-                }
+                Some((from, to)) => self.write_zeros(&path, from, to),
                 None => Ok(()),
             })
-            .and_then(|()| self.file.sync_data().map_err(io(&path, "fdatasync")));
+            .and_then(|()| {
+                let file = self.direct.as_ref().map_or(&self.file, |d| &d.file);
+                file.sync_data().map_err(io(&path, "fdatasync"))
+            });
         if let Err(e) = r {
             self.failed = Some(e.to_string());
             return Err(e);
         }
         self.sync_bytes = crate::log::sync_bytes_average(self.sync_bytes, end - self.end);
         self.end = end;
-        self.zeroed = ahead.map_or(self.zeroed.max(end), |(_, to)| to);
+        self.zeroed = ahead.map_or(zeroed, |(_, to)| to);
         self.buf.clear();
         Ok(())
+    }
+
+    /// Writes the buffered records at the end: through the page cache, or with direct
+    /// IO as the partial last page and the records, zero-padded to whole pages, in one
+    /// aligned write at the page boundary.
+    fn append(&mut self, path: &Path) -> Result<()> {
+        if !self.want_direct {
+            return self
+                .file
+                .write_all_at(&self.buf, self.end)
+                .map_err(io(path, "write"));
+        }
+        let align = DIRECT_IO_ALIGN as u64;
+        let page_start = round_down(self.end, align);
+        if self.direct.is_none() {
+            let file = self
+                .fs
+                .open(path, OpenOptions::read_write().with_direct(true))
+                .map_err(io(path, "open direct"))?;
+            let mut page = vec![0u8; (self.end - page_start) as usize];
+            self.file
+                .read_exact_at(&mut page, page_start)
+                .map_err(io(path, "read the last page"))?;
+            self.direct = Some(DirectTail {
+                file,
+                page,
+                buf: AlignedBuf::with_capacity(1 << 20),
+            });
+        }
+        let d = self.direct.as_mut().expect("direct tail");
+        debug_assert_eq!(page_start + d.page.len() as u64, self.end);
+        let len = d.page.len() + self.buf.len();
+        let padded = round_up(len, DIRECT_IO_ALIGN);
+        if d.buf.capacity() < padded {
+            d.buf = AlignedBuf::with_capacity(padded);
+        }
+        d.buf.clear();
+        d.buf.extend_from_slice(&d.page);
+        d.buf.extend_from_slice(&self.buf);
+        d.buf.resize(padded);
+        d.file
+            .write_all_at(&d.buf, page_start)
+            .map_err(io(path, "write direct"))?;
+        let end = self.end + self.buf.len() as u64;
+        let keep = (end - round_down(end, align)) as usize;
+        d.page.clear();
+        d.page.extend_from_slice(&d.buf[len - keep..len]);
+        Ok(())
+    }
+
+    /// Writes zeros over `from..to` (whole pages).
+    fn write_zeros(&mut self, path: &Path, from: u64, to: u64) -> Result<()> {
+        let n = (to - from) as usize;
+        let zeros = self
+            .zeros
+            .get_or_insert_with(|| AlignedBuf::with_capacity(n));
+        if zeros.capacity() < n {
+            *zeros = AlignedBuf::with_capacity(n);
+        }
+        // Nothing but `resize` ever touches this buffer, so it holds only zeros.
+        zeros.resize(n);
+        let file = self.direct.as_ref().map_or(&self.file, |d| &d.file);
+        file.write_all_at(&zeros[..n], from)
+            .map_err(io(path, "write zeros ahead"))
     }
 
     /// The membership last saved ([`OooStore::save_membership`]), if any: `None` for a
@@ -351,6 +476,9 @@ impl OooStore {
             bytes.extend_from_slice(&encode_entry(e));
         }
         self.file = self.replace(ENTRIES_TMP, ENTRIES, &bytes)?;
+        // The direct handle was of the file just replaced; the next append opens one on
+        // the new file.
+        self.direct = None;
         self.end = bytes.len() as u64;
         self.zeroed = self.end;
         Ok(())
@@ -612,10 +740,14 @@ mod tests {
     /// zeros for the end (no torn bytes), and a compaction or a crash loses nothing.
     #[test]
     fn zeros_ahead_keep_the_length_and_are_no_torn_tail() {
-        for p in [0, 4096, DEFAULT_PREALLOCATE] {
+        for (p, direct) in [0, 4096, DEFAULT_PREALLOCATE]
+            .into_iter()
+            .flat_map(|p| [(p, false), (p, true)])
+        {
             let fs = Arc::new(SimFs::new(9));
             let (mut s, _, _, _) = open(&fs);
             s.set_preallocate(p);
+            s.set_direct_io(direct);
             let path = Path::new("/g/entries.log");
             let (mut syncs, mut growths, mut last) = (0, 0, 0);
             for i in 0..200 {
@@ -629,8 +761,12 @@ mod tests {
                 }
                 last = len;
             }
-            if p == 0 {
+            if p == 0 && !direct {
                 assert_eq!(growths, syncs);
+            } else if p == 0 {
+                // Direct writes pad to the page: the file grows a page at a time.
+                assert_eq!(last, s.len().next_multiple_of(4096));
+                assert!(growths * 10 <= syncs, "{growths} in {syncs} syncs");
             } else {
                 // ~150 bytes a record: a growth per p / 300 records or so.
                 assert!(
@@ -643,6 +779,7 @@ mod tests {
             let (mut s, _, es, r) = open(&fs);
             assert_eq!((es.len(), r.records, r.torn_bytes), (200, 200, 0));
             s.set_preallocate(p);
+            s.set_direct_io(direct);
             let live: Vec<Entry> = es.iter().filter(|x| x.seq >= 150).cloned().collect();
             s.compact(&live).unwrap();
             s.write(&e(300, 2, 3000)).unwrap();
@@ -656,9 +793,24 @@ mod tests {
     /// Large syncs stop the zeros ahead, small ones bring them back (as the ordered log).
     #[test]
     fn large_syncs_stop_the_zeros_ahead() {
+        for direct in [false, true] {
+            large_syncs_stop_the_zeros_ahead_in(direct);
+        }
+    }
+
+    fn large_syncs_stop_the_zeros_ahead_in(direct: bool) {
         let fs = Arc::new(SimFs::new(3));
         let (mut s, _, _, _) = open(&fs);
         s.set_preallocate(16384);
+        s.set_direct_io(direct);
+        // Direct writes pad to the page boundary; nothing past it.
+        let end = |s: &OooStore| {
+            if direct {
+                s.len().next_multiple_of(4096)
+            } else {
+                s.len()
+            }
+        };
         let path = Path::new("/g/entries.log");
         let big = |seq: Seq| Entry {
             body: Body::Dependent {
@@ -676,7 +828,7 @@ mod tests {
             s.write(&big(i)).unwrap();
             s.sync().unwrap();
         }
-        assert_eq!(fs.durable_content(path).unwrap().len() as u64, s.len());
+        assert_eq!(fs.durable_content(path).unwrap().len() as u64, end(&s));
         for i in 13..60 {
             s.write(&e(i, 1, i + 1)).unwrap();
             s.sync().unwrap();
@@ -758,5 +910,102 @@ mod tests {
         let (_, h, es2, r2) = open(&fs);
         assert_eq!((h, es2, r2.damaged.len()), (lost, es, 0));
         assert_eq!(h.lost_below, 1);
+    }
+
+    fn sized(seq: Seq, term: u64, n: usize) -> Entry {
+        Entry {
+            body: Body::Dependent {
+                base: 0,
+                deps: Deps::default(),
+                write_set: vec![seq],
+                data: (0..n)
+                    .map(|i| (i as u8) ^ (seq as u8))
+                    .collect::<Vec<_>>()
+                    .into(),
+            },
+            ..e(seq, term, seq + 1)
+        }
+    }
+
+    /// Direct-IO appends (the simulated file system refuses any write that is not whole
+    /// aligned pages from an aligned buffer) carry the partial last page across syncs,
+    /// reopens and a compaction, and leave the same records as appends through the page
+    /// cache: the file's bytes up to the end are equal, and only zeros follow them.
+    #[test]
+    fn direct_appends_leave_the_records_buffered_appends_do() {
+        let run = |direct: bool, preallocate: u64| {
+            let fs = Arc::new(SimFs::new(5));
+            let (mut s, _, _, _) = open(&fs);
+            let mut seq = 0;
+            for round in 0..3 {
+                s.set_preallocate(preallocate);
+                s.set_direct_io(direct);
+                assert_eq!(s.is_direct(), direct);
+                // Records below, across and exactly at page boundaries, one or two a sync.
+                for (k, n) in [1, 100, 3_900, 4_048, 5_000, 9_000, 40_000, 0, 12]
+                    .into_iter()
+                    .enumerate()
+                {
+                    s.write(&sized(seq, 1 + round, n)).unwrap();
+                    seq += 1;
+                    if k % 2 == 1 {
+                        s.sync().unwrap();
+                    }
+                }
+                s.sync().unwrap();
+                drop(s);
+                let (again, _, es, r) = open(&fs);
+                assert_eq!((es.len() as u64, r.torn_bytes), (seq, 0), "round {round}");
+                s = again;
+            }
+            s.set_direct_io(direct);
+            let live: Vec<Entry> = (20..seq).map(|q| sized(q, 3, 3 * q as usize)).collect();
+            s.compact(&live).unwrap();
+            for q in seq..seq + 5 {
+                s.write(&sized(q, 4, 4_000 + q as usize)).unwrap();
+                s.sync().unwrap();
+            }
+            if direct {
+                let n = fs
+                    .durable_content(Path::new("/g/entries.log"))
+                    .unwrap()
+                    .len();
+                assert_eq!(n % 4096, 0, "whole pages");
+            }
+            s.write(&sized(99, 4, 10)).unwrap(); // never synced
+            fs.crash(CrashMode::Arbitrary);
+            let (s, _, es, r) = open(&fs);
+            assert_eq!(r.torn_bytes, 0);
+            let bytes = fs.durable_content(Path::new("/g/entries.log")).unwrap();
+            let end = s.len() as usize;
+            assert!(
+                bytes[end..].iter().all(|&b| b == 0),
+                "only zeros after the end"
+            );
+            (bytes[..end].to_vec(), es)
+        };
+        for p in [0, DEFAULT_PREALLOCATE] {
+            let (buffered, es) = run(false, p);
+            assert_eq!(es.len(), 7 + 5);
+            assert_eq!(run(true, p), (buffered, es), "preallocate {p}");
+        }
+    }
+
+    /// Where the file system refuses `O_DIRECT` (tmpfs), the store appends through the
+    /// page cache whatever it is asked.
+    #[test]
+    fn direct_io_falls_back_where_the_file_system_refuses_it() {
+        let fs = Arc::new(SimFs::new(6));
+        fs.set_direct_io_supported(false);
+        let (mut s, _, _, _) = open(&fs);
+        assert!(!s.is_direct());
+        s.set_direct_io(true);
+        assert!(!s.is_direct());
+        s.write(&sized(0, 1, 5_000)).unwrap();
+        s.sync().unwrap();
+        fs.crash(CrashMode::Prefix);
+        let (s, _, es, _) = open(&fs);
+        assert_eq!(es, vec![sized(0, 1, 5_000)]);
+        assert!(!s.is_direct());
     }
 }

@@ -277,7 +277,35 @@ fn entry_crc(rec: &[u8]) -> u32 {
 
 /// Encodes an entry record.
 pub fn encode_entry(e: &Entry) -> Vec<u8> {
-    let mut body = Vec::new();
+    let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE + 64 + data_len(e));
+    encode_entry_into(e, &mut out);
+    out
+}
+
+/// Bytes of an entry's data (0 for NULL): the bulk of its record.
+fn data_len(e: &Entry) -> usize {
+    match &e.body {
+        Body::Null => 0,
+        Body::Parallel { data, .. } | Body::Dependent { data, .. } => data.len(),
+    }
+}
+
+/// Appends the entry record of `e` to `out` — the bytes [`encode_entry`] returns — with
+/// the body written in place and its length and checksum filled in after, so a group's
+/// data is copied once (into `out`) on the way to a frame or the entries file, not
+/// through a body buffer and a record buffer first.
+pub fn encode_entry_into(e: &Entry, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.reserve(ENTRY_HEADER_SIZE + 64 + data_len(e));
+    put_u32(out, ENTRY_MAGIC);
+    out.extend_from_slice(&[1, 0, 0, 0]); // kind, below
+    put_u32(out, 0); // body length, below
+    put_u32(out, 0); // checksum, below
+    put_u64(out, e.seq);
+    put_u64(out, e.term);
+    put_u64(out, e.start);
+    put_u64(out, e.eid);
+    let body = out.len();
     let kind = match &e.body {
         Body::Null => 0u8,
         Body::Parallel {
@@ -290,17 +318,17 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             // with `u64` fields) are still read: the look-behind buffer repeats the
             // ranges of the previous entries, and at 16 bytes a range a group of small
             // transactions carried more ranges than data (docs/benchmarks.md, session 21).
-            put_compact_ranges(&mut body, ranges);
-            put_var(&mut body, look_behind.len() as u64);
+            put_compact_ranges(out, ranges);
+            put_var(out, look_behind.len() as u64);
             for lb in look_behind {
-                put_compact_ranges(&mut body, lb);
+                put_compact_ranges(out, lb);
             }
             // An entry without predecessors is kind 4, so that groups without conflict
             // order carry no list.
             if !after.is_empty() {
-                put_vars(&mut body, after);
+                put_vars(out, after);
             }
-            put_bytes(&mut body, data);
+            put_bytes(out, data);
             if after.is_empty() {
                 4
             } else {
@@ -313,33 +341,19 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             write_set,
             data,
         } => {
-            put_u64(&mut body, *base);
-            put_u64s(&mut body, &deps.raw);
-            put_u64s(&mut body, &deps.waw);
-            put_u64s(&mut body, write_set);
-            put_bytes(&mut body, data);
+            put_u64(out, *base);
+            put_u64s(out, &deps.raw);
+            put_u64s(out, &deps.waw);
+            put_u64s(out, write_set);
+            put_bytes(out, data);
             2
         }
     };
-    frame_entry(e, kind, &body)
-}
-
-/// The entry record of `e` as `kind` around `body`: the header, then the body, then the
-/// checksum filled in.
-fn frame_entry(e: &Entry, kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE + body.len());
-    put_u32(&mut out, ENTRY_MAGIC);
-    out.extend_from_slice(&[1, kind, 0, 0]);
-    put_u32(&mut out, body.len() as u32);
-    put_u32(&mut out, 0); // checksum, below
-    put_u64(&mut out, e.seq);
-    put_u64(&mut out, e.term);
-    put_u64(&mut out, e.start);
-    put_u64(&mut out, e.eid);
-    out.extend_from_slice(body);
-    let crc = entry_crc(&out);
-    out[12..16].copy_from_slice(&crc.to_le_bytes());
-    out
+    let n = (out.len() - body) as u32;
+    out[at + 5] = kind;
+    out[at + 8..at + 12].copy_from_slice(&n.to_le_bytes());
+    let crc = entry_crc(&out[at..]);
+    out[at + 12..at + 16].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The total length of the entry record at the front of `buf`, from its header, or an
@@ -849,10 +863,25 @@ fn put_window(out: &mut Vec<u8>, w: &CommitWindow) {
 }
 
 fn put_entries(out: &mut Vec<u8>, es: &[Entry]) {
+    // One reservation for the whole list rather than doublings that copy the groups.
+    out.reserve(
+        es.iter()
+            .map(|e| ENTRY_HEADER_SIZE + 68 + data_len(e))
+            .sum(),
+    );
     put_u32(out, es.len() as u32);
     for e in es {
-        put_bytes(out, &encode_entry(e));
+        put_entry(out, e);
     }
+}
+
+/// An entry record as a `u32` length and the record, encoded in place.
+fn put_entry(out: &mut Vec<u8>, e: &Entry) {
+    let at = out.len();
+    put_u32(out, 0); // length, below
+    encode_entry_into(e, out);
+    let n = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&n.to_le_bytes());
 }
 
 /// Encodes a message.
@@ -890,7 +919,7 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             out.push(u8::from(*granted));
             put_u32(&mut out, entries.len() as u32);
             for (e, c) in entries {
-                put_bytes(&mut out, &encode_entry(e));
+                put_entry(&mut out, e);
                 out.push(u8::from(*c));
             }
             put_u64(&mut out, leader_start.0);
@@ -1164,6 +1193,24 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
 
 #[cfg(test)]
 mod tests {
+    /// The entry record of `e` as `kind` around `body`: the header, then the body, then
+    /// the checksum filled in (for records [`encode_entry`] no longer writes).
+    fn frame_entry(e: &Entry, kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE + body.len());
+        put_u32(&mut out, ENTRY_MAGIC);
+        out.extend_from_slice(&[1, kind, 0, 0]);
+        put_u32(&mut out, body.len() as u32);
+        put_u32(&mut out, 0); // checksum, below
+        put_u64(&mut out, e.seq);
+        put_u64(&mut out, e.term);
+        put_u64(&mut out, e.start);
+        put_u64(&mut out, e.eid);
+        out.extend_from_slice(body);
+        let crc = entry_crc(&out);
+        out[12..16].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
     use super::*;
     use proptest::prelude::*;
 
@@ -1279,6 +1326,19 @@ mod tests {
             let b = encode_entry(&e);
             prop_assert_eq!(entry_len(&b).unwrap(), b.len());
             prop_assert_eq!(decode_entry(&b).unwrap(), e);
+        }
+
+        /// Encoding in place after other bytes appends exactly the record, and leaves
+        /// what was there.
+        #[test]
+        fn entries_encode_in_place_after_other_bytes(e in entry(), f in entry(), pre in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut out = pre.clone();
+            encode_entry_into(&e, &mut out);
+            encode_entry_into(&f, &mut out);
+            let (a, b) = (encode_entry(&e), encode_entry(&f));
+            prop_assert_eq!(&out[..pre.len()], &pre[..]);
+            prop_assert_eq!(&out[pre.len()..pre.len() + a.len()], &a[..]);
+            prop_assert_eq!(&out[pre.len() + a.len()..], &b[..]);
         }
 
         #[test]
