@@ -1,10 +1,10 @@
-//! Heap buffers aligned for direct IO.
+//! Heap buffers aligned for direct IO, and the append both logs make with them.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::fs::DIRECT_IO_ALIGN;
+use crate::fs::{FsFile, DIRECT_IO_ALIGN};
 
 /// A zero-initialised, fixed-capacity byte buffer whose address is a multiple of
 /// [`DIRECT_IO_ALIGN`], as `O_DIRECT` reads and writes require.
@@ -129,6 +129,64 @@ impl std::fmt::Debug for AlignedBuf {
             .field("capacity", &self.capacity)
             .finish()
     }
+}
+
+/// The partial last page of a file appended with direct IO, kept in memory, and the
+/// aligned buffer appends are written from. Shared by the ordered log's tail block and
+/// the out-of-order entries file.
+#[derive(Debug)]
+pub struct DirectAppend {
+    /// The file's bytes from the page boundary at or below its end to the end.
+    page: Vec<u8>,
+    buf: AlignedBuf,
+}
+
+impl DirectAppend {
+    /// Appends to a file whose bytes from the page boundary at or below its end are
+    /// `page` (read by the caller through a buffered handle).
+    pub fn new(page: Vec<u8>) -> Self {
+        Self {
+            page,
+            buf: AlignedBuf::with_capacity(1 << 20),
+        }
+    }
+
+    /// Writes `bytes` at `end`, the file's end: the partial last page and `bytes`,
+    /// zero-padded to whole pages, in one aligned write at the page boundary; keeps the
+    /// new partial last page for the next append. On an error the file's state is
+    /// unknown, and so is this one's: the caller fails its log.
+    pub fn append(&mut self, file: &dyn FsFile, end: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let align = DIRECT_IO_ALIGN as u64;
+        let page_start = round_down(end, align);
+        debug_assert_eq!(page_start + self.page.len() as u64, end);
+        let len = self.page.len() + bytes.len();
+        let padded = round_up(len, DIRECT_IO_ALIGN);
+        if self.buf.capacity() < padded {
+            self.buf = AlignedBuf::with_capacity(padded);
+        }
+        self.buf.clear();
+        self.buf.extend_from_slice(&self.page);
+        self.buf.extend_from_slice(bytes);
+        self.buf.resize(padded);
+        file.write_all_at(&self.buf, page_start)?;
+        let new_end = end + bytes.len() as u64;
+        let keep = (new_end - round_down(new_end, align)) as usize;
+        self.page.clear();
+        self.page.extend_from_slice(&self.buf[len - keep..len]);
+        Ok(())
+    }
+}
+
+/// `n` zeros from `buf`, an aligned buffer allocated (or grown) on first need; both logs
+/// write their zeros ahead from one.
+pub fn zeros(buf: &mut Option<AlignedBuf>, n: usize) -> &[u8] {
+    let zeros = buf.get_or_insert_with(|| AlignedBuf::with_capacity(n));
+    if zeros.capacity() < n {
+        *zeros = AlignedBuf::with_capacity(n);
+    }
+    // Nothing but `resize` ever touches these buffers, so they hold only zeros.
+    zeros.resize(n);
+    &zeros[..n]
 }
 
 /// `n` rounded up to a multiple of `align` (a power of two).

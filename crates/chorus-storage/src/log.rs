@@ -58,7 +58,7 @@ use chorus_core::format::FormatError;
 use chorus_core::replica::{GroupMeta, RecoveredLog};
 use chorus_core::Lsn;
 
-use crate::align::{round_down, round_up, AlignedBuf};
+use crate::align::{round_down, AlignedBuf, DirectAppend};
 use crate::error::{IoContext, Result, StorageError};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 
@@ -122,9 +122,7 @@ impl Default for LogOptions {
 struct DirectTail {
     id: u64,
     file: Arc<dyn FsFile>,
-    /// Bytes of the file from the last page boundary at or below the end to the end.
-    page: Vec<u8>,
-    buf: AlignedBuf,
+    tail: DirectAppend,
 }
 
 /// What recovery found when the log was opened.
@@ -668,20 +666,12 @@ impl LogStorage {
         if from >= to {
             return Ok(());
         }
-        let n = (to - from) as usize;
-        let zeros = self
-            .zeros
-            .get_or_insert_with(|| AlignedBuf::with_capacity(self.preallocate as usize));
-        if zeros.capacity() < n {
-            *zeros = AlignedBuf::with_capacity(n);
-        }
-        // Nothing but `resize` ever touches this buffer, so it holds only zeros.
-        zeros.resize(n);
+        let zeros = crate::align::zeros(&mut self.zeros, (to - from) as usize);
         let file: &dyn FsFile = match &self.direct {
             Some(d) if self.want_direct && d.id == id => d.file.as_ref(),
             _ => self.blocks[&id].as_ref(),
         };
-        file.write_all_at(&zeros[..n], from)
+        file.write_all_at(zeros, from)
             .ctx(&self.dir.join(block_file_name(id)), "write zeros ahead")?;
         self.zeroed = to;
         Ok(())
@@ -701,30 +691,13 @@ impl LogStorage {
             self.direct = Some(DirectTail {
                 id,
                 file,
-                page,
-                buf: AlignedBuf::with_capacity(1 << 20),
+                tail: DirectAppend::new(page),
             });
         }
         let d = self.direct.as_mut().expect("direct tail");
-        let page_start = round_down(off, DIRECT_IO_ALIGN as u64);
-        debug_assert_eq!(page_start + d.page.len() as u64, off);
-        let len = d.page.len() + bytes.len();
-        let padded = round_up(len, DIRECT_IO_ALIGN);
-        if d.buf.capacity() < padded {
-            d.buf = AlignedBuf::with_capacity(padded);
-        }
-        d.buf.clear();
-        d.buf.extend_from_slice(&d.page);
-        d.buf.extend_from_slice(bytes);
-        d.buf.resize(padded);
-        d.file
-            .write_all_at(&d.buf, page_start)
-            .ctx(&path, "write direct")?;
-        let end = off + bytes.len() as u64;
-        let keep = (end - round_down(end, DIRECT_IO_ALIGN as u64)) as usize;
-        d.page.clear();
-        d.page.extend_from_slice(&d.buf[len - keep..len]);
-        Ok(())
+        d.tail
+            .append(d.file.as_ref(), off, bytes)
+            .ctx(&path, "write direct")
     }
 
     /// The bytes of block `id` from the page boundary at or below file offset `off` to

@@ -46,14 +46,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chorus_core::format::ooo::{
-    decode_entry, decode_hard, decode_membership, encode_entry, encode_entry_into, encode_hard,
+    decode_entry, decode_hard, decode_membership, encode_entry_into, encode_hard,
     encode_membership, entry_len, ENTRY_MAGIC, HARD_SIZE_V3, MAX_VOTERS,
 };
 use chorus_core::format::FormatError;
 use chorus_core::ooo::replica::{Entry, Hard, Membership};
 use chorus_core::ooo::Seq;
 
-use crate::align::{round_down, round_up, AlignedBuf};
+use crate::align::{round_down, AlignedBuf, DirectAppend};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 use crate::{Result, StorageError};
 
@@ -134,22 +134,11 @@ pub struct OooStore {
     direct: Option<DirectTail>,
 }
 
-/// The direct-IO handle of the entries file and the bytes of its partial last page.
+/// The direct-IO handle of the entries file and its partial last page.
+#[derive(Debug)]
 struct DirectTail {
     file: Box<dyn FsFile>,
-    /// The file's bytes from the page boundary at or below the end to the end.
-    page: Vec<u8>,
-    /// The aligned write: `page`, the new records, zeros to the page boundary.
-    buf: AlignedBuf,
-}
-
-impl std::fmt::Debug for DirectTail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectTail")
-            .field("page", &self.page.len())
-            .field("buf", &self.buf.capacity())
-            .finish()
-    }
+    tail: DirectAppend,
 }
 
 /// Default bytes of zeros an [`OooStore`] keeps written past the end of its entries file
@@ -319,8 +308,6 @@ impl OooStore {
         }
         let path = self.dir.join(ENTRIES);
         let end = self.end + self.buf.len() as u64;
-        // Zeros ahead once fewer than half of `preallocate` are left past the new end;
-        // the sync below makes them durable with the records.
         // A direct write covers whole pages: the file holds records or zeros up to the
         // page boundary after `end`.
         let align = if self.want_direct {
@@ -372,9 +359,8 @@ impl OooStore {
                 .write_all_at(&self.buf, self.end)
                 .map_err(io(path, "write"));
         }
-        let align = DIRECT_IO_ALIGN as u64;
-        let page_start = round_down(self.end, align);
         if self.direct.is_none() {
+            let page_start = round_down(self.end, DIRECT_IO_ALIGN as u64);
             let file = self
                 .fs
                 .open(path, OpenOptions::read_write().with_direct(true))
@@ -385,44 +371,20 @@ impl OooStore {
                 .map_err(io(path, "read the last page"))?;
             self.direct = Some(DirectTail {
                 file,
-                page,
-                buf: AlignedBuf::with_capacity(1 << 20),
+                tail: DirectAppend::new(page),
             });
         }
         let d = self.direct.as_mut().expect("direct tail");
-        debug_assert_eq!(page_start + d.page.len() as u64, self.end);
-        let len = d.page.len() + self.buf.len();
-        let padded = round_up(len, DIRECT_IO_ALIGN);
-        if d.buf.capacity() < padded {
-            d.buf = AlignedBuf::with_capacity(padded);
-        }
-        d.buf.clear();
-        d.buf.extend_from_slice(&d.page);
-        d.buf.extend_from_slice(&self.buf);
-        d.buf.resize(padded);
-        d.file
-            .write_all_at(&d.buf, page_start)
-            .map_err(io(path, "write direct"))?;
-        let end = self.end + self.buf.len() as u64;
-        let keep = (end - round_down(end, align)) as usize;
-        d.page.clear();
-        d.page.extend_from_slice(&d.buf[len - keep..len]);
-        Ok(())
+        d.tail
+            .append(d.file.as_ref(), self.end, &self.buf)
+            .map_err(io(path, "write direct"))
     }
 
     /// Writes zeros over `from..to` (whole pages).
     fn write_zeros(&mut self, path: &Path, from: u64, to: u64) -> Result<()> {
-        let n = (to - from) as usize;
-        let zeros = self
-            .zeros
-            .get_or_insert_with(|| AlignedBuf::with_capacity(n));
-        if zeros.capacity() < n {
-            *zeros = AlignedBuf::with_capacity(n);
-        }
-        // Nothing but `resize` ever touches this buffer, so it holds only zeros.
-        zeros.resize(n);
+        let zeros = crate::align::zeros(&mut self.zeros, (to - from) as usize);
         let file = self.direct.as_ref().map_or(&self.file, |d| &d.file);
-        file.write_all_at(&zeros[..n], from)
+        file.write_all_at(zeros, from)
             .map_err(io(path, "write zeros ahead"))
     }
 
@@ -473,7 +435,7 @@ impl OooStore {
         self.sync()?;
         let mut bytes = Vec::new();
         for e in live {
-            bytes.extend_from_slice(&encode_entry(e));
+            encode_entry_into(e, &mut bytes);
         }
         self.file = self.replace(ENTRIES_TMP, ENTRIES, &bytes)?;
         // The direct handle was of the file just replaced; the next append opens one on
@@ -595,6 +557,7 @@ fn next_valid(bytes: &[u8], from: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use crate::fs::{CrashMode, SimFs};
+    use chorus_core::format::ooo::encode_entry;
     use chorus_core::ooo::dependent::Deps;
     use chorus_core::ooo::replica::Body;
 
