@@ -64,6 +64,9 @@ enum Cmd {
         /// Out-of-order leader: hole resend after this many later acknowledgements.
         #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
         hole_resend: u64,
+        /// Leader: resend a copy unacknowledged for this many median round trips (0: off).
+        #[arg(long, default_value_t = chorus_core::ooo::replica::TIMED_RESEND)]
+        timed_resend: u32,
         /// Out-of-order leader: longest wait, µs, to pack appends while its log write is in flight.
         #[arg(long, default_value_t = 0)]
         freeze_us: u64,
@@ -271,6 +274,11 @@ struct OooArgs {
     /// default is the server's).
     #[arg(long, default_value_t = chorus_core::ooo::replica::HOLE_RESEND)]
     hole_resend: u64,
+    /// Leaders of every system resend an uncommitted copy a follower has not acknowledged
+    /// within this many of its median round trips (TCP's tail loss probe; 0: off; the
+    /// default is the server's).
+    #[arg(long, default_value_t = chorus_core::ooo::replica::TIMED_RESEND)]
+    timed_resend: u32,
     /// Out-of-order leaders: longest wait, µs, to pack appends into a group entry while
     /// the leader's own log write is in flight (adaptive group replication, PALF section
     /// 6; 0: pack what each driver round took, the server's default)
@@ -342,6 +350,7 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         jitter_links: a.jitter_links,
         connections: a.connections,
         hole_resend: a.hole_resend,
+        timed_resend: a.timed_resend,
         ooo_freeze_us: a.ooo_freeze_us,
         preallocate: a.preallocate,
         ooo_direct_io: a.ooo_direct_io == 1,
@@ -530,6 +539,7 @@ fn main() -> AnyResult<()> {
             apply_us,
             election_ms,
             hole_resend,
+            timed_resend,
             freeze_us,
             preallocate,
             ooo_direct_io,
@@ -545,6 +555,7 @@ fn main() -> AnyResult<()> {
                     apply_us,
                     election: std::time::Duration::from_millis(election_ms),
                     hole_resend,
+                    timed_resend,
                     freeze: std::time::Duration::from_micros(freeze_us),
                     preallocate,
                     direct_io: ooo_direct_io == 1,

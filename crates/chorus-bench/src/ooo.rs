@@ -222,6 +222,9 @@ pub struct Settings {
     /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::hole_resend`];
     /// ordered followers: [`chorus_core::replica::ReplicaConfig::gap_resend_after`].
     pub hole_resend: u64,
+    /// Leaders of every system: [`chorus_core::ooo::replica::OooConfig::timed_resend`],
+    /// [`chorus_core::replica::ReplicaConfig::timed_resend`] (0: off).
+    pub timed_resend: u32,
     /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`],
     /// µs (0: pack appends every driver round).
     pub ooo_freeze_us: u64,
@@ -696,6 +699,8 @@ impl Child {
             .arg(election_of(s, id).as_millis().to_string())
             .arg("--hole-resend")
             .arg(s.hole_resend.to_string())
+            .arg("--timed-resend")
+            .arg(s.timed_resend.to_string())
             .arg("--freeze-us")
             .arg(s.ooo_freeze_us.to_string())
             .arg("--preallocate")
@@ -854,6 +859,7 @@ impl Cluster {
             apply_us: s.apply_us,
             election: election_of(s, 1),
             hole_resend: s.hole_resend,
+            timed_resend: s.timed_resend,
             freeze: Duration::from_micros(s.ooo_freeze_us),
             preallocate: s.preallocate,
             direct_io: s.ooo_direct_io,

@@ -7,6 +7,7 @@ pub mod format;
 pub mod ooo;
 pub mod replica;
 pub mod rng;
+pub mod rtt;
 
 /// Log sequence number: the byte offset of a group (or of an entry) in the logical log of
 /// one log group (PALF section 3.2). Block `n` of the log holds LSNs

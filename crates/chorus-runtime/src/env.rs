@@ -544,6 +544,15 @@ impl Env {
                 s.group, s.gap_resend_requests
             );
         }
+        let name = "chorus_timed_resends_total";
+        let _ = writeln!(out, "# HELP {name} Times this replica, as a leader, sent a follower its unacknowledged log again because it went unacknowledged for a few of its round trips while the commit point waited on it.\n# TYPE {name} counter");
+        for s in &statuses {
+            let _ = writeln!(
+                out,
+                "{name}{{node=\"{node}\",group=\"{}\"}} {}",
+                s.group, s.timed_resends
+            );
+        }
         let _ = writeln!(out, "# HELP chorus_follower_lag_bytes Leader only: log bytes a follower has not yet made durable.\n# TYPE chorus_follower_lag_bytes gauge");
         for s in &statuses {
             for (f, matched) in &s.followers {

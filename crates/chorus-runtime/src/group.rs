@@ -118,6 +118,10 @@ pub struct GroupStatus {
     /// Times this replica, as a follower, asked its leader to resend past a gap at once
     /// ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]), since the group opened.
     pub gap_resend_requests: u64,
+    /// Times this replica, as a leader, sent a follower its unacknowledged bytes again
+    /// because they were late ([`chorus_core::replica::ReplicaConfig::timed_resend`]),
+    /// since the group opened.
+    pub timed_resends: u64,
 }
 
 /// Counters of one group (monotonic).
@@ -146,6 +150,8 @@ pub struct GroupCounters {
     /// Gap resends asked for by earlier incarnations of the replica (a repair restarts
     /// it); [`GroupStatus::gap_resend_requests`] adds the current one's.
     pub gap_resends_before: AtomicU64,
+    /// Timed resends of earlier incarnations of the replica, as `gap_resends_before`.
+    pub timed_resends_before: AtomicU64,
     /// Leader: from an append's acceptance (`append` on the group) to its result (committed
     /// or failed), per record: exported as `chorus_append_seconds`.
     pub append_latency: crate::metrics::Histogram,
@@ -596,6 +602,9 @@ impl Group {
         self.counters
             .gap_resends_before
             .fetch_add(c.replica.gap_resend_requests(), Ordering::Relaxed);
+        self.counters
+            .timed_resends_before
+            .fetch_add(c.replica.timed_resends(), Ordering::Relaxed);
         c.replica = replica;
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
@@ -842,6 +851,8 @@ impl Group {
             drops: r.drops().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             gap_resend_requests: self.counters.gap_resends_before.load(Ordering::Relaxed)
                 + r.gap_resend_requests(),
+            timed_resends: self.counters.timed_resends_before.load(Ordering::Relaxed)
+                + r.timed_resends(),
         }
     }
 

@@ -133,6 +133,9 @@ pub struct OooNodeConfig {
     /// many after it but not that one ([`OooConfig::hole_resend`]; 0: only the periodic
     /// resend).
     pub hole_resend: u64,
+    /// Leader: resend an uncommitted slot to a follower that has not acknowledged it
+    /// within this many median round trips ([`OooConfig::timed_resend`]; 0: off).
+    pub timed_resend: u32,
     /// Leader: how long appends may wait to be packed into a group entry while the
     /// leader's own log write is in flight (zero: appends taken in a driver round are
     /// packed at the end of that round). Adaptive group replication, PALF section 6 (1 ms
@@ -628,6 +631,7 @@ impl OooNode {
         rc.catchup_rate = cfg.catchup_rate;
         rc.conflict_order = cfg.conflict_order;
         rc.hole_resend = cfg.hole_resend;
+        rc.timed_resend = cfg.timed_resend;
         let t0 = Instant::now();
         let now = move || t0.elapsed().as_nanos() as u64;
         let mut replica = OooReplica::recover(rc, hard, members, entries, now());
@@ -753,9 +757,20 @@ impl OooNode {
                 // Take every event already queued (up to a bound) before draining the
                 // replica: their writes go to the IO thread as one batch.
                 // Staged records wait at most until their freeze deadline.
-                let wait = staged_since.map_or(Duration::from_millis(5), |t| {
+                let mut wait = staged_since.map_or(Duration::from_millis(5), |t| {
                     (t + freeze).saturating_duration_since(Instant::now())
                 });
+                // A timed resend due: wake for it (once a millisecond while one is
+                // already past due, waiting out its back-off or its commit).
+                if let Some(due) = replica.resend_due() {
+                    let t = now();
+                    let until = if due > t {
+                        Duration::from_nanos(due - t)
+                    } else {
+                        Duration::from_millis(1)
+                    };
+                    wait = wait.min(until);
+                }
                 let mut next = match rx.recv_timeout(wait.min(Duration::from_millis(5))) {
                     Ok(ev) => Some(ev),
                     Err(RecvTimeoutError::Timeout) => None,

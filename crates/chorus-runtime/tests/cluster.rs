@@ -202,6 +202,11 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
             e.node()
         );
         assert!(m.contains(&line), "node {}: no {line:?} in\n{m}", e.node());
+        let timed = format!(
+            "chorus_timed_resends_total{{node=\"{}\",group=\"1\"}} ",
+            e.node()
+        );
+        assert!(m.contains(&timed), "node {}: no {timed:?}", e.node());
         let commits = format!("chorus_commits_total{{node=\"{}\",group=\"1\"}} ", e.node());
         assert!(m.contains(&commits), "node {}: no {commits:?}", e.node());
     }

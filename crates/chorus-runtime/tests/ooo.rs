@@ -226,6 +226,7 @@ impl Cluster {
             conflict_order: i == 0,
             compact_bytes: 8 << 10,
             hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
             freeze_interval: self.freeze[i],
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,

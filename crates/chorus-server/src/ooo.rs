@@ -603,6 +603,7 @@ impl OooGroups {
                 conflict_order: spec.conflict_order,
                 compact_bytes: self.settings.compact_bytes,
                 hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+                timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
                 freeze_interval: self.settings.freeze_interval,
                 preallocate: self.settings.preallocate,
                 direct_io: self.settings.direct_io,
@@ -631,7 +632,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 39] = [
+        let metrics: [(&str, &str, &str, Get); 40] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -842,6 +843,12 @@ impl OooGroups {
                 "counter",
                 "Entries this node as leader resent at once to a follower that acknowledged later ones (a hole: the first copy lost or stuck behind a slow connection).",
                 |s| s.stats.hole_resends,
+            ),
+            (
+                "chorus_ooo_timed_resends_total",
+                "counter",
+                "Entries this node as leader resent to a follower that had not acknowledged them within a few of its round trips while they were uncommitted (the last ones sent, which nothing later overtakes).",
+                |s| s.stats.timed_resends,
             ),
             (
                 "chorus_ooo_recovering_lost",

@@ -991,6 +991,7 @@ async fn out_of_order_groups_through_the_server() {
         }
         // Hole resends are exported (on loopback, without reordering, few or none).
         metric(new, "chorus_ooo_hole_resends_total", g, mode);
+        metric(new, "chorus_ooo_timed_resends_total", g, mode);
     }
     // Each group's base passed the killed node's head on the node the loops above watched
     // (the dependent group's leader need not be the parallel one's); a base moves by a

@@ -60,6 +60,9 @@ pub struct ClusterOptions {
     /// [`ReplicaConfig::gap_resend_after`] on every node; `None` picks it by seed
     /// (`(seed / 2) % 4` early messages, 0 being off), so batches run every setting.
     pub gap_resend_after: Option<usize>,
+    /// [`ReplicaConfig::timed_resend`] on every node; `None` picks it by seed (`(seed /
+    /// 32) % 3`: off, 2 or 4 median round trips), so batches run every setting.
+    pub timed_resend: Option<u32>,
     /// [`LogOptions::preallocate`] on every node; `None` picks it by seed
     /// ([`preallocate_by_seed`]), so batches run the log with and without zeros ahead.
     pub preallocate: Option<u64>,
@@ -76,6 +79,7 @@ impl Default for ClusterOptions {
             commit_mode: CommitMode::Piggyback,
             priorities: BTreeMap::new(),
             gap_resend_after: None,
+            timed_resend: None,
             preallocate: None,
             #[cfg(feature = "broken")]
             broken: Default::default(),
@@ -112,6 +116,9 @@ pub fn sim_replica_config(id: NodeId, opts: &ClusterOptions, seed: u64) -> Repli
         gap_resend_after: opts
             .gap_resend_after
             .unwrap_or(chorus_core::replica::GAP_RESEND_AFTER),
+        timed_resend: opts
+            .timed_resend
+            .unwrap_or(chorus_core::ooo::replica::TIMED_RESEND),
         seed,
         #[cfg(feature = "broken")]
         broken: opts.broken,
@@ -226,6 +233,10 @@ impl Cluster {
     /// initial voters as membership.
     pub fn new(seed: u64, mut opts: ClusterOptions) -> Self {
         opts.gap_resend_after = Some(opts.gap_resend_after.unwrap_or(((seed / 2) % 4) as usize));
+        opts.timed_resend = Some(
+            opts.timed_resend
+                .unwrap_or([0, 2, 4][((seed / 32) % 3) as usize]),
+        );
         opts.preallocate = Some(opts.preallocate.unwrap_or(preallocate_by_seed(seed)));
         let mut rng = Rng::new(seed);
         let voters: Vec<NodeId> = (1..=opts.voters as NodeId).collect();
@@ -431,12 +442,14 @@ impl Cluster {
             return;
         };
         let asked = up.replica.gap_resend_requests();
+        let timed = up.replica.timed_resends();
         node.fs.crash(mode);
         let inc = node.inc;
         node.inc += 1;
         self.checker.on_crash(id, inc);
         self.bump("crashes");
         *self.stats.entry("gap_resend_requests").or_default() += asked;
+        *self.stats.entry("timed_resends").or_default() += timed;
         self.note(format!("node {id} crashed"));
     }
 
@@ -449,6 +462,18 @@ impl Cluster {
                 .values()
                 .filter_map(|n| n.replica())
                 .map(|r| r.gap_resend_requests())
+                .sum::<u64>()
+    }
+
+    /// Timed resends leaders made ([`ReplicaConfig::timed_resend`]), crashed incarnations
+    /// included.
+    pub fn timed_resends(&self) -> u64 {
+        self.stats.get("timed_resends").copied().unwrap_or(0)
+            + self
+                .nodes
+                .values()
+                .filter_map(|n| n.replica())
+                .map(|r| r.timed_resends())
                 .sum::<u64>()
     }
 

@@ -75,6 +75,11 @@ struct Args {
     /// of seeds found before gap resends existed).
     #[arg(long)]
     gap_resend: Option<usize>,
+    /// Leaders resend a copy unacknowledged for this many median round trips, 0 never
+    /// (default: by seed, 0, 2 or 4; `--timed-resend 0` gives the trajectories of seeds
+    /// found before timed resends existed). Ordered and out-of-order groups.
+    #[arg(long)]
+    timed_resend: Option<u32>,
     /// Bytes of zeros each node's log (or out-of-order store) keeps written past its end
     /// (default: by seed, 0 to 64 KiB; `--preallocate 0` gives the trajectories of seeds
     /// found before zeros were written ahead).
@@ -109,6 +114,7 @@ fn main() -> ExitCode {
     opts.faults = !args.no_faults;
     opts.fault_time = args.fault_secs * 1_000 * MS;
     opts.cluster.gap_resend_after = args.gap_resend;
+    opts.cluster.timed_resend = args.timed_resend;
     opts.cluster.preallocate = args.preallocate;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
@@ -167,6 +173,9 @@ fn main() -> ExitCode {
             if let Some(p) = args.preallocate {
                 gap.push_str(&format!(" --preallocate {p}"));
             }
+            if let Some(t) = args.timed_resend {
+                gap.push_str(&format!(" --timed-resend {t}"));
+            }
             println!(
                 "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
                 r.seed, args.mode
@@ -174,7 +183,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={}",
+        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={}",
         args.mode,
         reports.len(),
         start,
@@ -187,6 +196,7 @@ fn main() -> ExitCode {
         totals.get("failed").unwrap_or(&0),
         totals.get("messages_delivered").unwrap_or(&0),
         totals.get("gap_resend_requests").unwrap_or(&0),
+        totals.get("timed_resends").unwrap_or(&0),
     );
     if bad > 0 {
         ExitCode::from(1)
@@ -213,6 +223,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         conflict_order: !args.no_conflict_order,
         corrupt: !args.no_corrupt,
         preallocate: args.preallocate,
+        timed_resend: args.timed_resend,
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
@@ -239,6 +250,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if let Some(p) = args.preallocate {
         broken_flag.push_str(&format!(" --preallocate {p}"));
+    }
+    if let Some(t) = args.timed_resend {
+        broken_flag.push_str(&format!(" --timed-resend {t}"));
     }
     if let Some(b) = &args.broken {
         if b != "no-ghost-guard" && b != "no-lost-guard" {
@@ -292,7 +306,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -318,6 +332,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("campaigns_live"),
         t("handoffs_live"),
         t("hole_resends_live"),
+        t("timed_resends_live"),
         t("groups_split"),
         t("conflict_order_checks"),
         t("corruptions"),

@@ -150,6 +150,10 @@ pub struct OooOptions {
     /// ([`crate::preallocate_by_seed`]); `Some(0)` gives the trajectories of the seeds
     /// found before stores wrote zeros ahead.
     pub preallocate: Option<u64>,
+    /// [`OooConfig::timed_resend`] on every replica; `None` picks it by seed (`(seed / 32)
+    /// % 3`: off, 2 or 4 median round trips); `Some(0)` gives the trajectories of the
+    /// seeds found before timed resends existed.
+    pub timed_resend: Option<u32>,
 }
 
 impl Default for OooOptions {
@@ -176,6 +180,7 @@ impl Default for OooOptions {
             corrupt: true,
             broken_lost_guard: false,
             preallocate: None,
+            timed_resend: None,
         }
     }
 }
@@ -619,6 +624,11 @@ impl Sim {
             4 => 0,
             r => 1 + r % 3,
         };
+        // Timed resends after 2 or 4 median round trips, and off on a third of the seeds.
+        c.timed_resend = self
+            .o
+            .timed_resend
+            .unwrap_or([0, 2, 4][((self.seed / 32) % 3) as usize]);
         c.pre_vote = self.o.pre_vote;
         c.conflict_order =
             self.conflict_order() && !(cfg!(feature = "broken") && self.o.broken_conflict_order);
@@ -1673,7 +1683,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
     }
     // Counters of the replicas alive at the end, summed over the nodes (a restart
     // starts a replica's counters afresh, hence "live").
-    let live: [(&'static str, Counter); 17] = [
+    let live: [(&'static str, Counter); 18] = [
         ("superseded_seen_live", |s| s.superseded),
         ("catchup_limited_bytes", |s| s.catchup_bytes),
         ("catchup_deferred", |s| s.catchup_deferred),
@@ -1690,6 +1700,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         ("admitted_after_live", |s| s.admitted_after),
         ("held_at_quorum_live", |s| s.held_at_quorum),
         ("hole_resends_live", |s| s.hole_resends),
+        ("timed_resends_live", |s| s.timed_resends),
         ("memberships_adopted_live", |s| s.memberships_adopted),
         ("lost_restored_live", |s| s.lost_restored),
         ("votes_refused_lost_live", |s| s.votes_refused_lost),

@@ -350,6 +350,7 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     }
     let mut stats = c.stats.clone();
     stats.insert("gap_resend_requests", c.gap_resend_requests());
+    stats.insert("timed_resends", c.timed_resends());
     for (k, v) in &c.checker.outcomes {
         stats.insert(k, *v);
     }

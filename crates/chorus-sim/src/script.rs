@@ -8,7 +8,7 @@
 //!
 //! | command | effect |
 //! |---|---|
-//! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async] [gap-resend=N]` | new cluster (gap resends off unless set) |
+//! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async] [gap-resend=N] [timed-resend=N]` | new cluster (gap and timed resends off unless set) |
 //! | `run MS` | advance time |
 //! | `wait-leader [MS]` | run until a leader serves (at most MS, default 5000) |
 //! | `status` | role, proposal id, leader, log end, flushed, committed, config per node |
@@ -19,6 +19,7 @@
 //! | `partition A B \| C` · `block A B` · `heal` | network |
 //! | `hold A B MS` | the next append carrying log from A to B arrives MS late (overtaken) |
 //! | `gap-asks NODE` | gap resends NODE asked for ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]) |
+//! | `timed-resends NODE` | timed resends NODE made as leader ([`chorus_core::replica::ReplicaConfig::timed_resend`]) |
 //! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
 //! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
@@ -102,10 +103,11 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
     let mut words = line.split_whitespace();
     let cmd = words.next().unwrap_or_default();
     if cmd == "cluster" {
-        // Gap resends off unless asked for: the scripts written before they existed keep
-        // their trajectories.
+        // Gap and timed resends off unless asked for: the scripts written before they
+        // existed keep their trajectories.
         let mut opts = ClusterOptions {
             gap_resend_after: Some(0),
+            timed_resend: Some(0),
             ..ClusterOptions::default()
         };
         for w in words {
@@ -115,6 +117,7 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
                 "spares" => opts.spares = num(Some(v))? as usize,
                 "mode" => opts.commit_mode = parse_commit_mode(v).ok_or("bad mode")?,
                 "gap-resend" => opts.gap_resend_after = Some(num(Some(v))? as usize),
+                "timed-resend" => opts.timed_resend = Some(num(Some(v))? as u32),
                 "prio" => {
                     for p in v.split(',') {
                         let (n, p) = p.split_once(':').ok_or("bad prio")?;
@@ -295,6 +298,11 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
             let n = num(words.next())?;
             let r = c.nodes[&n].replica().ok_or("node down")?;
             let _ = write!(out, "asked {}", r.gap_resend_requests());
+        }
+        "timed-resends" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().ok_or("node down")?;
+            let _ = write!(out, "resent {}", r.timed_resends());
         }
         "heal" => {
             c.heal();

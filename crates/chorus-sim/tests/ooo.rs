@@ -21,7 +21,7 @@ fn clean_seed(mode: Mode, seed: u64) -> OooReport {
 /// [`clean_seed`], with or without group entries (without: one record per entry, the
 /// trajectories of the seeds found before entries carried groups), and without leader
 /// transfers, membership changes, pre-votes, partial images, conflict order, damage at
-/// rest or zeros written ahead: every seed run this way was found before those existed
+/// rest, zeros written ahead or timed resends: every seed run this way was found before those existed
 /// and replays its trajectory exactly.
 fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
     check(
@@ -36,6 +36,7 @@ fn clean_seed_with(mode: Mode, seed: u64, groups: bool) -> OooReport {
             conflict_order: false,
             corrupt: false,
             preallocate: Some(0),
+            timed_resend: Some(0),
             ..OooOptions::default()
         },
     )
@@ -349,11 +350,12 @@ fn conflict_order_holds_on_its_seeds() {
     // Seeds on which a new leader's merge dropped an entry and kept a later overlapping
     // one that had waited for it, before conflict-ordered entries listed what they wait
     // for (the end-of-seed check, module docs 6, found them); on their trajectories,
-    // without zeros written ahead, which came later.
+    // without zeros written ahead or timed resends, which came later.
     for seed in [50003, 50045, 50591] {
         let o = OooOptions {
             mode: par,
             preallocate: Some(0),
+            timed_resend: Some(0),
             ..OooOptions::default()
         };
         check(seed, &o);
@@ -410,7 +412,8 @@ fn the_commit_rule_holds_entries_back_only_where_it_applies() {
 /// entries, the removed leader holding the newest log and, removed, never campaigning,
 /// and the others holding the joint stage of its change, whose old majority was out of
 /// reach (now a final-stage holder answers a joint-stage candidate with the final stage).
-/// Found before stores wrote zeros ahead, they run without, on their trajectories.
+/// Found before stores wrote zeros ahead and leaders resent on time, they run without
+/// either, on their trajectories.
 #[test]
 fn damage_at_rest_regression_seeds() {
     for (mode, seed) in [
@@ -420,6 +423,7 @@ fn damage_at_rest_regression_seeds() {
         let o = OooOptions {
             mode,
             preallocate: Some(0),
+            timed_resend: Some(0),
             ..OooOptions::default()
         };
         let r = check(seed, &o);

@@ -34,6 +34,7 @@ macro_rules! scenarios {
 
 scenarios!(
     gap_resend,
+    timed_resend,
     fig6_pending_follower,
     fig8a_barrier,
     fig8b_config_version,

@@ -78,14 +78,16 @@ fn replay_is_deterministic() {
 /// 101006 in sync mode (a restarted replica whose log held more than a block of groups that
 /// all piggybacked committed 0 recovered an index that did not reach its committed point,
 /// and its next campaign panicked naming that point). All were found before followers
-/// asked for gaps to be resent and before logs wrote zeros ahead, so they run without
-/// either (`--gap-resend 0 --preallocate 0`), on the trajectories that found them.
+/// asked for gaps to be resent, before logs wrote zeros ahead and before leaders resent
+/// on time, so they run without any (`--gap-resend 0 --preallocate 0 --timed-resend 0`),
+/// on the trajectories that found them.
 #[test]
 fn regression_seeds() {
     let old = || {
         let mut o = RunOptions::default();
         o.cluster.gap_resend_after = Some(0);
         o.cluster.preallocate = Some(0);
+        o.cluster.timed_resend = Some(0);
         o
     };
     for seed in [136, 263, 5, 1256, 604, 986, 2960, 4573] {

@@ -161,6 +161,10 @@ pub struct NodeOpts {
     /// Out-of-order nodes: [`chorus_core::ooo::replica::OooConfig::hole_resend`]; ordered
     /// nodes: [`chorus_core::replica::ReplicaConfig::gap_resend_after`], the same number.
     pub hole_resend: u64,
+    /// Out-of-order leaders: [`chorus_core::ooo::replica::OooConfig::timed_resend`];
+    /// ordered leaders: [`chorus_core::replica::ReplicaConfig::timed_resend`], the same
+    /// number.
+    pub timed_resend: u32,
     /// Out-of-order leaders: [`chorus_runtime::ooo::OooNodeConfig::freeze_interval`].
     pub freeze: Duration,
     /// Bytes of zeros every system's log keeps written past its end
@@ -210,6 +214,7 @@ pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
         }
         // The ordered counterpart of the out-of-order leaders' hole resends, set alike.
         cfg.replica.gap_resend_after = o.hole_resend as usize;
+        cfg.replica.timed_resend = o.timed_resend;
         cfg.log.preallocate = o.preallocate;
         let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
         let a = env.replication_addr();
@@ -250,6 +255,7 @@ pub fn start(
                 conflict_order: o.system == System::ParallelTxn,
                 compact_bytes: o.compact_bytes,
                 hole_resend: o.hole_resend,
+                timed_resend: o.timed_resend,
                 freeze_interval: o.freeze,
                 preallocate: o.preallocate,
                 direct_io: o.direct_io,

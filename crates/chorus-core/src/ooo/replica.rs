@@ -90,7 +90,7 @@
 //!   [`Hard::after_loss`] and stays out of elections until it holds again what it may
 //!   have acknowledged (it asks its leader where the slots end, [`Msg::AskEnd`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::dependent::{grants_vote, DepApplier, DepLeader, Deps, VoteLog, WAW_TRAIL};
@@ -100,6 +100,7 @@ use super::{CommitWindow, OooError, Quorum, Seq};
 use crate::format::meta::NodeId;
 use crate::replica::{Nanos, Outcome, Role};
 use crate::rng::Rng;
+use crate::rtt::RttWindow;
 
 /// The out-of-order mode of a group, chosen at creation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -838,6 +839,14 @@ pub struct OooConfig {
     /// older holes are that resend's, and a follower far behind is caught up by the
     /// rate-limited streaming resend, not by this.
     pub hole_resend: u64,
+    /// Leader: an uncommitted slot a follower has not acknowledged this many times its
+    /// median acknowledgement round trip after it was sent is sent to it again, and again
+    /// after twice that if still unacknowledged (0: off). Covers what
+    /// [`Self::hole_resend`] cannot — the last slots sent, which nothing later overtakes
+    /// (a lone writer, a burst's tail) — as TCP's tail loss probe does (RFC 8985); see
+    /// [`crate::rtt`]. Uncommitted only: a slot a majority already holds needs no second
+    /// copy to commit, and its holes are the other rules'.
+    pub timed_resend: u32,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
@@ -879,6 +888,7 @@ impl OooConfig {
             partial_image_items: 4096,
             conflict_order: false,
             hole_resend: HOLE_RESEND,
+            timed_resend: TIMED_RESEND,
             seed: id,
             pre_vote: true,
             #[cfg(feature = "broken")]
@@ -935,6 +945,10 @@ enum Applier {
 
 /// The default [`OooConfig::hole_resend`]: TCP's three duplicate acknowledgements.
 pub const HOLE_RESEND: u64 = 3;
+
+/// The default [`OooConfig::timed_resend`]: two median round trips, TCP's tail loss
+/// probe timeout (RFC 8985 section 7.2, twice the smoothed round trip).
+pub const TIMED_RESEND: u32 = 2;
 
 /// Slots the committed head may move before it is saved again.
 const HEAD_SAVE_EVERY: u64 = 1024;
@@ -1056,7 +1070,11 @@ struct Peer {
     /// acknowledged when it was resent: sent again only once it acknowledged
     /// [`OooConfig::hole_resend`] more past that (the resent copy was overtaken too), so
     /// one late acknowledgement does not resend a slot on every later one.
-    resent: BTreeMap<Seq, Seq>,
+    /// Each also with when it was resent ([`OooConfig::timed_resend`] waits twice its
+    /// timeout after that).
+    resent: BTreeMap<Seq, (Seq, Nanos)>,
+    /// Its recent acknowledgement round trips ([`OooConfig::timed_resend`]).
+    rtt: RttWindow,
     /// When it last answered.
     heard: Nanos,
     /// Its head at the last resend tick.
@@ -1094,6 +1112,7 @@ impl Peer {
             acked: BTreeSet::new(),
             forgot: None,
             resent: BTreeMap::new(),
+            rtt: RttWindow::default(),
             heard: now,
             tick_head: 0,
             catching_up: false,
@@ -1169,6 +1188,9 @@ struct Lead {
     /// ([`OooConfig::hole_resend`]) cover slots from here on, older holes the periodic
     /// resend.
     fresh: Seq,
+    /// When each slot not known committed was first sent, in slot order: the round trips
+    /// and timeouts of [`OooConfig::timed_resend`].
+    sent: VecDeque<(Seq, Nanos)>,
     /// The commit window last sent.
     sent_commits: CommitWindow,
     /// A leader transfer under way.
@@ -1269,6 +1291,9 @@ pub struct OooStats {
     /// Entries resent to a follower that acknowledged later ones
     /// ([`OooConfig::hole_resend`]).
     pub hole_resends: u64,
+    /// Entries resent to a follower that had not acknowledged them within the timeout of
+    /// [`OooConfig::timed_resend`].
+    pub timed_resends: u64,
     /// Votes and pre-votes refused because this replica is recovering entries it lost on
     /// disk ([`Hard::lost_below`]).
     pub votes_refused_lost: u64,
@@ -2381,6 +2406,7 @@ impl OooReplica {
             last_send: self.now,
             last_resend: self.now,
             fresh: end,
+            sent: VecDeque::new(),
             sent_commits: self.commits.clone(),
             transfer: None,
             change: None,
@@ -2439,6 +2465,11 @@ impl OooReplica {
         };
         lead.last_send = self.now;
         lead.sent_commits = self.commits.clone();
+        for e in &entries {
+            if lead.sent.back().is_none_or(|&(s, _)| s < e.seq) {
+                lead.sent.push_back((e.seq, self.now));
+            }
+        }
         for p in self.peers() {
             self.send_entries(p, entries.clone());
         }
@@ -2963,11 +2994,23 @@ impl OooReplica {
         let h = peer.head;
         peer.acked = peer.acked.split_off(&h);
         let mut acked = Vec::new();
+        let sent = &lead.sent;
+        let mut rtt = None;
         for (s, eid) in seqs {
             if self.log.get(&s).is_some_and(|slot| slot.entry.eid == eid) {
-                peer.acked.insert(s);
+                // A round trip from a copy sent once (Karn's rule: an answer to a resent
+                // copy does not say which copy it answers); the latest-sent one answered
+                // here is the tightest.
+                if peer.acked.insert(s) && !peer.resent.contains_key(&s) {
+                    if let Ok(i) = sent.binary_search_by_key(&s, |&(q, _)| q) {
+                        rtt = Some(now.saturating_sub(sent[i].1));
+                    }
+                }
                 acked.push(s);
             }
+        }
+        if let Some(r) = rtt {
+            peer.rtt.sample(r);
         }
         if catch_up {
             let missing = self.missing_for(from);
@@ -3015,7 +3058,7 @@ impl OooReplica {
     /// ([`OooConfig::hole_resend`]), each again only once overtaken `hole_resend` more
     /// times, at most a batch at a time.
     fn resend_holes(&mut self, p: NodeId) {
-        let k = self.cfg.hole_resend;
+        let (k, now) = (self.cfg.hole_resend, self.now);
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
@@ -3048,10 +3091,10 @@ impl OooReplica {
             if peer.acked.contains(&s) {
                 continue;
             }
-            if peer.resent.get(&s).is_some_and(|&at| newest < at + k) {
+            if peer.resent.get(&s).is_some_and(|&(at, _)| newest < at + k) {
                 continue;
             }
-            peer.resent.insert(s, newest);
+            peer.resent.insert(s, (newest, now));
             entries.push(slot.entry.clone());
         }
         if entries.is_empty() {
@@ -3059,6 +3102,88 @@ impl OooReplica {
         }
         self.stats.hole_resends += entries.len() as u64;
         self.send_entries(p, entries);
+    }
+
+    /// Resends to each follower the uncommitted slots it has not acknowledged within its
+    /// timeout ([`OooConfig::timed_resend`]), at most a batch at a time: only slots first
+    /// sent since the last periodic resend (older ones are its), each again only twice the
+    /// timeout after its last resend.
+    fn resend_timed(&mut self) {
+        let factor = self.cfg.timed_resend;
+        let (now, timeout, head) = (self.now, self.cfg.election_timeout, self.commits.head());
+        let batch = self.cfg.max_batch.max(1);
+        let Some(lead) = self.lead.as_mut() else {
+            return;
+        };
+        if factor == 0 || lead.commit.is_none() {
+            return;
+        }
+        // What is committed needs no timer, but a follower's acknowledgements of slots it
+        // does not know committed yet are still round trips: keep those until its head
+        // passes them (followers that do not keep pace do not hold this back).
+        let keep = head.min(lead.slowest(now, timeout, |p| p.head));
+        while lead.sent.front().is_some_and(|&(s, _)| s < keep) {
+            lead.sent.pop_front();
+        }
+        let mut sends = Vec::new();
+        for (&id, peer) in lead.peers.iter_mut() {
+            let Some(after) = peer.rtt.timeout(factor) else {
+                continue;
+            };
+            if !peer.keeps_pace(now, timeout) {
+                continue;
+            }
+            let lo = lead.fresh.max(peer.head);
+            let first = lead.sent.partition_point(|&(s, _)| s < lo);
+            let mut entries = Vec::new();
+            for &(s, at) in lead.sent.range(first..) {
+                if at.saturating_add(after) > now || entries.len() >= batch {
+                    break;
+                }
+                let Some(slot) = self.log.get(&s) else {
+                    continue;
+                };
+                if slot.committed || peer.acked.contains(&s) {
+                    continue;
+                }
+                if peer
+                    .resent
+                    .get(&s)
+                    .is_some_and(|&(_, t)| t.saturating_add(2 * after) > now)
+                {
+                    continue;
+                }
+                let newest = peer.acked.last().copied().unwrap_or(0);
+                peer.resent.insert(s, (newest, now));
+                entries.push(slot.entry.clone());
+            }
+            if !entries.is_empty() {
+                sends.push((id, entries));
+            }
+        }
+        for (to, entries) in sends {
+            self.stats.timed_resends += entries.len() as u64;
+            self.send_entries(to, entries);
+        }
+    }
+
+    /// Leader: when [`OooConfig::timed_resend`] may next resend something (the oldest
+    /// uncommitted slot's timeout at the quickest follower), so that a driver waiting for
+    /// input wakes for it; `None` when nothing is in flight or the rule is off. A time
+    /// already past means "on the next tick".
+    pub fn resend_due(&self) -> Option<Nanos> {
+        let lead = self.lead.as_ref()?;
+        if self.cfg.timed_resend == 0 || lead.commit.is_none() {
+            return None;
+        }
+        let head = self.commits.head();
+        let &(_, at) = lead.sent.iter().find(|&&(s, _)| s >= head)?;
+        let after = lead
+            .peers
+            .values()
+            .filter_map(|p| p.rtt.timeout(self.cfg.timed_resend))
+            .min()?;
+        Some(at.saturating_add(after))
     }
 
     /// Leader: sends `entries` to one follower, with the commit window and membership
@@ -3097,6 +3222,7 @@ impl OooReplica {
             self.stats.transfers_expired += 1;
         }
         self.check_transfer();
+        self.resend_timed();
         let lead = self.lead.as_mut().expect("leading");
         if now.saturating_sub(lead.last_resend) >= self.cfg.resend_interval {
             lead.last_resend = now;
@@ -4701,6 +4827,65 @@ mod tests {
         run(&mut net);
         assert_eq!(net.nodes[&1].stats().hole_resends, 2);
         assert!(holds_a(&net), "node 3 holds a after the second resend");
+    }
+
+    /// The last slot sent, whose first copies both followers miss, has nothing after it
+    /// to overtake it: the hole rule never fires. It is resent to each follower once it
+    /// went unacknowledged for `timed_resend` median round trips (here the floor,
+    /// [`crate::rtt::MIN_TIMEOUT`]: every round trip in this network takes no time), not
+    /// before, and then commits; with `timed_resend = 0` it waits for the resend interval.
+    #[test]
+    fn a_lone_slot_both_followers_miss_is_resent_on_time() {
+        for factor in [TIMED_RESEND, 0] {
+            let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.timed_resend = factor);
+            net.elect(1);
+            // Round trips to learn from.
+            for b in 0..8 {
+                append_block(&mut net, b);
+                net.run();
+            }
+            let a = append_block(&mut net, 9);
+            let lost = std::cell::Cell::new(0);
+            net.run_with(|_, _, m| {
+                let has_a = matches!(m, Msg::Append { entries, .. }
+                    if entries.iter().any(|e| e.seq == a.seq));
+                if has_a && lost.get() < 2 {
+                    lost.set(lost.get() + 1);
+                    return false;
+                }
+                true
+            });
+            assert_eq!(lost.get(), 2, "both first copies dropped");
+            let committed = |net: &Net| {
+                net.results
+                    .iter()
+                    .any(|r| r.0 == 1 && r.1 == a.eid && r.2 == Outcome::Committed)
+            };
+            let tick = |net: &mut Net, dt: Nanos| {
+                net.now += dt;
+                let now = net.now;
+                net.nodes.get_mut(&1).unwrap().tick(now);
+                net.run();
+            };
+            let due = net.nodes[&1].resend_due();
+            tick(&mut net, crate::rtt::MIN_TIMEOUT - 1);
+            assert!(!committed(&net), "resent before its timeout");
+            assert_eq!(net.nodes[&1].stats().timed_resends, 0);
+            tick(&mut net, 1);
+            let st = net.nodes[&1].stats();
+            if factor > 0 {
+                assert_eq!(due, Some(net.now), "the driver is told when to wake");
+                assert!(committed(&net), "resent on time and committed");
+                assert_eq!(st.timed_resends, 2, "once to each follower");
+                assert_eq!(net.nodes[&1].resend_due(), None, "nothing in flight");
+            } else {
+                assert_eq!(due, None);
+                assert!(!committed(&net));
+                assert_eq!(st.timed_resends, 0);
+                tick(&mut net, 50_000_000);
+                assert!(committed(&net), "the periodic resend");
+            }
+        }
     }
 
     /// A slot whose first copy both followers miss is resent as soon as each

@@ -52,6 +52,7 @@ use crate::format::group::{
 };
 use crate::format::meta::{ConfigVersion, Membership, MetaRecord, NodeId, Vote};
 use crate::rng::Rng;
+use crate::rtt::RttWindow;
 use crate::{Csn, Lsn};
 
 use log::LogView;
@@ -150,6 +151,15 @@ pub struct ReplicaConfig {
     /// another path — TCP's fast retransmit after three duplicate acknowledgements
     /// (RFC 5681), asked by the receiver because only it sees the gap.
     pub gap_resend_after: usize,
+    /// Leader: when the commit point waits on a follower's next bytes (it is at or below
+    /// what that follower matched) and the oldest message past its match went
+    /// unacknowledged for this many times its median acknowledgement round trip, send
+    /// from its match again at once, and again after twice that (0: off). Covers what
+    /// [`Self::gap_resend_after`] cannot — the last message sent, which nothing later
+    /// overtakes (a lone writer, a burst's tail) — as TCP's tail loss probe does (RFC
+    /// 8985); see [`crate::rtt`]. The out-of-order counterpart is
+    /// `OooConfig::timed_resend`.
+    pub timed_resend: u32,
     /// Seed for the replica's own randomness (election back-off).
     pub seed: u64,
     /// Broken variant (test-only).
@@ -178,6 +188,7 @@ impl Default for ReplicaConfig {
             cache_bytes: 64 << 20,
             max_buffered_appends: 64,
             gap_resend_after: GAP_RESEND_AFTER,
+            timed_resend: crate::ooo::replica::TIMED_RESEND,
             seed: 0,
             #[cfg(feature = "broken")]
             broken: Broken::None,
@@ -454,6 +465,64 @@ struct Progress {
     last_progress: Nanos,
     read_pending: bool,
     config_version: ConfigVersion,
+    /// What was sent past `matched`, in order: each message's end, when it left, and
+    /// whether it was the first copy of those bytes (only those give round trips, Karn's
+    /// rule). A rewind leaves one entry, not first, for everything resent
+    /// ([`ReplicaConfig::timed_resend`]).
+    sent: VecDeque<(Lsn, Nanos, bool)>,
+    /// The furthest end ever sent to it.
+    sent_max: Lsn,
+    /// Its recent acknowledgement round trips.
+    rtt: RttWindow,
+}
+
+impl Progress {
+    fn new(end: Lsn, now: Nanos) -> Self {
+        Self {
+            matched: 0,
+            next: end,
+            last_progress: now,
+            read_pending: false,
+            config_version: ConfigVersion::default(),
+            sent: VecDeque::new(),
+            sent_max: end,
+            rtt: RttWindow::default(),
+        }
+    }
+
+    /// A message ending at `next` left now.
+    fn sent_upto(&mut self, next: Lsn, now: Nanos) {
+        self.next = next;
+        if next > self.sent_max {
+            self.sent_max = next;
+            self.sent.push_back((next, now, true));
+        }
+    }
+
+    /// Sending starts again from `from` (a resend): what was in flight is resent now.
+    fn rewind(&mut self, from: Lsn, now: Nanos) {
+        self.next = from;
+        self.sent.clear();
+        if self.sent_max > from {
+            self.sent.push_back((self.sent_max, now, false));
+        }
+    }
+
+    /// It acknowledged everything below `matched`: a round trip from the latest first
+    /// copy that answer covers.
+    fn acked_upto(&mut self, matched: Lsn, now: Nanos) {
+        let mut latest = None;
+        while let Some(&(end, at, first)) = self.sent.front() {
+            if end > matched {
+                break;
+            }
+            self.sent.pop_front();
+            latest = first.then_some(at);
+        }
+        if let Some(at) = latest {
+            self.rtt.sample(now.saturating_sub(at));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -569,6 +638,8 @@ pub struct Replica {
     gap_asked_at: Option<(Lsn, usize)>,
     /// Gap resends asked for since this replica started.
     gap_asks: u64,
+    /// Timed resends ([`ReplicaConfig::timed_resend`]) since this replica started.
+    timed_resends: u64,
     halted: Option<String>,
     storage_failed: bool,
     repairing: Option<RepairState>,
@@ -636,6 +707,7 @@ impl Replica {
             early: BTreeMap::new(),
             gap_asked_at: None,
             gap_asks: 0,
+            timed_resends: 0,
             halted: None,
             storage_failed: false,
             repairing: None,
@@ -755,6 +827,12 @@ impl Replica {
     /// ([`ReplicaConfig::gap_resend_after`]) since it started.
     pub fn gap_resend_requests(&self) -> u64 {
         self.gap_asks
+    }
+
+    /// Times this leader sent a follower its unacknowledged bytes again because they
+    /// were late ([`ReplicaConfig::timed_resend`]) since it started.
+    pub fn timed_resends(&self) -> u64 {
+        self.timed_resends
     }
 
     /// Counts of dropped inputs by reason.
@@ -1169,7 +1247,7 @@ impl Replica {
                     return;
                 }
                 let bytes = cut_groups(&bytes, self.log.end(), self.cfg.max_message_bytes);
-                p.next = from + bytes.len() as u64;
+                p.sent_upto(from + bytes.len() as u64, self.now);
                 let msg = self.append_msg(peer, prev, bytes);
                 self.send(peer, msg);
             }
@@ -1539,13 +1617,7 @@ impl Replica {
         l.replace_then_remove = then_remove;
         for n in new.voters.iter().chain(new.learners.iter()) {
             if *n != me {
-                l.progress.entry(*n).or_insert(Progress {
-                    matched: 0,
-                    next: end,
-                    last_progress: now,
-                    read_pending: false,
-                    config_version: ConfigVersion::default(),
-                });
+                l.progress.entry(*n).or_insert(Progress::new(end, now));
             }
         }
         let version = new.version;
@@ -2008,16 +2080,7 @@ impl Replica {
         let end = self.log.end();
         let mut progress = BTreeMap::new();
         for n in self.members() {
-            progress.insert(
-                n,
-                Progress {
-                    matched: 0,
-                    next: end,
-                    last_progress: self.now,
-                    read_pending: false,
-                    config_version: ConfigVersion::default(),
-                },
-            );
+            progress.insert(n, Progress::new(end, self.now));
         }
         self.leader = Some(me);
         self.leader_pid = pid;
@@ -2122,16 +2185,35 @@ impl Replica {
                 }
             }
         }
-        // Resend after silence: messages may have been lost.
+        // Resend after silence: messages may have been lost. And on time: the commit
+        // point waits on a follower's next bytes, sent a few round trips ago.
         let resend: Vec<NodeId> = {
+            let factor = self.cfg.timed_resend;
+            let committed = self.log.committed;
             let l = self.leading.as_mut().expect("leading");
             let end = self.log.end();
             let mut v = Vec::new();
             for (n, p) in l.progress.iter_mut() {
                 if p.matched < end && now > p.last_progress + self.cfg.resend_interval {
-                    p.next = p.matched;
+                    p.rewind(p.matched, now);
                     p.read_pending = false;
                     p.last_progress = now;
+                    v.push(*n);
+                    continue;
+                }
+                let Some(after) = p.rtt.timeout(factor) else {
+                    continue;
+                };
+                if p.read_pending || p.matched >= end || committed > p.matched {
+                    continue;
+                }
+                // A first copy is due after one timeout, a resent one after two.
+                let due = p.sent.front().map(|&(_, at, first)| {
+                    at.saturating_add(if first { after } else { 2 * after })
+                });
+                if due.is_some_and(|t| now >= t) {
+                    p.rewind(p.matched, now);
+                    self.timed_resends += 1;
                     v.push(*n);
                 }
             }
@@ -2365,7 +2447,11 @@ impl Replica {
                 let next = from + groups.len() as u64;
                 let msg = self.append_msg(peer, prev, groups);
                 let l = self.leading.as_mut().expect("leading");
-                l.progress.get_mut(&peer).expect("peer").next = next;
+                let now = self.now;
+                l.progress
+                    .get_mut(&peer)
+                    .expect("peer")
+                    .sent_upto(next, now);
                 self.send(peer, msg);
             }
             _ => {
@@ -2415,6 +2501,7 @@ impl Replica {
             if matched > p.matched {
                 p.matched = matched;
                 p.last_progress = self.now;
+                p.acked_upto(matched, self.now);
             }
             if p.next < p.matched {
                 p.next = p.matched;
@@ -2429,7 +2516,7 @@ impl Replica {
             // replaced disk, a broken fsync); believe the report, or we would resend from
             // past its end forever.
             p.matched = p.matched.min(retry);
-            p.next = retry;
+            p.rewind(retry, self.now);
             p.read_pending = false;
         }
         self.try_commit();
