@@ -13,6 +13,10 @@ use chorus_runtime::EnvConfig;
 use chorus_storage::LogOptions;
 use serde::{Deserialize, Serialize};
 
+/// Largest `timed_resend` either section takes: a timeout of 16 round trips is longer
+/// than the slow copy it is meant to beat on any link we measured.
+const MAX_TIMED_RESEND: u32 = 16;
+
 /// A configuration error naming the setting, the value and what is accepted.
 #[derive(Debug, thiserror::Error)]
 #[error("setting `{setting}`: value `{value}` is not accepted; expected {accepted}")]
@@ -116,6 +120,9 @@ pub struct OutOfOrderSection {
     /// 6): less CPU per append at high concurrency, later commit news for followers
     /// (0: pack what each driver round took).
     pub freeze_us: u64,
+    /// Leaders resend an uncommitted entry a follower has not acknowledged within this
+    /// many of its median round trips (TCP's tail loss probe; 0: off; 0–16).
+    pub timed_resend: u32,
 }
 
 impl Default for OutOfOrderSection {
@@ -126,6 +133,7 @@ impl Default for OutOfOrderSection {
             catchup_bytes_per_sec: 64 << 20,
             compact_bytes: 64 << 20,
             freeze_us: 0,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
         }
     }
 }
@@ -158,6 +166,9 @@ pub struct ReplicaSection {
     pub commit_mode: String,
     /// Flush interval of the `async` commit mode.
     pub async_interval_ms: u64,
+    /// Leader: resend a follower's unacknowledged log once the commit point waited on it
+    /// for this many of its median round trips (TCP's tail loss probe; 0: off; 0–16).
+    pub timed_resend: u32,
 }
 
 impl Default for ReplicaSection {
@@ -176,6 +187,7 @@ impl Default for ReplicaSection {
             priority: d.priority,
             commit_mode: "piggyback".into(),
             async_interval_ms: 10,
+            timed_resend: d.timed_resend,
         }
     }
 }
@@ -460,6 +472,16 @@ impl ServerConfig {
         if r.freeze_us == 0 || r.freeze_us > 1_000_000 {
             return Err(bad("replica.freeze_us", r.freeze_us, "1 to 1000000"));
         }
+        if r.timed_resend > MAX_TIMED_RESEND {
+            return Err(bad("replica.timed_resend", r.timed_resend, "0 (off) to 16"));
+        }
+        if self.out_of_order.timed_resend > MAX_TIMED_RESEND {
+            return Err(bad(
+                "out_of_order.timed_resend",
+                self.out_of_order.timed_resend,
+                "0 (off) to 16",
+            ));
+        }
         let commit_mode = match r.commit_mode.as_str() {
             "piggyback" => CommitMode::Piggyback,
             "sync" => CommitMode::Sync,
@@ -517,6 +539,7 @@ impl ServerConfig {
             max_message_bytes: r.max_message_bytes,
             freeze_interval: r.freeze_us * 1000,
             commit_mode,
+            timed_resend: r.timed_resend,
             ..EnvConfig::new(1, "", "127.0.0.1:0".parse().expect("address")).replica
         };
         let mut env = EnvConfig::new(self.node, self.data_dir.clone(), listen);
@@ -579,6 +602,21 @@ mod tests {
         let e = with("node = 1\n[log]\npreallocate = 1000").unwrap_err();
         assert_eq!(e.setting, "log.preallocate");
         assert!(with("node = 1\n[log]\npreallocate = 0").is_ok());
+        let e = with("node = 1\n[replica]\ntimed_resend = 17").unwrap_err();
+        assert_eq!(
+            (e.setting.as_str(), e.value.as_str()),
+            ("replica.timed_resend", "17")
+        );
+        let e = with("node = 1\n[out_of_order]\ntimed_resend = 99").unwrap_err();
+        assert_eq!(e.setting, "out_of_order.timed_resend");
+        assert!(e.accepted.contains("16"));
+        let env = with("node = 1\n[replica]\ntimed_resend = 0").unwrap();
+        assert_eq!(env.replica.timed_resend, 0, "0 turns it off");
+        let env = with("node = 1").unwrap();
+        assert_eq!(
+            env.replica.timed_resend,
+            ReplicaConfig::default().timed_resend
+        );
         assert!(with("node = 1\nnot_a_setting = 2").is_err());
     }
 

@@ -308,6 +308,8 @@ pub struct OooSettings {
     /// How long a leader lets appends gather while its own log write is in flight
     /// ([`chorus_runtime::ooo::OooNodeConfig::freeze_interval`]; zero: not at all).
     pub freeze_interval: std::time::Duration,
+    /// Leaders: [`chorus_core::ooo::replica::OooConfig::timed_resend`] (0: off).
+    pub timed_resend: u32,
     /// Bytes of zeros each group's entries file keeps written past its end
     /// ([`chorus_runtime::ooo::OooNodeConfig::preallocate`]; the `[log] preallocate`
     /// setting).
@@ -603,7 +605,7 @@ impl OooGroups {
                 conflict_order: spec.conflict_order,
                 compact_bytes: self.settings.compact_bytes,
                 hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
-                timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
+                timed_resend: self.settings.timed_resend,
                 freeze_interval: self.settings.freeze_interval,
                 preallocate: self.settings.preallocate,
                 direct_io: self.settings.direct_io,
@@ -1088,6 +1090,7 @@ mod tests {
             catchup_rate: 0,
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: None,
@@ -1122,6 +1125,7 @@ mod tests {
             catchup_rate: 0,
             compact_bytes: 0,
             freeze_interval: std::time::Duration::ZERO,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: None,

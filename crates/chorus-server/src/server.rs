@@ -111,6 +111,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         catchup_rate: cfg.out_of_order.catchup_bytes_per_sec,
         compact_bytes: cfg.out_of_order.compact_bytes,
         freeze_interval: std::time::Duration::from_micros(cfg.out_of_order.freeze_us),
+        timed_resend: cfg.out_of_order.timed_resend,
         preallocate: cfg.log.preallocate,
         direct_io: cfg.log.direct_io,
         // The same mutual TLS as the ordered transport, on every group's connections.

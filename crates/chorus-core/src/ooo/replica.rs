@@ -2999,11 +2999,12 @@ impl OooReplica {
         for (s, eid) in seqs {
             if self.log.get(&s).is_some_and(|slot| slot.entry.eid == eid) {
                 // A round trip from a copy sent once (Karn's rule: an answer to a resent
-                // copy does not say which copy it answers); the latest-sent one answered
-                // here is the tightest.
+                // copy does not say which copy it answers); of those one message answers,
+                // the latest sent gives the tightest.
                 if peer.acked.insert(s) && !peer.resent.contains_key(&s) {
                     if let Ok(i) = sent.binary_search_by_key(&s, |&(q, _)| q) {
-                        rtt = Some(now.saturating_sub(sent[i].1));
+                        let r = now.saturating_sub(sent[i].1);
+                        rtt = Some(rtt.map_or(r, |x: Nanos| x.min(r)));
                     }
                 }
                 acked.push(s);
@@ -3177,7 +3178,9 @@ impl OooReplica {
             return None;
         }
         let head = self.commits.head();
-        let &(_, at) = lead.sent.iter().find(|&&(s, _)| s >= head)?;
+        let &(_, at) = lead
+            .sent
+            .get(lead.sent.partition_point(|&(s, _)| s < head))?;
         let after = lead
             .peers
             .values()
