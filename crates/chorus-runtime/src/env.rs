@@ -524,8 +524,21 @@ impl Env {
                 |s| s.pending_appends as u64,
             ),
         ];
-        for (name, help, get) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        let counters: [(&str, &str, GetS); 2] = [
+            (
+                "chorus_gap_resend_requests_total",
+                "Times this replica, as a follower, asked its leader to resend past a gap at once (it held later appends).",
+                |s| s.gap_resend_requests,
+            ),
+            (
+                "chorus_timed_resends_total",
+                "Times this replica, as a leader, sent a follower its unacknowledged log again because it went unacknowledged for a few of its round trips while the commit point waited on it.",
+                |s| s.timed_resends,
+            ),
+        ];
+        let kinds = gauges.map(|g| (g, "gauge")).into_iter();
+        for ((name, help, get), kind) in kinds.chain(counters.map(|c| (c, "counter"))) {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for s in &statuses {
                 let _ = writeln!(
                     out,
@@ -534,24 +547,6 @@ impl Env {
                     get(s)
                 );
             }
-        }
-        let name = "chorus_gap_resend_requests_total";
-        let _ = writeln!(out, "# HELP {name} Times this replica, as a follower, asked its leader to resend past a gap at once (it held later appends).\n# TYPE {name} counter");
-        for s in &statuses {
-            let _ = writeln!(
-                out,
-                "{name}{{node=\"{node}\",group=\"{}\"}} {}",
-                s.group, s.gap_resend_requests
-            );
-        }
-        let name = "chorus_timed_resends_total";
-        let _ = writeln!(out, "# HELP {name} Times this replica, as a leader, sent a follower its unacknowledged log again because it went unacknowledged for a few of its round trips while the commit point waited on it.\n# TYPE {name} counter");
-        for s in &statuses {
-            let _ = writeln!(
-                out,
-                "{name}{{node=\"{node}\",group=\"{}\"}} {}",
-                s.group, s.timed_resends
-            );
         }
         let _ = writeln!(out, "# HELP chorus_follower_lag_bytes Leader only: log bytes a follower has not yet made durable.\n# TYPE chorus_follower_lag_bytes gauge");
         for s in &statuses {

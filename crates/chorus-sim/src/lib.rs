@@ -456,24 +456,24 @@ impl Cluster {
     /// Gap resends followers asked for ([`ReplicaConfig::gap_resend_after`]), crashed
     /// incarnations included.
     pub fn gap_resend_requests(&self) -> u64 {
-        self.stats.get("gap_resend_requests").copied().unwrap_or(0)
-            + self
-                .nodes
-                .values()
-                .filter_map(|n| n.replica())
-                .map(|r| r.gap_resend_requests())
-                .sum::<u64>()
+        self.counted("gap_resend_requests", Replica::gap_resend_requests)
     }
 
     /// Timed resends leaders made ([`ReplicaConfig::timed_resend`]), crashed incarnations
     /// included.
     pub fn timed_resends(&self) -> u64 {
-        self.stats.get("timed_resends").copied().unwrap_or(0)
+        self.counted("timed_resends", Replica::timed_resends)
+    }
+
+    /// A replica counter summed over the live replicas and, under `key`, the crashed
+    /// incarnations.
+    fn counted(&self, key: &str, get: fn(&Replica) -> u64) -> u64 {
+        self.stats.get(key).copied().unwrap_or(0)
             + self
                 .nodes
                 .values()
                 .filter_map(|n| n.replica())
-                .map(|r| r.timed_resends())
+                .map(get)
                 .sum::<u64>()
     }
 
