@@ -6,13 +6,13 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chorus_core::format::meta::NodeId;
-use chorus_core::replica::{MembershipChange, Message, ReplicaConfig};
+use chorus_core::replica::{MembershipChange, Message, Nanos, ReplicaConfig};
 use chorus_core::{Csn, Lsn};
 use chorus_storage::{LogOptions, StorageError};
 use tokio::sync::watch;
@@ -200,6 +200,8 @@ impl Env {
             replica: cfg.replica.clone(),
             log: cfg.log,
             fsync_hist: Default::default(),
+            timer: std::sync::OnceLock::new(),
+            timer_next: AtomicU64::new(0),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),
@@ -278,6 +280,7 @@ impl Env {
                 what: "start timer".into(),
                 source: e,
             })?;
+        let _ = env.inner.shared.timer.set(timer.thread().clone());
         *env.inner.timer.lock().expect("timer") = Some(timer);
         for g in env.inner.router.groups.read().expect("groups").values() {
             env.inner.shared.pool.schedule(g);
@@ -532,7 +535,7 @@ impl Env {
             ),
             (
                 "chorus_timed_resends_total",
-                "Times this replica, as a leader, sent a follower its unacknowledged log again because it went unacknowledged for a few of its round trips while the commit point waited on it.",
+                "Times this replica, as a leader, sent a follower the oldest message it had not acknowledged again because it went unacknowledged for a few of its round trips.",
                 |s| s.timed_resends,
             ),
         ];
@@ -668,15 +671,22 @@ pub fn group_dir(data_dir: &Path, id: GroupId) -> PathBuf {
 
 /// Ticks every group: often (1 ms, the freeze interval of PALF section 6) while it has
 /// appends waiting, otherwise every 10 ms (pings, heartbeats and leases are hundreds of
-/// milliseconds).
+/// milliseconds), and when its next timed resend is due (`Group::resend_at`; a group
+/// that sets an earlier one than the timer's next wake unparks it).
 fn timer_loop(env: std::sync::Weak<Inner>) {
+    const PERIOD: Nanos = 1_000_000;
+    let mut sleep = PERIOD;
     loop {
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::park_timeout(Duration::from_nanos(sleep));
         let Some(inner) = env.upgrade() else { return };
         if inner.stopped.load(Ordering::SeqCst) {
             return;
         }
         let now = inner.shared.now();
+        // Published before the groups are read: a group that sets an earlier due time
+        // after this either is seen below or sees this and unparks us.
+        let mut next = now + PERIOD;
+        inner.shared.timer_next.store(next, Ordering::SeqCst);
         let groups: Vec<Arc<Group>> = inner
             .router
             .groups
@@ -692,10 +702,17 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
             } else {
                 10_000_000
             };
-            if now.saturating_sub(last) >= period && !g.tick_due.swap(true, Ordering::AcqRel) {
+            let resend = g.resend_at.load(Ordering::SeqCst);
+            if (now.saturating_sub(last) >= period || now >= resend)
+                && !g.tick_due.swap(true, Ordering::AcqRel)
+            {
                 inner.shared.pool.schedule(&g);
+            } else if resend > now {
+                next = next.min(resend);
             }
         }
+        inner.shared.timer_next.store(next, Ordering::SeqCst);
+        sleep = next.saturating_sub(inner.shared.now()).max(1);
     }
 }
 

@@ -165,11 +165,26 @@ pub(crate) struct EnvShared {
     pub replica: ReplicaConfig,
     pub log: LogOptions,
     pub fsync_hist: crate::metrics::Histogram,
+    /// The timer thread, unparked when a group's timed resend falls due before it would
+    /// wake ([`Group::resend_at`]).
+    pub timer: std::sync::OnceLock<std::thread::Thread>,
+    /// When the timer thread will next wake by itself.
+    pub timer_next: AtomicU64,
 }
 
 impl EnvShared {
     pub fn now(&self) -> Nanos {
         self.start.elapsed().as_nanos() as Nanos
+    }
+
+    /// A group's next timed resend is due at `due`: wake the timer thread if it would
+    /// sleep past that.
+    fn wake_timer_by(&self, due: Nanos) {
+        if due < self.timer_next.load(Ordering::SeqCst) {
+            if let Some(t) = self.timer.get() {
+                t.unpark();
+            }
+        }
     }
 }
 
@@ -217,6 +232,10 @@ pub(crate) struct Group {
     pub tick_due: AtomicBool,
     pub busy: AtomicBool,
     pub last_tick: AtomicU64,
+    /// When the replica's next timed resend is due (`Replica::resend_due`; `u64::MAX`:
+    /// none). The timer ticks the group then rather than on its next millisecond, so a
+    /// late copy is resent after the timeout it was given, not up to a tick later.
+    pub resend_at: AtomicU64,
     /// The log IO is idle (everything written is flushed): small lanes freeze at once.
     io_idle: AtomicBool,
     /// The lane appenders fill without locks (PALF section 6), if one is open.
@@ -293,6 +312,7 @@ impl Group {
             tick_due: AtomicBool::new(true),
             busy: AtomicBool::new(false),
             last_tick: AtomicU64::new(0),
+            resend_at: AtomicU64::new(u64::MAX),
             io_idle: AtomicBool::new(true),
             lane: ArcSwapOption::empty(),
             lane_hint: AtomicU64::new(0),
@@ -400,6 +420,10 @@ impl Group {
                     c.replica.flushed_end() == c.replica.end_lsn(),
                     Ordering::Relaxed,
                 );
+                let due = c.replica.resend_due().unwrap_or(u64::MAX);
+                if self.resend_at.swap(due, Ordering::SeqCst) != due {
+                    self.env.wake_timer_by(due);
+                }
                 rest
             };
             if actions.is_empty() && results.is_empty() {

@@ -166,8 +166,8 @@ pub struct ReplicaSection {
     pub commit_mode: String,
     /// Flush interval of the `async` commit mode.
     pub async_interval_ms: u64,
-    /// Leader: resend a follower's unacknowledged log once the commit point waited on it
-    /// for this many of its median round trips (TCP's tail loss probe; 0: off; 0–16).
+    /// Leader: resend the oldest message a follower has not acknowledged within this many
+    /// of its median round trips (TCP's tail loss probe; 0: off; 0–16).
     pub timed_resend: u32,
 }
 

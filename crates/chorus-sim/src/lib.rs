@@ -146,6 +146,13 @@ enum Event {
         node: NodeId,
         inc: u32,
     },
+    /// A tick at the time the leader's next timed resend falls due (its local clock), as
+    /// the runtime's timer gives one (`Replica::resend_due`).
+    ResendTick {
+        node: NodeId,
+        inc: u32,
+        due: Nanos,
+    },
     Restart {
         node: NodeId,
     },
@@ -156,6 +163,8 @@ struct Up {
     log: LogStorage,
     meta: MetaStorage,
     sync_busy: bool,
+    /// The timed resend a [`Event::ResendTick`] is scheduled for (local clock).
+    resend_tick: Option<Nanos>,
 }
 
 /// One simulated machine.
@@ -417,6 +426,7 @@ impl Cluster {
             log,
             meta,
             sync_busy: false,
+            resend_tick: None,
         });
         let inc = node.inc;
         let first = self.now + self.rng.below(self.tick);
@@ -722,6 +732,21 @@ impl Cluster {
                 self.schedule(next, Event::Tick { node, inc });
                 self.pump(node);
             }
+            Event::ResendTick { node, inc, due } => {
+                let local = self.local_now(node);
+                let n = self.nodes.get_mut(&node).expect("node");
+                if n.inc != inc {
+                    return;
+                }
+                let Some(up) = &mut n.up else { return };
+                if up.resend_tick != Some(due) {
+                    return; // superseded by a later due time
+                }
+                up.resend_tick = None;
+                up.replica.tick(local);
+                self.bump("resend_ticks");
+                self.pump(node);
+            }
             Event::SyncDone { node, inc } => {
                 let local = self.local_now(node);
                 let n = self.nodes.get_mut(&node).expect("node");
@@ -831,6 +856,22 @@ impl Cluster {
             let Some(up) = &mut node.up else { return };
             let actions = up.replica.take_actions();
             if actions.is_empty() {
+                // Tick the leader when its next timed resend falls due, not on its next
+                // periodic tick (5 ms here, far above a simulated round trip).
+                let due = up.replica.resend_due();
+                if up.resend_tick != due {
+                    up.resend_tick = due;
+                    if let Some(due) = due {
+                        // One already past (the tick did not resend: nothing should be
+                        // so) is looked at again a millisecond on, as the runtime does.
+                        let at = if due > local {
+                            now + (due - local)
+                        } else {
+                            now + MS
+                        };
+                        self.schedule(at, Event::ResendTick { node: id, inc, due });
+                    }
+                }
                 return;
             }
             for a in actions {

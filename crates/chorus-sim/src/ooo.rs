@@ -213,6 +213,9 @@ enum Ev {
         msg: Msg,
     },
     Tick(NodeId),
+    /// A tick when the leader's next timed resend falls due (`OooReplica::resend_due`), as
+    /// the runtime's driver wakes for it.
+    ResendTick(NodeId, Nanos),
     Client,
     Crash(NodeId),
     Restart(NodeId),
@@ -381,6 +384,8 @@ struct Node {
     spec: HashMap<u64, (Seq, u64)>,
     incarnation: u64,
     cut: bool,
+    /// The due time an [`Ev::ResendTick`] is scheduled for.
+    resend_tick: Option<Nanos>,
 }
 
 struct Sim {
@@ -475,6 +480,7 @@ impl Sim {
                     spec: HashMap::new(),
                     incarnation: 0,
                     cut: false,
+                    resend_tick: None,
                 },
             );
             let t = s.rng.below(5 * MS);
@@ -705,6 +711,19 @@ impl Sim {
             };
             let actions = r.take_actions();
             if actions.is_empty() {
+                // Tick the leader when its next timed resend falls due, not on its next
+                // periodic tick (5 ms, far above a simulated round trip).
+                let due = r.resend_due();
+                let n = self.nodes.get_mut(&id).expect("node");
+                if n.resend_tick != due {
+                    n.resend_tick = due;
+                    if let Some(due) = due {
+                        // `resend_due` may be early (a lower bound): one already past
+                        // is looked at again a millisecond on, as the runtime does.
+                        let at = if due > self.now { due } else { self.now + MS };
+                        self.at(at, Ev::ResendTick(id, due));
+                    }
+                }
                 return;
             }
             let cut_at = (self.faults_on && self.rng.chance(1, 400))
@@ -1182,6 +1201,7 @@ impl Sim {
                     self.lost.insert(id);
                 }
                 n.replica = Some(r);
+                n.resend_tick = None;
                 self.bump("torn_bytes", rec.torn_bytes);
                 if damaged {
                     self.bump("damaged_opens", 1);
@@ -1422,6 +1442,17 @@ impl Sim {
                     self.drain(id);
                 }
                 self.at(t + 5 * MS, Ev::Tick(id));
+            }
+            Ev::ResendTick(id, due) => {
+                let n = self.nodes.get_mut(&id).expect("node");
+                if n.resend_tick == Some(due) {
+                    n.resend_tick = None;
+                    if let Some(r) = n.replica.as_mut() {
+                        r.tick(t);
+                        self.bump("resend_ticks", 1);
+                        self.drain(id);
+                    }
+                }
             }
             Ev::Client => {
                 self.client();

@@ -20,6 +20,7 @@
 //! | `hold A B MS` | the next append carrying log from A to B arrives MS late (overtaken) |
 //! | `gap-asks NODE` | gap resends NODE asked for ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]) |
 //! | `timed-resends NODE` | timed resends NODE made as leader ([`chorus_core::replica::ReplicaConfig::timed_resend`]) |
+//! | `resend-due NODE` | how long until NODE's next timed resend is due as leader ([`chorus_core::replica::Replica::resend_due`]), or `none` |
 //! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
 //! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
@@ -303,6 +304,17 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
             let n = num(words.next())?;
             let r = c.nodes[&n].replica().ok_or("node down")?;
             let _ = write!(out, "resent {}", r.timed_resends());
+        }
+        "resend-due" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().ok_or("node down")?;
+            match r.resend_due() {
+                Some(t) => {
+                    let now = c.local_now(n);
+                    let _ = write!(out, "due in {} us", t.saturating_sub(now) / 1_000);
+                }
+                None => out.push_str("none"),
+            }
         }
         "heal" => {
             c.heal();

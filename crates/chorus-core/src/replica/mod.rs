@@ -151,13 +151,13 @@ pub struct ReplicaConfig {
     /// another path — TCP's fast retransmit after three duplicate acknowledgements
     /// (RFC 5681), asked by the receiver because only it sees the gap.
     pub gap_resend_after: usize,
-    /// Leader: when the commit point waits on a follower's next bytes (it is at or below
-    /// what that follower matched) and the oldest message past its match went
-    /// unacknowledged for this many times its median acknowledgement round trip, send
-    /// from its match again at once, and again after twice that (0: off). Covers what
-    /// [`Self::gap_resend_after`] cannot — the last message sent, which nothing later
-    /// overtakes (a lone writer, a burst's tail) — as TCP's tail loss probe does (RFC
-    /// 8985); see [`crate::rtt`]. The out-of-order counterpart is
+    /// Leader: when the oldest message past a follower's match went unacknowledged for
+    /// this many times its median acknowledgement round trip, send that message again at
+    /// once, and again after twice that (0: off). Covers what [`Self::gap_resend_after`]
+    /// cannot — the last message sent, which nothing later overtakes (a lone writer, a
+    /// burst's tail) — as TCP's tail loss probe does (RFC 8985), and shortens the time a
+    /// follower lags behind a gap (while it lags, each commit rests on the other
+    /// followers alone); see [`crate::rtt`]. The out-of-order counterpart is
     /// `OooConfig::timed_resend`.
     pub timed_resend: u32,
     /// Seed for the replica's own randomness (election back-off).
@@ -474,6 +474,9 @@ struct Progress {
     sent_max: Lsn,
     /// Its recent acknowledgement round trips.
     rtt: RttWindow,
+    /// Timed resends since it last acknowledged anything new: each doubles the wait for
+    /// the next (a follower that is down or cut off is not sent its log over and over).
+    timed: u32,
 }
 
 impl Progress {
@@ -487,6 +490,7 @@ impl Progress {
             sent: VecDeque::new(),
             sent_max: end,
             rtt: RttWindow::default(),
+            timed: 0,
         }
     }
 
@@ -508,10 +512,42 @@ impl Progress {
         }
     }
 
+    /// When its oldest unacknowledged message is due to be sent again on time
+    /// ([`ReplicaConfig::timed_resend`]): `factor` times its median round trip after a
+    /// first copy left; after a resent one twice that, doubled again for each timed
+    /// resend it went without acknowledging anything (up to 1024 times). `None` while
+    /// nothing is due: no timeout measured yet, a read of the log pending, or nothing
+    /// past its match.
+    fn timed_due(&self, factor: u32, end: Lsn) -> Option<Nanos> {
+        let after = self.rtt.timeout(factor)?;
+        if self.read_pending || self.matched >= end {
+            return None;
+        }
+        self.sent.front().map(|&(_, at, first)| {
+            let wait = if first {
+                after
+            } else {
+                after.saturating_mul(1 << (self.timed + 1).min(10))
+            };
+            at.saturating_add(wait)
+        })
+    }
+
+    /// Its oldest unacknowledged message goes again now: it counts as resent (no round
+    /// trip from it, Karn's rule). Returns its end.
+    fn resend_front(&mut self, now: Nanos) -> Option<Lsn> {
+        let f = self.sent.front_mut()?;
+        f.1 = now;
+        f.2 = false;
+        self.timed = self.timed.saturating_add(1);
+        Some(f.0)
+    }
+
     /// It acknowledged everything below `matched`: a round trip from the latest first
     /// copy that answer covers.
     fn acked_upto(&mut self, matched: Lsn, now: Nanos) {
         let mut latest = None;
+        self.timed = 0;
         while let Some(&(end, at, first)) = self.sent.front() {
             if end > matched {
                 break;
@@ -833,6 +869,21 @@ impl Replica {
     /// were late ([`ReplicaConfig::timed_resend`]) since it started.
     pub fn timed_resends(&self) -> u64 {
         self.timed_resends
+    }
+
+    /// Leader: the earliest time a timed resend ([`ReplicaConfig::timed_resend`]) is due,
+    /// if one is; a driver that ticks coarsely should also tick then (a tick resends what
+    /// is due). `None` when off, not leading, or nothing is in flight.
+    pub fn resend_due(&self) -> Option<Nanos> {
+        let l = self.leading.as_ref()?;
+        if !self.live() {
+            return None;
+        }
+        let end = self.log.end();
+        l.progress
+            .values()
+            .filter_map(|p| p.timed_due(self.cfg.timed_resend, end))
+            .min()
     }
 
     /// Counts of dropped inputs by reason.
@@ -2185,14 +2236,15 @@ impl Replica {
                 }
             }
         }
-        // Resend after silence: messages may have been lost. And on time: the commit
-        // point waits on a follower's next bytes, sent a few round trips ago.
-        let resend: Vec<NodeId> = {
+        // Resend after silence: messages may have been lost. And on time: a follower's
+        // oldest unacknowledged message, sent a few of its round trips ago, goes again
+        // (only that message: later ones wait in its buffer for the gap to fill).
+        let (resend, pieces) = {
             let factor = self.cfg.timed_resend;
-            let committed = self.log.committed;
             let l = self.leading.as_mut().expect("leading");
             let end = self.log.end();
             let mut v = Vec::new();
+            let mut pieces = Vec::new();
             for (n, p) in l.progress.iter_mut() {
                 if p.matched < end && now > p.last_progress + self.cfg.resend_interval {
                     p.rewind(p.matched, now);
@@ -2201,26 +2253,20 @@ impl Replica {
                     v.push(*n);
                     continue;
                 }
-                let Some(after) = p.rtt.timeout(factor) else {
-                    continue;
-                };
-                if p.read_pending || p.matched >= end || committed > p.matched {
-                    continue;
-                }
-                // A first copy is due after one timeout, a resent one after two.
-                let due = p.sent.front().map(|&(_, at, first)| {
-                    at.saturating_add(if first { after } else { 2 * after })
-                });
-                if due.is_some_and(|t| now >= t) {
-                    p.rewind(p.matched, now);
-                    self.timed_resends += 1;
-                    v.push(*n);
+                if p.timed_due(factor, end).is_some_and(|t| now >= t) {
+                    if let Some(upto) = p.resend_front(now) {
+                        pieces.push((*n, p.matched, upto));
+                    }
                 }
             }
-            v
+            (v, pieces)
         };
         for n in resend {
             self.replicate_to(n, false);
+        }
+        for (n, from, upto) in pieces {
+            self.timed_resends += 1;
+            self.resend_piece(n, from, upto);
         }
         if hb_due {
             self.leading.as_mut().expect("leading").last_heartbeat = now;
@@ -2420,6 +2466,32 @@ impl Replica {
         };
         for p in peers {
             self.replicate_to(p, heartbeat);
+        }
+    }
+
+    /// Sends `peer` the log in `[from, upto)` again (a timed resend) without moving
+    /// where its replication continues: a follower that buffered what came after
+    /// (reordering) fills its gap and acknowledges all of it. A first copy of a lone
+    /// append lost on both links is the same message sent again (TCP's tail loss probe);
+    /// a follower that lags behind the commit point gets the piece it lacks, so it can
+    /// acknowledge what it holds past it, and the next commit has two followers to count
+    /// on, not one. Bytes no longer cached are read from the log by the catch-up path.
+    fn resend_piece(&mut self, peer: NodeId, from: Lsn, upto: Lsn) {
+        let max = (upto.saturating_sub(from) as usize).min(self.cfg.max_message_bytes);
+        let groups = self.log.cached_from(from, max);
+        match (self.log.pos_at(from), groups) {
+            (Some(prev), Some(groups)) if !groups.is_empty() => {
+                let msg = self.append_msg(peer, prev, groups);
+                self.send(peer, msg);
+            }
+            _ => {
+                let now = self.now;
+                let l = self.leading.as_mut().expect("leading");
+                if let Some(p) = l.progress.get_mut(&peer) {
+                    p.rewind(p.matched, now);
+                }
+                self.replicate_to(peer, false);
+            }
         }
     }
 
