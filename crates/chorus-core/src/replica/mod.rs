@@ -153,7 +153,7 @@ pub struct ReplicaConfig {
     pub gap_resend_after: usize,
     /// Leader: when the oldest message past a follower's match went unacknowledged for
     /// this many times its median acknowledgement round trip, send that message again at
-    /// once, and again after twice that (0: off). Covers what [`Self::gap_resend_after`]
+    /// once, and again after twice that, doubling while it goes unanswered (0: off). Covers what [`Self::gap_resend_after`]
     /// cannot — the last message sent, which nothing later overtakes (a lone writer, a
     /// burst's tail) — as TCP's tail loss probe does (RFC 8985), and shortens the time a
     /// follower lags behind a gap (while it lags, each commit rests on the other
