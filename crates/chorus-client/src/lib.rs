@@ -546,9 +546,10 @@ impl Client {
 }
 
 /// The gRPC metadata key a server's refusal carries when it did nothing with the request
-/// because the group is not running on that node (its damaged replica did not start, or
-/// its replica halted and refuses appends): even a non-idempotent request (a membership
-/// change, an append) may go to another endpoint. The value is the group id.
+/// because the group is not running on that node (its damaged replica did not start, its
+/// replica halted and refuses appends, or the group had stopped there before the request,
+/// e.g. on a full disk): even a non-idempotent request (a membership change, an append)
+/// may go to another endpoint. The value is the group id.
 pub const NOT_STARTED_KEY: &str = "chorus-not-started";
 
 /// Whether a failed call surely did nothing (the connection could not be made, or the

@@ -501,7 +501,7 @@ impl Env {
             }
         }
         type GetS = fn(&GroupStatus) -> u64;
-        let gauges: [(&str, &str, GetS); 6] = [
+        let gauges: [(&str, &str, GetS); 7] = [
             ("chorus_end_lsn", "End of the written log.", |s| s.end_lsn),
             ("chorus_flushed_lsn", "End of the durable log.", |s| {
                 s.flushed_end
@@ -525,6 +525,11 @@ impl Env {
                 "chorus_pending_appends",
                 "Appends waiting for a result.",
                 |s| s.pending_appends as u64,
+            ),
+            (
+                "chorus_group_stopped",
+                "1 when the group stopped on this node while running (its storage failed, e.g. a full disk, or its replica halted); restart the node once the cause is fixed.",
+                |s| s.stopped.is_some() as u64,
             ),
         ];
         let counters: [(&str, &str, GetS); 2] = [

@@ -108,6 +108,15 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The group had already stopped ([`Error::Stopped`]) when this request reached it:
+    /// the request was not taken, so another replica may be asked (an append included).
+    #[error("group {group} is stopped here, the request was not taken: {reason}")]
+    NotRunning {
+        /// The log group.
+        group: u64,
+        /// Why it stopped.
+        reason: String,
+    },
     /// The environment was shut down.
     #[error("the environment is shut down")]
     Shutdown,

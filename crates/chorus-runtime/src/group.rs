@@ -655,7 +655,7 @@ impl Group {
     /// take).
     pub fn append(self: &Arc<Self>, data: &[u8], ref_csn: Csn) -> Result<Appended, Error> {
         if let Some(r) = self.stopped.get() {
-            return Err(Error::Stopped {
+            return Err(Error::NotRunning {
                 group: self.id,
                 reason: r.clone(),
             });

@@ -67,7 +67,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -224,6 +224,10 @@ pub enum OooNodeError {
     /// The node stopped (or crashed on a storage error) before the result was known.
     #[error("the node stopped before the append's result was known")]
     Stopped,
+    /// The node had already stopped when the append reached it: the append was not
+    /// taken, so another replica may be asked.
+    #[error("the node is stopped, the append was not taken")]
+    NotRunning,
     /// Storage failed when opening.
     #[error(transparent)]
     Storage(#[from] chorus_storage::StorageError),
@@ -572,6 +576,8 @@ pub struct OooNode {
     /// The committed head, published by the driver at the end of every round.
     committed: tokio::sync::watch::Sender<u64>,
     latency: Arc<OooLatency>,
+    /// Set by the driver when a failure stops it (storage, state machine): why.
+    stopped: Arc<OnceLock<String>>,
 }
 
 impl OooNode {
@@ -711,6 +717,9 @@ impl OooNode {
         let ev_tx = tx.clone();
         let (io_tx, io_rx) = mpsc::channel::<(u64, Vec<IoOp>)>();
         let latency = Arc::new(OooLatency::new(peers.keys().copied()));
+        // Why the driver stopped, if it did on a failure ([`OooNode::stopped_reason`]).
+        let stopped = Arc::new(OnceLock::new());
+        let why = stopped.clone();
         let lat = latency.clone();
         {
             let tx = tx.clone();
@@ -800,6 +809,7 @@ impl OooNode {
                             c.applied += 1;
                             if let Err(e) = replica.applied(seq) {
                                 tracing::error!(error = %e, "apply report refused; stopping");
+                                let _ = why.set(format!("apply report refused: {e}"));
                                 failed = true;
                             }
                         }
@@ -843,6 +853,7 @@ impl OooNode {
                         }
                         Ev::IoFailed(e) => {
                             tracing::error!(error = %e, "out-of-order store failed; stopping");
+                            let _ = why.set(format!("storage: {e}"));
                             failed = true;
                         }
                         Ev::Checkpointed(upto) => {
@@ -873,6 +884,7 @@ impl OooNode {
                             c.partial_installs += u64::from(part);
                             if let Err(e) = replica.installed(now(), base) {
                                 tracing::error!(error = %e, "install report refused; stopping");
+                                let _ = why.set(format!("install report refused: {e}"));
                                 failed = true;
                             }
                         }
@@ -880,11 +892,13 @@ impl OooNode {
                             tracing::warn!(base, error = %e, "the leader's image was refused; it will be sent again");
                             if let Err(e) = replica.install_failed(now(), base) {
                                 tracing::error!(error = %e, "install report refused; stopping");
+                                let _ = why.set(format!("install report refused: {e}"));
                                 failed = true;
                             }
                         }
                         Ev::SmFailed(e) => {
                             tracing::error!(error = %e, "out-of-order state machine failed; stopping");
+                            let _ = why.set(format!("state machine: {e}"));
                             failed = true;
                         }
                     }
@@ -1036,6 +1050,7 @@ impl OooNode {
                     let io = !ops.is_empty();
                     if io {
                         if io_tx.send((next_id, ops)).is_err() {
+                            let _ = why.set("its IO thread ended".into());
                             failed = true;
                             break;
                         }
@@ -1064,6 +1079,7 @@ impl OooNode {
             addr,
             committed,
             latency,
+            stopped,
         })
     }
 
@@ -1091,7 +1107,7 @@ impl OooNode {
         let (reply, rx) = Reply::channel();
         self.tx
             .send(Ev::Append(declared, data, reply))
-            .map_err(|_| OooNodeError::Stopped)?;
+            .map_err(|_| OooNodeError::NotRunning)?;
         rx.blocking_recv()
             .map_err(|_| OooNodeError::Stopped)?
             .map(|r| r.outcome)
@@ -1121,7 +1137,7 @@ impl OooNode {
         let sent = self.tx.send(Ev::Append(declared, data, reply)).is_ok();
         async move {
             if !sent {
-                return Err(OooNodeError::Stopped);
+                return Err(OooNodeError::NotRunning);
             }
             rx.await.map_err(|_| OooNodeError::Stopped)?
         }
@@ -1174,6 +1190,12 @@ impl OooNode {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Ev::Status(tx)).ok()?;
         rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// Why the node stopped, once a failure stopped it (its storage failed, e.g. on a full
+    /// disk, or its state machine did); `None` while it runs.
+    pub fn stopped_reason(&self) -> Option<String> {
+        self.stopped.get().cloned()
     }
 }
 

@@ -124,3 +124,62 @@ fn a_damaged_group_stops_only_itself() {
     assert!(env.damaged_groups().is_empty());
     env.shutdown();
 }
+
+/// A group whose storage fails while it runs (here its log directory is gone when the
+/// log needs its next block file, as a full disk fails a write) stops only itself: the
+/// failure is named by its status and the `chorus_group_stopped` gauge, an append that
+/// reaches it afterwards is refused as not taken (`Error::NotRunning`, so a client may
+/// send it to another replica), and the other group keeps serving.
+#[test]
+fn a_group_whose_storage_fails_stops_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+    cfg.log.block_size = 256 << 10;
+    cfg.replica.max_group_bytes = 64 << 10;
+    let env = Env::open(cfg).unwrap();
+    for g in [1, 2] {
+        env.create_group(g, &[1], &[]).unwrap();
+        leader_append(&env, g, format!("in {g}").as_bytes());
+    }
+    let log_dir = chorus_runtime::env::group_dir(dir.path(), 2).join("log");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+    let g2 = env.group(2).unwrap();
+    let record = vec![7u8; 16 << 10];
+    // At most 4 blocks' worth of appends: the first roll to a new block file fails.
+    let mut stopped = None;
+    for _ in 0..64 {
+        match g2.append(&record, 0) {
+            Ok(a) => {
+                let _ = a.result.wait(); // committed before the failure, or unknown
+            }
+            Err(e) => {
+                stopped = Some(e);
+                break;
+            }
+        }
+    }
+    let e = stopped.expect("the group never stopped");
+    match &e {
+        Error::NotRunning { group: 2, reason } => {
+            assert!(reason.contains("storage"), "{reason}")
+        }
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("not taken"), "{e}");
+    let st = g2.status();
+    assert!(
+        st.stopped.as_deref().is_some_and(|r| r.contains("storage")),
+        "{st:?}"
+    );
+    let m = env.render_metrics();
+    assert!(
+        m.contains("chorus_group_stopped{node=\"1\",group=\"2\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("chorus_group_stopped{node=\"1\",group=\"1\"} 0"),
+        "{m}"
+    );
+    leader_append(&env, 1, b"group 1 serves beside the stopped one");
+    env.shutdown();
+}

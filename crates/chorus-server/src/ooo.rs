@@ -871,6 +871,7 @@ impl OooGroups {
                 |s| s.stats.votes_refused_lost,
             ),
         ];
+        let mut stopped = Vec::new();
         let statuses: Vec<(u64, &'static str, OooStatus, Arc<OooGroup>)> = self
             .ids()
             .into_iter()
@@ -880,10 +881,26 @@ impl OooGroups {
                     Mode::Parallel { .. } => "parallel",
                     Mode::Dependent => "dependent",
                 };
-                Some((id, mode, g.status()?, g))
+                let Some(st) = g.status() else {
+                    stopped.push((id, mode));
+                    return None;
+                };
+                Some((id, mode, st, g))
             })
             .collect();
         let mut out = String::new();
+        if !stopped.is_empty() {
+            // A group whose node stopped while running (its storage failed) has no status
+            // either; named here for alerts, as the ones that did not start.
+            out.push_str(
+                "# HELP chorus_ooo_group_stopped 1 for an out-of-order group that stopped on this node while running (its storage failed, e.g. a full disk); restart the node once the cause is fixed.\n# TYPE chorus_ooo_group_stopped gauge\n",
+            );
+            for (id, mode) in stopped {
+                out.push_str(&format!(
+                    "chorus_ooo_group_stopped{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} 1\n"
+                ));
+            }
+        }
         let failed = self.failed_ids();
         if !failed.is_empty() {
             // Groups whose damaged replica did not start have no status to export; each

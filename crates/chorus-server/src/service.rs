@@ -221,8 +221,8 @@ fn mode_name(m: Mode) -> &'static str {
     }
 }
 
-/// Maps an out-of-order append error to a gRPC status.
-fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
+/// Maps an out-of-order append error of `group` to a gRPC status.
+fn ooo_status(group: u64, e: chorus_runtime::ooo::OooNodeError) -> Status {
     use chorus_runtime::ooo::OooNodeError as E;
     let msg = e.to_string();
     match &e {
@@ -242,6 +242,8 @@ fn ooo_status(e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::Refused(OooAppendError::Leaving { .. }) => Status::failed_precondition(msg),
         E::Refused(_) => Status::resource_exhausted(msg),
         E::Stopped => Status::unavailable(msg),
+        // Stopped before the append reached it: not taken, another node may be asked.
+        E::NotRunning => nothing_done(Status::unavailable(msg), group),
         // The append may have committed or failed: the caller must look (UNKNOWN).
         E::Unknown { .. } => Status::unknown(msg),
         E::Storage(_) | E::Io(_) | E::Tls(_) => Status::internal(msg),
@@ -299,15 +301,17 @@ fn append_response(
 /// record twice unknowingly: all refused (nothing was appended), or none refused and
 /// none known.
 fn ooo_batch_response(
+    group: u64,
     results: Vec<Result<chorus_runtime::ooo::OooResult, chorus_runtime::ooo::OooNodeError>>,
 ) -> Result<pb::AppendOutOfOrderResponse, Status> {
     use chorus_runtime::ooo::OooNodeError as E;
-    let refused = |r: &Result<_, E>| matches!(r, Err(E::Refused(_)));
+    // Refused: never appended (a node already stopped did not take it either).
+    let refused = |r: &Result<_, E>| matches!(r, Err(E::Refused(_) | E::NotRunning));
     let all_refused = results.iter().all(refused);
     let none_known = results.iter().all(|r| r.is_err() && !refused(r));
     if !results.is_empty() && (all_refused || none_known) {
         let first = results.into_iter().next().expect("not empty");
-        return Err(ooo_status(first.expect_err("no result")));
+        return Err(ooo_status(group, first.expect_err("no result")));
     }
     let results = results
         .into_iter()
@@ -318,7 +322,7 @@ fn ooo_batch_response(
                 outcome: pb_outcome(r.outcome),
                 ..Default::default()
             },
-            Err(e @ E::Refused(_)) => pb::OutOfOrderResult {
+            Err(e @ (E::Refused(_) | E::NotRunning)) => pb::OutOfOrderResult {
                 refused: e.to_string(),
                 ..Default::default()
             },
@@ -362,6 +366,9 @@ pub fn status(e: Error) -> Status {
             ChangeError::Invalid(_) => Status::invalid_argument(msg),
         },
         Error::Config { .. } => Status::invalid_argument(msg),
+        // Stopped before the request reached it: nothing was taken, another node may be
+        // asked. (A group stopping under a request, `Stopped`, leaves its outcome unknown.)
+        Error::NotRunning { group, .. } => nothing_done(Status::unavailable(msg), *group),
         Error::Stopped { .. } | Error::Shutdown => Status::unavailable(msg),
         Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
     }
@@ -701,6 +708,7 @@ impl pb::chorus_server::Chorus for Service {
             }
             if let Some(og) = self.ooo.get(id) {
                 let (node, mode, voters) = (self.env.node(), og.mode, og.voters());
+                let why = og.node.stopped_reason();
                 let (s, m) =
                     tokio::task::spawn_blocking(move || (og.status(), og.node.membership()))
                         .await
@@ -717,7 +725,10 @@ impl pb::chorus_server::Chorus for Service {
                         group: id,
                         node,
                         mode: mode_name(mode).into(),
-                        stopped: "the out-of-order replica stopped".into(),
+                        stopped: match why {
+                            Some(why) => format!("the out-of-order replica stopped: {why}"),
+                            None => "the out-of-order replica stopped".into(),
+                        },
                         ..Default::default()
                     },
                 });
@@ -988,7 +999,7 @@ impl pb::chorus_server::Chorus for Service {
         for p in pending {
             results.push(p.await);
         }
-        ooo_batch_response(results).map(Response::new)
+        ooo_batch_response(req.group, results).map(Response::new)
     }
 
     async fn read_blocks(
@@ -1149,8 +1160,8 @@ mod tests {
     use super::*;
 
     /// Only refusals that surely did nothing carry the mark a client retries elsewhere
-    /// on: a halted replica's refusal does; a stopped group's (the append may have been
-    /// taken) does not.
+    /// on: a halted replica's refusal and a group's that had stopped before the request
+    /// do; a group stopping under it (the append may have been taken) does not.
     #[test]
     fn a_halted_replicas_refusal_is_marked_as_nothing_done() {
         let halted = status(Error::Append {
@@ -1160,6 +1171,18 @@ mod tests {
         assert_eq!(halted.code(), tonic::Code::Unavailable);
         assert_eq!(
             halted
+                .metadata()
+                .get(chorus_client::NOT_STARTED_KEY)
+                .map(|v| v.to_str().unwrap().to_string()),
+            Some("7".to_string())
+        );
+        let not_running = status(Error::NotRunning {
+            group: 7,
+            reason: "storage: No space left on device".into(),
+        });
+        assert_eq!(not_running.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            not_running
                 .metadata()
                 .get(chorus_client::NOT_STARTED_KEY)
                 .map(|v| v.to_str().unwrap().to_string()),
@@ -1197,7 +1220,7 @@ mod tests {
         };
         let not_leader = || Err(E::Refused(OooAppendError::NotLeader { leader: Some(2) }));
         // Refused, then committed: both reported, in request order.
-        let r = ooo_batch_response(vec![ok(5), not_leader(), ok(4), Err(E::Stopped)]).unwrap();
+        let r = ooo_batch_response(7, vec![ok(5), not_leader(), ok(4), Err(E::Stopped)]).unwrap();
         assert_eq!(r.results.len(), 4);
         assert_eq!(
             (r.results[0].seq, r.results[0].outcome),
@@ -1219,25 +1242,40 @@ mod tests {
         assert!(r.results[3].refused.is_empty());
         // The first refused, a later one appended: not a whole-call refusal (a client
         // retrying it elsewhere would append the later one twice).
-        let r = ooo_batch_response(vec![not_leader(), ok(9)]).unwrap();
+        let r = ooo_batch_response(7, vec![not_leader(), ok(9)]).unwrap();
         assert!(!r.results[0].refused.is_empty());
         assert_eq!(r.results[1].seq, 9);
         // All refused: nothing appended, the call fails with the first's code and hint.
-        let e = ooo_batch_response(vec![
-            not_leader(),
-            Err(E::Refused(OooAppendError::Transferring { to: 3 })),
-        ])
+        let e = ooo_batch_response(
+            7,
+            vec![
+                not_leader(),
+                Err(E::Refused(OooAppendError::Transferring { to: 3 })),
+            ],
+        )
         .unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
         assert_eq!(e.metadata().get("chorus-leader").unwrap(), "2");
         // None known and none refused: the call fails as a single unknown append does.
-        let e = ooo_batch_response(vec![Err(E::Unknown { seq: 3 }), Err(E::Stopped)]).unwrap_err();
+        let e =
+            ooo_batch_response(7, vec![Err(E::Unknown { seq: 3 }), Err(E::Stopped)]).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unknown);
         // Refused and unknown mixed: the unknown one may have committed, so no whole-call
         // refusal; each is reported.
-        let r = ooo_batch_response(vec![not_leader(), Err(E::Stopped)]).unwrap();
+        let r = ooo_batch_response(7, vec![not_leader(), Err(E::Stopped)]).unwrap();
         assert!(!r.results[0].refused.is_empty() && !r.results[1].unknown.is_empty());
-        assert!(ooo_batch_response(vec![]).unwrap().results.is_empty());
+        assert!(ooo_batch_response(7, vec![]).unwrap().results.is_empty());
+        // A node already stopped took none of them: the call fails whole, marked as
+        // nothing done, so a client sends it to another node.
+        let e = ooo_batch_response(7, vec![Err(E::NotRunning), Err(E::NotRunning)]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            e.metadata().get(chorus_client::NOT_STARTED_KEY).unwrap(),
+            "7"
+        );
+        // Beside a result, it is reported refused (append it again), not unknown.
+        let r = ooo_batch_response(7, vec![ok(3), Err(E::NotRunning)]).unwrap();
+        assert!(r.results[1].refused.contains("not taken") && r.results[1].unknown.is_empty());
     }
 
     /// An ordered append answers for every appended record: one whose outcome the

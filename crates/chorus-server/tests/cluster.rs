@@ -635,3 +635,64 @@ async fn metrics_page(port: u16) -> String {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A follower whose storage fails while it runs (its group's log directory is gone when
+/// the log needs its next block file, as a write fails on a full disk) stops that group;
+/// a client whose first endpoint is that node is told the append was not taken there
+/// and goes on to the others, so the append commits instead of ending "outcome unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_storage_failed_sends_clients_on() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let leader = leader_of(&eps, Duration::from_secs(20)).await;
+    let f = nodes.iter().find(|n| n.id != leader).unwrap();
+    let (f_id, f_api) = (f.id, f.api.clone());
+    let log_dir = root
+        .path()
+        .join(format!("n{f_id}"))
+        .join("groups")
+        .join(format!("{:020}", 1))
+        .join("log");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+    // Fill past the 4 MiB block (bounded: 12 MiB) until the follower's group stops.
+    let mut c = Client::new(eps.clone());
+    c.leader_timeout = Duration::from_secs(20);
+    let mut fc = Client::new(vec![f_api.clone()]);
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut stopped = String::new();
+    for _ in 0..24 {
+        let batch = vec![vec![1u8; 64 << 10]; 8];
+        c.append(1, batch, 0).await.unwrap();
+        if let Ok(s) = &fc.status_all(1).await[0].1 {
+            stopped = s.groups[0].stopped.clone();
+        }
+        if !stopped.is_empty() || Instant::now() > end {
+            break;
+        }
+    }
+    assert!(
+        stopped.contains("storage"),
+        "node {f_id} did not stop: {stopped:?}"
+    );
+    // The stopped node first: refused as not taken, then sent on.
+    let mut order = vec![f_api.clone()];
+    order.extend(eps.iter().filter(|e| **e != f_api).cloned());
+    let mut c = Client::new(order);
+    c.leader_timeout = Duration::from_secs(20);
+    let r = c
+        .append(1, vec![b"after the failure".to_vec()], 0)
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    // Alone, the stopped node says why and that nothing was taken.
+    fc.leader_timeout = Duration::from_secs(1);
+    let err = fc.append(1, vec![b"x".to_vec()], 0).await.unwrap_err();
+    assert!(
+        err.to_string().contains("not taken") && !matches!(err, ClientError::Indeterminate { .. }),
+        "{err}"
+    );
+    for n in &mut nodes {
+        n.kill9();
+    }
+}

@@ -1310,3 +1310,68 @@ async fn damaged_entries_are_recovered_from_the_peers() {
     let want = kv(&eps, at(now_leader)).await;
     assert_eq!(kv(&eps, at(gone)).await, want, "node {gone} keys");
 }
+
+/// A follower whose out-of-order storage fails while it runs (its group directory is gone
+/// when the store next replaces a file: the compaction every 8 KiB, as a write fails on a
+/// full disk) stops that group on that node: `Status` says why, the gauge
+/// `chorus_ooo_group_stopped` is 1, and a client whose first endpoint is that node is
+/// told the append was not taken and goes on, so it commits instead of ending unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_storage_failed_sends_clients_on() {
+    let mut cl = cluster();
+    let eps = cl.eps.clone();
+    let at = |n: u64| (n - 1) as usize;
+    let leader = serving(&eps, PAR, Duration::from_secs(30)).await;
+    let f = if leader == 3 { 1 } else { 3 };
+    let dir = cl
+        ._dir
+        .path()
+        .join(format!("n{f}"))
+        .join("ooo")
+        .join(PAR.to_string());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut c = Client::new(eps.clone());
+    let mut fc = Client::new(vec![eps[at(f)].clone()]);
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut stopped = String::new();
+    for i in 0..400u32 {
+        let r = c
+            .append_out_of_order(
+                PAR,
+                vec![block_record(u64::from(i) % BLOCKS, 0xE000_0000 | i)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+        if let Ok(s) = &fc.status_all(PAR).await[0].1 {
+            stopped = s.groups[0].stopped.clone();
+        }
+        if !stopped.is_empty() || Instant::now() > end {
+            break;
+        }
+    }
+    assert!(
+        stopped.contains("stopped: storage") && stopped.contains(&dir.display().to_string()),
+        "node {f} did not stop on its storage: {stopped:?}"
+    );
+    assert_eq!(
+        metric_of(&cl.metrics, f, "chorus_ooo_group_stopped", PAR, "parallel"),
+        1
+    );
+    let mut order = vec![eps[at(f)].clone()];
+    order.extend(eps.iter().filter(|e| **e != eps[at(f)]).cloned());
+    let mut c = Client::new(order);
+    let r = c
+        .append_out_of_order(PAR, vec![block_record(1, 0xE100_0000)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    let err = fc
+        .append_out_of_order(PAR, vec![block_record(2, 0xE200_0000)])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not taken"), "{err}");
+    for n in &mut cl.nodes {
+        n.kill9();
+    }
+}
