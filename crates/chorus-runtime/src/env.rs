@@ -47,7 +47,17 @@ pub struct EnvConfig {
     pub max_frame_bytes: u32,
     /// Mutual TLS for replication, when set.
     pub tls: Option<TlsFiles>,
+    /// A leader refuses appends ([`Error::DiskLow`]) while the file system holding
+    /// `data_dir` has fewer bytes than this available, so that it does not fill up and
+    /// stop the group ([`crate::disk`]); 0 turns the guard off. Default
+    /// [`DEFAULT_MIN_FREE_BYTES`].
+    pub min_free_bytes: u64,
 }
+
+/// Default of [`EnvConfig::min_free_bytes`]: 128 MiB, room for the appends in flight
+/// (a leader's window is 64 MiB by default) and a new block file after the refusals
+/// start.
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 128 << 20;
 
 impl EnvConfig {
     /// Defaults for `node` with data under `data_dir`, listening on `listen`.
@@ -73,6 +83,7 @@ impl EnvConfig {
             log: LogOptions::default(),
             max_frame_bytes: chorus_core::format::wire::DEFAULT_MAX_FRAME_BYTES,
             tls: None,
+            min_free_bytes: DEFAULT_MIN_FREE_BYTES,
         }
     }
 
@@ -202,6 +213,7 @@ impl Env {
             fsync_hist: Default::default(),
             timer: std::sync::OnceLock::new(),
             timer_next: AtomicU64::new(0),
+            disk: Arc::new(crate::DiskSpace::new(&cfg.data_dir, cfg.min_free_bytes)),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),
@@ -291,6 +303,13 @@ impl Env {
     /// This node's id.
     pub fn node(&self) -> NodeId {
         self.inner.cfg.node
+    }
+
+    /// The free-space guard of the data directory ([`EnvConfig::min_free_bytes`]),
+    /// measured by the environment every [`crate::DiskSpace::REFRESH`]; out-of-order
+    /// nodes on the same disk share it ([`crate::ooo::OooNodeConfig::disk`]).
+    pub fn disk_space(&self) -> Arc<crate::DiskSpace> {
+        self.inner.shared.disk.clone()
     }
 
     /// The replication address this node listens on.
@@ -585,6 +604,32 @@ impl Env {
                 &format!("node=\"{node}\",group=\"{id}\""),
             );
         }
+        let disk = &self.inner.shared.disk;
+        for (name, kind, help, v) in [
+            (
+                "chorus_disk_free_bytes",
+                "gauge",
+                "Bytes available on the file system of the data directory, at the last measurement (every 100 ms).",
+                disk.free_bytes().unwrap_or(0),
+            ),
+            (
+                "chorus_disk_low",
+                "gauge",
+                "1 while the free space is below min_free_bytes: leaders refuse appends.",
+                disk.is_low() as u64,
+            ),
+            (
+                "chorus_appends_refused_disk_low_total",
+                "counter",
+                "Appends a leader refused because the free space was below min_free_bytes.",
+                disk.refused(),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{node}\"}} {v}"
+            );
+        }
         self.inner.shared.fsync_hist.render(
             &mut out,
             "chorus_log_fsync_seconds",
@@ -681,11 +726,38 @@ pub fn group_dir(data_dir: &Path, id: GroupId) -> PathBuf {
 fn timer_loop(env: std::sync::Weak<Inner>) {
     const PERIOD: Nanos = 1_000_000;
     let mut sleep = PERIOD;
+    let mut measured = Instant::now();
     loop {
         std::thread::park_timeout(Duration::from_nanos(sleep));
         let Some(inner) = env.upgrade() else { return };
         if inner.stopped.load(Ordering::SeqCst) {
             return;
+        }
+        if measured.elapsed() >= crate::DiskSpace::REFRESH {
+            measured = Instant::now();
+            let was_low = inner.shared.disk.is_low();
+            match inner.shared.disk.refresh() {
+                Ok(free) if inner.shared.disk.is_low() != was_low => {
+                    let min_free = inner.shared.disk.min_free();
+                    if was_low {
+                        tracing::info!(
+                            free,
+                            min_free,
+                            "free space is above min_free_bytes again: appends are taken"
+                        );
+                    } else {
+                        tracing::warn!(
+                            free,
+                            min_free,
+                            "free space is below min_free_bytes: leaders refuse appends"
+                        );
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot measure the data directory's free space")
+                }
+            }
         }
         let now = inner.shared.now();
         // Published before the groups are read: a group that sets an earlier due time

@@ -117,6 +117,19 @@ pub enum Error {
         /// Why it stopped.
         reason: String,
     },
+    /// A leader refused an append because the file system holding its data directory has
+    /// less free space than [`crate::EnvConfig::min_free_bytes`]: nothing was appended,
+    /// the group keeps running, and appends are taken again once space is freed
+    /// ([`crate::disk`]).
+    #[error("group {group}: append refused, nothing appended: {free} bytes free on the data directory's file system, below min_free_bytes {min_free} (free space or trim the log; appends resume by themselves)")]
+    DiskLow {
+        /// The log group.
+        group: u64,
+        /// Bytes free at the last measurement.
+        free: u64,
+        /// The floor.
+        min_free: u64,
+    },
     /// The environment was shut down.
     #[error("the environment is shut down")]
     Shutdown,

@@ -170,6 +170,8 @@ pub(crate) struct EnvShared {
     pub timer: std::sync::OnceLock<std::thread::Thread>,
     /// When the timer thread will next wake by itself.
     pub timer_next: AtomicU64,
+    /// Free space on the data directory; a leader refuses appends while it is low.
+    pub disk: Arc<crate::DiskSpace>,
 }
 
 impl EnvShared {
@@ -638,13 +640,15 @@ impl Group {
 
     fn storage_failed(&self, e: Error) {
         tracing::error!(group = self.id, error = %e, "storage failed; the group stops");
+        // Marked stopped first, so that an append arriving from now on is refused as not
+        // taken (`Error::NotRunning`) rather than by the stepped-down replica.
+        let _ = self.stopped.set(e.to_string());
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
         self.close_lane(&mut c, now);
         c.replica.storage_failed(now);
         let _ = c.replica.take_actions();
         c.waiters.clear();
-        let _ = self.stopped.set(e.to_string());
     }
 
     // ------------------------------------------------------------------ API
@@ -659,6 +663,20 @@ impl Group {
                 group: self.id,
                 reason: r.clone(),
             });
+        }
+        if self.env.disk.is_low() {
+            // Refused before the disk fills ([`crate::disk`]), by a leader only: a follower
+            // answers NotLeader below, as always, so clients still find the leader.
+            let leads = self.core.lock().expect("core").replica.role() == Role::Leader;
+            if leads {
+                if let Err((free, min_free)) = self.env.disk.check() {
+                    return Err(Error::DiskLow {
+                        group: self.id,
+                        free,
+                        min_free,
+                    });
+                }
+            }
         }
         let size = entry::entry_size(data.len());
         for attempt in 0.. {

@@ -39,6 +39,7 @@
 //! ```
 
 pub mod applyq;
+pub mod disk;
 pub mod env;
 pub mod error;
 pub mod group;
@@ -52,6 +53,7 @@ pub mod transport;
 pub use chorus_core::format::meta::{Membership, NodeId};
 pub use chorus_core::replica::{MembershipChange, Outcome, Role};
 pub use chorus_core::{Csn, Lsn};
-pub use env::{Env, EnvConfig, LogHandle, LogReader, Replayer};
+pub use disk::DiskSpace;
+pub use env::{Env, EnvConfig, LogHandle, LogReader, Replayer, DEFAULT_MIN_FREE_BYTES};
 pub use error::Error;
 pub use group::{AppendFuture, AppendResult, Appended, GroupId, GroupStatus, Record, RoleInfo};

@@ -153,6 +153,10 @@ pub struct OooNodeConfig {
     pub direct_io: bool,
     /// Mutual TLS on every replication connection (None: plain TCP).
     pub tls: Option<crate::transport::TlsFiles>,
+    /// The free-space guard of the disk holding `dir` ([`crate::disk`]; the server passes
+    /// its environment's, [`crate::Env::disk_space`]): while it is low, the leader refuses
+    /// appends ([`OooNodeError::DiskLow`]). None: no guard.
+    pub disk: Option<Arc<crate::DiskSpace>>,
 }
 
 /// The state machine of an out-of-order group, as [`OooNode`] drives it.
@@ -228,6 +232,16 @@ pub enum OooNodeError {
     /// taken, so another replica may be asked.
     #[error("the node is stopped, the append was not taken")]
     NotRunning,
+    /// The leader refused the append, appending nothing, because the file system holding
+    /// its data has less free space than its guard's floor ([`crate::disk`]); appends are
+    /// taken again once space is freed.
+    #[error("append refused, nothing appended: {free} bytes free on the data directory's file system, below min_free_bytes {min_free} (free space; appends resume by themselves)")]
+    DiskLow {
+        /// Bytes free at the last measurement.
+        free: u64,
+        /// The floor.
+        min_free: u64,
+    },
     /// Storage failed when opening.
     #[error(transparent)]
     Storage(#[from] chorus_storage::StorageError),
@@ -711,6 +725,7 @@ impl OooNode {
         }
         let stop2 = stop.clone();
         let compact_bytes = cfg.compact_bytes;
+        let disk = cfg.disk.clone();
         let freeze = cfg.freeze_interval;
         let committed = tokio::sync::watch::Sender::new(replica.committed_head());
         let committed_tx = committed.clone();
@@ -800,8 +815,17 @@ impl OooNode {
                         Ev::Msg(..) => {}
                         Ev::Append(declared, data, reply) => match group::check(mode, &declared) {
                             Ok(()) => {
-                                staged_bytes += data.len();
-                                staged.push((Record { declared, data }, reply))
+                                // Refused before the disk fills, by a leader only (a
+                                // follower refuses as NotLeader when the group is packed).
+                                let low = disk.as_ref().filter(|d| {
+                                    d.is_low() && replica.role() == Role::Leader
+                                });
+                                if let Some(Err((free, min_free))) = low.map(|d| d.check()) {
+                                    reply.send(Err(OooNodeError::DiskLow { free, min_free }));
+                                } else {
+                                    staged_bytes += data.len();
+                                    staged.push((Record { declared, data }, reply))
+                                }
                             }
                             Err(e) => reply.send(Err(e.into())),
                         },
@@ -1104,6 +1128,9 @@ impl OooNode {
     /// Appends a record and blocks until its result (not from inside an async runtime:
     /// use [`OooNode::append_async`] there).
     pub fn append(&self, declared: Declared, data: Vec<u8>) -> Result<Outcome, OooNodeError> {
+        if self.stopped.get().is_some() {
+            return Err(OooNodeError::NotRunning);
+        }
         let (reply, rx) = Reply::channel();
         self.tx
             .send(Ev::Append(declared, data, reply))
@@ -1134,7 +1161,9 @@ impl OooNode {
         data: Vec<u8>,
     ) -> impl Future<Output = Result<OooResult, OooNodeError>> + Send + 'static {
         let (reply, rx) = Reply::channel();
-        let sent = self.tx.send(Ev::Append(declared, data, reply)).is_ok();
+        // A failure already stopped the driver (or is stopping it): not taken.
+        let sent =
+            self.stopped.get().is_none() && self.tx.send(Ev::Append(declared, data, reply)).is_ok();
         async move {
             if !sent {
                 return Err(OooNodeError::NotRunning);

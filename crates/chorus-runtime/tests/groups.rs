@@ -145,17 +145,20 @@ fn a_group_whose_storage_fails_stops_only_itself() {
     std::fs::remove_dir_all(&log_dir).unwrap();
     let g2 = env.group(2).unwrap();
     let record = vec![7u8; 16 << 10];
-    // At most 4 blocks' worth of appends: the first roll to a new block file fails.
+    // At most 4 blocks' worth of appends: the first roll to a new block file fails. An
+    // append racing the failure may be refused by the stepping-down replica instead;
+    // once the group is stopped, every append is refused as not taken.
     let mut stopped = None;
-    for _ in 0..64 {
+    for _ in 0..200 {
         match g2.append(&record, 0) {
             Ok(a) => {
                 let _ = a.result.wait(); // committed before the failure, or unknown
             }
-            Err(e) => {
+            Err(e @ Error::NotRunning { .. }) => {
                 stopped = Some(e);
                 break;
             }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
     let e = stopped.expect("the group never stopped");
@@ -181,5 +184,55 @@ fn a_group_whose_storage_fails_stops_only_itself() {
         "{m}"
     );
     leader_append(&env, 1, b"group 1 serves beside the stopped one");
+    env.shutdown();
+}
+
+/// While the data directory's free space is below `min_free_bytes`, a leader refuses
+/// appends by name with nothing appended, a replica that does not lead still answers
+/// NotLeader (so clients find the leader), the group keeps running, the metrics say so,
+/// and once the floor is met again appends commit with no restart.
+#[test]
+fn a_leader_refuses_appends_while_its_disk_is_low_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::open(EnvConfig::new(
+        1,
+        dir.path(),
+        "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+    ))
+    .unwrap();
+    env.create_group(1, &[1], &[]).unwrap();
+    // Node 2 never runs: node 1 cannot lead group 2.
+    env.create_group(2, &[1, 2], &[]).unwrap();
+    leader_append(&env, 1, b"before");
+    let disk = env.disk_space();
+    assert!(disk.free_bytes().is_some_and(|f| f > 0));
+    disk.set_min_free(u64::MAX - 1);
+    let g1 = env.group(1).unwrap();
+    match g1.append(b"refused", 0) {
+        Err(e @ Error::DiskLow { group: 1, .. }) => {
+            assert!(e.to_string().contains("nothing appended"), "{e}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("appended with the disk low"),
+    }
+    match env.group(2).unwrap().append(b"not a leader", 0) {
+        Err(Error::Append { group: 2, source }) => {
+            assert!(source.to_string().contains("leader"), "{source}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("appended without a leader"),
+    }
+    assert!(g1.status().stopped.is_none());
+    let m = env.render_metrics();
+    assert!(m.contains("chorus_disk_low{node=\"1\"} 1"), "{m}");
+    assert!(
+        m.contains("chorus_appends_refused_disk_low_total{node=\"1\"} 1"),
+        "{m}"
+    );
+    disk.set_min_free(0);
+    leader_append(&env, 1, b"after");
+    let recs: Vec<_> = g1.reader(0).collect::<Result<_, _>>().unwrap();
+    let data: Vec<&[u8]> = recs.iter().map(|r| r.data.as_slice()).collect();
+    assert_eq!(data, vec![&b"before"[..], &b"after"[..]]);
     env.shutdown();
 }

@@ -15,7 +15,7 @@ use chorus_core::ooo::replica::OooAppendError;
 use chorus_core::ooo::replica::{Declared, Footprint, Mode};
 use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooNodeError, OooStateMachine};
 use chorus_runtime::transport::TlsFiles;
-use chorus_runtime::Outcome;
+use chorus_runtime::{DiskSpace, Outcome};
 
 mod common;
 
@@ -150,6 +150,9 @@ struct Cluster {
     voters: usize,
     /// Each node's [`OooNodeConfig::freeze_interval`].
     freeze: Vec<Duration>,
+    /// The free-space guard every node shares (floor 0: never low, until a test raises
+    /// it).
+    disk: Arc<DiskSpace>,
 }
 
 impl Cluster {
@@ -195,6 +198,7 @@ impl Cluster {
             freeze,
             tls,
             voters,
+            disk: Arc::new(DiskSpace::new(std::env::temp_dir(), 0)),
         };
         for (i, l) in listeners.into_iter().enumerate() {
             let n = c.start(i, l);
@@ -231,6 +235,7 @@ impl Cluster {
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: self.tls[i].clone(),
+            disk: Some(self.disk.clone()),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()
     }
@@ -744,6 +749,37 @@ fn appends_gather_while_the_leaders_write_is_in_flight() {
         groups <= 100,
         "300 appends streamed should share entries while writes are in flight: {groups} entries"
     );
+    c.converge();
+}
+
+/// While its disk is below the guard's floor, the leader refuses appends by name with
+/// nothing appended (a follower still answers NotLeader, so clients find the leader),
+/// the group keeps running, and once the floor is met again appends commit — no restart.
+#[test]
+fn a_leader_refuses_appends_while_its_disk_is_low_and_resumes() {
+    let c = Cluster::new(Mode::Dependent);
+    let l = c.leader();
+    c.append_many(0, 5);
+    let node = c.nodes[l].as_ref().unwrap();
+    c.disk.set_min_free(u64::MAX - 1);
+    let (d, data) = c.record(100);
+    match node.append(d.clone(), data.clone()) {
+        Err(e @ OooNodeError::DiskLow { min_free, .. }) => {
+            assert_eq!(min_free, u64::MAX - 1);
+            assert!(e.to_string().contains("nothing appended"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let f = (l + 1) % 3;
+    match c.nodes[f].as_ref().unwrap().append(d.clone(), data.clone()) {
+        Err(OooNodeError::Refused(e)) => assert!(e.to_string().contains("leader"), "{e}"),
+        other => panic!("a follower should answer NotLeader: {other:?}"),
+    }
+    assert!(c.disk.refused() >= 1);
+    let st = node.status().expect("the group keeps running");
+    assert_eq!(st.role, chorus_runtime::Role::Leader);
+    c.disk.set_min_free(0);
+    assert_eq!(node.append(d, data).unwrap(), Outcome::Committed);
     c.converge();
 }
 

@@ -204,6 +204,10 @@ pub struct LogSection {
     /// Bytes of zeros kept written past the end of the tail block file (and of every
     /// out-of-order group's entries file), so most syncs do not grow the file; 0: none.
     pub preallocate: u64,
+    /// Leaders refuse appends (RESOURCE_EXHAUSTED, nothing appended) while the file
+    /// system holding `data_dir` has fewer bytes than this available, so a full disk does
+    /// not stop the node's groups; appends resume once space is freed. 0: no guard.
+    pub min_free_bytes: u64,
 }
 
 impl Default for LogSection {
@@ -213,6 +217,7 @@ impl Default for LogSection {
             block_size: d.block_size,
             direct_io: d.direct_io,
             preallocate: d.preallocate,
+            min_free_bytes: chorus_runtime::DEFAULT_MIN_FREE_BYTES,
         }
     }
 }
@@ -553,6 +558,7 @@ impl ServerConfig {
             direct_io: self.log.direct_io,
             preallocate: self.log.preallocate,
         };
+        env.min_free_bytes = self.log.min_free_bytes;
         env.max_frame_bytes = (r.max_message_bytes as u32).saturating_add(1 << 20);
         env.tls = self.tls.as_ref().map(|t| TlsFiles {
             ca: t.ca.clone(),

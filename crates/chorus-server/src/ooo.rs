@@ -319,6 +319,8 @@ pub struct OooSettings {
     pub direct_io: bool,
     /// Mutual TLS on every group's replication connections (None: plain TCP).
     pub tls: Option<chorus_runtime::transport::TlsFiles>,
+    /// The node's free-space guard (its environment's: `[log] min_free_bytes`).
+    pub disk: Option<Arc<chorus_runtime::DiskSpace>>,
 }
 
 /// The node's out-of-order groups.
@@ -610,6 +612,7 @@ impl OooGroups {
                 preallocate: self.settings.preallocate,
                 direct_io: self.settings.direct_io,
                 tls: self.settings.tls.clone(),
+                disk: self.settings.disk.clone(),
             },
             listener,
             state.clone(),
@@ -1111,6 +1114,7 @@ mod tests {
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: None,
+            disk: None,
         })
         .unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
@@ -1146,6 +1150,7 @@ mod tests {
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: None,
+            disk: None,
         })
         .unwrap();
         assert_eq!(again.ids(), vec![5]);

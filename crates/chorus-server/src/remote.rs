@@ -913,6 +913,15 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
             Err(e) => rows.push((ep.clone(), None, Some(e.to_string()))),
         }
     }
+    // Endpoints whose leaders refuse appends for want of disk space.
+    let disk_low: Vec<(String, u64, u64)> = all
+        .iter()
+        .filter_map(|(ep, r)| match r {
+            Ok(s) if s.disk_low => Some((ep.clone(), s.disk_free_bytes, s.min_free_bytes)),
+            _ => None,
+        })
+        .collect();
+    let low = |ep: &str| disk_low.iter().find(|d| d.0 == ep).map(|d| (d.1, d.2));
     // Lag: the leader's end minus each replica's durable end.
     let leader_end = rows
         .iter()
@@ -935,6 +944,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         "prev_voters": if g.prev_voters.is_empty() { None } else { Some(&g.prev_voters) },
                         "config_version": [g.config_proposal_id, g.config_seq],
                         "stopped": if g.stopped.is_empty() { None } else { Some(&g.stopped) },
+                        "disk_low": low(ep).map(|(free, min)| json!({"free_bytes": free, "min_free_bytes": min})),
                     }),
                     Some(g) => json!({
                         "endpoint": ep, "group": g.group, "node": g.node, "role": g.role,
@@ -948,6 +958,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         "config_version": [g.config_proposal_id, g.config_seq],
                         "pending_appends": g.pending_appends,
                         "stopped": if g.stopped.is_empty() { None } else { Some(&g.stopped) },
+                        "disk_low": low(ep).map(|(free, min)| json!({"free_bytes": free, "min_free_bytes": min})),
                     }),
                     None => json!({"endpoint": ep, "error": e}),
                 })
@@ -1014,6 +1025,12 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         e.as_deref().unwrap_or("")
                     ),
                 }
+            }
+            for (ep, free, min) in &disk_low {
+                println!(
+                    "{}: DISK LOW: {free} bytes free, below min_free_bytes {min}: the groups it leads refuse appends until space is freed",
+                    ep.trim_start_matches("http://")
+                );
             }
         }
     }

@@ -102,6 +102,8 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
     let ooo_tls = env_cfg.tls.clone();
     let env = Env::open(env_cfg)?;
     let ooo = Arc::new(OooGroups::open(OooSettings {
+        // One guard for the node: the out-of-order groups' files share its disk.
+        disk: Some(env.disk_space()),
         node: cfg.node,
         dir: ooo_dir,
         election_timeout: std::time::Duration::from_millis(

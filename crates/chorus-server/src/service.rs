@@ -244,6 +244,9 @@ fn ooo_status(group: u64, e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::Stopped => Status::unavailable(msg),
         // Stopped before the append reached it: not taken, another node may be asked.
         E::NotRunning => nothing_done(Status::unavailable(msg), group),
+        // The leader's disk is low: nothing appended; retrying elsewhere cannot help
+        // (only the leader appends), retrying later can.
+        E::DiskLow { .. } => Status::resource_exhausted(msg),
         // The append may have committed or failed: the caller must look (UNKNOWN).
         E::Unknown { .. } => Status::unknown(msg),
         E::Storage(_) | E::Io(_) | E::Tls(_) => Status::internal(msg),
@@ -306,7 +309,8 @@ fn ooo_batch_response(
 ) -> Result<pb::AppendOutOfOrderResponse, Status> {
     use chorus_runtime::ooo::OooNodeError as E;
     // Refused: never appended (a node already stopped did not take it either).
-    let refused = |r: &Result<_, E>| matches!(r, Err(E::Refused(_) | E::NotRunning));
+    let refused =
+        |r: &Result<_, E>| matches!(r, Err(E::Refused(_) | E::NotRunning | E::DiskLow { .. }));
     let all_refused = results.iter().all(refused);
     let none_known = results.iter().all(|r| r.is_err() && !refused(r));
     if !results.is_empty() && (all_refused || none_known) {
@@ -322,7 +326,7 @@ fn ooo_batch_response(
                 outcome: pb_outcome(r.outcome),
                 ..Default::default()
             },
-            Err(e @ (E::Refused(_) | E::NotRunning)) => pb::OutOfOrderResult {
+            Err(e @ (E::Refused(_) | E::NotRunning | E::DiskLow { .. })) => pb::OutOfOrderResult {
                 refused: e.to_string(),
                 ..Default::default()
             },
@@ -369,6 +373,8 @@ pub fn status(e: Error) -> Status {
         // Stopped before the request reached it: nothing was taken, another node may be
         // asked. (A group stopping under a request, `Stopped`, leaves its outcome unknown.)
         Error::NotRunning { group, .. } => nothing_done(Status::unavailable(msg), *group),
+        // The leader's disk is low: nothing appended; retry later (docs/operations.md).
+        Error::DiskLow { .. } => Status::resource_exhausted(msg),
         Error::Stopped { .. } | Error::Shutdown => Status::unavailable(msg),
         Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
     }
@@ -737,10 +743,14 @@ impl pb::chorus_server::Chorus for Service {
             let log = self.log_group(id)?;
             groups.push(group_status(log.status()));
         }
+        let disk = self.env.disk_space();
         Ok(Response::new(pb::StatusResponse {
             node: self.env.node(),
             replication_addr: self.env.replication_addr().to_string(),
             groups,
+            disk_free_bytes: disk.free_bytes().unwrap_or(0),
+            min_free_bytes: disk.min_free(),
+            disk_low: disk.is_low(),
         }))
     }
 

@@ -696,3 +696,88 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
         n.kill9();
     }
 }
+
+/// `[log] min_free_bytes` above the disk's free space: a leader refuses appends to an
+/// ordered and to an out-of-order group alike, RESOURCE_EXHAUSTED naming the free space
+/// and the setting, with nothing appended; the node keeps serving (status, reads) and
+/// its metrics say the disk is low.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_on_a_low_disk_refuses_appends_by_name() {
+    let root = tempfile::tempdir().unwrap();
+    let (api, repl, metrics, ooo) = (free_port(), free_port(), free_port(), free_port());
+    let cfg = root.path().join("n1.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node = 1\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             metrics_listen = \"127.0.0.1:{metrics}\"\nio_workers = 2\nlog_filter = \"info\"\n\n\
+             [[groups]]\nid = 1\nvoters = [1]\n\n\
+             [[groups]]\nid = 2\nvoters = [1]\nmode = \"dependent\"\n[groups.replicas]\n\"1\" = \"127.0.0.1:{ooo}\"\n\n\
+             [replica]\nlease_ms = 1000\nheartbeat_ms = 100\nping_ms = 100\nresend_ms = 200\n\n\
+             [log]\nblock_size = 4194304\nmin_free_bytes = {}\n",
+            root.path().join("n1").display(),
+            i64::MAX
+        ),
+    )
+    .unwrap();
+    let mut node = Server::new(cfg, root.path().join("n1.log"));
+    node.start();
+    let mut c = Client::new(vec![format!("127.0.0.1:{api}")]);
+    c.leader_timeout = Duration::from_secs(20);
+    let end = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match c.append(1, vec![b"x".to_vec()], 0).await {
+            Err(ClientError::Status {
+                code: tonic::Code::ResourceExhausted,
+                message,
+                ..
+            }) => break message,
+            other => {
+                assert!(Instant::now() < end, "never refused: {other:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert!(
+        refused.contains("min_free_bytes") && refused.contains("nothing appended"),
+        "{refused}"
+    );
+    let rec = pb::OutOfOrderRecord {
+        read_set: vec![1],
+        write_set: vec![2],
+        data: b"v".to_vec(),
+        ..Default::default()
+    };
+    let end = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match c.append_out_of_order(2, vec![rec.clone()]).await {
+            Err(ClientError::Status {
+                code: tonic::Code::ResourceExhausted,
+                message,
+                ..
+            }) => break message,
+            other => {
+                assert!(Instant::now() < end, "never refused: {other:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert!(refused.contains("min_free_bytes"), "{refused}");
+    let st = c.status_all(1).await;
+    let st = st[0].1.as_ref().unwrap();
+    assert!(st.groups[0].stopped.is_empty());
+    assert!(st.disk_low && st.min_free_bytes == i64::MAX as u64 && st.disk_free_bytes > 0);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["status", "--endpoints", &format!("127.0.0.1:{api}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("DISK LOW") && text.contains("refuse appends"),
+        "{text}"
+    );
+    assert_eq!(c.read(1, 0, 10).await.unwrap().records.len(), 0);
+    let text = metrics_page(metrics).await;
+    assert!(text.contains("chorus_disk_low{node=\"1\"} 1"), "{text}");
+    node.kill9();
+}

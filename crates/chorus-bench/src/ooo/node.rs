@@ -260,6 +260,9 @@ pub fn start(
                 preallocate: o.preallocate,
                 direct_io: o.direct_io,
                 tls: None,
+                // The ordered nodes' environments measure their disk (and check it on
+                // each append); these check nothing: the benchmark's disk has room.
+                disk: None,
             };
             let node =
                 OooNode::start(cfg, l, rec).map_err(|e| format!("node {}: start: {e}", o.id))?;
