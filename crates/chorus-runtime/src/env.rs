@@ -727,6 +727,8 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
     const PERIOD: Nanos = 1_000_000;
     let mut sleep = PERIOD;
     let mut measured = Instant::now();
+    // Whether the last measurement failed: a failure is logged once, not every 100 ms.
+    let mut unmeasured = false;
     loop {
         std::thread::park_timeout(Duration::from_nanos(sleep));
         let Some(inner) = env.upgrade() else { return };
@@ -736,7 +738,12 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
         if measured.elapsed() >= crate::DiskSpace::REFRESH {
             measured = Instant::now();
             let was_low = inner.shared.disk.is_low();
-            match inner.shared.disk.refresh() {
+            let r = inner.shared.disk.refresh();
+            if let (Err(e), false) = (&r, unmeasured) {
+                tracing::warn!(error = %e, dir = %inner.shared.disk.dir().display(), "cannot measure the data directory's free space; the last measurement stands");
+            }
+            unmeasured = r.is_err();
+            match r {
                 Ok(free) if inner.shared.disk.is_low() != was_low => {
                     let min_free = inner.shared.disk.min_free();
                     if was_low {
@@ -753,10 +760,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
                         );
                     }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot measure the data directory's free space")
-                }
+                _ => {}
             }
         }
         let now = inner.shared.now();
