@@ -885,7 +885,11 @@ impl OooGroups {
                     Mode::Dependent => "dependent",
                 };
                 let Some(st) = g.status() else {
-                    stopped.push((id, mode));
+                    // Only a recorded failure counts as stopped: a driver too busy to
+                    // answer within the status timeout is not.
+                    if g.node.stopped_reason().is_some() {
+                        stopped.push((id, mode));
+                    }
                     return None;
                 };
                 Some((id, mode, st, g))
