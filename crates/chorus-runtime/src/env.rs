@@ -551,7 +551,7 @@ impl Env {
                 |s| s.stopped.is_some() as u64,
             ),
         ];
-        let counters: [(&str, &str, GetS); 2] = [
+        let counters: [(&str, &str, GetS); 5] = [
             (
                 "chorus_gap_resend_requests_total",
                 "Times this replica, as a follower, asked its leader to resend past a gap at once (it held later appends).",
@@ -561,6 +561,21 @@ impl Env {
                 "chorus_timed_resends_total",
                 "Times this replica, as a leader, sent a follower the oldest message it had not acknowledged again because it went unacknowledged for a few of its round trips.",
                 |s| s.timed_resends,
+            ),
+            (
+                "chorus_log_rebased_total",
+                "Times this replica's log was started again, empty, at its leader's log start because it had fallen behind it (the leader had trimmed what it needed); readers of this replica find nothing below the new start.",
+                |s| s.rebased,
+            ),
+            (
+                "chorus_rebases_sent_total",
+                "Times this replica told a follower or candidate behind its log start to start its log again there.",
+                |s| s.rebases_sent,
+            ),
+            (
+                "chorus_append_outcome_unknown_total",
+                "Appends whose outcome became unknown because this replica fell behind the leader's log start (trimmed) before learning it.",
+                |s| s.outcomes_unknown,
             ),
         ];
         let kinds = gauges.map(|g| (g, "gauge")).into_iter();
@@ -911,7 +926,10 @@ impl LogHandle {
         *self.g.subscribe_role().borrow()
     }
 
-    /// Deletes the log below `lsn` (committed only; block-granular on disk).
+    /// Deletes this replica's log below `lsn` (committed only): whole block files, so the
+    /// log then starts at the first block kept (at or below `lsn`). A follower that later
+    /// needs what is gone is rebased at this replica's start when it leads
+    /// ([`chorus_core::replica::Message::Rebase`]).
     pub fn trim(&self, lsn: Lsn) -> Result<(), Error> {
         self.g.trim(lsn)
     }

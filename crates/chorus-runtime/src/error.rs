@@ -100,6 +100,17 @@ pub enum Error {
         /// The first LSN still kept.
         start: Lsn,
     },
+    /// The outcome of an append is unknown: this replica (a deposed leader) fell behind
+    /// the new leader's log start, which the database had trimmed, before it learned
+    /// whether the record committed. As after a crash, the appender finds out from its
+    /// own state (the record's effects), not from the log.
+    #[error("group {group}: the outcome of the append at LSN {lsn} is unknown: this replica fell behind the leader's log start (trimmed) before it learned whether the record committed")]
+    OutcomeUnknown {
+        /// The log group.
+        group: u64,
+        /// The record's LSN.
+        lsn: u64,
+    },
     /// The group stopped: it halted (no valid copy of committed data) or its storage failed.
     #[error("group {group} stopped: {reason}")]
     Stopped {

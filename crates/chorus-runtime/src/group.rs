@@ -47,7 +47,7 @@ type Slot = (Lsn, Csn, Waiter);
 /// Where an append's result goes, and when it was appended (for
 /// [`GroupCounters::append_latency`]).
 struct Waiter {
-    tx: oneshot::Sender<AppendResult>,
+    tx: oneshot::Sender<Result<AppendResult, Error>>,
     since: Nanos,
 }
 use crate::transport::Transport;
@@ -122,6 +122,16 @@ pub struct GroupStatus {
     /// because they were late ([`chorus_core::replica::ReplicaConfig::timed_resend`]),
     /// since the group opened.
     pub timed_resends: u64,
+    /// Times this replica's log was started again, empty, at its leader's log start
+    /// because it had fallen behind it, since the group opened.
+    pub rebased: u64,
+    /// Times this replica told a follower (or a candidate) behind its log start to start
+    /// its log again there ([`chorus_core::replica::Message::Rebase`]), since the group
+    /// opened.
+    pub rebases_sent: u64,
+    /// Appends whose outcome became unknown because their replica fell behind the leader's
+    /// log start before learning it ([`Error::OutcomeUnknown`]), since the group opened.
+    pub outcomes_unknown: u64,
 }
 
 /// Counters of one group (monotonic).
@@ -152,6 +162,14 @@ pub struct GroupCounters {
     pub gap_resends_before: AtomicU64,
     /// Timed resends of earlier incarnations of the replica, as `gap_resends_before`.
     pub timed_resends_before: AtomicU64,
+    /// Rebases sent by earlier incarnations of the replica, as `gap_resends_before`.
+    pub rebases_sent_before: AtomicU64,
+    /// Times this replica's log was started again at its leader's log start because it
+    /// had fallen behind it (the leader had trimmed what it needed).
+    pub rebased: AtomicU64,
+    /// Appends whose outcome became unknown because the log they were written at was
+    /// trimmed on the leader before this replica learned it ([`Error::OutcomeUnknown`]).
+    pub unknown: AtomicU64,
     /// Leader: from an append's acceptance (`append` on the group) to its result (committed
     /// or failed), per record: exported as `chorus_append_seconds`.
     pub append_latency: crate::metrics::Histogram,
@@ -410,7 +428,19 @@ impl Group {
                                 self.counters
                                     .append_latency
                                     .record(answered.saturating_sub(w.since));
-                                results.push((w.tx, AppendResult { lsn, csn, outcome }));
+                                results.push((w.tx, Ok(AppendResult { lsn, csn, outcome })));
+                            }
+                        }
+                        Action::Unknown { id, lsn } => {
+                            self.counters.unknown.fetch_add(1, Ordering::Relaxed);
+                            if let Some(w) = c.waiters.remove(&id) {
+                                results.push((
+                                    w.tx,
+                                    Err(Error::OutcomeUnknown {
+                                        group: self.id,
+                                        lsn,
+                                    }),
+                                ));
                             }
                         }
                         other => rest.push(other),
@@ -600,7 +630,21 @@ impl Group {
                 tracing::error!(group = self.id, %reason, "group halted");
                 let _ = self.stopped.set(reason);
             }
-            Action::Result { .. } => unreachable!("results are routed under the core lock"),
+            Action::Rebase { base } => {
+                self.io.write().expect("io").log.rebase(base).map_err(&st)?;
+                self.index.lock().expect("index").blocks.clear();
+                self.counters.rebased.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    group = self.id,
+                    node = self.env.node,
+                    lsn = base.end_lsn,
+                    "this replica fell behind the leader's log start (trimmed): its log \
+                     starts again, empty, there; reads below it are refused as trimmed"
+                );
+            }
+            Action::Result { .. } | Action::Unknown { .. } => {
+                unreachable!("results are routed under the core lock")
+            }
         }
         Ok(())
     }
@@ -631,6 +675,9 @@ impl Group {
         self.counters
             .timed_resends_before
             .fetch_add(c.replica.timed_resends(), Ordering::Relaxed);
+        self.counters
+            .rebases_sent_before
+            .fetch_add(c.replica.rebases_sent(), Ordering::Relaxed);
         c.replica = replica;
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
@@ -803,11 +850,11 @@ impl Group {
                 tracing::debug!(group = self.id, entries = n, error = %e, "lane closed unwritten: its appends failed");
                 for (lsn, csn, w) in slots {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = w.tx.send(AppendResult {
+                    let _ = w.tx.send(Ok(AppendResult {
                         lsn,
                         csn,
                         outcome: Outcome::Failed,
-                    });
+                    }));
                 }
             }
         }
@@ -895,6 +942,10 @@ impl Group {
                 + r.gap_resend_requests(),
             timed_resends: self.counters.timed_resends_before.load(Ordering::Relaxed)
                 + r.timed_resends(),
+            rebased: self.counters.rebased.load(Ordering::Relaxed),
+            rebases_sent: self.counters.rebases_sent_before.load(Ordering::Relaxed)
+                + r.rebases_sent(),
+            outcomes_unknown: self.counters.unknown.load(Ordering::Relaxed),
         }
     }
 
@@ -1067,7 +1118,7 @@ impl Group {
         Ok(pos)
     }
 
-    pub fn trim(&self, lsn: Lsn) -> Result<(), Error> {
+    pub fn trim(self: &Arc<Self>, lsn: Lsn) -> Result<(), Error> {
         let committed = self.committed_end();
         if lsn > committed {
             return Err(Error::NotCommitted {
@@ -1076,13 +1127,15 @@ impl Group {
                 committed,
             });
         }
-        self.io
-            .write()
-            .expect("io")
-            .log
-            .trim(lsn)
-            .map_err(storage(self.id))?;
+        let start = {
+            let mut io = self.io.write().expect("io");
+            io.log.trim(lsn).map_err(storage(self.id))?;
+            io.log.start_lsn()
+        };
         self.index.lock().expect("index").blocks.clear();
+        // The replica sends a follower behind the new start a Rebase instead of reading
+        // what storage no longer holds.
+        self.control(|r, now| r.log_trimmed(now, start));
         Ok(())
     }
 
@@ -1136,7 +1189,7 @@ pub struct Appended {
 /// [`Error::Shutdown`]/[`Error::Stopped`]: the outcome is then unknown, as after a crash.
 #[derive(Debug)]
 pub struct AppendFuture {
-    rx: oneshot::Receiver<AppendResult>,
+    rx: oneshot::Receiver<Result<AppendResult, Error>>,
     group: GroupId,
 }
 
@@ -1145,9 +1198,11 @@ impl AppendFuture {
     /// async runtime (await the future instead).
     pub fn wait(self) -> Result<AppendResult, Error> {
         let group = self.group;
-        self.rx.blocking_recv().map_err(|_| Error::Stopped {
-            group,
-            reason: "the replica stopped before the outcome was known".into(),
+        self.rx.blocking_recv().unwrap_or_else(|_| {
+            Err(Error::Stopped {
+                group,
+                reason: "the replica stopped before the outcome was known".into(),
+            })
         })
     }
 }
@@ -1158,9 +1213,11 @@ impl Future for AppendFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let group = self.group;
         Pin::new(&mut self.rx).poll(cx).map(|r| {
-            r.map_err(|_| Error::Stopped {
-                group,
-                reason: "the replica stopped before the outcome was known".into(),
+            r.unwrap_or_else(|_| {
+                Err(Error::Stopped {
+                    group,
+                    reason: "the replica stopped before the outcome was known".into(),
+                })
             })
         })
     }

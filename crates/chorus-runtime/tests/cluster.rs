@@ -32,6 +32,10 @@ fn config(node: NodeId, dir: &Path) -> EnvConfig {
 struct Cluster {
     root: tempfile::TempDir,
     envs: HashMap<NodeId, Env>,
+    /// Block size of every node's log.
+    block_size: u64,
+    /// Groups indexed and bytes cached in memory by each replica (default when `None`).
+    memory: Option<(usize, usize)>,
 }
 
 impl Cluster {
@@ -40,7 +44,13 @@ impl Cluster {
     }
 
     fn start(&mut self, n: NodeId) -> Env {
-        let env = Env::open(config(n, &self.dir(n))).unwrap();
+        let mut cfg = config(n, &self.dir(n));
+        cfg.log.block_size = self.block_size;
+        if let Some((groups, bytes)) = self.memory {
+            cfg.replica.max_index_groups = groups;
+            cfg.replica.cache_bytes = bytes;
+        }
+        let env = Env::open(cfg).unwrap();
         for (id, other) in &self.envs {
             other.set_peer_addr(n, env.replication_addr().to_string());
             env.set_peer_addr(*id, other.replication_addr().to_string());
@@ -141,6 +151,8 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     let mut c = Cluster {
         root: tempfile::tempdir().unwrap(),
         envs: HashMap::new(),
+        block_size: 1 << 20,
+        memory: None,
     };
     for n in 1..=3 {
         c.start(n);
@@ -376,5 +388,94 @@ fn change(c: &Cluster, ch: MembershipChange) {
             st.membership
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A follower that was away while the leader appended and trimmed its log is rebased at
+/// the leader's log start when it returns (the leader no longer holds what it lacks): its
+/// log starts again there, it holds the same records as the leader from there on, reads
+/// below its start are refused as trimmed, and it can lead afterwards.
+#[test]
+fn a_follower_behind_the_leaders_trimmed_log_is_rebased() {
+    let mut c = Cluster {
+        root: tempfile::tempdir().unwrap(),
+        envs: HashMap::new(),
+        // The smallest block, so a few hundred KiB of appends fill several, and a small
+        // memory, so the leader holds the trimmed groups nowhere (with the defaults it
+        // would send them from its cache).
+        block_size: 64 << 10,
+        memory: Some((64, 64 << 10)),
+    };
+    for n in 1..=3 {
+        c.start(n);
+    }
+    for e in c.envs.values() {
+        e.create_group(1, &[1, 2, 3], &[]).unwrap();
+    }
+    let (leader, _) = c.leader(1, Duration::from_secs(10));
+    let away = c.envs.keys().copied().find(|n| *n != leader).unwrap();
+    let other = (1..=3).find(|n| *n != leader && *n != away).unwrap();
+    c.stop(away);
+
+    // ~300 KiB committed on the two others, then both trim below all but the last block.
+    let (_, g) = c.leader(1, Duration::from_secs(10));
+    let payload = vec![b'x'; 1000];
+    for _ in 0..10 {
+        let batch: Vec<_> = (0..30).map(|_| g.append(&payload, 0).unwrap()).collect();
+        for a in batch {
+            assert_eq!(a.result.wait().unwrap().outcome, Outcome::Committed);
+        }
+    }
+    let committed = g.committed_end();
+    assert!(committed > 4 * (64 << 10), "committed {committed}");
+    for n in [leader, other] {
+        let h = c.envs[&n].group(1).unwrap();
+        wait_caught_up(&h, committed);
+        h.trim(committed).unwrap();
+        let start = h.status().start_lsn;
+        assert!(start > 0 && start <= committed, "node {n} start {start}");
+        assert!(matches!(h.read(0), Err(Error::Trimmed { .. })));
+    }
+    let start = g.status().start_lsn;
+
+    // The follower comes back: rebased at the leader's start, then caught up.
+    c.start(away);
+    let back = c.envs[&away].group(1).unwrap();
+    wait_caught_up(&back, committed);
+    let st = back.status();
+    assert_eq!(
+        (st.start_lsn, st.rebased),
+        (start, 1),
+        "rebased once, at the leader's log start: {st:?}"
+    );
+    assert!(g.status().rebases_sent >= 1);
+    match back.read(0) {
+        Err(Error::Trimmed { start: s, .. }) => assert_eq!(s, start),
+        other => panic!("read below the start: {other:?}"),
+    }
+    let mine: Vec<Record> = back.reader(start).map(|r| r.unwrap()).collect();
+    let theirs: Vec<Record> = g.reader(start).map(|r| r.unwrap()).collect();
+    assert!(mine.len() >= 10, "{} records from the start", mine.len());
+    assert_eq!(mine, theirs);
+    let text = c.envs[&away].render_metrics();
+    assert!(
+        text.contains(&format!(
+            "chorus_log_rebased_total{{node=\"{away}\",group=\"1\"}} 1"
+        )),
+        "{text}"
+    );
+
+    // It replicates what comes next, and can lead: the old leader stops.
+    let a = g.append(b"after the rebase", 0).unwrap();
+    assert_eq!(a.result.wait().unwrap().outcome, Outcome::Committed);
+    wait_caught_up(&back, a.lsn + 1);
+    c.stop(leader);
+    let (_, g2) = c.leader(1, Duration::from_secs(10));
+    let b = g2.append(b"under a new leader", 0).unwrap();
+    assert_eq!(b.result.wait().unwrap().outcome, Outcome::Committed);
+    wait_caught_up(&back, b.lsn + 1);
+    assert_eq!(back.read(a.lsn).unwrap().data, b"after the rebase");
+    for n in c.envs.keys().copied().collect::<Vec<_>>() {
+        c.stop(n);
     }
 }

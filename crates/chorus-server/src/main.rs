@@ -4,7 +4,7 @@
 //!   prints how to talk to it.
 //! - `chorus server` — runs one node of a cluster (config file, `CHORUS_*` environment,
 //!   flags; see `docs/operations.md`).
-//! - `chorus append | read | tail | locate | status | member | leader | group | state | bench` —
+//! - `chorus append | read | tail | locate | status | trim | member | leader | group | state | bench` —
 //!   client commands against `--endpoints` (the nodes' gRPC API addresses).
 //! - `chorus demo DIR` and `chorus inspect DIR` — local tools on a data directory.
 //!
@@ -96,6 +96,22 @@ enum Cmd {
     Locate(remote::LocateArgs),
     /// Members, roles, LSNs and replication lag of a group on every endpoint.
     Status(remote::StatusArgs),
+    /// Delete the committed log below an LSN on every node of a group (ordered groups).
+    ///
+    /// Each node named in --endpoints is sent Trim in turn and trims only itself: it
+    /// deletes the whole block files of its committed log below --lsn (space comes back a
+    /// block, `log.block_size`, at a time); its log then starts at the first block kept
+    /// (at or below --lsn), and reads below that start fail as trimmed (OUT_OF_RANGE). A
+    /// node whose committed end is below --lsn refuses, naming its committed end; one that
+    /// cannot be reached is reported by name; the others are trimmed all the same. Prints
+    /// one row per node: trimmed, with its log start (and the one before) and committed
+    /// end, or why not. Exit 0 when every node trimmed, else the highest code among the
+    /// failed nodes (4 refused, 3 unreachable).
+    ///
+    /// Trimming is the database's call, after its own checkpoint: trim below what every
+    /// reader has consumed. A replica behind the leader's log start is rebased there: its
+    /// log restarts empty at the leader's start, and its readers get "trimmed" below it.
+    Trim(remote::TrimArgs),
     /// Membership changes: add, remove, learner, promote, replace.
     Member(remote::MemberArgs),
     /// Leadership: transfer, priority.
@@ -192,6 +208,7 @@ fn main() -> ExitCode {
         Cmd::Tail(a) => remote::run(remote::Remote::Tail(a)),
         Cmd::Locate(a) => remote::run(remote::Remote::Locate(a)),
         Cmd::Status(a) => remote::run(remote::Remote::Status(a)),
+        Cmd::Trim(a) => remote::run(remote::Remote::Trim(a)),
         Cmd::Member(a) => remote::run(remote::Remote::Member(a)),
         Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
         Cmd::Group(a) => remote::run(remote::Remote::Group(a)),

@@ -375,7 +375,10 @@ pub fn status(e: Error) -> Status {
         Error::NotRunning { group, .. } => nothing_done(Status::unavailable(msg), *group),
         // The leader's disk is low: nothing appended; retry later (docs/operations.md).
         Error::DiskLow { .. } => Status::resource_exhausted(msg),
-        Error::Stopped { .. } | Error::Shutdown => Status::unavailable(msg),
+        // The outcome is unknown, as when the replica stops under a request.
+        Error::Stopped { .. } | Error::Shutdown | Error::OutcomeUnknown { .. } => {
+            Status::unavailable(msg)
+        }
         Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
     }
 }

@@ -278,3 +278,32 @@ fn inspect_of_an_out_of_order_replica_names_damage_and_changes_nothing() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `chorus trim` with an `--lsn` that is not an LSN, or without one, is a usage error
+/// (exit 2) naming the option, and nothing is sent; its help states what a trim does.
+#[test]
+fn trim_with_a_bad_lsn_is_a_usage_error() {
+    for args in [
+        &["trim", "--lsn", "12abc"][..],
+        &["trim", "--lsn", "-5"],
+        &["trim", "--lsn", "18446744073709551616"],
+        &["trim"],
+    ] {
+        let out = chorus()
+            .args(args)
+            .args(["--endpoints", "127.0.0.1:1"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--lsn"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = chorus().args(["trim", "--help"]).output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("block_size") && help.contains("checkpoint") && help.contains("rebased"),
+        "{help}"
+    );
+}

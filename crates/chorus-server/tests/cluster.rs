@@ -2,7 +2,7 @@
 //! concurrent writers over gRPC, `kill -9` of the leader mid-stream, a new leader, every
 //! record reported committed readable on every surviving replica in the same order,
 //! nothing reported failed in the log, and the killed node restarted and caught up. Also:
-//! bad input over the wire leaves the node serving.
+//! bad input over the wire leaves the node serving, and `chorus trim`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -332,6 +332,164 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
     // The replication listener counted the bad connections and kept running.
     let mut st = Client::new(vec![nodes[0].api.clone()]);
     assert!(st.status_all(1).await[0].1.is_ok());
+    // And, on the same running cluster, `chorus trim`.
+    trim_with_the_cli(root.path(), &nodes).await;
+}
+
+/// The `chorus` binary with `args`: exit code, stdout, stderr.
+fn chorus_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(args)
+        .env_remove("CHORUS_ENDPOINTS")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `chorus trim` on a running 3-node cluster (4 MiB blocks): with 10 MiB of records, a
+/// trim below a record in the middle of the second block trims every node and reports
+/// each one's new log start, the second block's (the first block kept): the first block
+/// file is deleted everywhere, the second kept; reads below the start are refused as
+/// trimmed, while the records from it on (those below L in the kept block included) are
+/// still read, and appends go on. An LSN beyond the committed end is refused by every
+/// node, naming its committed end (exit 4); a node that cannot be reached is reported by
+/// name while the others are still trimmed (exit 3).
+async fn trim_with_the_cli(root: &Path, nodes: &[Node]) {
+    const BLOCK: u64 = 4 << 20;
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let mut c = Client::new(eps.clone());
+    c.leader_timeout = Duration::from_secs(20);
+    let mut lsns = Vec::new();
+    for b in 0..20u8 {
+        let r = c.append(1, vec![vec![b; 64 << 10]; 8], 0).await.unwrap();
+        assert!(r.iter().all(|r| r.outcome == pb::Outcome::Committed as i32));
+        lsns.extend(r.iter().map(|r| r.lsn));
+    }
+    assert!(*lsns.last().unwrap() > 2 * BLOCK, "{lsns:?}");
+    // The first record at or past the middle of the second block.
+    let at = lsns.iter().position(|&l| l >= BLOCK + BLOCK / 2).unwrap();
+    let (lsn, below) = (lsns[at], lsns[at - 1]);
+    let first = lsns[0];
+    assert!(first < BLOCK && below >= BLOCK, "{first} {below}");
+    // Every node must hold L committed before it may trim below it.
+    let end = Instant::now() + Duration::from_secs(20);
+    for ep in &eps {
+        while committed_end(ep).await <= lsn {
+            assert!(Instant::now() < end, "{ep} does not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let list = eps.join(",");
+    let l = lsn.to_string();
+    let (code, out, err) = chorus_cli(&["trim", "--endpoints", &list, "--lsn", &l, "-o", "json"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{out}");
+    for (r, ep) in rows.iter().zip(&eps) {
+        assert_eq!(r["endpoint"], ep.as_str(), "{out}");
+        assert_eq!(r["result"], "trimmed", "{out}");
+        assert_eq!(r["start_lsn_before"].as_u64(), Some(0), "{out}");
+        assert_eq!(r["start_lsn"].as_u64(), Some(BLOCK), "{out}");
+        assert!(r["committed_lsn"].as_u64().unwrap() > lsn, "{out}");
+    }
+    // Whole block files below L are gone, the one holding L is kept.
+    for n in nodes {
+        let log = root
+            .join(format!("n{}", n.id))
+            .join("groups")
+            .join(format!("{:020}", 1))
+            .join("log");
+        assert!(
+            !log.join(format!("{:020}.blk", 0)).exists(),
+            "node {}",
+            n.id
+        );
+        assert!(log.join(format!("{:020}.blk", 1)).exists(), "node {}", n.id);
+    }
+    // Below the start: trimmed, on every node; from the start on, the records are there.
+    let kept = lsns.iter().position(|&l| l >= BLOCK).unwrap();
+    for ep in &eps {
+        let mut one = Client::new(vec![ep.clone()]);
+        for from in [first, lsns[kept - 1]] {
+            match one.read(1, from, 1).await {
+                Err(ClientError::Status { code, message, .. }) => {
+                    assert_eq!(code, tonic::Code::OutOfRange, "{ep}: {message}");
+                    assert!(
+                        message.contains("trimmed")
+                            && message.contains(&format!("starts at {BLOCK}")),
+                        "{ep}: {message}"
+                    );
+                }
+                other => panic!("{ep}: read at {from} after the trim: {other:?}"),
+            }
+        }
+        let r = one.read(1, BLOCK, 1).await.unwrap();
+        assert_eq!(r.records[0].lsn, lsns[kept], "{ep}");
+        let r = one.read(1, below, 1).await.unwrap();
+        assert_eq!(r.records[0].lsn, below, "{ep}");
+        let r = one.read(1, lsn, 2).await.unwrap();
+        assert_eq!(r.records[0].lsn, lsn, "{ep}");
+        assert_eq!(r.records[0].data, vec![(at / 8) as u8; 64 << 10], "{ep}");
+        assert_eq!(r.records[1].lsn, lsns[at + 1], "{ep}");
+    }
+    // `chorus read` from 0 says so too.
+    let (code, _, err) = chorus_cli(&["read", "--endpoints", &list, "--from", "0"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("trimmed"), "{err}");
+    // Appends go on after a trim.
+    let r = c
+        .append(1, vec![b"after the trim".to_vec()], 0)
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+
+    // Beyond the committed end: every node refuses, naming its committed end; exit 4.
+    let beyond = (lsns.last().unwrap() + (1 << 30)).to_string();
+    let (code, out, err) = chorus_cli(&["trim", "--endpoints", &list, "--lsn", &beyond]);
+    assert_eq!(code, Some(4), "{out}{err}");
+    for ep in &eps {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(ep.trim_start_matches("http://")))
+            .unwrap_or_else(|| panic!("no row for {ep}: {out}"));
+        assert!(
+            row.contains("refused (OutOfRange)")
+                && row.contains(&format!("LSN {beyond}"))
+                && row.contains("committed end"),
+            "{row}"
+        );
+    }
+    assert!(
+        err.contains("not trimmed below LSN") && err.contains("3 of 3"),
+        "{err}"
+    );
+
+    // One endpoint with nothing listening: named unreachable, the others trimmed (again
+    // at L: nothing more to delete), exit 3.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let list = format!("{list},{dead}");
+    let (code, out, err) = chorus_cli(&["trim", "--endpoints", &list, "--lsn", &l]);
+    assert_eq!(code, Some(3), "{out}{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for row in &rows[..3] {
+        assert!(
+            row.contains(&format!(
+                "trimmed: log starts at {BLOCK} (unchanged: no whole block left below LSN {lsn}), committed end"
+            )),
+            "{out}"
+        );
+    }
+    assert!(
+        rows[3].starts_with(&dead) && rows[3].contains("unreachable"),
+        "{out}"
+    );
+    assert!(err.contains("1 of 4"), "{err}");
 }
 
 /// Membership change under load through the CLI-facing API: node 4 joins as a learner

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chorus_core::format::entry::EntryIter;
+use chorus_core::format::group::ChainPoint;
 use chorus_core::format::meta::NodeId;
 use chorus_core::replica::{Outcome, Role, Ticket};
 use chorus_core::{Csn, Lsn};
@@ -203,6 +204,50 @@ impl Checker {
             self.accepted.remove(&k);
         }
         self.checked.remove(&node);
+    }
+
+    /// A replica's log was started again at `base` (it fell behind its leader's log
+    /// start): `base` must be a point of the committed history, with its checksum chain.
+    pub fn on_rebase(&mut self, now: u64, node: NodeId, base: &ChainPoint) {
+        if base.end_lsn > self.ref_end {
+            let end = self.ref_end;
+            self.violation(
+                now,
+                format!(
+                    "node {node}: rebased at {} past the committed history's end {end}",
+                    base.end_lsn
+                ),
+            );
+            return;
+        }
+        if base.end_lsn == 0 {
+            return;
+        }
+        match self.reference.range(..base.end_lsn).next_back() {
+            Some((_, r)) if r.end == base.end_lsn && r.acc == base.acc_crc => {}
+            Some((&lsn, r)) => {
+                let r = *r;
+                self.violation(
+                    now,
+                    format!(
+                        "node {node}: rebased at {} acc {:08x}, but the committed history's \
+                         group at {lsn} ends at {} acc {:08x}",
+                        base.end_lsn, base.acc_crc, r.end, r.acc
+                    ),
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// An append's result became unknown (its replica fell behind the leader's log start
+    /// before learning it): like a crash, for that append alone.
+    pub fn on_unknown(&mut self, node: NodeId, inc: u32, id: u64) {
+        let key = (node, inc, id);
+        if !self.results.contains_key(&key) {
+            self.accepted.remove(&key);
+            *self.outcomes.entry("unknown").or_default() += 1;
+        }
     }
 
     /// A replica delivered a result.

@@ -183,6 +183,9 @@ pub struct Node {
     pub disk: (Nanos, Nanos),
     /// Results delivered to this node's appenders: (incarnation, ticket id, lsn, outcome).
     pub results: Vec<(u32, u64, u64, Outcome)>,
+    /// Appends whose outcome became unknown ([`chorus_core::replica::Action::Unknown`]):
+    /// (incarnation, ticket id, lsn).
+    pub unknown: Vec<(u32, u64, u64)>,
     /// Tags of this node's appends by (incarnation, ticket id).
     tags: BTreeMap<(u32, u64), u64>,
 }
@@ -294,6 +297,7 @@ impl Cluster {
                 clock_ppm: 0,
                 disk: (50_000, 300_000),
                 results: Vec::new(),
+                unknown: Vec::new(),
                 tags: BTreeMap::new(),
             };
             nodes.insert(id, node);
@@ -432,6 +436,35 @@ impl Cluster {
         let first = self.now + self.rng.below(self.tick);
         self.schedule(first, Event::Tick { node: id, inc });
         self.pump(id);
+    }
+
+    /// Trims node `id`'s log below `lsn` (capped at its committed end), as the database
+    /// does after a checkpoint: storage deletes whole blocks below it and the replica
+    /// learns its new start. Returns whether anything was trimmed.
+    pub fn trim(&mut self, id: NodeId, lsn: chorus_core::Lsn) -> bool {
+        let local = self.local_now(id);
+        let node = self.nodes.get_mut(&id).expect("node");
+        let Some(up) = &mut node.up else {
+            return false;
+        };
+        if up.replica.repairing_range().is_some() || up.replica.halted().is_some() {
+            return false;
+        }
+        let before = up.log.start_lsn();
+        let lsn = lsn.min(up.replica.committed_end());
+        if up.log.trim(lsn).is_err() {
+            self.storage_failure(id);
+            return false;
+        }
+        let start = up.log.start_lsn();
+        up.replica.log_trimmed(local, start);
+        let trimmed = start > before;
+        if trimmed {
+            self.bump("trims");
+            self.note(format!("node {id} trimmed its log below {start}"));
+        }
+        self.pump(id);
+        trimmed
     }
 
     /// Restarts a node's replica from its storage without a crash (after a repair): a new
@@ -994,6 +1027,23 @@ impl Cluster {
                     Action::Halt { reason } => {
                         self.checker
                             .report(now, format!("node {id} halted: {reason}"));
+                    }
+                    Action::Rebase { base } => {
+                        if up.log.rebase(base).is_err() {
+                            self.storage_failure(id);
+                            return;
+                        }
+                        self.bump("rebases");
+                        self.note(format!(
+                            "node {id} rebased its log at {} (behind its peer's log start)",
+                            base.end_lsn
+                        ));
+                        self.checker.on_rebase(now, id, &base);
+                    }
+                    Action::Unknown { id: tid, lsn } => {
+                        node.unknown.push((inc, tid, lsn));
+                        self.bump("outcomes_unknown");
+                        self.checker.on_unknown(id, inc, tid);
                     }
                 }
             }

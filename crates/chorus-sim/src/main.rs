@@ -85,6 +85,11 @@ struct Args {
     /// found before zeros were written ahead).
     #[arg(long)]
     preallocate: Option<u64>,
+    /// Ordered groups: no log trims during the faulty phase (by default replicas trim their
+    /// committed log at a rate drawn per seed, so followers fall behind the leader's log
+    /// start and are rebased; `--no-trims` gives the trajectories of seeds found before).
+    #[arg(long)]
+    no_trims: bool,
     /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
     /// `broken` feature).
     #[arg(long)]
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
     opts.cluster.gap_resend_after = args.gap_resend;
     opts.cluster.timed_resend = args.timed_resend;
     opts.cluster.preallocate = args.preallocate;
+    opts.trims = !args.no_trims;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
         {
@@ -176,6 +182,9 @@ fn main() -> ExitCode {
             if let Some(t) = args.timed_resend {
                 gap.push_str(&format!(" --timed-resend {t}"));
             }
+            if args.no_trims {
+                gap.push_str(" --no-trims");
+            }
             println!(
                 "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
                 r.seed, args.mode
@@ -183,7 +192,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={}",
+        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={} trims={} rebases={} outcomes_unknown={}",
         args.mode,
         reports.len(),
         start,
@@ -197,6 +206,9 @@ fn main() -> ExitCode {
         totals.get("messages_delivered").unwrap_or(&0),
         totals.get("gap_resend_requests").unwrap_or(&0),
         totals.get("timed_resends").unwrap_or(&0),
+        totals.get("trims").unwrap_or(&0),
+        totals.get("rebases").unwrap_or(&0),
+        totals.get("outcomes_unknown").unwrap_or(&0),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -27,6 +27,11 @@ pub struct RunOptions {
     pub liveness_bound: Nanos,
     /// Normal disk sync latency bounds.
     pub disk: (Nanos, Nanos),
+    /// Trim logs during the faulty phase, as a database does after its checkpoints, at a
+    /// rate drawn per seed (none in a quarter of the seeds), so followers fall behind
+    /// their leader's log start and are rebased. Drawn from a generator of its own: the
+    /// other draws of a seed are the same with it on or off.
+    pub trims: bool,
 }
 
 impl Default for RunOptions {
@@ -39,6 +44,7 @@ impl Default for RunOptions {
             settle_time: 4_000 * MS,
             liveness_bound: 3_000 * MS,
             disk: (50_000, 300_000),
+            trims: true,
         }
     }
 }
@@ -136,12 +142,35 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     let append_gap = rng.range(200_000, 3 * MS);
     let mut t: Nanos = 0;
     let rec_max = rng.range(16, 3000);
+    let mut trng = Rng::new(seed ^ 0x7819_3A5E_0000_0002);
+    let trim_rate = if base.trims && base.faults {
+        [0, 5, 20, 60][trng.below(4) as usize]
+    } else {
+        0
+    };
     while t < base.fault_time {
         t += rng.range(append_gap / 2, append_gap * 3 / 2);
         c.run_until(t);
         workload_step(&mut c, &mut rng, rec_max);
         if !base.faults {
             continue;
+        }
+        if trim_rate > 0 && trng.chance(trim_rate, 1000) {
+            // The leader, or any replica, trims below a committed point of its own.
+            let n = match c.leader() {
+                Some(l) if trng.chance(1, 2) => l,
+                _ => ids[trng.below(ids.len() as u64) as usize],
+            };
+            let span = c.nodes[&n]
+                .replica()
+                .zip(c.nodes[&n].log())
+                .map(|(r, l)| (l.start_lsn(), r.committed_end()));
+            if let Some((start, committed)) = span {
+                if committed > start {
+                    let lsn = start + trng.below(committed - start + 1);
+                    c.trim(n, lsn);
+                }
+            }
         }
         if heal_at.is_some_and(|h| t >= h) {
             c.blocked.clear();

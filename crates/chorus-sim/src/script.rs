@@ -25,6 +25,11 @@
 //! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
 //! | `member NODE add-learner\|add-voter\|promote\|remove X` · `member NODE replace OLD NEW` | membership |
+//! | `append-many NODE COUNT BYTES` | COUNT appends of BYTES bytes through NODE, 1 ms apart |
+//! | `outcomes NODE` | counts of the results delivered at NODE since the last `results` or `outcomes`, and of the appends whose outcome became unknown |
+//! | `trim NODE LSN` | NODE trims its log below LSN (capped at its committed end); prints its log start |
+//! | `start NODE` | NODE's log start (the first LSN its storage holds) |
+//! | `rebases NODE` | how often NODE's log was rebased, and how many rebases it sent |
 //! | `trace on\|off` | print role changes and crashes during `run` |
 //! | `check` | invariant violations so far (none expected) |
 
@@ -205,6 +210,61 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
                     let _ = write!(out, "refused: {e}");
                 }
             }
+        }
+        "append-many" => {
+            let n = num(words.next())?;
+            let count = num(words.next())?;
+            let bytes = num(words.next())? as usize;
+            let (mut ok, mut refused) = (0, 0);
+            for i in 0..count {
+                let text = format!("{i:0bytes$}");
+                match c.append(n, text.as_bytes(), 0) {
+                    Ok((_, tag)) => {
+                        st.tags.insert(tag, format!("many-{i}"));
+                        ok += 1;
+                    }
+                    Err(_) => refused += 1,
+                }
+                let t = c.now + MS;
+                c.run_until(t);
+            }
+            let _ = write!(out, "accepted {ok} refused {refused}");
+        }
+        "outcomes" => {
+            let n = num(words.next())?;
+            let seen = st.seen_results.entry(n).or_default();
+            let node = &c.nodes[&n];
+            let mut committed = 0;
+            let mut failed = 0;
+            for (_, _, _, o) in &node.results[*seen..] {
+                match o {
+                    Outcome::Committed => committed += 1,
+                    Outcome::Failed => failed += 1,
+                }
+            }
+            *seen = node.results.len();
+            let _ = write!(
+                out,
+                "committed {committed} failed {failed} unknown {}",
+                node.unknown.len()
+            );
+        }
+        "trim" => {
+            let n = num(words.next())?;
+            let lsn = num(words.next())?;
+            c.trim(n, lsn);
+            let log = c.nodes[&n].log().ok_or("node down")?;
+            let _ = write!(out, "start={}", log.start_lsn());
+        }
+        "start" => {
+            let n = num(words.next())?;
+            let log = c.nodes[&n].log().ok_or("node down")?;
+            let _ = write!(out, "start={}", log.start_lsn());
+        }
+        "rebases" => {
+            let n = num(words.next())?;
+            let r = c.nodes[&n].replica().ok_or("node down")?;
+            let _ = write!(out, "rebased {} sent {}", r.rebased(), r.rebases_sent());
         }
         "results" => {
             let n = num(words.next())?;

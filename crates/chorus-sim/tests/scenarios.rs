@@ -45,4 +45,7 @@ scenarios!(
     lease_expiry,
     repair_from_peer,
     repair_all_copies_bad,
+    rebase_behind_trim,
+    rebase_pending_unknown,
+    rebase_candidate_fetch,
 );

@@ -117,6 +117,15 @@ pub enum StorageError {
         /// The LSN asked for.
         lsn: Lsn,
     },
+    /// The LSN is not where a block starts (a multiple of the block size), as a rebase
+    /// needs: the new log's only block must start exactly there.
+    #[error("lsn {lsn} is not a block boundary (a multiple of the block size {block_size})")]
+    NotABlockBoundary {
+        /// The LSN asked for.
+        lsn: Lsn,
+        /// The log's block size.
+        block_size: u64,
+    },
     /// A write or fdatasync failed earlier; the storage accepts nothing until reopened,
     /// because the durability of earlier writes is unknown (never retry an fsync and
     /// trust it).

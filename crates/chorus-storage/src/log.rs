@@ -39,6 +39,15 @@
 //! treat zeros after the last valid group as the end of the log (below), so the format
 //! does not change; recovery cuts the zeros off and appends write them again.
 //!
+//! # Trim and rebase
+//!
+//! The log's start is always a block start: [`LogStorage::trim`] deletes whole blocks
+//! below the trim point and the log then starts at the first block kept, which is also
+//! what opening finds. [`LogStorage::rebase`] replaces the whole log by an empty one
+//! starting at a chain point taken from a peer (a replica catching up past a leader's
+//! trim point), crash-atomically through a temporary file that opening finishes or
+//! discards (docs/formats.md, "Block file").
+//!
 //! # Durability
 //!
 //! [`LogStorage::append`] writes; [`LogStorage::sync`] makes everything appended durable
@@ -141,6 +150,13 @@ pub struct RecoveryReport {
     pub end_lsn: Lsn,
     /// A damaged range before the tail, when opened with [`LogStorage::open_damaged`].
     pub damaged: Option<Damage>,
+    /// A rebase interrupted by a crash after its temporary file was complete, finished
+    /// at open: the id of the log's only block, where it now starts
+    /// ([`LogStorage::rebase`]).
+    pub completed_rebase: Option<u64>,
+    /// An incomplete rebase temporary file (a crash while it was written) that was
+    /// removed; the log was left as it was before the rebase.
+    pub removed_rebase_tmp: bool,
 }
 
 /// A range of the log that failed its checksums although valid groups follow it: synced
@@ -169,7 +185,8 @@ pub struct LogStorage {
     block_size: u64,
     /// Open handles by block id. Invariant: ids are contiguous, the last is the tail.
     blocks: BTreeMap<u64, Arc<dyn FsFile>>,
-    /// First readable LSN. Invariant: `start_lsn <= chain.end_lsn`.
+    /// First readable LSN. Invariants: `start_lsn <= chain.end_lsn`, and it is the start
+    /// of the first block (`first id * block_size`), so a group boundary.
     start_lsn: Lsn,
     /// Where the chain stands after the last appended group (the written end).
     chain: ChainPoint,
@@ -188,7 +205,14 @@ pub struct LogStorage {
     zeros: Option<AlignedBuf>,
     /// Bytes per sync, averaged ([`sync_bytes_average`]).
     sync_bytes: u64,
+    /// Bumped by every [`LogStorage::rebase`]: a [`SyncPoint`] taken before one synced a
+    /// file of the discarded log, so its outcome says nothing about this one.
+    generation: u64,
 }
+
+/// The name of the temporary file in the log directory that holds the new block header
+/// while a [`LogStorage::rebase`] is in progress (docs/formats.md, "Block file").
+pub const REBASE_TMP_NAME: &str = "rebase.tmp";
 
 /// The file name of block `id`.
 pub fn block_file_name(id: u64) -> String {
@@ -243,6 +267,7 @@ impl LogStorage {
             zeroed: BLOCK_HEADER_SIZE as u64,
             zeros: None,
             sync_bytes: 0,
+            generation: 0,
         }
     }
 
@@ -305,8 +330,15 @@ impl LogStorage {
         if !fs.exists(&log_dir).ctx(&log_dir, "stat")? {
             return Err(StorageError::NotFound { dir: log_dir });
         }
+        let mut s = Self::empty(fs, log_dir.clone(), log_id, &opts);
+        let mut report = RecoveryReport::default();
+        let mut names = s.fs.list_dir(&log_dir).ctx(&log_dir, "list")?;
+        if names.iter().any(|n| n == REBASE_TMP_NAME) {
+            s.recover_rebase(&names, &mut report)?;
+            names = s.fs.list_dir(&log_dir).ctx(&log_dir, "list")?;
+        }
         let mut ids = Vec::new();
-        for name in fs.list_dir(&log_dir).ctx(&log_dir, "list")? {
+        for name in names {
             match parse_block_name(&name) {
                 Some(id) => ids.push(id),
                 None => {
@@ -333,8 +365,6 @@ impl LogStorage {
                 });
             }
         }
-        let mut s = Self::empty(fs, log_dir, log_id, &opts);
-        let mut report = RecoveryReport::default();
         let last = *ids.last().expect("non-empty");
         let mut headers = BTreeMap::new();
         for &id in &ids {
@@ -531,10 +561,20 @@ impl LogStorage {
 
     fn create_block(&mut self, id: u64, start: ChainPoint) -> Result<()> {
         let path = self.block_path(id);
+        let file = self.write_block_file(&path, id, start)?;
+        self.sync_dir()?;
+        self.blocks.insert(id, file);
+        self.zeroed = BLOCK_HEADER_SIZE as u64;
+        Ok(())
+    }
+
+    /// Creates (or empties) the file `path` holding only the header of block `id`, whose
+    /// chain starts at `start`, and syncs it. Its directory entry is not synced here.
+    fn write_block_file(&self, path: &Path, id: u64, start: ChainPoint) -> Result<Arc<dyn FsFile>> {
         let file: Arc<dyn FsFile> = Arc::from(
             self.fs
-                .open(&path, OpenOptions::create())
-                .ctx(&path, "create")?,
+                .open(path, OpenOptions::create())
+                .ctx(path, "create")?,
         );
         let h = BlockHeader {
             log_id: self.log_id,
@@ -544,16 +584,18 @@ impl LogStorage {
             start_group_seq: start.next_group_seq,
             start_max_csn: start.max_csn,
         };
-        file.set_len(0).ctx(&path, "truncate")?;
+        file.set_len(0).ctx(path, "truncate")?;
         file.write_all_at(&h.encode(), 0)
-            .ctx(&path, "write block header")?;
-        file.sync_data().ctx(&path, "fdatasync")?;
+            .ctx(path, "write block header")?;
+        file.sync_data().ctx(path, "fdatasync")?;
+        Ok(file)
+    }
+
+    /// Makes the log directory's entries durable.
+    fn sync_dir(&self) -> Result<()> {
         self.fs
             .sync_dir(&self.dir)
-            .ctx(&self.dir, "fsync directory")?;
-        self.blocks.insert(id, file);
-        self.zeroed = BLOCK_HEADER_SIZE as u64;
-        Ok(())
+            .ctx(&self.dir, "fsync directory")
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -742,16 +784,21 @@ impl LogStorage {
             file: self.blocks[&tail].clone(),
             path: self.block_path(tail),
             end: self.chain.end_lsn,
+            generation: self.generation,
         })
     }
 
     /// Records the outcome of [`SyncPoint::sync`]: on success everything below the
     /// point's end is durable; on failure the storage moves to the failed state (after a
     /// failed fsync the durability of earlier writes is unknown). A point taken before a
-    /// truncation below its end is ignored (its end no longer names this log's bytes).
+    /// truncation below its end is ignored (its end no longer names this log's bytes), and
+    /// so is one taken before a [`LogStorage::rebase`] (it synced a discarded file).
     pub fn synced(&mut self, point: &SyncPoint, r: Result<()>) -> Result<Lsn> {
         self.fail(r)?;
-        if point.end <= self.chain.end_lsn && point.end > self.flushed_end {
+        if point.generation == self.generation
+            && point.end <= self.chain.end_lsn
+            && point.end > self.flushed_end
+        {
             self.sync_bytes = sync_bytes_average(self.sync_bytes, point.end - self.flushed_end);
             self.flushed_end = point.end;
         }
@@ -765,6 +812,7 @@ pub struct SyncPoint {
     file: Arc<dyn FsFile>,
     path: PathBuf,
     end: Lsn,
+    generation: u64,
 }
 
 impl SyncPoint {
@@ -780,9 +828,28 @@ impl SyncPoint {
 }
 
 impl LogStorage {
-    /// First readable LSN (everything below was trimmed).
+    /// First readable LSN: the start of the first block kept (`first_id * block_size`),
+    /// so always a group boundary. Everything below was trimmed ([`LogStorage::trim`],
+    /// [`LogStorage::rebase`]); reads there fail with [`StorageError::Trimmed`]. The same
+    /// after a restart.
     pub fn start_lsn(&self) -> Lsn {
         self.start_lsn
+    }
+
+    /// The checksum chain at [`LogStorage::start_lsn`]: from the first block's header
+    /// (one 4 KiB read), or [`LogStorage::chain`] when the log is empty there. What the
+    /// log's first group continues, and what a peer rebasing onto this log's start
+    /// ([`LogStorage::rebase`]) starts from.
+    pub fn start_chain(&self) -> Result<ChainPoint> {
+        if self.start_lsn == self.chain.end_lsn {
+            return Ok(self.chain);
+        }
+        let id = self.start_lsn / self.block_size;
+        let path = self.block_path(id);
+        let file = self.blocks[&id].clone();
+        Ok(self
+            .read_block_header(&path, file.as_ref(), id)?
+            .start_chain())
     }
 
     /// LSN just past the last appended group (written, maybe not yet durable).
@@ -1128,36 +1195,172 @@ impl LogStorage {
         file.sync_data().ctx(&path, "fdatasync")
     }
 
-    /// Trims the log below `lsn`: reads below it fail with [`StorageError::Trimmed`], and
-    /// block files lying wholly below it are deleted (oldest first). The caller records
-    /// the trim point in meta storage first and calls this again after a restart.
+    /// Trims the log below `lsn`, block by block: every block file lying wholly below
+    /// `lsn` is deleted (oldest first, so a crash midway leaves a contiguous suffix), and
+    /// the log then starts at the start of the first block kept, `first_kept_id *
+    /// block_size` — at or below `lsn`, and exactly where [`LogStorage::open`] finds the
+    /// start after a restart. Reads below it fail with [`StorageError::Trimmed`]. The
+    /// start is always a group boundary (groups never straddle blocks) whose chain point
+    /// is in that block's header ([`LogStorage::start_chain`]). The tail block is always
+    /// kept, so the log's end never moves. The caller records the trim point in meta
+    /// storage first and calls this again after a restart.
     pub fn trim(&mut self, lsn: Lsn) -> Result<()> {
         self.check_failed()?;
         let lsn = lsn.min(self.chain.end_lsn);
-        if lsn <= self.start_lsn {
+        let tail = *self.blocks.keys().next_back().expect("a block");
+        let keep = (lsn / self.block_size).min(tail);
+        let doomed: Vec<u64> = self.blocks.range(..keep).map(|(&b, _)| b).collect();
+        if doomed.is_empty() {
             return Ok(());
         }
-        let tail = *self.blocks.keys().next_back().expect("a block");
-        let doomed: Vec<u64> = self
-            .blocks
-            .keys()
-            .copied()
-            .filter(|&b| b != tail && (b + 1) * self.block_size <= lsn)
-            .collect();
         let r = (|| {
             for &b in &doomed {
                 let p = self.block_path(b);
                 self.fs.remove_file(&p).ctx(&p, "remove")?;
+                self.blocks.remove(&b);
             }
-            self.fs
-                .sync_dir(&self.dir)
-                .ctx(&self.dir, "fsync directory")
+            self.sync_dir()
         })();
-        for b in &doomed {
-            self.blocks.remove(b);
+        // Whatever was removed, the start stays the first remaining block's.
+        let first = *self.blocks.keys().next().expect("the tail is kept");
+        self.start_lsn = first * self.block_size;
+        self.fail(r)
+    }
+
+    /// Discards the whole log and starts it again, empty, at `base`: a chain point at a
+    /// block boundary (`base.end_lsn` a multiple of the block size) taken from a peer's
+    /// log. Afterwards `start_lsn() == end_lsn() == flushed_end() == base.end_lsn`,
+    /// `chain() == base`, the only block is `base.end_lsn / block_size`, and appends
+    /// continue `base`.
+    ///
+    /// This is how a replica that fell behind a leader's trim point catches up (like
+    /// Raft's InstallSnapshot; the database's state up to `base` is transferred outside
+    /// the log): the groups it lacks are gone from every peer, so its own log can only
+    /// restart where the leader's begins. The caller must rebase only to a `base` at or
+    /// below the group's committed end, so that nothing is discarded that is uncommitted
+    /// and that a majority may still need.
+    ///
+    /// Crash-atomic: after a crash at any point, [`LogStorage::open`] finds either the
+    /// old log intact or the new empty log at `base`, never a mix (docs/formats.md,
+    /// "Block file"): the new block is written and synced under the temporary name
+    /// [`REBASE_TMP_NAME`] first, then every old block is removed and the temporary file
+    /// renamed to the new block's name, each step followed by a directory fsync; `open`
+    /// finishes a rebase whose temporary file is complete and discards one that is not.
+    ///
+    /// An unaligned `base` is refused with [`StorageError::NotABlockBoundary`], changing
+    /// nothing. An IO error moves the storage into the failed state; reopen it to find
+    /// the old or the new log.
+    pub fn rebase(&mut self, base: ChainPoint) -> Result<()> {
+        self.check_failed()?;
+        if !base.end_lsn.is_multiple_of(self.block_size) {
+            return Err(StorageError::NotABlockBoundary {
+                lsn: base.end_lsn,
+                block_size: self.block_size,
+            });
         }
-        self.fail(r)?;
-        self.start_lsn = lsn;
+        let id = base.end_lsn / self.block_size;
+        let r = self.rebase_files(id, base);
+        let file = self.fail(r)?;
+        self.blocks.clear();
+        self.blocks.insert(id, file);
+        self.start_lsn = base.end_lsn;
+        self.chain = base;
+        self.flushed_end = base.end_lsn;
+        self.damaged = None;
+        // As for a freshly created block: the direct tail is opened at the next append,
+        // the file holds nothing after its header, and the sync sizes start over.
+        self.direct = None;
+        self.zeroed = BLOCK_HEADER_SIZE as u64;
+        self.sync_bytes = 0;
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// The file steps of [`LogStorage::rebase`]; returns the new block's handle.
+    fn rebase_files(&self, id: u64, base: ChainPoint) -> Result<Arc<dyn FsFile>> {
+        let tmp = self.dir.join(REBASE_TMP_NAME);
+        // 1. The new block, complete and durable under the temporary name: from here on
+        //    a crash ends in the new log.
+        self.write_block_file(&tmp, id, base)?;
+        self.sync_dir()?;
+        // 2. Every old block goes, the new block's id included if the log had it.
+        for &b in self.blocks.keys() {
+            let p = self.block_path(b);
+            self.fs.remove_file(&p).ctx(&p, "remove")?;
+        }
+        self.sync_dir()?;
+        // 3. The temporary file becomes the block.
+        let path = self.block_path(id);
+        self.fs.rename(&tmp, &path).ctx(&tmp, "rename")?;
+        self.sync_dir()?;
+        let file = self
+            .fs
+            .open(&path, OpenOptions::read_write())
+            .ctx(&path, "open")?;
+        Ok(Arc::from(file))
+    }
+
+    /// At open, with [`REBASE_TMP_NAME`] among the log directory's `names`: finishes the
+    /// rebase if the temporary file holds a complete, valid header (it was synced before
+    /// any old block was touched), or removes it (a crash while it was written, so the
+    /// old log is intact).
+    fn recover_rebase(&mut self, names: &[String], report: &mut RecoveryReport) -> Result<()> {
+        let tmp = self.dir.join(REBASE_TMP_NAME);
+        let file = self
+            .fs
+            .open(&tmp, OpenOptions::read_write())
+            .ctx(&tmp, "open")?;
+        let mut buf = vec![0u8; BLOCK_HEADER_SIZE];
+        let header = if file.len().ctx(&tmp, "stat")? >= BLOCK_HEADER_SIZE as u64 {
+            file.read_exact_at(&mut buf, 0)
+                .ctx(&tmp, "read block header")?;
+            BlockHeader::decode(&buf).ok()
+        } else {
+            None
+        };
+        let Some(h) = header else {
+            drop(file);
+            self.fs.remove_file(&tmp).ctx(&tmp, "remove")?;
+            self.sync_dir()?;
+            report.removed_rebase_tmp = true;
+            return Ok(());
+        };
+        // A valid header of another log or block size is not guessed at: removing it
+        // could leave a half-removed old log, so opening fails as it would on a block.
+        if h.log_id != self.log_id {
+            return Err(StorageError::ForeignBlock {
+                path: tmp,
+                expected: self.log_id,
+                found: h.log_id,
+            });
+        }
+        if h.block_size != self.block_size {
+            return Err(StorageError::BlockSizeMismatch {
+                path: tmp,
+                configured: self.block_size,
+                on_disk: h.block_size,
+            });
+        }
+        // The header may be only in the page cache (the rebase stopped before its
+        // fdatasync), or visible but never to be written back (its fdatasync failed,
+        // fsyncgate): write it again and sync it, and its directory entry, before any old
+        // block is removed.
+        let r = file
+            .set_len(BLOCK_HEADER_SIZE as u64)
+            .and_then(|_| file.write_all_at(&buf, 0))
+            .and_then(|_| file.sync_data());
+        r.ctx(&tmp, "rewrite and fdatasync")?;
+        drop(file);
+        self.sync_dir()?;
+        for id in names.iter().filter_map(|n| parse_block_name(n)) {
+            let p = self.block_path(id);
+            self.fs.remove_file(&p).ctx(&p, "remove")?;
+        }
+        self.sync_dir()?;
+        let path = self.block_path(h.block_id);
+        self.fs.rename(&tmp, &path).ctx(&tmp, "rename")?;
+        self.sync_dir()?;
+        report.completed_rebase = Some(h.block_id);
         Ok(())
     }
 }

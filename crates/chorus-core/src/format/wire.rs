@@ -58,6 +58,8 @@
 //!  8  TimeoutNow     u64 pid
 //!  9  RepairRequest  u64 from | u64 to
 //! 10  RepairResp     u64 from | u64 to | Vec<u8> bytes | bool have | bool damaged
+//! 11  Rebase         u64 pid | u64 ts | u64 base_lsn | u32 base_acc | u64 base_group_seq
+//!                    | u64 base_max_csn | u64 base_pid | u64 committed; base_lsn <= committed
 //! ```
 //!
 //! **Checks.** [`decode_header`] checks, in this order: magic, version (a peer running
@@ -75,6 +77,7 @@
 //! replica that receives it. The one exception is the membership rule above, which keeps a
 //! membership from the wire storable in the meta record.
 
+use super::group::ChainPoint;
 use super::le::{put_u16, put_u32, u16_at, u32_at};
 use super::meta::{ConfigVersion, Membership, NodeId, MAX_MEMBERS};
 use super::{crc32c, FormatError, Reader};
@@ -111,6 +114,7 @@ const TAG_APPEND_ACK: u8 = 7;
 const TAG_TIMEOUT_NOW: u8 = 8;
 const TAG_REPAIR_REQUEST: u8 = 9;
 const TAG_REPAIR_RESP: u8 = 10;
+const TAG_REBASE: u8 = 11;
 
 /// What a frame carries (header byte 6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -611,6 +615,23 @@ fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             put_bool(out, *have);
             put_bool(out, *damaged);
         }
+        Message::Rebase {
+            pid,
+            ts,
+            base,
+            base_pid,
+            committed,
+        } => {
+            out.push(TAG_REBASE);
+            put_u64v(out, *pid);
+            put_u64v(out, *ts);
+            put_u64v(out, base.end_lsn);
+            put_u32v(out, base.acc_crc);
+            put_u64v(out, base.next_group_seq);
+            put_u64v(out, base.max_csn);
+            put_u64v(out, *base_pid);
+            put_u64v(out, *committed);
+        }
     }
 }
 
@@ -715,10 +736,40 @@ fn decode_message(r: &mut Reader<'_>) -> Result<Message, FormatError> {
                 damaged: r.flag("damaged")?,
             }
         }
+        TAG_REBASE => {
+            r.ctx = "rebase";
+            let m = Message::Rebase {
+                pid: r.u64()?,
+                ts: r.u64()?,
+                base: ChainPoint {
+                    end_lsn: r.u64()?,
+                    acc_crc: r.u32()?,
+                    next_group_seq: r.u64()?,
+                    max_csn: r.u64()?,
+                },
+                base_pid: r.u64()?,
+                committed: r.u64()?,
+            };
+            if let Message::Rebase {
+                base, committed, ..
+            } = &m
+            {
+                if base.end_lsn > *committed {
+                    return Err(FormatError::Malformed {
+                        what: WHAT_BODY,
+                        detail: format!(
+                            "rebase: base LSN {} is above the committed end {committed}",
+                            base.end_lsn
+                        ),
+                    });
+                }
+            }
+            m
+        }
         other => {
             return Err(FormatError::Malformed {
                 what: WHAT_BODY,
-                detail: format!("unknown message tag {other} (1 ..= 10)"),
+                detail: format!("unknown message tag {other} (1 ..= 11)"),
             })
         }
     };
@@ -910,6 +961,18 @@ mod tests {
             });
             v.push(Message::TimeoutNow { pid: n });
             v.push(Message::RepairRequest { from: n, to: n });
+            v.push(Message::Rebase {
+                pid: n,
+                ts: n,
+                base: ChainPoint {
+                    end_lsn: n / 2,
+                    acc_crc: n32,
+                    next_group_seq: n,
+                    max_csn: n,
+                },
+                base_pid: n,
+                committed: n,
+            });
         }
         v
     }
@@ -1045,7 +1108,7 @@ mod tests {
                 assert!(h.body_len as usize - msg.payload_len() <= MAX_MSG_OVERHEAD);
             }
         }
-        assert_eq!(tags.len(), 10, "every message variant sampled: {tags:?}");
+        assert_eq!(tags.len(), 11, "every message variant sampled: {tags:?}");
     }
 
     #[test]
@@ -1221,7 +1284,7 @@ mod tests {
         for k in [0, 3, 0xFF] {
             malformed(decode(&raw(k, 0, 1, &body)), "unknown frame kind");
         }
-        for t in [0, 11, 0xFF] {
+        for t in [0, 12, 0xFF] {
             let mut b = body.clone();
             b[8] = t;
             malformed(decode(&raw(2, 0, 1, &b)), "unknown message tag");
@@ -1506,6 +1569,20 @@ mod tests {
                     bytes,
                     have,
                     damaged
+                }
+            ),
+            (u(), u(), u(), any::<u32>(), u(), u(), u(), u()).prop_map(
+                |(pid, ts, a, acc_crc, next_group_seq, max_csn, base_pid, b)| Message::Rebase {
+                    pid,
+                    ts,
+                    base: ChainPoint {
+                        end_lsn: a.min(b),
+                        acc_crc,
+                        next_group_seq,
+                        max_csn,
+                    },
+                    base_pid,
+                    committed: a.max(b),
                 }
             ),
         ]

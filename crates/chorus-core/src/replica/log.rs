@@ -166,6 +166,20 @@ impl LogView {
         self.flushed = self.flushed.min(lsn);
     }
 
+    /// Forgets the whole log: it starts again, empty, at `base` (everything below it is
+    /// committed), with `base_pid` as the proposal id of the group ending there.
+    pub fn rebase(&mut self, base: ChainPoint, base_pid: u64) {
+        self.start = base.end_lsn;
+        self.floor = base;
+        self.floor_pid = base_pid;
+        self.index.clear();
+        self.chain = base;
+        self.flushed = base.end_lsn;
+        self.committed = base.end_lsn;
+        self.cache.clear();
+        self.cache_len = 0;
+    }
+
     /// Drops index entries wholly below `keep_from` while more than `max` are held.
     pub fn prune(&mut self, keep_from: Lsn, max: usize) {
         while self.index.len() > max {

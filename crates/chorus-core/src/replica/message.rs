@@ -4,6 +4,7 @@
 //! [`crate::format::wire`]. Every field a receiver acts on is checked by the receiver (drops are
 //! counted in [`super::Replica::drops`]): a message is a claim, not a fact.
 
+use crate::format::group::ChainPoint;
 use crate::format::meta::{ConfigVersion, Membership, NodeId};
 use crate::Lsn;
 
@@ -172,6 +173,26 @@ pub enum Message {
         /// The sender's own copy is damaged too (it is repairing).
         damaged: bool,
     },
+    /// Catch-up past the sender's log start: the receiver needs groups the sender trimmed
+    /// (the database's checkpoint let it delete them). Everything below `base` is
+    /// committed, so a receiver whose log neither holds `base` nor reaches it restarts its
+    /// log empty at `base` (Raft's snapshot install, with the state kept by the database
+    /// outside the log; PALF's rebuild). Sent by a leader to a follower behind its start,
+    /// and by a replica answering a candidate's [`Message::Fetch`] from below its start.
+    Rebase {
+        /// The leader's proposal id, or the candidate's when answering a fetch.
+        pid: u64,
+        /// The leader's clock when sent (echoed for its lease; 0 when answering a fetch).
+        ts: Nanos,
+        /// The chain point at the sender's log start, a group boundary at or below its
+        /// committed end.
+        base: ChainPoint,
+        /// Proposal id of the group ending at `base` (0 if unknown: an understated log
+        /// only loses elections).
+        base_pid: u64,
+        /// The sender's committed end (at least `base.end_lsn`).
+        committed: Lsn,
+    },
 }
 
 impl Message {
@@ -188,6 +209,7 @@ impl Message {
             Message::TimeoutNow { .. } => "timeout_now",
             Message::RepairRequest { .. } => "repair_request",
             Message::RepairResp { .. } => "repair_resp",
+            Message::Rebase { .. } => "rebase",
         }
     }
 

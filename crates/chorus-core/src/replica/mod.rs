@@ -339,6 +339,9 @@ pub enum ReadPurpose {
         pid: u64,
         /// Bytes of groups it asked for.
         max_bytes: u32,
+        /// It asked from below our log start: the read is from our start, and the answer
+        /// begins with a [`Message::Rebase`] there.
+        rebase: bool,
     },
 }
 
@@ -440,6 +443,24 @@ pub enum Action {
     Halt {
         /// Why.
         reason: String,
+    },
+    /// Discard the whole log and start it again, empty, at `base` (storage's
+    /// `LogStorage::rebase`), durably, before the actions after it: the replica fell behind
+    /// its leader's log start ([`Message::Rebase`]). Readers of this replica find nothing
+    /// below `base` any more.
+    Rebase {
+        /// Where the log starts again, with the checksum chain there.
+        base: ChainPoint,
+    },
+    /// The result of an append accepted by this replica can no longer be known: the log
+    /// it was written at was trimmed on the leader before this replica learned whether it
+    /// committed (it fell behind the leader's log start while holding it). As after a
+    /// crash, the appender must find out from the log itself.
+    Unknown {
+        /// The ticket id.
+        id: u64,
+        /// The record's LSN.
+        lsn: Lsn,
     },
 }
 
@@ -674,6 +695,10 @@ pub struct Replica {
     gap_asked_at: Option<(Lsn, usize)>,
     /// Gap resends asked for since this replica started.
     gap_asks: u64,
+    /// Rebases sent to followers and candidates behind our log start.
+    rebases_sent: u64,
+    /// Times our own log was started again at a peer's log start.
+    rebased: u64,
     /// Timed resends ([`ReplicaConfig::timed_resend`]) since this replica started.
     timed_resends: u64,
     halted: Option<String>,
@@ -743,6 +768,8 @@ impl Replica {
             early: BTreeMap::new(),
             gap_asked_at: None,
             gap_asks: 0,
+            rebases_sent: 0,
+            rebased: 0,
             timed_resends: 0,
             halted: None,
             storage_failed: false,
@@ -857,6 +884,18 @@ impl Replica {
                 .as_ref()
                 .and_then(|l| l.open.as_ref())
                 .map_or(0, |o| o.records.len())
+    }
+
+    /// [`Message::Rebase`]s this replica sent to followers or candidates whose logs ended
+    /// below its log start, since it started.
+    pub fn rebases_sent(&self) -> u64 {
+        self.rebases_sent
+    }
+
+    /// Times this replica's log was started again, empty, at a peer's log start because it
+    /// had fallen behind it ([`Message::Rebase`]).
+    pub fn rebased(&self) -> u64 {
+        self.rebased
     }
 
     /// Times this follower asked its leader to resend past a gap at once
@@ -1205,6 +1244,13 @@ impl Replica {
                 committed,
                 config_version,
             ),
+            Message::Rebase {
+                pid,
+                ts,
+                base,
+                base_pid,
+                committed,
+            } => self.on_rebase(from, pid, ts, base, base_pid, committed),
             Message::TimeoutNow { pid } => {
                 if self.leader == Some(from)
                     && pid == self.leader_pid
@@ -1237,6 +1283,16 @@ impl Replica {
         } else {
             self.send_ack(true, 0);
         }
+    }
+
+    /// Storage deleted the log below `start` (the database trimmed it after its own
+    /// checkpoint; `start` is the first LSN storage still holds, a group boundary at or
+    /// below the committed end). A follower that needs anything below it is rebased there
+    /// ([`Message::Rebase`]).
+    pub fn log_trimmed(&mut self, now: Nanos, start: Lsn) {
+        self.abandon_lane();
+        self.now = self.now.max(now);
+        self.log.start = self.log.start.max(start.min(self.log.committed));
     }
 
     /// A storage read requested by [`Action::ReadLog`] finished: `Ok((chain at from,
@@ -1294,11 +1350,29 @@ impl Replica {
                     return;
                 };
                 p.read_pending = false;
-                if p.next != from {
+                let rebase = p.next < from && from == self.log.start;
+                if p.next != from && !rebase {
                     return;
                 }
                 let bytes = cut_groups(&bytes, self.log.end(), self.cfg.max_message_bytes);
                 p.sent_upto(from + bytes.len() as u64, self.now);
+                if rebase {
+                    // The follower needs groups below our start, which storage no longer
+                    // holds: it starts again at our start, then takes the groups after it.
+                    if from > self.log.committed {
+                        self.drop_input(Some(peer), "log start above the committed end");
+                        return;
+                    }
+                    let msg = Message::Rebase {
+                        pid: l.pid,
+                        ts: self.now,
+                        base: chain,
+                        base_pid: self.log.pid_ending_at(from),
+                        committed: self.log.committed,
+                    };
+                    self.rebases_sent += 1;
+                    self.send(peer, msg);
+                }
                 let msg = self.append_msg(peer, prev, bytes);
                 self.send(peer, msg);
             }
@@ -1307,9 +1381,25 @@ impl Replica {
                 peer,
                 pid,
                 max_bytes,
+                rebase,
             } => {
                 if self.meta.vote.promised_proposal_id != pid {
                     return;
+                }
+                if rebase {
+                    if from > self.log.committed {
+                        self.drop_input(Some(peer), "log start above the committed end");
+                        return;
+                    }
+                    let msg = Message::Rebase {
+                        pid,
+                        ts: 0,
+                        base: chain,
+                        base_pid: self.log.pid_ending_at(from),
+                        committed: self.log.committed,
+                    };
+                    self.rebases_sent += 1;
+                    self.send(peer, msg);
                 }
                 let groups = cut_groups(&bytes, self.log.flushed, max_bytes as usize);
                 let end = self.log.flushed;
@@ -2051,6 +2141,20 @@ impl Replica {
             return;
         }
         let max = (max_bytes as usize).clamp(1, self.cfg.max_message_bytes);
+        if pos.lsn < self.log.start {
+            // The candidate's log ends below our start: it is rebased at our start first.
+            self.actions.push(Action::ReadLog {
+                purpose: ReadPurpose::Fetch {
+                    peer: from,
+                    pid,
+                    max_bytes: max as u32,
+                    rebase: true,
+                },
+                from: self.log.start,
+                max_bytes: max,
+            });
+            return;
+        }
         match self.log.cached_from(pos.lsn, max) {
             Some(bytes) if pos.lsn >= self.log.floor.end_lsn => {
                 let groups = cut_groups(&bytes, self.log.flushed, max);
@@ -2070,6 +2174,7 @@ impl Replica {
                     peer: from,
                     pid,
                     max_bytes: max as u32,
+                    rebase: false,
                 },
                 from: pos.lsn,
                 max_bytes: max,
@@ -2529,6 +2634,9 @@ impl Replica {
             _ => {
                 let l = self.leading.as_mut().expect("leading");
                 l.progress.get_mut(&peer).expect("peer").read_pending = true;
+                // Below our log start storage holds nothing: read from the start, and
+                // the follower is rebased there (see `log_read`).
+                let from = from.max(self.log.start);
                 self.actions.push(Action::ReadLog {
                     purpose: ReadPurpose::CatchUp { peer },
                     from,
@@ -2687,72 +2795,9 @@ impl Replica {
         else {
             unreachable!("on_append takes appends")
         };
-        // A sender outside our membership is a leader only if it brings a newer membership
-        // naming it a voter (a leader attaches its membership until we acknowledge it).
-        let m = &self.meta_want.membership;
-        let known = m.voters.is_empty()
-            || m.voters.contains(&from)
-            || m.learners.contains(&from)
-            || config
-                .as_ref()
-                .is_some_and(|c| c.version > m.version && c.voters.contains(&from));
-        if !known {
-            self.drop_input(Some(from), "append from a non-member");
+        if !self.follow(from, pid, ts, config.as_ref()) {
             return;
         }
-        self.max_seen_pid = self.max_seen_pid.max(pid);
-        let promised = self.promised();
-        if pid < promised {
-            self.drop_input(Some(from), "append with a stale proposal id");
-            let msg = Message::AppendAck {
-                pid: promised,
-                ts,
-                success: false,
-                matched: 0,
-                hint: 0,
-                committed: 0,
-                config_version: self.meta.membership.version,
-            };
-            self.send(from, msg);
-            return;
-        }
-        let own_pid = self
-            .leading
-            .as_ref()
-            .map(|l| l.pid)
-            .or(self.campaign.as_ref().map(|c| c.pid));
-        if own_pid == Some(pid) {
-            self.drop_input(
-                Some(from),
-                "append from another replica under our proposal id",
-            );
-            return;
-        }
-        if pid > promised {
-            self.meta_want.vote = Vote {
-                promised_proposal_id: pid,
-                voted_for: None,
-            };
-            self.save_meta();
-        }
-        self.step_down();
-        if self.leader_pid != pid || self.leader != Some(from) {
-            self.leader = Some(from);
-            self.leader_pid = pid;
-            self.matched_end = self.log.committed;
-            self.leader_committed = 0;
-            self.early.clear();
-            self.gap_asked_at = None;
-            let role = self.role;
-            self.actions.push(Action::Role {
-                role,
-                pid,
-                leader: Some(from),
-            });
-        }
-        self.lease_until = self.now + self.cfg.lease;
-        self.lease_holder = Some(from);
-        self.last_leader_ts = self.last_leader_ts.max(ts);
         if prev.lsn > self.log.end() {
             // A gap: either an earlier message is still in flight (reordering; buffer this
             // one within bounds) or it was lost. A heartbeat past our end means the latter,
@@ -2814,6 +2859,159 @@ impl Replica {
         }
         self.send_ack(true, 0);
         self.drain_early();
+    }
+
+    /// The checks and bookkeeping every message from a leader goes through
+    /// ([`Message::Append`], [`Message::Rebase`]): the sender is a member (or brings a
+    /// membership naming it), its proposal id is not stale (answered with ours if it is),
+    /// and we follow it from now on. Returns whether to go on with the message.
+    fn follow(&mut self, from: NodeId, pid: u64, ts: Nanos, config: Option<&Membership>) -> bool {
+        // A sender outside our membership is a leader only if it brings a newer membership
+        // naming it a voter (a leader attaches its membership until we acknowledge it).
+        let m = &self.meta_want.membership;
+        let known = m.voters.is_empty()
+            || m.voters.contains(&from)
+            || m.learners.contains(&from)
+            || config
+                .as_ref()
+                .is_some_and(|c| c.version > m.version && c.voters.contains(&from));
+        if !known {
+            self.drop_input(Some(from), "append from a non-member");
+            return false;
+        }
+        self.max_seen_pid = self.max_seen_pid.max(pid);
+        let promised = self.promised();
+        if pid < promised {
+            self.drop_input(Some(from), "append with a stale proposal id");
+            let msg = Message::AppendAck {
+                pid: promised,
+                ts,
+                success: false,
+                matched: 0,
+                hint: 0,
+                committed: 0,
+                config_version: self.meta.membership.version,
+            };
+            self.send(from, msg);
+            return false;
+        }
+        let own_pid = self
+            .leading
+            .as_ref()
+            .map(|l| l.pid)
+            .or(self.campaign.as_ref().map(|c| c.pid));
+        if own_pid == Some(pid) {
+            self.drop_input(
+                Some(from),
+                "append from another replica under our proposal id",
+            );
+            return false;
+        }
+        if pid > promised {
+            self.meta_want.vote = Vote {
+                promised_proposal_id: pid,
+                voted_for: None,
+            };
+            self.save_meta();
+        }
+        self.step_down();
+        if self.leader_pid != pid || self.leader != Some(from) {
+            self.leader = Some(from);
+            self.leader_pid = pid;
+            self.matched_end = self.log.committed;
+            self.leader_committed = 0;
+            self.early.clear();
+            self.gap_asked_at = None;
+            let role = self.role;
+            self.actions.push(Action::Role {
+                role,
+                pid,
+                leader: Some(from),
+            });
+        }
+        self.lease_until = self.now + self.cfg.lease;
+        self.lease_holder = Some(from);
+        self.last_leader_ts = self.last_leader_ts.max(ts);
+        true
+    }
+
+    /// A [`Message::Rebase`]: from our leader (we are behind its log start), or from the
+    /// replica a candidate of ours fetches from (our log ends below its start).
+    fn on_rebase(
+        &mut self,
+        from: NodeId,
+        pid: u64,
+        ts: Nanos,
+        base: ChainPoint,
+        base_pid: u64,
+        committed: Lsn,
+    ) {
+        if base.end_lsn > committed || !base.end_lsn.is_multiple_of(self.cfg.block_size) {
+            self.drop_input(
+                Some(from),
+                "rebase to a base that is not a committed block start",
+            );
+            return;
+        }
+        if let Some(c) = &self.campaign {
+            if let CampaignPhase::Fetching { source, .. } = c.phase {
+                if c.pid == pid && source == from {
+                    // Reconfirmation takes the source's log as it is (it is the longest of
+                    // a majority), so ours below its start may go.
+                    if !self.holds_base(base) {
+                        self.rebase_log(base, base_pid);
+                    }
+                    return;
+                }
+            }
+            self.drop_input(Some(from), "rebase not asked for");
+            return;
+        }
+        if !self.follow(from, pid, ts, None) {
+            return;
+        }
+        if !self.holds_base(base) {
+            self.rebase_log(base, base_pid);
+        }
+        // Either way our log matches the leader's up to `base` now.
+        self.matched_end = self.matched_end.max(base.end_lsn);
+        self.leader_committed = self.leader_committed.max(committed);
+        self.follower_commit();
+        self.send_ack(true, 0);
+        self.drain_early();
+    }
+
+    /// Whether our log already holds `base`: our committed prefix reaches it (committed
+    /// prefixes are the same everywhere) or it is a boundary of our log with the same
+    /// checksum chain.
+    fn holds_base(&self, base: ChainPoint) -> bool {
+        self.log.committed >= base.end_lsn
+            || self.log.continues_at(LogPos {
+                lsn: base.end_lsn,
+                acc: base.acc_crc,
+            })
+    }
+
+    /// Starts our log again, empty, at `base`: everything below it is committed.
+    fn rebase_log(&mut self, base: ChainPoint, base_pid: u64) {
+        let at = base.end_lsn;
+        self.log.rebase(base, base_pid);
+        self.matched_end = at;
+        self.early.retain(|&lsn, _| lsn >= at);
+        self.gap_asked_at = None;
+        self.last_csn = self.last_csn.max(base.max_csn);
+        self.rebased += 1;
+        self.actions.push(Action::Rebase { base });
+        self.actions.push(Action::Commit { end: at });
+        // Our pending groups below `base` were committed or not on the leader, whose log
+        // there is gone: their results cannot be known any more.
+        while self.pending.front().is_some_and(|g| g.lsn < at) {
+            let g = self.pending.pop_front().expect("non-empty");
+            for (id, lsn, _) in g.records {
+                self.actions.push(Action::Unknown { id, lsn });
+            }
+        }
+        self.resolve_pending();
     }
 
     fn drain_early(&mut self) {
