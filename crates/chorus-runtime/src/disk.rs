@@ -8,7 +8,11 @@
 //! [`crate::EnvConfig::min_free_bytes`] available: they are refused by name
 //! ([`crate::Error::DiskLow`], nothing appended), the group keeps running (followers
 //! catch up, reads and tails are served), and appends are taken again as soon as space is
-//! freed — by trimming the log (`Trim`) or otherwise — with no restart. The free space is
+//! freed — by trimming the log (`Trim`) or otherwise — with no restart. A follower on
+//! such a disk takes no new log meanwhile ([`DiskSpace::decline`]): the replication
+//! messages carrying groups are dropped unanswered, as if lost, so it falls behind rather
+//! than filling the disk and stopping; its leader sends them again, and it catches up (or
+//! is rebased, if its leader trimmed past it) once space is freed. The free space is
 //! measured (`statvfs`) by the environment's timer thread every
 //! [`DiskSpace::REFRESH`], so an append pays one relaxed load for the check.
 
@@ -28,6 +32,7 @@ pub struct DiskSpace {
     free: AtomicU64,
     low: AtomicBool,
     refused: AtomicU64,
+    declined: AtomicU64,
 }
 
 impl DiskSpace {
@@ -43,6 +48,7 @@ impl DiskSpace {
             free: AtomicU64::new(u64::MAX),
             low: AtomicBool::new(false),
             refused: AtomicU64::new(0),
+            declined: AtomicU64::new(0),
         };
         let _ = d.refresh();
         d
@@ -74,6 +80,23 @@ impl DiskSpace {
             self.free.load(Ordering::Relaxed),
             self.min_free.load(Ordering::Relaxed),
         ))
+    }
+
+    /// Whether a follower should leave a replication message carrying log untaken because
+    /// the free space is below the floor (counted when so): dropping it is safe, as the
+    /// loss of any message is, and the leader sends the log again.
+    pub fn decline(&self) -> bool {
+        if !self.low.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.declined.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Replication messages carrying log that followers left untaken because the free
+    /// space was low ([`DiskSpace::decline`]), since this guard was made.
+    pub fn declined(&self) -> u64 {
+        self.declined.load(Ordering::Relaxed)
     }
 
     /// Whether the free space was below the floor at the last measurement.

@@ -630,7 +630,7 @@ impl Env {
             (
                 "chorus_disk_low",
                 "gauge",
-                "1 while the free space is below min_free_bytes: leaders refuse appends.",
+                "1 while the free space is below min_free_bytes: leaders refuse appends and followers take no new log.",
                 disk.is_low() as u64,
             ),
             (
@@ -638,6 +638,12 @@ impl Env {
                 "counter",
                 "Appends a leader refused because the free space was below min_free_bytes.",
                 disk.refused(),
+            ),
+            (
+                "chorus_replication_declined_disk_low_total",
+                "counter",
+                "Replication messages carrying log that a follower left untaken (as if lost; its leader sends them again) because the free space was below min_free_bytes.",
+                disk.declined(),
             ),
         ] {
             let _ = writeln!(
@@ -771,7 +777,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
                         tracing::warn!(
                             free,
                             min_free,
-                            "free space is below min_free_bytes: leaders refuse appends"
+                            "free space is below min_free_bytes: leaders refuse appends and followers take no new log"
                         );
                     }
                 }

@@ -358,6 +358,13 @@ impl Group {
 
     /// A message from a peer.
     pub fn deliver(self: &Arc<Self>, from: NodeId, msg: Message) {
+        // On a low disk a follower takes no new log (`crate::disk`): the message goes as
+        // if lost (heartbeats, with no groups, still arrive, so it keeps its leader).
+        if let Message::Append { groups, .. } = &msg {
+            if !groups.is_empty() && self.env.disk.decline() {
+                return;
+            }
+        }
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
         self.close_lane(&mut c, now);

@@ -807,10 +807,18 @@ impl OooNode {
                         // Only the configured replicas (voters and `others`) are heard.
                         Ev::Msg(from, m) if peers.contains_key(&from) => {
                             c.msgs_in += 1;
+                            // On a low disk a follower takes no new entries
+                            // (`crate::disk`): the message goes as if lost.
+                            let declined = matches!(&m, Msg::Append { entries, .. }
+                                if !entries.is_empty()
+                                    && replica.role() != Role::Leader
+                                    && disk.as_ref().is_some_and(|d| d.decline()));
                             if let Msg::Ack { seqs, .. } = &m {
                                 clock.acked(from, seqs.iter().map(|s| s.0), &lat);
                             }
-                            replica.receive(now(), from, m)
+                            if !declined {
+                                replica.receive(now(), from, m)
+                            }
                         }
                         Ev::Msg(..) => {}
                         Ev::Append(declared, data, reply) => match group::check(mode, &declared) {

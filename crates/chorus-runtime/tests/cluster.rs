@@ -479,3 +479,55 @@ fn a_follower_behind_the_leaders_trimmed_log_is_rebased() {
         c.stop(n);
     }
 }
+
+/// A follower whose disk is below `min_free_bytes` takes no new log (the messages carrying
+/// groups go as if lost) while the leader and the other follower commit; it stays up and
+/// following, and once space is back it catches up by itself to the same records.
+#[test]
+fn a_follower_on_a_low_disk_takes_no_log_and_catches_up() {
+    let mut c = Cluster {
+        root: tempfile::tempdir().unwrap(),
+        envs: HashMap::new(),
+        block_size: 1 << 20,
+        memory: None,
+    };
+    for n in 1..=3 {
+        c.start(n);
+    }
+    for e in c.envs.values() {
+        e.create_group(1, &[1, 2, 3], &[]).unwrap();
+    }
+    let (leader, g) = c.leader(1, Duration::from_secs(10));
+    let low = c.envs.keys().copied().find(|n| *n != leader).unwrap();
+    let f = c.envs[&low].group(1).unwrap();
+    wait_caught_up(&f, g.committed_end());
+    let disk = c.envs[&low].disk_space();
+    disk.set_min_free(u64::MAX - 1);
+    // What it was handed before the disk went low may still be in its write queue.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = f.status().end_lsn;
+    for i in 0..100 {
+        let a = g.append(format!("while low {i}").as_bytes(), 0).unwrap();
+        assert_eq!(a.result.wait().unwrap().outcome, Outcome::Committed);
+    }
+    let st = f.status();
+    assert_eq!(st.end_lsn, before, "a follower on a low disk wrote log");
+    assert!(st.stopped.is_none());
+    assert_eq!(st.role.leader, Some(leader), "it keeps following");
+    assert!(disk.declined() > 0);
+    let m = c.envs[&low].render_metrics();
+    let key = format!("chorus_replication_declined_disk_low_total{{node=\"{low}\"}} ");
+    let declined: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}in {m}"));
+    assert!(declined > 0, "{m}");
+    disk.set_min_free(0);
+    let end = g.committed_end();
+    wait_caught_up(&f, end);
+    assert_eq!(all_records(&f), all_records(&g));
+    for n in c.envs.keys().copied().collect::<Vec<_>>() {
+        c.stop(n);
+    }
+}

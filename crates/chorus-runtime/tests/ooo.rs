@@ -150,9 +150,8 @@ struct Cluster {
     voters: usize,
     /// Each node's [`OooNodeConfig::freeze_interval`].
     freeze: Vec<Duration>,
-    /// The free-space guard every node shares (floor 0: never low, until a test raises
-    /// it).
-    disk: Arc<DiskSpace>,
+    /// Each node's free-space guard (floor 0: never low, until a test raises it).
+    disks: Vec<Arc<DiskSpace>>,
 }
 
 impl Cluster {
@@ -198,7 +197,9 @@ impl Cluster {
             freeze,
             tls,
             voters,
-            disk: Arc::new(DiskSpace::new(std::env::temp_dir(), 0)),
+            disks: (0..n)
+                .map(|_| Arc::new(DiskSpace::new(std::env::temp_dir(), 0)))
+                .collect(),
         };
         for (i, l) in listeners.into_iter().enumerate() {
             let n = c.start(i, l);
@@ -235,7 +236,7 @@ impl Cluster {
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
             tls: self.tls[i].clone(),
-            disk: Some(self.disk.clone()),
+            disk: Some(self.disks[i].clone()),
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()
     }
@@ -761,7 +762,9 @@ fn a_leader_refuses_appends_while_its_disk_is_low_and_resumes() {
     let l = c.leader();
     c.append_many(0, 5);
     let node = c.nodes[l].as_ref().unwrap();
-    c.disk.set_min_free(u64::MAX - 1);
+    for d in &c.disks {
+        d.set_min_free(u64::MAX - 1);
+    }
     let (d, data) = c.record(100);
     match node.append(d.clone(), data.clone()) {
         Err(e @ OooNodeError::DiskLow { min_free, .. }) => {
@@ -775,11 +778,45 @@ fn a_leader_refuses_appends_while_its_disk_is_low_and_resumes() {
         Err(OooNodeError::Refused(e)) => assert!(e.to_string().contains("leader"), "{e}"),
         other => panic!("a follower should answer NotLeader: {other:?}"),
     }
-    assert!(c.disk.refused() >= 1);
+    assert!(c.disks[l].refused() >= 1);
     let st = node.status().expect("the group keeps running");
     assert_eq!(st.role, chorus_runtime::Role::Leader);
-    c.disk.set_min_free(0);
+    for d in &c.disks {
+        d.set_min_free(0);
+    }
     assert_eq!(node.append(d, data).unwrap(), Outcome::Committed);
+    c.converge();
+}
+
+/// A follower whose disk is below the guard's floor takes no new entries (the messages
+/// carrying them go as if lost) while the leader and the other follower commit; once
+/// space is back it catches up by itself and holds the same state.
+#[test]
+fn a_follower_on_a_low_disk_takes_no_entries_and_catches_up() {
+    let c = Cluster::new(Mode::Parallel { span: 2 });
+    let l = c.leader();
+    c.append_many(0, 5);
+    c.converge();
+    let f = (l + 1) % 3;
+    c.disks[f].set_min_free(u64::MAX - 1);
+    c.append_many(100, 50);
+    assert!(
+        c.disks[f].declined() >= 1,
+        "the low follower took every message"
+    );
+    let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
+    let low = c.nodes[f]
+        .as_ref()
+        .unwrap()
+        .status()
+        .expect("it keeps running");
+    assert!(
+        low.applied_head < lead.applied_head,
+        "a follower on a low disk applied {:?}, the leader {:?}",
+        low.applied_head,
+        lead.applied_head
+    );
+    c.disks[f].set_min_free(0);
     c.converge();
 }
 

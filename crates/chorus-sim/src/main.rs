@@ -90,7 +90,7 @@ struct Args {
     /// start and are rebased; `--no-trims` gives the trajectories of seeds found before).
     #[arg(long)]
     no_trims: bool,
-    /// Deliberately broken variant: skip-reconfirmation or ack-before-fsync (needs the
+    /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync or guess-on-rebase (needs the
     /// `broken` feature).
     #[arg(long)]
     broken: Option<String>,
@@ -129,9 +129,10 @@ fn main() -> ExitCode {
             opts.cluster.broken = match b.as_str() {
                 "skip-reconfirmation" => Broken::SkipReconfirmation,
                 "ack-before-fsync" => Broken::AckBeforeFsync,
+                "guess-on-rebase" => Broken::GuessOnRebase,
                 _ => {
                     eprintln!(
-                        "chorus-sim: --broken {b:?} is not skip-reconfirmation or ack-before-fsync"
+                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync or guess-on-rebase"
                     );
                     return ExitCode::from(2);
                 }

@@ -132,3 +132,26 @@ fn a_replica_that_lost_entries_and_still_votes_is_caught() {
         assert!(found.is_some(), "{mode:?}: no committed entry lost found");
     }
 }
+
+/// Guessing the outcome of appends a rebase leaves undecided — reporting them Failed
+/// instead of unknown — is caught: on seed 656 a deposed leader held appends that its
+/// successor had committed and then trimmed below, and was rebased past them. (Found by
+/// `cargo run --release -p chorus-sim --features broken -- --broken guess-on-rebase
+/// --seeds 1500`, 1 seed in 1,500; if a protocol change moves the trajectory, search
+/// again with that command and put the seed it finds here.)
+#[test]
+fn guessing_outcomes_on_a_rebase_is_caught() {
+    let mut o = RunOptions::default();
+    o.cluster.broken = Broken::GuessOnRebase;
+    let r = run_seed(656, &o);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.contains("reported Failed but committed")),
+        "{:#?}",
+        r.violations
+    );
+    let clean = run_seed(656, &RunOptions::default());
+    assert!(clean.violations.is_empty(), "{:#?}", clean.violations);
+    assert!(clean.stats.get("outcomes_unknown").copied().unwrap_or(0) > 0);
+}

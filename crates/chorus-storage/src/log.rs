@@ -205,8 +205,9 @@ pub struct LogStorage {
     zeros: Option<AlignedBuf>,
     /// Bytes per sync, averaged ([`sync_bytes_average`]).
     sync_bytes: u64,
-    /// Bumped by every [`LogStorage::rebase`]: a [`SyncPoint`] taken before one synced a
-    /// file of the discarded log, so its outcome says nothing about this one.
+    /// Bumped by every [`LogStorage::rebase`] and [`LogStorage::truncate`]: a
+    /// [`SyncPoint`] taken before one synced bytes that were then discarded, so its
+    /// outcome says nothing about what was written after.
     generation: u64,
 }
 
@@ -1138,6 +1139,9 @@ impl LogStorage {
         if lsn == self.chain.end_lsn {
             return Ok(());
         }
+        // A sync point taken before this truncation names bytes that are going: once
+        // appends pass its end again it must not mark them durable (see `synced`).
+        self.generation += 1;
         let id = lsn / self.block_size;
         let path = self.block_path(id);
         let file = self.blocks[&id].clone();
@@ -1202,8 +1206,8 @@ impl LogStorage {
     /// start after a restart. Reads below it fail with [`StorageError::Trimmed`]. The
     /// start is always a group boundary (groups never straddle blocks) whose chain point
     /// is in that block's header ([`LogStorage::start_chain`]). The tail block is always
-    /// kept, so the log's end never moves. The caller records the trim point in meta
-    /// storage first and calls this again after a restart.
+    /// kept, so the log's end never moves. Nothing else records the trim: the blocks
+    /// present are the record, so a restart finds the same start.
     pub fn trim(&mut self, lsn: Lsn) -> Result<()> {
         self.check_failed()?;
         let lsn = lsn.min(self.chain.end_lsn);

@@ -1364,3 +1364,23 @@ fn a_sync_point_from_before_a_rebase_is_ignored() {
     assert_eq!(log.flushed_end(), 2 * BS);
     assert_eq!(log.sync().unwrap(), log.end_lsn());
 }
+
+/// A sync point taken before a truncation named bytes that went: once appends pass its
+/// end again, reporting it does not mark the new, unsynced bytes durable.
+#[test]
+fn a_sync_point_from_before_a_truncate_is_ignored() {
+    let (_, fs, dir) = sim();
+    let (mut log, _) = build(&fs, &dir, opts(), 73, BS / 2);
+    let flushed = log.sync().unwrap();
+    let g = next_groups(&mut Rng::new(3), &log.chain(), 3);
+    log.append(&g).unwrap();
+    let point = log.sync_point().unwrap();
+    log.truncate(flushed).unwrap();
+    let more = next_groups(&mut Rng::new(4), &log.chain(), 6);
+    log.append(&more).unwrap();
+    assert!(point.end() > flushed && point.end() <= log.end_lsn());
+    let r = point.sync();
+    assert_eq!(log.synced(&point, r).unwrap(), flushed);
+    assert_eq!(log.flushed_end(), flushed);
+    assert_eq!(log.sync().unwrap(), log.end_lsn());
+}

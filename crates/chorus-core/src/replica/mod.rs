@@ -100,6 +100,9 @@ pub enum Broken {
     SkipReconfirmation,
     /// Followers acknowledge what they have written, not what they have synced.
     AckBeforeFsync,
+    /// A replica rebased past its pending appends reports them Failed (a guess: some
+    /// committed) instead of unknown.
+    GuessOnRebase,
 }
 
 /// Settings of one replica. Times are in nanoseconds.
@@ -3007,7 +3010,17 @@ impl Replica {
         // there is gone: their results cannot be known any more.
         while self.pending.front().is_some_and(|g| g.lsn < at) {
             let g = self.pending.pop_front().expect("non-empty");
-            for (id, lsn, _) in g.records {
+            for (id, lsn, _csn) in g.records {
+                #[cfg(feature = "broken")]
+                if self.cfg.broken == Broken::GuessOnRebase {
+                    self.actions.push(Action::Result {
+                        id,
+                        lsn,
+                        csn: _csn,
+                        outcome: Outcome::Failed,
+                    });
+                    continue;
+                }
                 self.actions.push(Action::Unknown { id, lsn });
             }
         }
