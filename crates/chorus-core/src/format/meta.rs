@@ -21,7 +21,7 @@
 //!  .   8*L    learners             u64 each
 //!  .     1    access_mode          u8: 1 Append, 2 RawWrite
 //!  .     8    access_mode_version  u64
-//!  .     8    base_lsn             u64, the trim point
+//!  .     8    base_lsn             u64, reserved (written 0)
 //! ```
 //!
 //! Checksums are in the slot that holds the payload (see `chorus-storage`'s meta module).
@@ -96,7 +96,8 @@ pub struct MetaRecord {
     pub access_mode: AccessMode,
     /// Version of the access mode, raised at each switch.
     pub access_mode_version: u64,
-    /// The trim point: the log below it may be deleted.
+    /// Reserved for a trim point; written 0 and not acted on: a log's start is the start
+    /// of its first block file (trims delete whole blocks), so nothing else records it.
     pub base_lsn: u64,
 }
 
