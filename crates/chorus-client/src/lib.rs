@@ -518,6 +518,16 @@ impl Client {
             .map_err(|s| ClientError::status(&ep, s))
     }
 
+    /// Restarts the replica of `group` at endpoint `i` from its files (one that stopped
+    /// or did not start; see the `RestartGroup` RPC).
+    pub async fn restart_group(&mut self, i: usize, group: u64) -> Result<(), ClientError> {
+        let (ep, mut c) = self.at(i).await?;
+        c.restart_group(pb::RestartGroupRequest { group })
+            .await
+            .map(|_| ())
+            .map_err(|s| ClientError::status(&ep, s))
+    }
+
     /// Sets the election priority of the replica at endpoint `i`.
     pub async fn set_priority(
         &mut self,

@@ -214,6 +214,7 @@ impl Env {
             timer: std::sync::OnceLock::new(),
             timer_next: AtomicU64::new(0),
             disk: Arc::new(crate::DiskSpace::new(&cfg.data_dir, cfg.min_free_bytes)),
+            restarts: AtomicU64::new(0),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),
@@ -455,6 +456,94 @@ impl Env {
         Ok(())
     }
 
+    /// Starts group `id` again on this node, from its files, as a node restart would:
+    /// for a group that stopped while running (its storage failed — a full disk, an IO
+    /// error — or its replica halted) once the cause is fixed, and for one that did not
+    /// start because its files were damaged. Its log is recovered as after a crash (a torn
+    /// tail cut, every synced record kept) and its replica starts as at a node start (a
+    /// follower that catches up from the leader); the node's other groups are not
+    /// touched. A running group is refused ([`Error::GroupRunning`]). If the group
+    /// cannot be opened it stays as it was (stopped, with why; or damaged) and the error
+    /// is returned.
+    ///
+    /// Handles taken before the restart keep answering for the stopped incarnation
+    /// ([`Error::NotRunning`]): take a new one with [`Env::group`].
+    pub fn restart_group(&self, id: GroupId) -> Result<LogHandle, Error> {
+        self.check_running()?;
+        let _guard = self.inner.create_lock.lock().expect("create");
+        let dir = self.group_dir(id);
+        if self
+            .inner
+            .damaged
+            .lock()
+            .expect("damaged")
+            .contains_key(&id)
+        {
+            return match Group::open(self.inner.shared.clone(), id, &dir) {
+                Ok(g) => {
+                    self.inner.damaged.lock().expect("damaged").remove(&id);
+                    Ok(self.install_restarted(g))
+                }
+                Err(e) => {
+                    if is_damage(&e) {
+                        let mut d = self.inner.damaged.lock().expect("damaged");
+                        d.insert(id, e.to_string());
+                    }
+                    Err(e)
+                }
+            };
+        }
+        let old = self
+            .inner
+            .router
+            .groups
+            .read()
+            .expect("groups")
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NoSuchGroup(id))?;
+        let Some(reason) = old.status().stopped else {
+            return Err(Error::GroupRunning(id));
+        };
+        // The stopped incarnation does no more IO once no worker runs it: its storage
+        // refuses every write after the failure, and a removed group is never run again.
+        old.shutdown();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while old.sched.is_running() {
+            if Instant::now() >= deadline {
+                return Err(Error::NotRunning {
+                    group: id,
+                    reason: format!("{reason} (its last run has not finished; try again)"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match Group::open(self.inner.shared.clone(), id, &dir) {
+            Ok(g) => {
+                tracing::warn!(group = id, stopped = %reason, "stopped group restarted");
+                Ok(self.install_restarted(g))
+            }
+            Err(e) => {
+                tracing::error!(group = id, error = %e, "stopped group could not restart");
+                Err(e)
+            }
+        }
+    }
+
+    /// Routes to and schedules a restarted group (replacing its stopped incarnation).
+    fn install_restarted(&self, g: Arc<Group>) -> LogHandle {
+        let id = g.id;
+        self.inner
+            .router
+            .groups
+            .write()
+            .expect("groups")
+            .insert(id, g.clone());
+        self.inner.shared.restarts.fetch_add(1, Ordering::Relaxed);
+        self.inner.shared.pool.schedule(&g);
+        LogHandle { g }
+    }
+
     /// Transport counters.
     pub fn transport_stats(&self) -> TransportStats {
         self.inner.transport.stats()
@@ -547,7 +636,7 @@ impl Env {
             ),
             (
                 "chorus_group_stopped",
-                "1 when the group stopped on this node while running (its storage failed, e.g. a full disk, or its replica halted); restart the node once the cause is fixed.",
+                "1 when the group stopped on this node while running (its storage failed, e.g. a full disk, or its replica halted); once the cause is fixed, restart the group (`chorus group restart`) or the node.",
                 |s| s.stopped.is_some() as u64,
             ),
         ];
@@ -606,6 +695,8 @@ impl Env {
         for (id, _) in self.damaged_groups() {
             let _ = writeln!(out, "{name}{{node=\"{node}\",group=\"{id}\"}} 1");
         }
+        let name = "chorus_group_restarts_total";
+        let _ = writeln!(out, "# HELP {name} Log groups restarted in place on this node (`chorus group restart`) after they stopped or did not start.\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {}", self.inner.shared.restarts.load(Ordering::Relaxed));
         let name = "chorus_append_seconds";
         crate::metrics::render_header(
             &mut out,

@@ -141,6 +141,10 @@ pub enum Error {
         /// The floor.
         min_free: u64,
     },
+    /// [`crate::Env::restart_group`] of a group that is running: only one that stopped
+    /// (or did not start) is restarted.
+    #[error("group {0} is running on this node; only a stopped group is restarted")]
+    GroupRunning(u64),
     /// The environment was shut down.
     #[error("the environment is shut down")]
     Shutdown,

@@ -190,6 +190,8 @@ pub(crate) struct EnvShared {
     pub timer_next: AtomicU64,
     /// Free space on the data directory; a leader refuses appends while it is low.
     pub disk: Arc<crate::DiskSpace>,
+    /// Groups restarted in place ([`crate::Env::restart_group`]).
+    pub restarts: AtomicU64,
 }
 
 impl EnvShared {

@@ -39,6 +39,24 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Three nodes with logs of `block_size`-byte blocks (and `memory`, see the field),
+    /// each a voter of group 1.
+    fn three(block_size: u64, memory: Option<(usize, usize)>) -> Self {
+        let mut c = Cluster {
+            root: tempfile::tempdir().unwrap(),
+            envs: HashMap::new(),
+            block_size,
+            memory,
+        };
+        for n in 1..=3 {
+            c.start(n);
+        }
+        for e in c.envs.values() {
+            e.create_group(1, &[1, 2, 3], &[]).unwrap();
+        }
+        c
+    }
+
     fn dir(&self, n: NodeId) -> PathBuf {
         self.root.path().join(format!("n{n}"))
     }
@@ -148,18 +166,7 @@ fn wait_caught_up(g: &LogHandle, lsn: u64) {
 
 #[test]
 fn three_replicas_replicate_fail_over_restart_and_change_membership() {
-    let mut c = Cluster {
-        root: tempfile::tempdir().unwrap(),
-        envs: HashMap::new(),
-        block_size: 1 << 20,
-        memory: None,
-    };
-    for n in 1..=3 {
-        c.start(n);
-    }
-    for e in c.envs.values() {
-        e.create_group(1, &[1, 2, 3], &[]).unwrap();
-    }
+    let mut c = Cluster::three(1 << 20, None);
     let (leader, g) = c.leader(1, Duration::from_secs(10));
 
     // A follower replays the committed log to a callback, in LSN order.
@@ -397,21 +404,10 @@ fn change(c: &Cluster, ch: MembershipChange) {
 /// below its start are refused as trimmed, and it can lead afterwards.
 #[test]
 fn a_follower_behind_the_leaders_trimmed_log_is_rebased() {
-    let mut c = Cluster {
-        root: tempfile::tempdir().unwrap(),
-        envs: HashMap::new(),
-        // The smallest block, so a few hundred KiB of appends fill several, and a small
-        // memory, so the leader holds the trimmed groups nowhere (with the defaults it
-        // would send them from its cache).
-        block_size: 64 << 10,
-        memory: Some((64, 64 << 10)),
-    };
-    for n in 1..=3 {
-        c.start(n);
-    }
-    for e in c.envs.values() {
-        e.create_group(1, &[1, 2, 3], &[]).unwrap();
-    }
+    // The smallest block, so a few hundred KiB of appends fill several, and a small
+    // memory, so the leader holds the trimmed groups nowhere (with the defaults it
+    // would send them from its cache).
+    let mut c = Cluster::three(64 << 10, Some((64, 64 << 10)));
     let (leader, _) = c.leader(1, Duration::from_secs(10));
     let away = c.envs.keys().copied().find(|n| *n != leader).unwrap();
     let other = (1..=3).find(|n| *n != leader && *n != away).unwrap();
@@ -485,18 +481,7 @@ fn a_follower_behind_the_leaders_trimmed_log_is_rebased() {
 /// following, and once space is back it catches up by itself to the same records.
 #[test]
 fn a_follower_on_a_low_disk_takes_no_log_and_catches_up() {
-    let mut c = Cluster {
-        root: tempfile::tempdir().unwrap(),
-        envs: HashMap::new(),
-        block_size: 1 << 20,
-        memory: None,
-    };
-    for n in 1..=3 {
-        c.start(n);
-    }
-    for e in c.envs.values() {
-        e.create_group(1, &[1, 2, 3], &[]).unwrap();
-    }
+    let mut c = Cluster::three(1 << 20, None);
     let (leader, g) = c.leader(1, Duration::from_secs(10));
     let low = c.envs.keys().copied().find(|n| *n != leader).unwrap();
     let f = c.envs[&low].group(1).unwrap();

@@ -187,6 +187,78 @@ fn a_group_whose_storage_fails_stops_only_itself() {
     env.shutdown();
 }
 
+/// A group stopped by a failed storage write is restarted in place once the cause is
+/// fixed: its log is recovered as after a crash, every record committed before the
+/// failure reads back the same, it commits again, and the node's other group never
+/// stopped. A running group and an unknown one are refused by name.
+#[test]
+fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+    cfg.log.block_size = 256 << 10;
+    cfg.replica.max_group_bytes = 64 << 10;
+    let env = Env::open(cfg).unwrap();
+    for g in [1, 2] {
+        env.create_group(g, &[1], &[]).unwrap();
+        leader_append(&env, g, format!("in {g}").as_bytes());
+    }
+    assert!(matches!(env.restart_group(2), Err(Error::GroupRunning(2))));
+    assert!(matches!(env.restart_group(9), Err(Error::NoSuchGroup(9))));
+    // The log directory goes away (the open block file stays writable), so the first
+    // roll to a new block file fails and the group stops; then it comes back.
+    let log_dir = chorus_runtime::env::group_dir(dir.path(), 2).join("log");
+    let away = dir.path().join("log-away");
+    std::fs::rename(&log_dir, &away).unwrap();
+    let g2 = env.group(2).unwrap();
+    let mut committed = Vec::new();
+    let mut stopped = false;
+    for i in 0..200u32 {
+        let record = vec![i as u8; 16 << 10];
+        match g2.append(&record, 0) {
+            Ok(a) => {
+                if let Ok(r) = a.result.wait() {
+                    if r.outcome == Outcome::Committed {
+                        committed.push((a.lsn, record));
+                    }
+                }
+            }
+            Err(Error::NotRunning { .. }) => {
+                stopped = true;
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    assert!(stopped, "the group never stopped");
+    assert!(!committed.is_empty());
+    std::fs::rename(&away, &log_dir).unwrap();
+
+    let old = g2;
+    let g2 = env.restart_group(2).unwrap();
+    assert!(g2.status().stopped.is_none());
+    assert!(env.group(2).unwrap().status().stopped.is_none());
+    // A handle taken before the restart still names the stopped incarnation.
+    assert!(old.status().stopped.is_some());
+    assert!(matches!(old.append(b"x", 0), Err(Error::NotRunning { .. })));
+    leader_append(&env, 2, b"after the restart");
+    for (lsn, data) in &committed {
+        let r = g2.read(*lsn).unwrap();
+        assert_eq!(&r.data, data, "record at {lsn}");
+    }
+    assert!(matches!(env.restart_group(2), Err(Error::GroupRunning(2))));
+    let m = env.render_metrics();
+    assert!(
+        m.contains("chorus_group_restarts_total{node=\"1\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("chorus_group_stopped{node=\"1\",group=\"2\"} 0"),
+        "{m}"
+    );
+    leader_append(&env, 1, b"group 1 never stopped");
+    env.shutdown();
+}
+
 /// While the data directory's free space is below `min_free_bytes`, a leader refuses
 /// appends by name with nothing appended, a replica that does not lead still answers
 /// NotLeader (so clients find the leader), the group keeps running, the metrics say so,

@@ -116,7 +116,7 @@ enum Cmd {
     Member(remote::MemberArgs),
     /// Leadership: transfer, priority.
     Leader(remote::LeaderArgs),
-    /// Groups: create.
+    /// Groups: create, delete, restart.
     Group(remote::GroupArgs),
     /// The applied state of an out-of-order group's demo state machine (parallel: blocks
     /// of its volume; dependent: keys of its key-value store) on every endpoint.

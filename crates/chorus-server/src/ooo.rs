@@ -61,6 +61,9 @@ pub enum OooGroupError {
     /// The group is still in use by requests after the wait; it keeps running.
     #[error("group {0}: still in use by requests; try again")]
     Busy(u64),
+    /// A restart of a group that is running: only a stopped one is restarted.
+    #[error("group {0} is running on this node; only a stopped group is restarted")]
+    Running(u64),
     /// The replica failed to start.
     #[error("group {group}: {source}")]
     Node {
@@ -329,9 +332,12 @@ pub struct OooGroups {
     groups: RwLock<BTreeMap<u64, Arc<OooGroup>>>,
     /// Groups whose replica did not start because its files are damaged beyond what it
     /// recovers alone (a damaged hard state or membership, or damaged entries with no
-    /// other voter): their spec and the error. The node serves its other groups; the
-    /// operator replaces the replica (docs/operations.md).
+    /// other voter), or that did not start again when restarted ([`OooGroups::restart`]):
+    /// their spec and the error. The node serves its other groups; the operator replaces
+    /// the replica or fixes the cause and restarts it (docs/operations.md).
     failed: RwLock<BTreeMap<u64, (GroupSpec, String)>>,
+    /// Groups restarted in place.
+    restarts: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for OooGroups {
@@ -393,6 +399,7 @@ impl OooGroups {
             settings,
             groups: RwLock::new(BTreeMap::new()),
             failed: RwLock::new(BTreeMap::new()),
+            restarts: Default::default(),
         };
         let dir = me.settings.dir.clone();
         if dir.exists() {
@@ -487,23 +494,34 @@ impl OooGroups {
             tracing::info!(group = id, "damaged out-of-order group deleted");
             return Ok(());
         }
-        let g = self
+        let group = self.take(id, wait)?;
+        // Joins the driver, IO, apply and connection threads and closes the listener.
+        drop(group);
+        let dir = self.settings.dir.join(id.to_string());
+        std::fs::remove_dir_all(&dir).map_err(io(id, &dir))?;
+        tracing::info!(group = id, "out-of-order group deleted");
+        Ok(())
+    }
+
+    /// Takes group `id` out of the running set once no request holds it (waiting up to
+    /// `wait`; still held then, it keeps running and [`OooGroupError::Busy`] is returned).
+    fn take(&self, id: u64, wait: std::time::Duration) -> Result<OooGroup, OooGroupError> {
+        let mut g = self
             .groups
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id)
             .ok_or(OooGroupError::NoSuchGroup(id))?;
         let deadline = std::time::Instant::now() + wait;
-        let mut g = g;
-        let group = loop {
+        loop {
             match Arc::try_unwrap(g) {
-                Ok(group) => break group,
+                Ok(group) => return Ok(group),
                 Err(back) if std::time::Instant::now() < deadline => {
                     g = back;
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
                 Err(back) => {
-                    // Still in use: keep hosting it rather than delete under a reader.
+                    // Still in use: keep hosting it rather than stop it under a reader.
                     self.groups
                         .write()
                         .unwrap_or_else(|p| p.into_inner())
@@ -511,13 +529,57 @@ impl OooGroups {
                     return Err(OooGroupError::Busy(id));
                 }
             }
+        }
+    }
+
+    /// Starts group `id` again from its files, as a node restart would: one whose
+    /// replica stopped while running (its storage failed — a full disk, an IO error) once
+    /// the cause is fixed, or one that did not start (damaged files since replaced or
+    /// repaired, or a failed earlier restart). The replica recovers its store as after a
+    /// crash and rejoins its group; the node's other groups are not touched. A running
+    /// group is refused ([`OooGroupError::Running`]); one still held by requests after
+    /// `wait` keeps its stopped replica ([`OooGroupError::Busy`]). A group that does not
+    /// start again is kept, with why, among those that did not start.
+    pub fn restart(&self, id: u64, wait: std::time::Duration) -> Result<(), OooGroupError> {
+        let spec = match self
+            .failed
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+        {
+            Some((spec, _)) => spec,
+            None => {
+                let g = self.get(id).ok_or(OooGroupError::NoSuchGroup(id))?;
+                let Some(reason) = g.node.stopped_reason() else {
+                    return Err(OooGroupError::Running(id));
+                };
+                drop(g);
+                let group = self.take(id, wait)?;
+                let spec = group.spec.clone();
+                // Joins its threads (none does IO any more: the store refuses every
+                // write after its failure) and closes its listener, so the new replica
+                // binds the same address.
+                drop(group);
+                tracing::warn!(group = id, stopped = %reason, "restarting a stopped out-of-order group");
+                spec
+            }
         };
-        // Joins the driver, IO, apply and connection threads and closes the listener.
-        drop(group);
-        let dir = self.settings.dir.join(id.to_string());
-        std::fs::remove_dir_all(&dir).map_err(io(id, &dir))?;
-        tracing::info!(group = id, "out-of-order group deleted");
-        Ok(())
+        match self.start(spec.clone(), None) {
+            Ok(()) => {
+                self.restarts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(group = id, "out-of-order group restarted");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(group = id, error = %e, "out-of-order group did not start again");
+                self.failed
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, (spec, e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// Creates a group (or accepts an existing one with the same spec) and starts it.
@@ -900,7 +962,7 @@ impl OooGroups {
             // A group whose node stopped while running (its storage failed) has no status
             // either; named here for alerts, as the ones that did not start.
             out.push_str(
-                "# HELP chorus_ooo_group_stopped 1 for an out-of-order group that stopped on this node while running (its storage failed, e.g. a full disk); restart the node once the cause is fixed.\n# TYPE chorus_ooo_group_stopped gauge\n",
+                "# HELP chorus_ooo_group_stopped 1 for an out-of-order group that stopped on this node while running (its storage failed, e.g. a full disk); once the cause is fixed, restart the group (`chorus group restart`) or the node.\n# TYPE chorus_ooo_group_stopped gauge\n",
             );
             for (id, mode) in stopped {
                 out.push_str(&format!(
@@ -908,12 +970,16 @@ impl OooGroups {
                 ));
             }
         }
+        out.push_str(&format!(
+            "# HELP chorus_ooo_group_restarts_total Out-of-order groups restarted in place on this node (`chorus group restart`).\n# TYPE chorus_ooo_group_restarts_total counter\nchorus_ooo_group_restarts_total{{node=\"{node}\"}} {}\n",
+            self.restarts.load(std::sync::atomic::Ordering::Relaxed)
+        ));
         let failed = self.failed_ids();
         if !failed.is_empty() {
             // Groups whose damaged replica did not start have no status to export; each
             // is named here, so an alert need not parse `chorus status`.
             out.push_str(
-                "# HELP chorus_ooo_group_not_started 1 for an out-of-order group whose replica is damaged and did not start on this node.\n# TYPE chorus_ooo_group_not_started gauge\n",
+                "# HELP chorus_ooo_group_not_started 1 for an out-of-order group whose replica did not start on this node (damaged files, or a restart that failed).\n# TYPE chorus_ooo_group_not_started gauge\n",
             );
             for id in failed {
                 let mode = self.failed_mode(id).unwrap_or_default();

@@ -237,6 +237,17 @@ enum GroupOp {
         #[arg(long)]
         force: bool,
     },
+    /// Start the replica of a group at one endpoint again from its files, as a node
+    /// restart would, without touching the node's other groups: one that stopped (its
+    /// storage failed, e.g. a full disk) once the cause is fixed, or one that did not
+    /// start (damaged files). Refused while the group runs there.
+    Restart {
+        #[command(flatten)]
+        ep: Endpoints,
+        /// Index of the endpoint in --endpoints (0-based).
+        #[arg(long)]
+        at: usize,
+    },
 }
 
 fn parse_replica(s: &str) -> Result<(u64, String), String> {
@@ -1323,15 +1334,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             ))
         }
         GroupOp::Delete { ep, at, force } => {
-            if at >= ep.endpoints.len() {
-                return Err(ClientError::BadEndpoint {
-                    endpoint: at.to_string(),
-                    detail: format!(
-                        "--at must be below the number of endpoints ({})",
-                        ep.endpoints.len()
-                    ),
-                });
-            }
+            check_at(&ep, at)?;
             let mut c = Client::new(ep.endpoints.clone());
             c.delete_group(at, ep.group, force).await?;
             Ok(done(
@@ -1339,5 +1342,28 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 &format!("group {} deleted at {}", ep.group, ep.endpoints[at]),
             ))
         }
+        GroupOp::Restart { ep, at } => {
+            check_at(&ep, at)?;
+            let mut c = Client::new(ep.endpoints.clone());
+            c.restart_group(at, ep.group).await?;
+            Ok(done(
+                ep.output,
+                &format!("group {} restarted at {}", ep.group, ep.endpoints[at]),
+            ))
+        }
     }
+}
+
+/// `--at` names one of `--endpoints`.
+fn check_at(ep: &Endpoints, at: usize) -> Result<(), ClientError> {
+    if at >= ep.endpoints.len() {
+        return Err(ClientError::BadEndpoint {
+            endpoint: at.to_string(),
+            detail: format!(
+                "--at must be below the number of endpoints ({})",
+                ep.endpoints.len()
+            ),
+        });
+    }
+    Ok(())
 }

@@ -345,6 +345,7 @@ pub fn status(e: Error) -> Status {
     match &e {
         Error::NoSuchGroup(_) | Error::NotARecord { .. } => Status::not_found(msg),
         Error::GroupExists(_) => Status::already_exists(msg),
+        Error::GroupRunning(_) => Status::failed_precondition(msg),
         Error::GroupDamaged { group, .. } => nothing_done(Status::unavailable(msg), *group),
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
         Error::Append { source, group } => match source {
@@ -890,6 +891,47 @@ impl pb::chorus_server::Chorus for Service {
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn restart_group(
+        &self,
+        req: Request<pb::RestartGroupRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let group = req.into_inner().group;
+        if self.ooo.get(group).is_some() || self.ooo.failed(group).is_some() {
+            let ooo = self.ooo.clone();
+            return match tokio::task::spawn_blocking(move || {
+                ooo.restart(group, Duration::from_secs(10))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            {
+                Ok(()) => Ok(Response::new(pb::Empty {})),
+                Err(e @ crate::ooo::OooGroupError::NoSuchGroup(_)) => {
+                    Err(Status::not_found(e.to_string()))
+                }
+                Err(e @ crate::ooo::OooGroupError::Running(_)) => {
+                    Err(Status::failed_precondition(e.to_string()))
+                }
+                Err(e @ crate::ooo::OooGroupError::Busy(_)) => {
+                    Err(Status::unavailable(e.to_string()))
+                }
+                Err(e) => Err(Status::internal(e.to_string())),
+            };
+        }
+        let env = self.env.clone();
+        tokio::task::spawn_blocking(move || env.restart_group(group))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| match e {
+                // Not started again: why, not "try elsewhere" (the trailer that sends
+                // clients on would hide it).
+                Error::GroupDamaged { .. } | Error::NotRunning { .. } => {
+                    Status::unavailable(e.to_string())
+                }
+                e => status(e),
+            })?;
         Ok(Response::new(pb::Empty {}))
     }
 

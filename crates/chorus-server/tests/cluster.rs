@@ -812,7 +812,10 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
         .join("groups")
         .join(format!("{:020}", 1))
         .join("log");
-    std::fs::remove_dir_all(&log_dir).unwrap();
+    // The log directory goes away (its open block file stays writable): the follower's
+    // group stops when it rolls to a new block file.
+    let away = root.path().join(format!("n{f_id}-log-away"));
+    std::fs::rename(&log_dir, &away).unwrap();
     // Fill past the 4 MiB block (bounded: 12 MiB) until the follower's group stops.
     let mut c = Client::new(eps.clone());
     c.leader_timeout = Duration::from_secs(20);
@@ -850,6 +853,66 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
         err.to_string().contains("not taken") && !matches!(err, ClientError::Indeterminate { .. }),
         "{err}"
     );
+
+    // The cause fixed, `chorus group restart` starts the group again on that node only:
+    // it recovers its log and catches up with the others.
+    std::fs::rename(&away, &log_dir).unwrap();
+    let (code, out, err) = chorus_cli(&[
+        "group",
+        "restart",
+        "--endpoints",
+        &f_api,
+        "--at",
+        "0",
+        "-g",
+        "1",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("restarted"), "{out}");
+    let r = c
+        .append(1, vec![b"after the restart".to_vec()], 0)
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = fc.status_all(1).await.remove(0).1.unwrap();
+        assert!(s.groups[0].stopped.is_empty(), "{:?}", s.groups[0].stopped);
+        if s.groups[0].committed_lsn > r[0].lsn {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the restarted replica never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Running now: a second restart is refused by name (exit 4), and an unknown group
+    // is not found.
+    let (code, out, err) = chorus_cli(&[
+        "group",
+        "restart",
+        "--endpoints",
+        &f_api,
+        "--at",
+        "0",
+        "-g",
+        "1",
+    ]);
+    assert_eq!(code, Some(4), "{out}{err}");
+    assert!(err.contains("only a stopped group is restarted"), "{err}");
+    let (code, _, err) = chorus_cli(&[
+        "group",
+        "restart",
+        "--endpoints",
+        &f_api,
+        "--at",
+        "0",
+        "-g",
+        "77",
+    ]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("77"), "{err}");
     for n in &mut nodes {
         n.kill9();
     }

@@ -1329,7 +1329,9 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
         .join(format!("n{f}"))
         .join("ooo")
         .join(PAR.to_string());
-    std::fs::remove_dir_all(&dir).unwrap();
+    // The directory goes away (its open files stay writable) and comes back later.
+    let away = cl._dir.path().join(format!("n{f}-ooo-away"));
+    std::fs::rename(&dir, &away).unwrap();
     let mut c = Client::new(eps.clone());
     let mut fc = Client::new(vec![eps[at(f)].clone()]);
     let end = Instant::now() + Duration::from_secs(30);
@@ -1371,6 +1373,44 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("not taken"), "{err}");
+
+    // The cause fixed, `RestartGroup` starts the replica again on that node: it recovers
+    // its store and applies the same blocks as the others.
+    std::fs::rename(&away, &dir).unwrap();
+    fc.restart_group(0, PAR).await.unwrap();
+    let text = metrics_text(&cl.metrics, f);
+    assert!(
+        !text.contains(&format!(
+            "chorus_ooo_group_stopped{{node=\"{f}\",group=\"{PAR}\""
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "chorus_ooo_group_restarts_total{{node=\"{f}\"}} 1"
+        )),
+        "{text}"
+    );
+    let r = c
+        .append_out_of_order(PAR, vec![block_record(3, 0xE300_0000)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    settled(&eps, PAR, r[0].seq + 1).await;
+    let want = volume(&eps, at(leader)).await;
+    assert_eq!(volume(&eps, at(f)).await, want, "node {f}'s volume");
+    // Running again: a second restart is refused by name.
+    let err = fc.restart_group(0, PAR).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            chorus_client::ClientError::Status {
+                code: tonic::Code::FailedPrecondition,
+                ..
+            }
+        ),
+        "{err}"
+    );
     for n in &mut cl.nodes {
         n.kill9();
     }

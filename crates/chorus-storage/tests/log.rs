@@ -1039,6 +1039,43 @@ struct Before {
     blocks: Vec<u64>,
 }
 
+/// A log on a fault-injecting file system, and what it held before the faults.
+struct FaultyLog {
+    sim: SimFs,
+    shared: Arc<FaultyShared>,
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    log: LogStorage,
+    before: Before,
+}
+
+/// A log of `len` bytes of groups (from `seed`) in `/r`, on a fault-injecting file
+/// system over a fresh [`SimFs`] seeded with `fs_seed`.
+fn faulty_log(fs_seed: u64, seed: u64, len: u64) -> FaultyLog {
+    let sim = SimFs::new(fs_seed);
+    let shared = Arc::new(FaultyShared {
+        sim: sim.clone(),
+        ctl: Mutex::new(Ctl::default()),
+    });
+    let fs: Arc<dyn FileSystem> = Arc::new(Faulty(shared.clone()));
+    let dir = PathBuf::from("/r");
+    fs.create_dir_all(&dir).unwrap();
+    let (log, bytes) = build(&fs, &dir, opts(), seed, len);
+    let before = Before {
+        bytes,
+        end: log.end_lsn(),
+        blocks: log.block_ids(),
+    };
+    FaultyLog {
+        sim,
+        shared,
+        fs,
+        dir,
+        log,
+        before,
+    }
+}
+
 /// Opens the log on the sim (no faults) and checks it is exactly the old log or exactly
 /// the new one at `base`, with no temporary file left.
 fn classify(sim: &SimFs, dir: &Path, before: &Before, base: ChainPoint, what: &str) -> Outcome {
@@ -1082,20 +1119,14 @@ fn a_crash_at_any_step_of_a_rebase_leaves_the_old_or_the_new_log() {
                 loop {
                     runs += 1;
                     let what = format!("{target} {mode:?} crash at op {n}, then at op {m}");
-                    let sim = SimFs::new(n * 1000 + m);
-                    let shared = Arc::new(FaultyShared {
-                        sim: sim.clone(),
-                        ctl: Mutex::new(Ctl::default()),
-                    });
-                    let fs: Arc<dyn FileSystem> = Arc::new(Faulty(shared.clone()));
-                    let dir = PathBuf::from("/r");
-                    fs.create_dir_all(&dir).unwrap();
-                    let (mut log, bytes) = build(&fs, &dir, opts(), 51, 3 * BS + 300);
-                    let before = Before {
-                        bytes,
-                        end: log.end_lsn(),
-                        blocks: log.block_ids(),
-                    };
+                    let FaultyLog {
+                        sim,
+                        shared,
+                        fs,
+                        dir,
+                        mut log,
+                        before,
+                    } = faulty_log(n * 1000 + m, 51, 3 * BS + 300);
                     let base = ChainPoint {
                         end_lsn: base_lsn,
                         acc_crc: 0x1234_5678 ^ base_lsn as u32,
@@ -1159,20 +1190,14 @@ fn an_io_error_at_any_step_of_a_rebase_fails_the_storage() {
         let mut n = 0;
         loop {
             let what = format!("error at op {n}, crash after: {crash_after}");
-            let sim = SimFs::new(n);
-            let shared = Arc::new(FaultyShared {
-                sim: sim.clone(),
-                ctl: Mutex::new(Ctl::default()),
-            });
-            let fs: Arc<dyn FileSystem> = Arc::new(Faulty(shared.clone()));
-            let dir = PathBuf::from("/r");
-            fs.create_dir_all(&dir).unwrap();
-            let (mut log, bytes) = build(&fs, &dir, opts(), 52, 2 * BS + 300);
-            let before = Before {
-                bytes,
-                end: log.end_lsn(),
-                blocks: log.block_ids(),
-            };
+            let FaultyLog {
+                sim,
+                shared,
+                dir,
+                mut log,
+                before,
+                ..
+            } = faulty_log(n, 52, 2 * BS + 300);
             let base = ChainPoint {
                 end_lsn: BS,
                 acc_crc: 9,

@@ -1359,22 +1359,11 @@ impl Replica {
                 }
                 let bytes = cut_groups(&bytes, self.log.end(), self.cfg.max_message_bytes);
                 p.sent_upto(from + bytes.len() as u64, self.now);
-                if rebase {
-                    // The follower needs groups below our start, which storage no longer
-                    // holds: it starts again at our start, then takes the groups after it.
-                    if from > self.log.committed {
-                        self.drop_input(Some(peer), "log start above the committed end");
-                        return;
-                    }
-                    let msg = Message::Rebase {
-                        pid: l.pid,
-                        ts: self.now,
-                        base: chain,
-                        base_pid: self.log.pid_ending_at(from),
-                        committed: self.log.committed,
-                    };
-                    self.rebases_sent += 1;
-                    self.send(peer, msg);
+                // The follower needs groups below our start, which storage no longer
+                // holds: it starts again at our start, then takes the groups after it.
+                let (pid, ts) = (l.pid, self.now);
+                if rebase && !self.send_rebase(peer, pid, ts, chain, from) {
+                    return;
                 }
                 let msg = self.append_msg(peer, prev, bytes);
                 self.send(peer, msg);
@@ -1389,20 +1378,8 @@ impl Replica {
                 if self.meta.vote.promised_proposal_id != pid {
                     return;
                 }
-                if rebase {
-                    if from > self.log.committed {
-                        self.drop_input(Some(peer), "log start above the committed end");
-                        return;
-                    }
-                    let msg = Message::Rebase {
-                        pid,
-                        ts: 0,
-                        base: chain,
-                        base_pid: self.log.pid_ending_at(from),
-                        committed: self.log.committed,
-                    };
-                    self.rebases_sent += 1;
-                    self.send(peer, msg);
+                if rebase && !self.send_rebase(peer, pid, 0, chain, from) {
+                    return;
                 }
                 let groups = cut_groups(&bytes, self.log.flushed, max_bytes as usize);
                 let end = self.log.flushed;
@@ -1417,6 +1394,34 @@ impl Replica {
                 );
             }
         }
+    }
+
+    /// Sends `peer` a [`Message::Rebase`] at `from`, this replica's log start, whose
+    /// chain point storage read as `chain`. Refused (false, the input dropped) when the
+    /// start is above the committed end: a replica is only ever rebased onto a committed
+    /// prefix, so the receiver may take everything below it as decided.
+    fn send_rebase(
+        &mut self,
+        peer: NodeId,
+        pid: u64,
+        ts: Nanos,
+        chain: ChainPoint,
+        from: Lsn,
+    ) -> bool {
+        if from > self.log.committed {
+            self.drop_input(Some(peer), "log start above the committed end");
+            return false;
+        }
+        let msg = Message::Rebase {
+            pid,
+            ts,
+            base: chain,
+            base_pid: self.log.pid_ending_at(from),
+            committed: self.log.committed,
+        };
+        self.rebases_sent += 1;
+        self.send(peer, msg);
+        true
     }
 
     /// Appends a record with reference CSN `ref_csn` (PALF section 4.2: the record's CSN is
