@@ -52,6 +52,9 @@ pub struct EnvConfig {
     /// stop the group ([`crate::disk`]); 0 turns the guard off. Default
     /// [`DEFAULT_MIN_FREE_BYTES`].
     pub min_free_bytes: u64,
+    /// The file system the groups' logs and meta records are on: the real one by
+    /// default. Tests put a full disk here ([`chorus_storage::fs::Fillable`]).
+    pub fs: Arc<dyn chorus_storage::fs::FileSystem>,
 }
 
 /// Default of [`EnvConfig::min_free_bytes`]: 128 MiB, room for the appends in flight
@@ -84,6 +87,7 @@ impl EnvConfig {
             max_frame_bytes: chorus_core::format::wire::DEFAULT_MAX_FRAME_BYTES,
             tls: None,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
+            fs: Arc::new(chorus_storage::fs::RealFs),
         }
     }
 
@@ -215,6 +219,7 @@ impl Env {
             timer_next: AtomicU64::new(0),
             disk: Arc::new(crate::DiskSpace::new(&cfg.data_dir, cfg.min_free_bytes)),
             restarts: AtomicU64::new(0),
+            fs: cfg.fs.clone(),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),
@@ -469,79 +474,7 @@ impl Env {
     /// Handles taken before the restart keep answering for the stopped incarnation
     /// ([`Error::NotRunning`]): take a new one with [`Env::group`].
     pub fn restart_group(&self, id: GroupId) -> Result<LogHandle, Error> {
-        self.check_running()?;
-        let _guard = self.inner.create_lock.lock().expect("create");
-        let dir = self.group_dir(id);
-        if self
-            .inner
-            .damaged
-            .lock()
-            .expect("damaged")
-            .contains_key(&id)
-        {
-            return match Group::open(self.inner.shared.clone(), id, &dir) {
-                Ok(g) => {
-                    self.inner.damaged.lock().expect("damaged").remove(&id);
-                    Ok(self.install_restarted(g))
-                }
-                Err(e) => {
-                    if is_damage(&e) {
-                        let mut d = self.inner.damaged.lock().expect("damaged");
-                        d.insert(id, e.to_string());
-                    }
-                    Err(e)
-                }
-            };
-        }
-        let old = self
-            .inner
-            .router
-            .groups
-            .read()
-            .expect("groups")
-            .get(&id)
-            .cloned()
-            .ok_or(Error::NoSuchGroup(id))?;
-        let Some(reason) = old.status().stopped else {
-            return Err(Error::GroupRunning(id));
-        };
-        // The stopped incarnation does no more IO once no worker runs it: its storage
-        // refuses every write after the failure, and a removed group is never run again.
-        old.shutdown();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while old.sched.is_running() {
-            if Instant::now() >= deadline {
-                return Err(Error::NotRunning {
-                    group: id,
-                    reason: format!("{reason} (its last run has not finished; try again)"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        match Group::open(self.inner.shared.clone(), id, &dir) {
-            Ok(g) => {
-                tracing::warn!(group = id, stopped = %reason, "stopped group restarted");
-                Ok(self.install_restarted(g))
-            }
-            Err(e) => {
-                tracing::error!(group = id, error = %e, "stopped group could not restart");
-                Err(e)
-            }
-        }
-    }
-
-    /// Routes to and schedules a restarted group (replacing its stopped incarnation).
-    fn install_restarted(&self, g: Arc<Group>) -> LogHandle {
-        let id = g.id;
-        self.inner
-            .router
-            .groups
-            .write()
-            .expect("groups")
-            .insert(id, g.clone());
-        self.inner.shared.restarts.fetch_add(1, Ordering::Relaxed);
-        self.inner.shared.pool.schedule(&g);
-        LogHandle { g }
+        restart_group(&self.inner, id).map(|g| LogHandle { g })
     }
 
     /// Transport counters.
@@ -831,6 +764,135 @@ pub fn group_dir(data_dir: &Path, id: GroupId) -> PathBuf {
     data_dir.join("groups").join(format!("{id:020}"))
 }
 
+/// [`Env::restart_group`], for the environment's own threads too (the timer restarts
+/// groups a full disk stopped).
+fn restart_group(inner: &Arc<Inner>, id: GroupId) -> Result<Arc<Group>, Error> {
+    if inner.stopped.load(Ordering::SeqCst) {
+        return Err(Error::Shutdown);
+    }
+    let _guard = inner.create_lock.lock().expect("create");
+    let dir = group_dir(&inner.cfg.data_dir, id);
+    if inner.damaged.lock().expect("damaged").contains_key(&id) {
+        return match Group::open(inner.shared.clone(), id, &dir) {
+            Ok(g) => {
+                inner.damaged.lock().expect("damaged").remove(&id);
+                Ok(install_restarted(inner, g))
+            }
+            Err(e) => {
+                if is_damage(&e) {
+                    let mut d = inner.damaged.lock().expect("damaged");
+                    d.insert(id, e.to_string());
+                }
+                Err(e)
+            }
+        };
+    }
+    let old = inner
+        .router
+        .groups
+        .read()
+        .expect("groups")
+        .get(&id)
+        .cloned()
+        .ok_or(Error::NoSuchGroup(id))?;
+    let Some(reason) = old.status().stopped else {
+        return Err(Error::GroupRunning(id));
+    };
+    // The stopped incarnation does no more IO once no worker runs it: its storage
+    // refuses every write after the failure, and a removed group is never run again.
+    old.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old.sched.is_running() {
+        if Instant::now() >= deadline {
+            return Err(Error::NotRunning {
+                group: id,
+                reason: format!("{reason} (its last run has not finished; try again)"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match Group::open(inner.shared.clone(), id, &dir) {
+        Ok(g) => {
+            tracing::warn!(group = id, stopped = %reason, "stopped group restarted");
+            Ok(install_restarted(inner, g))
+        }
+        Err(e) => {
+            tracing::error!(group = id, error = %e, "stopped group could not restart");
+            Err(e)
+        }
+    }
+}
+
+/// Routes to and schedules a restarted group (replacing its stopped incarnation).
+fn install_restarted(inner: &Inner, g: Arc<Group>) -> Arc<Group> {
+    let id = g.id;
+    inner
+        .router
+        .groups
+        .write()
+        .expect("groups")
+        .insert(id, g.clone());
+    inner.shared.restarts.fetch_add(1, Ordering::Relaxed);
+    inner.shared.pool.schedule(&g);
+    g
+}
+
+/// How long after a try the environment tries again to restart a group a full disk
+/// stopped.
+const FULL_DISK_RESTART_BACKOFF: Nanos = 10_000_000_000;
+
+/// Restarts, each on a thread of its own, the groups a full disk stopped once the data
+/// directory has room again: above `min_free_bytes` and at least a block free. A
+/// restart is the operator's `chorus group restart`, so it is as safe as a node restart
+/// (the log is recovered as after a crash); one that fails, or a disk that fills again,
+/// is tried again after [`FULL_DISK_RESTART_BACKOFF`].
+fn restart_groups_stopped_by_a_full_disk(inner: &Arc<Inner>) {
+    let disk = &inner.shared.disk;
+    if disk.is_low()
+        || disk
+            .free_bytes()
+            .is_none_or(|f| f < inner.shared.log.block_size)
+    {
+        return;
+    }
+    let now = inner.shared.now();
+    let due: Vec<GroupId> = inner
+        .router
+        .groups
+        .read()
+        .expect("groups")
+        .values()
+        .filter(|g| g.stopped_by_full_disk.load(Ordering::SeqCst))
+        .filter(|g| {
+            let tried = g.restart_tried.load(Ordering::Relaxed);
+            tried == 0 || now.saturating_sub(tried) >= FULL_DISK_RESTART_BACKOFF
+        })
+        .map(|g| {
+            g.restart_tried.store(now.max(1), Ordering::Relaxed);
+            g.id
+        })
+        .collect();
+    for id in due {
+        let inner = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("chorus-restart-{id}"))
+            .spawn(move || match restart_group(&inner, id) {
+                Ok(_) => tracing::warn!(
+                    group = id,
+                    "group stopped by a full disk restarted: the disk has room again"
+                ),
+                Err(e) => tracing::warn!(
+                    group = id,
+                    error = %e,
+                    "group stopped by a full disk did not restart; trying again later"
+                ),
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(group = id, error = %e, "cannot start a restart thread");
+        }
+    }
+}
+
 /// Ticks every group: often (1 ms, the freeze interval of PALF section 6) while it has
 /// appends waiting, otherwise every 10 ms (pings, heartbeats and leases are hundreds of
 /// milliseconds), and when its next timed resend is due (`Group::resend_at`; a group
@@ -874,6 +936,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
                 }
                 _ => {}
             }
+            restart_groups_stopped_by_a_full_disk(&inner);
         }
         let now = inner.shared.now();
         // Published before the groups are read: a group that sets an earlier due time

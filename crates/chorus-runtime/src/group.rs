@@ -30,7 +30,7 @@ use chorus_core::replica::{
     Action, MembershipChange, Message, Nanos, Outcome, ReadPurpose, Replica, ReplicaConfig, Role,
 };
 use chorus_core::{Csn, Lsn};
-use chorus_storage::fs::{FileSystem, RealFs};
+use chorus_storage::fs::FileSystem;
 use chorus_storage::{LogOptions, LogStorage, MetaStorage, StorageError};
 use tokio::sync::{oneshot, watch};
 
@@ -192,6 +192,8 @@ pub(crate) struct EnvShared {
     pub disk: Arc<crate::DiskSpace>,
     /// Groups restarted in place ([`crate::Env::restart_group`]).
     pub restarts: AtomicU64,
+    /// The file system groups are on ([`crate::EnvConfig::fs`]).
+    pub fs: Arc<dyn FileSystem>,
 }
 
 impl EnvShared {
@@ -272,6 +274,11 @@ pub(crate) struct Group {
     role_tx: watch::Sender<RoleInfo>,
     /// Why the group stopped (the first reason wins); read on every append without a lock.
     stopped: std::sync::OnceLock<String>,
+    /// The group stopped because its disk was full ([`StorageError::is_disk_full`]): the
+    /// environment restarts it once space is back ([`crate::Env::restart_group`]).
+    pub stopped_by_full_disk: AtomicBool,
+    /// When the environment last tried to restart it, [`EnvShared::now`] (0: never).
+    pub restart_tried: AtomicU64,
     pub removed: AtomicBool,
     pub counters: GroupCounters,
 }
@@ -289,7 +296,7 @@ impl Group {
         voters: Vec<NodeId>,
         learners: Vec<NodeId>,
     ) -> Result<Arc<Self>, Error> {
-        let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
+        let fs = env.fs.clone();
         fs.create_dir_all(dir).map_err(|e| Error::Io {
             what: format!("create {}", dir.display()),
             source: e,
@@ -312,7 +319,7 @@ impl Group {
     /// Opens an existing group from its directory (recovery: PALF section 3.4 and the
     /// piggyback paper's section 5; a damaged range starts the replica in repair mode).
     pub fn open(env: Arc<EnvShared>, id: GroupId, dir: &Path) -> Result<Arc<Self>, Error> {
-        let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
+        let fs = env.fs.clone();
         let (log, report) =
             LogStorage::open_damaged(fs.clone(), dir, env.log, id).map_err(storage(id))?;
         if let Some((lsn, bytes)) = report.torn_tail {
@@ -348,6 +355,8 @@ impl Group {
             commit_cv: (Mutex::new(committed), Condvar::new()),
             role_tx: watch::Sender::new(role),
             stopped: std::sync::OnceLock::new(),
+            stopped_by_full_disk: AtomicBool::new(false),
+            restart_tried: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             counters: GroupCounters::default(),
         });
@@ -698,7 +707,10 @@ impl Group {
         tracing::error!(group = self.id, error = %e, "storage failed; the group stops");
         // Marked stopped first, so that an append arriving from now on is refused as not
         // taken (`Error::NotRunning`) rather than by the stepped-down replica.
-        let _ = self.stopped.set(e.to_string());
+        let full = matches!(&e, Error::Storage { source, .. } if source.is_disk_full());
+        if self.stopped.set(e.to_string()).is_ok() && full {
+            self.stopped_by_full_disk.store(true, Ordering::SeqCst);
+        }
         let now = self.env.now();
         let mut c = self.core.lock().expect("core");
         self.close_lane(&mut c, now);

@@ -157,6 +157,9 @@ pub struct OooNodeConfig {
     /// its environment's, [`crate::Env::disk_space`]): while it is low, the leader refuses
     /// appends ([`OooNodeError::DiskLow`]). None: no guard.
     pub disk: Option<Arc<crate::DiskSpace>>,
+    /// The file system `dir` is on (None: the real one). Tests put a full disk here
+    /// ([`chorus_storage::fs::Fillable`]).
+    pub fs: Option<Arc<dyn FileSystem>>,
 }
 
 /// The state machine of an out-of-order group, as [`OooNode`] drives it.
@@ -517,6 +520,7 @@ fn io_loop(
     rx: Receiver<(u64, Vec<IoOp>)>,
     tx: Sender<Ev>,
     lat: Arc<OooLatency>,
+    disk_full: Arc<AtomicBool>,
 ) {
     // Every sync, timed when it has written something (else it returns at once).
     let sync = |store: &mut OooStore, dirty: bool| {
@@ -572,7 +576,12 @@ fn io_loop(
                 syncs,
                 len: store.len(),
             },
-            Err(e) => Ev::IoFailed(e.to_string()),
+            Err(e) => {
+                // Before the driver hears: once it reports the node stopped, whether a
+                // full disk did it is known.
+                disk_full.store(e.is_disk_full(), Ordering::SeqCst);
+                Ev::IoFailed(e.to_string())
+            }
         };
         let failed = matches!(ev, Ev::IoFailed(_));
         if tx.send(ev).is_err() || failed {
@@ -592,6 +601,9 @@ pub struct OooNode {
     latency: Arc<OooLatency>,
     /// Set by the driver when a failure stops it (storage, state machine): why.
     stopped: Arc<OnceLock<String>>,
+    /// Set by the IO thread when a write failed for want of space
+    /// ([`OooNode::stopped_by_full_disk`]).
+    disk_full: Arc<AtomicBool>,
 }
 
 impl OooNode {
@@ -609,7 +621,7 @@ impl OooNode {
             )),
             None => None,
         };
-        let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
+        let fs: Arc<dyn FileSystem> = cfg.fs.clone().unwrap_or_else(|| Arc::new(RealFs::new()));
         let (mut store, mut hard, entries, rec) = OooStore::open_tolerating_damage(fs, &cfg.dir)?;
         store.set_preallocate(cfg.preallocate);
         store.set_direct_io(cfg.direct_io);
@@ -735,11 +747,13 @@ impl OooNode {
         // Why the driver stopped, if it did on a failure ([`OooNode::stopped_reason`]).
         let stopped = Arc::new(OnceLock::new());
         let why = stopped.clone();
+        let disk_full = Arc::new(AtomicBool::new(false));
         let lat = latency.clone();
         {
-            let tx = tx.clone();
-            let lat = lat.clone();
-            threads.push(spawn("ooo-io", move || io_loop(store, io_rx, tx, lat)).map_err(&halt)?);
+            let (tx, lat, full) = (tx.clone(), lat.clone(), disk_full.clone());
+            threads.push(
+                spawn("ooo-io", move || io_loop(store, io_rx, tx, lat, full)).map_err(&halt)?,
+            );
         }
         threads.push(spawn("ooo-driver", move || {
             // Dropping the apply pool (it closes its queue) and the IO queue's sender when
@@ -1112,6 +1126,7 @@ impl OooNode {
             committed,
             latency,
             stopped,
+            disk_full,
         })
     }
 
@@ -1233,6 +1248,12 @@ impl OooNode {
     /// disk, or its state machine did); `None` while it runs.
     pub fn stopped_reason(&self) -> Option<String> {
         self.stopped.get().cloned()
+    }
+
+    /// Whether the node stopped because a write to its store failed for want of space
+    /// (`ENOSPC`): freeing space removes the cause, so its host may start it again.
+    pub fn stopped_by_full_disk(&self) -> bool {
+        self.stopped.get().is_some() && self.disk_full.load(Ordering::SeqCst)
     }
 }
 

@@ -3,9 +3,11 @@
 //! reopen the environment to find the survivors.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chorus_runtime::{Env, EnvConfig, Error, Outcome};
+use chorus_storage::fs::{Fillable, RealFs};
 
 fn leader_append(env: &Env, g: u64, data: &[u8]) -> u64 {
     let log = env.group(g).unwrap();
@@ -256,6 +258,67 @@ fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
         "{m}"
     );
     leader_append(&env, 1, b"group 1 never stopped");
+    env.shutdown();
+}
+
+/// A group stopped by a full disk (`ENOSPC` on a log write) starts again by itself once
+/// the disk has room: its log recovered, every record committed before reads back the
+/// same, and it commits again. While the free-space guard says the disk is low it stays
+/// stopped.
+#[test]
+fn a_group_stopped_by_a_full_disk_restarts_once_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+    let disk = Fillable::new(Arc::new(RealFs));
+    cfg.fs = Arc::new(disk.clone());
+    cfg.min_free_bytes = 0;
+    let env = Env::open(cfg).unwrap();
+    env.create_group(1, &[1], &[]).unwrap();
+    let mut committed = vec![(leader_append(&env, 1, b"before"), b"before".to_vec())];
+    for i in 0..20u32 {
+        let r = format!("record {i}").into_bytes();
+        committed.push((leader_append(&env, 1, &r), r));
+    }
+    disk.set_full(true);
+    let g = env.group(1).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match g.append(b"on a full disk", 0) {
+            Err(Error::NotRunning { reason, .. }) => {
+                assert!(reason.contains("No space left on device"), "{reason}");
+                break;
+            }
+            Ok(a) => {
+                let _ = a.result.wait();
+            }
+            Err(_) => {}
+        }
+        assert!(Instant::now() < end, "the group never stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // While the disk is low (the guard), nothing restarts it.
+    env.disk_space().set_min_free(u64::MAX - 1);
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(env.group(1).unwrap().status().stopped.is_some());
+    // Room again: restarted within the refresh period, or after one back-off if the
+    // timer tried while the disk was still full.
+    disk.set_full(false);
+    env.disk_space().set_min_free(0);
+    let end = Instant::now() + Duration::from_secs(30);
+    while env.group(1).unwrap().status().stopped.is_some() {
+        assert!(Instant::now() < end, "the group never restarted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    leader_append(&env, 1, b"after the restart");
+    let g = env.group(1).unwrap();
+    for (lsn, data) in &committed {
+        assert_eq!(&g.read(*lsn).unwrap().data, data, "record at {lsn}");
+    }
+    let m = env.render_metrics();
+    assert!(
+        m.contains("chorus_group_restarts_total{node=\"1\"} 1"),
+        "{m}"
+    );
     env.shutdown();
 }
 

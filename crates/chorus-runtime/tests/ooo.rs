@@ -237,6 +237,7 @@ impl Cluster {
             direct_io: true,
             tls: self.tls[i].clone(),
             disk: Some(self.disks[i].clone()),
+            fs: None,
         };
         OooNode::start(cfg, l, self.states[i].clone()).unwrap()
     }

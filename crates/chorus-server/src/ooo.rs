@@ -324,7 +324,16 @@ pub struct OooSettings {
     pub tls: Option<chorus_runtime::transport::TlsFiles>,
     /// The node's free-space guard (its environment's: `[log] min_free_bytes`).
     pub disk: Option<Arc<chorus_runtime::DiskSpace>>,
+    /// The file system the groups' directories are on (None: the real one).
+    pub fs: Option<Arc<dyn chorus_storage::fs::FileSystem>>,
 }
+
+/// How long after a try [`OooGroups::restart_stopped_by_full_disk`] tries a group again.
+pub const FULL_DISK_RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The free bytes, besides `min_free_bytes`, the data directory must have before a group
+/// a full disk stopped is restarted.
+pub const FULL_DISK_ROOM: u64 = 4 << 20;
 
 /// The node's out-of-order groups.
 pub struct OooGroups {
@@ -338,6 +347,9 @@ pub struct OooGroups {
     failed: RwLock<BTreeMap<u64, (GroupSpec, String)>>,
     /// Groups restarted in place.
     restarts: std::sync::atomic::AtomicU64,
+    /// When each group a full disk stopped was last tried
+    /// ([`OooGroups::restart_stopped_by_full_disk`]).
+    full_disk_tries: std::sync::Mutex<BTreeMap<u64, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for OooGroups {
@@ -400,6 +412,7 @@ impl OooGroups {
             groups: RwLock::new(BTreeMap::new()),
             failed: RwLock::new(BTreeMap::new()),
             restarts: Default::default(),
+            full_disk_tries: Default::default(),
         };
         let dir = me.settings.dir.clone();
         if dir.exists() {
@@ -675,6 +688,7 @@ impl OooGroups {
                 direct_io: self.settings.direct_io,
                 tls: self.settings.tls.clone(),
                 disk: self.settings.disk.clone(),
+                fs: self.settings.fs.clone(),
             },
             listener,
             state.clone(),
@@ -694,6 +708,63 @@ impl OooGroups {
                 }),
             );
         Ok(())
+    }
+
+    /// Restarts ([`OooGroups::restart`]) the groups whose replica a full disk stopped,
+    /// once the node's free-space guard says there is room again (above `min_free_bytes`
+    /// and at least [`FULL_DISK_ROOM`] free); a group is tried at most once every
+    /// [`FULL_DISK_RESTART_BACKOFF`] (a restart that fails, or a disk that fills again,
+    /// waits for the next). Returns the groups restarted. Without a guard nothing is
+    /// restarted: whether there is room is unknown. The server calls it twice a second.
+    pub fn restart_stopped_by_full_disk(&self) -> Vec<u64> {
+        let Some(disk) = &self.settings.disk else {
+            return Vec::new();
+        };
+        if disk.is_low() || disk.free_bytes().is_none_or(|f| f < FULL_DISK_ROOM) {
+            return Vec::new();
+        }
+        let now = std::time::Instant::now();
+        let due: Vec<u64> = {
+            let mut tries = self
+                .full_disk_tries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+            tries.retain(|id, _| groups.contains_key(id));
+            groups
+                .iter()
+                .filter(|(_, g)| g.node.stopped_by_full_disk())
+                .map(|(&id, _)| id)
+                .filter(|id| {
+                    tries
+                        .get(id)
+                        .is_none_or(|t| now.duration_since(*t) >= FULL_DISK_RESTART_BACKOFF)
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .inspect(|id| {
+                    tries.insert(*id, now);
+                })
+                .collect()
+        };
+        let mut restarted = Vec::new();
+        for id in due {
+            match self.restart(id, std::time::Duration::from_secs(1)) {
+                Ok(()) => {
+                    tracing::warn!(
+                        group = id,
+                        "out-of-order group stopped by a full disk restarted: the disk has room again"
+                    );
+                    restarted.push(id);
+                }
+                Err(e) => tracing::warn!(
+                    group = id,
+                    error = %e,
+                    "out-of-order group stopped by a full disk did not restart; trying again later"
+                ),
+            }
+        }
+        restarted
     }
 
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
@@ -1185,6 +1256,7 @@ mod tests {
             direct_io: true,
             tls: None,
             disk: None,
+            fs: None,
         })
         .unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
@@ -1221,9 +1293,97 @@ mod tests {
             direct_io: true,
             tls: None,
             disk: None,
+            fs: None,
         })
         .unwrap();
         assert_eq!(again.ids(), vec![5]);
         again.shutdown();
+    }
+
+    /// An out-of-order group stopped by a full disk (`ENOSPC` from its store) is left
+    /// alone while the free-space guard says the disk is low, and restarted once there is
+    /// room: it recovers its store, its state machine holds what was committed, and it
+    /// commits again.
+    #[test]
+    fn a_group_stopped_by_a_full_disk_restarts_once_there_is_room() {
+        use std::time::Instant;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = chorus_storage::fs::Fillable::new(Arc::new(chorus_storage::fs::RealFs));
+        let guard = Arc::new(chorus_runtime::DiskSpace::new(dir.path(), 0));
+        let groups = OooGroups::open(OooSettings {
+            node: 1,
+            dir: dir.path().join("ooo"),
+            election_timeout: Duration::from_millis(100),
+            apply_threads: 0,
+            catchup_rate: 0,
+            compact_bytes: 0,
+            freeze_interval: std::time::Duration::ZERO,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
+            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
+            direct_io: true,
+            tls: None,
+            disk: Some(guard.clone()),
+            fs: Some(Arc::new(disk.clone())),
+        })
+        .unwrap();
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap().to_string();
+        drop(free);
+        groups
+            .create(spec("dependent", &[1], &[(1, addr.as_str())]))
+            .unwrap();
+        let txn = |k: u64| Declared::Txn {
+            read_set: vec![],
+            write_set: vec![k],
+        };
+        let append = |k: u64, v: &[u8]| groups.get(5).unwrap().node.append(txn(k), v.to_vec());
+        let end = Instant::now() + Duration::from_secs(20);
+        while append(1, b"one").is_err() {
+            assert!(Instant::now() < end, "no leader");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(append(2, b"two").is_ok());
+        disk.set_full(true);
+        let end = Instant::now() + Duration::from_secs(20);
+        while !groups.get(5).unwrap().node.stopped_by_full_disk() {
+            let _ = append(3, b"on a full disk");
+            assert!(Instant::now() < end, "the group never stopped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Low: left alone. Room: restarted once, then running (nothing to restart).
+        guard.set_min_free(u64::MAX - 1);
+        assert!(groups.restart_stopped_by_full_disk().is_empty());
+        disk.set_full(false);
+        guard.set_min_free(0);
+        guard.refresh().unwrap();
+        assert_eq!(groups.restart_stopped_by_full_disk(), vec![5]);
+        assert!(groups.restart_stopped_by_full_disk().is_empty());
+        let g = groups.get(5).unwrap();
+        assert!(g.node.stopped_reason().is_none());
+        let end = Instant::now() + Duration::from_secs(20);
+        while append(4, b"four").is_err() {
+            assert!(Instant::now() < end, "no leader after the restart");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = g.state.get_keys(&[1, 2, 4]).unwrap();
+            if got
+                == [
+                    Some(b"one".to_vec()),
+                    Some(b"two".to_vec()),
+                    Some(b"four".to_vec()),
+                ]
+            {
+                break;
+            }
+            assert!(Instant::now() < end, "state after the restart: {got:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(g);
+        assert!(groups
+            .render_metrics(1)
+            .contains("chorus_ooo_group_restarts_total{node=\"1\"} 1"));
+        groups.shutdown();
     }
 }

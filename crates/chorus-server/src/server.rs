@@ -118,6 +118,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         direct_io: cfg.log.direct_io,
         // The same mutual TLS as the ordered transport, on every group's connections.
         tls: ooo_tls,
+        fs: None,
     })?);
     for g in &cfg.groups {
         if !g.is_ordered() {
@@ -160,6 +161,20 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         if let Some(m) = metrics {
             let l = tokio::net::TcpListener::bind(m).await?;
             tokio::spawn(serve_metrics(env.clone(), ooo.clone(), l));
+        }
+        // Out-of-order groups a full disk stopped start again once there is room (the
+        // environment does the same for ordered groups on its timer).
+        {
+            let ooo = ooo.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+                loop {
+                    tick.tick().await;
+                    let o = ooo.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || o.restart_stopped_by_full_disk()).await;
+                }
+            });
         }
         let svc = ChorusServer::new(Service::new(env.clone(), ooo.clone()))
             .max_decoding_message_size(64 << 20)

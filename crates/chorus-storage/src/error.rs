@@ -146,6 +146,19 @@ pub enum StorageError {
     },
 }
 
+impl StorageError {
+    /// Whether this is an IO call refused for want of space (`ENOSPC`, or `EDQUOT` over a
+    /// quota): a cause that freeing space removes, so the runtime restarts a group it
+    /// stopped once space is back (docs/operations.md, "A full disk").
+    pub fn is_disk_full(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Io { source, .. }
+                if matches!(source.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
+        )
+    }
+}
+
 /// Result of storage operations.
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 

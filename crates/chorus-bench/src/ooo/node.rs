@@ -263,6 +263,7 @@ pub fn start(
                 // The ordered nodes' environments measure their disk (and check it on
                 // each append); these check nothing: the benchmark's disk has room.
                 disk: None,
+                fs: None,
             };
             let node =
                 OooNode::start(cfg, l, rec).map_err(|e| format!("node {}: start: {e}", o.id))?;

@@ -26,9 +26,11 @@ use std::fmt;
 use std::io;
 use std::path::Path;
 
+mod fillable;
 mod real;
 mod sim;
 
+pub use fillable::Fillable;
 pub use real::RealFs;
 pub use sim::{CrashMode, SimFs, SimFsStats};
 
