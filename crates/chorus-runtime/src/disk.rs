@@ -22,6 +22,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+/// How long after a try a group a full disk stopped is tried again (by the environment
+/// for ordered groups, by the server for out-of-order ones) while the disk has room.
+pub const FULL_DISK_RESTART_BACKOFF: Duration = Duration::from_secs(10);
+
 /// Free space on one file system, measured now and then, against a floor.
 #[derive(Debug)]
 pub struct DiskSpace {
@@ -102,6 +106,12 @@ impl DiskSpace {
     /// Whether the free space was below the floor at the last measurement.
     pub fn is_low(&self) -> bool {
         self.low.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last measurement found `bytes` free and the disk not low: room to
+    /// start again a group a full disk stopped ([`FULL_DISK_RESTART_BACKOFF`]).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        !self.is_low() && self.free_bytes().is_some_and(|f| f >= bytes)
     }
 
     /// Bytes available at the last measurement, if one succeeded.

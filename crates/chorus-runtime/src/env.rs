@@ -395,15 +395,7 @@ impl Env {
     /// found damaged at start.
     pub fn group(&self, id: GroupId) -> Result<LogHandle, Error> {
         self.check_damaged(id)?;
-        self.inner
-            .router
-            .groups
-            .read()
-            .expect("groups")
-            .get(&id)
-            .cloned()
-            .map(|g| LogHandle { g })
-            .ok_or(Error::NoSuchGroup(id))
+        routed(&self.inner, id).map(|g| LogHandle { g })
     }
 
     /// Ids of the groups this node hosts, ascending.
@@ -787,14 +779,7 @@ fn restart_group(inner: &Arc<Inner>, id: GroupId) -> Result<Arc<Group>, Error> {
             }
         };
     }
-    let old = inner
-        .router
-        .groups
-        .read()
-        .expect("groups")
-        .get(&id)
-        .cloned()
-        .ok_or(Error::NoSuchGroup(id))?;
+    let old = routed(inner, id)?;
     let Some(reason) = old.status().stopped else {
         return Err(Error::GroupRunning(id));
     };
@@ -823,6 +808,12 @@ fn restart_group(inner: &Arc<Inner>, id: GroupId) -> Result<Arc<Group>, Error> {
     }
 }
 
+/// The running (or stopped) group `id` messages are routed to.
+fn routed(inner: &Inner, id: GroupId) -> Result<Arc<Group>, Error> {
+    let groups = inner.router.groups.read().expect("groups");
+    groups.get(&id).cloned().ok_or(Error::NoSuchGroup(id))
+}
+
 /// Routes to and schedules a restarted group (replacing its stopped incarnation).
 fn install_restarted(inner: &Inner, g: Arc<Group>) -> Arc<Group> {
     let id = g.id;
@@ -837,24 +828,16 @@ fn install_restarted(inner: &Inner, g: Arc<Group>) -> Arc<Group> {
     g
 }
 
-/// How long after a try the environment tries again to restart a group a full disk
-/// stopped.
-const FULL_DISK_RESTART_BACKOFF: Nanos = 10_000_000_000;
-
 /// Restarts, each on a thread of its own, the groups a full disk stopped once the data
 /// directory has room again: above `min_free_bytes` and at least a block free. A
 /// restart is the operator's `chorus group restart`, so it is as safe as a node restart
 /// (the log is recovered as after a crash); one that fails, or a disk that fills again,
-/// is tried again after [`FULL_DISK_RESTART_BACKOFF`].
+/// is tried again after [`crate::disk::FULL_DISK_RESTART_BACKOFF`].
 fn restart_groups_stopped_by_a_full_disk(inner: &Arc<Inner>) {
-    let disk = &inner.shared.disk;
-    if disk.is_low()
-        || disk
-            .free_bytes()
-            .is_none_or(|f| f < inner.shared.log.block_size)
-    {
+    if !inner.shared.disk.has_room(inner.shared.log.block_size) {
         return;
     }
+    let backoff = crate::disk::FULL_DISK_RESTART_BACKOFF.as_nanos() as Nanos;
     let now = inner.shared.now();
     let due: Vec<GroupId> = inner
         .router
@@ -865,7 +848,7 @@ fn restart_groups_stopped_by_a_full_disk(inner: &Arc<Inner>) {
         .filter(|g| g.stopped_by_full_disk.load(Ordering::SeqCst))
         .filter(|g| {
             let tried = g.restart_tried.load(Ordering::Relaxed);
-            tried == 0 || now.saturating_sub(tried) >= FULL_DISK_RESTART_BACKOFF
+            tried == 0 || now.saturating_sub(tried) >= backoff
         })
         .map(|g| {
             g.restart_tried.store(now.max(1), Ordering::Relaxed);

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus_runtime::{Env, EnvConfig, Error, Outcome};
+use chorus_runtime::{Env, EnvConfig, Error, LogHandle, Outcome};
 use chorus_storage::fs::{Fillable, RealFs};
 
 fn leader_append(env: &Env, g: u64, data: &[u8]) -> u64 {
@@ -127,6 +127,45 @@ fn a_damaged_group_stops_only_itself() {
     env.shutdown();
 }
 
+/// Node 1 alone, with small blocks (256 KiB) and groups (64 KiB), leading groups 1 and 2,
+/// each holding one committed record.
+fn two_groups(dir: &std::path::Path) -> Env {
+    let mut cfg = EnvConfig::new(1, dir, "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+    cfg.log.block_size = 256 << 10;
+    cfg.replica.max_group_bytes = 64 << 10;
+    let env = Env::open(cfg).unwrap();
+    for g in [1, 2] {
+        env.create_group(g, &[1], &[]).unwrap();
+        leader_append(&env, g, format!("in {g}").as_bytes());
+    }
+    env
+}
+
+/// Appends 16 KiB records to `g` (at most 200: about 12 blocks) until it stops; returns
+/// the records that committed before, with their LSNs, and the refusal that said it
+/// stopped. An append racing the failure may be refused by the stepping-down replica
+/// instead; once the group is stopped, every append is refused as not taken.
+fn append_until_stopped(g: &LogHandle) -> (Vec<(u64, Vec<u8>)>, Error) {
+    let mut committed = Vec::new();
+    for i in 0..200u32 {
+        let record = vec![i as u8; 16 << 10];
+        match g.append(&record, 0) {
+            // Committed before the failure, or unknown.
+            Ok(a) => {
+                if a.result
+                    .wait()
+                    .is_ok_and(|r| r.outcome == Outcome::Committed)
+                {
+                    committed.push((a.lsn, record));
+                }
+            }
+            Err(e @ Error::NotRunning { .. }) => return (committed, e),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    panic!("the group never stopped");
+}
+
 /// A group whose storage fails while it runs (here its log directory is gone when the
 /// log needs its next block file, as a full disk fails a write) stops only itself: the
 /// failure is named by its status and the `chorus_group_stopped` gauge, an append that
@@ -135,35 +174,11 @@ fn a_damaged_group_stops_only_itself() {
 #[test]
 fn a_group_whose_storage_fails_stops_only_itself() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
-    cfg.log.block_size = 256 << 10;
-    cfg.replica.max_group_bytes = 64 << 10;
-    let env = Env::open(cfg).unwrap();
-    for g in [1, 2] {
-        env.create_group(g, &[1], &[]).unwrap();
-        leader_append(&env, g, format!("in {g}").as_bytes());
-    }
+    let env = two_groups(dir.path());
     let log_dir = chorus_runtime::env::group_dir(dir.path(), 2).join("log");
     std::fs::remove_dir_all(&log_dir).unwrap();
     let g2 = env.group(2).unwrap();
-    let record = vec![7u8; 16 << 10];
-    // At most 4 blocks' worth of appends: the first roll to a new block file fails. An
-    // append racing the failure may be refused by the stepping-down replica instead;
-    // once the group is stopped, every append is refused as not taken.
-    let mut stopped = None;
-    for _ in 0..200 {
-        match g2.append(&record, 0) {
-            Ok(a) => {
-                let _ = a.result.wait(); // committed before the failure, or unknown
-            }
-            Err(e @ Error::NotRunning { .. }) => {
-                stopped = Some(e);
-                break;
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-    let e = stopped.expect("the group never stopped");
+    let (_, e) = append_until_stopped(&g2);
     match &e {
         Error::NotRunning { group: 2, reason } => {
             assert!(reason.contains("storage"), "{reason}")
@@ -196,14 +211,7 @@ fn a_group_whose_storage_fails_stops_only_itself() {
 #[test]
 fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EnvConfig::new(1, dir.path(), "127.0.0.1:0".parse::<SocketAddr>().unwrap());
-    cfg.log.block_size = 256 << 10;
-    cfg.replica.max_group_bytes = 64 << 10;
-    let env = Env::open(cfg).unwrap();
-    for g in [1, 2] {
-        env.create_group(g, &[1], &[]).unwrap();
-        leader_append(&env, g, format!("in {g}").as_bytes());
-    }
+    let env = two_groups(dir.path());
     assert!(matches!(env.restart_group(2), Err(Error::GroupRunning(2))));
     assert!(matches!(env.restart_group(9), Err(Error::NoSuchGroup(9))));
     // The log directory goes away (the open block file stays writable), so the first
@@ -212,26 +220,7 @@ fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
     let away = dir.path().join("log-away");
     std::fs::rename(&log_dir, &away).unwrap();
     let g2 = env.group(2).unwrap();
-    let mut committed = Vec::new();
-    let mut stopped = false;
-    for i in 0..200u32 {
-        let record = vec![i as u8; 16 << 10];
-        match g2.append(&record, 0) {
-            Ok(a) => {
-                if let Ok(r) = a.result.wait() {
-                    if r.outcome == Outcome::Committed {
-                        committed.push((a.lsn, record));
-                    }
-                }
-            }
-            Err(Error::NotRunning { .. }) => {
-                stopped = true;
-                break;
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-    assert!(stopped, "the group never stopped");
+    let (committed, _) = append_until_stopped(&g2);
     assert!(!committed.is_empty());
     std::fs::rename(&away, &log_dir).unwrap();
 

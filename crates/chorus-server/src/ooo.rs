@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Declared, Mode};
+use chorus_runtime::disk::FULL_DISK_RESTART_BACKOFF;
 use chorus_runtime::metrics::{render_header, Histogram};
 use chorus_runtime::ooo::{OooLatency, OooNode, OooNodeConfig, OooStatus};
 
@@ -327,9 +328,6 @@ pub struct OooSettings {
     /// The file system the groups' directories are on (None: the real one).
     pub fs: Option<Arc<dyn chorus_storage::fs::FileSystem>>,
 }
-
-/// How long after a try [`OooGroups::restart_stopped_by_full_disk`] tries a group again.
-pub const FULL_DISK_RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The free bytes, besides `min_free_bytes`, the data directory must have before a group
 /// a full disk stopped is restarted.
@@ -720,7 +718,7 @@ impl OooGroups {
         let Some(disk) = &self.settings.disk else {
             return Vec::new();
         };
-        if disk.is_low() || disk.free_bytes().is_none_or(|f| f < FULL_DISK_ROOM) {
+        if !disk.has_room(FULL_DISK_ROOM) {
             return Vec::new();
         }
         let now = std::time::Instant::now();
@@ -731,21 +729,17 @@ impl OooGroups {
                 .unwrap_or_else(|p| p.into_inner());
             let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
             tries.retain(|id, _| groups.contains_key(id));
-            groups
-                .iter()
-                .filter(|(_, g)| g.node.stopped_by_full_disk())
-                .map(|(&id, _)| id)
-                .filter(|id| {
-                    tries
-                        .get(id)
-                        .is_none_or(|t| now.duration_since(*t) >= FULL_DISK_RESTART_BACKOFF)
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .inspect(|id| {
-                    tries.insert(*id, now);
-                })
-                .collect()
+            let mut due = Vec::new();
+            for (&id, g) in groups.iter() {
+                let waited = tries
+                    .get(&id)
+                    .is_none_or(|t| now.duration_since(*t) >= FULL_DISK_RESTART_BACKOFF);
+                if waited && g.node.stopped_by_full_disk() {
+                    tries.insert(id, now);
+                    due.push(id);
+                }
+            }
+            due
         };
         let mut restarted = Vec::new();
         for id in due {
@@ -1135,6 +1129,25 @@ mod tests {
             .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("group.toml").exists())))
     }
 
+    /// Node 1's settings with its groups under `root/ooo`, no guard, the real disk.
+    fn settings(root: &Path) -> OooSettings {
+        OooSettings {
+            node: 1,
+            dir: root.join("ooo"),
+            election_timeout: Duration::from_millis(100),
+            apply_threads: 0,
+            catchup_rate: 0,
+            compact_bytes: 0,
+            freeze_interval: std::time::Duration::ZERO,
+            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
+            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
+            direct_io: true,
+            tls: None,
+            disk: None,
+            fs: None,
+        }
+    }
+
     fn spec(mode: &str, voters: &[u64], replicas: &[(u64, &str)]) -> GroupSpec {
         let mut g = GroupSpec::ordered(5, voters.to_vec(), vec![]);
         g.mode = mode.into();
@@ -1243,22 +1256,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap().to_string();
-        let groups = OooGroups::open(OooSettings {
-            node: 1,
-            dir: dir.path().join("ooo"),
-            election_timeout: Duration::from_millis(100),
-            apply_threads: 0,
-            catchup_rate: 0,
-            compact_bytes: 0,
-            freeze_interval: std::time::Duration::ZERO,
-            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
-            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
-            direct_io: true,
-            tls: None,
-            disk: None,
-            fs: None,
-        })
-        .unwrap();
+        let groups = OooGroups::open(settings(dir.path())).unwrap();
         let g = spec("dependent", &[1], &[(1, addr.as_str())]);
         let e = groups.create(g).unwrap_err().to_string();
         assert!(e.contains(&format!("listen {addr}")), "{e}");
@@ -1280,22 +1278,7 @@ mod tests {
         ));
         assert!(any_in(&dir.path().join("ooo")));
         groups.shutdown();
-        let again = OooGroups::open(OooSettings {
-            node: 1,
-            dir: dir.path().join("ooo"),
-            election_timeout: Duration::from_millis(100),
-            apply_threads: 0,
-            catchup_rate: 0,
-            compact_bytes: 0,
-            freeze_interval: std::time::Duration::ZERO,
-            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
-            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
-            direct_io: true,
-            tls: None,
-            disk: None,
-            fs: None,
-        })
-        .unwrap();
+        let again = OooGroups::open(settings(dir.path())).unwrap();
         assert_eq!(again.ids(), vec![5]);
         again.shutdown();
     }
@@ -1311,19 +1294,9 @@ mod tests {
         let disk = chorus_storage::fs::Fillable::new(Arc::new(chorus_storage::fs::RealFs));
         let guard = Arc::new(chorus_runtime::DiskSpace::new(dir.path(), 0));
         let groups = OooGroups::open(OooSettings {
-            node: 1,
-            dir: dir.path().join("ooo"),
-            election_timeout: Duration::from_millis(100),
-            apply_threads: 0,
-            catchup_rate: 0,
-            compact_bytes: 0,
-            freeze_interval: std::time::Duration::ZERO,
-            timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
-            preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
-            direct_io: true,
-            tls: None,
             disk: Some(guard.clone()),
             fs: Some(Arc::new(disk.clone())),
+            ..settings(dir.path())
         })
         .unwrap();
         let free = TcpListener::bind("127.0.0.1:0").unwrap();

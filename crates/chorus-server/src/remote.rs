@@ -1281,15 +1281,7 @@ async fn leader(a: LeaderArgs) -> Result<ExitCode, ClientError> {
             ))
         }
         LeaderOp::Priority { ep, at, priority } => {
-            if at >= ep.endpoints.len() {
-                return Err(ClientError::BadEndpoint {
-                    endpoint: at.to_string(),
-                    detail: format!(
-                        "--at must be below the number of endpoints ({})",
-                        ep.endpoints.len()
-                    ),
-                });
-            }
+            check_at(&ep, at)?;
             let mut c = Client::new(ep.endpoints.clone());
             c.set_priority(at, ep.group, priority).await?;
             Ok(done(

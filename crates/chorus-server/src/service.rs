@@ -339,6 +339,19 @@ fn ooo_batch_response(
     Ok(pb::AppendOutOfOrderResponse { results })
 }
 
+/// The status for an out-of-order group that could not be deleted or restarted.
+fn ooo_refusal(e: crate::ooo::OooGroupError) -> Status {
+    use crate::ooo::OooGroupError as E;
+    let msg = e.to_string();
+    match e {
+        E::NoSuchGroup(_) => Status::not_found(msg),
+        E::Running(_) => Status::failed_precondition(msg),
+        // Still held by requests: try again.
+        E::Busy(_) => Status::unavailable(msg),
+        _ => Status::internal(msg),
+    }
+}
+
 /// Maps a runtime error to a gRPC status (see the codes in `proto/chorus.proto`).
 pub fn status(e: Error) -> Status {
     let msg = e.to_string();
@@ -868,21 +881,11 @@ impl pb::chorus_server::Chorus for Service {
                 voter(m.prev.as_deref().unwrap_or_default())?;
             }
             let ooo = self.ooo.clone();
-            return match tokio::task::spawn_blocking(move || {
-                ooo.remove(group, Duration::from_secs(10))
-            })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            {
-                Ok(()) => Ok(Response::new(pb::Empty {})),
-                Err(e @ crate::ooo::OooGroupError::NoSuchGroup(_)) => {
-                    Err(Status::not_found(e.to_string()))
-                }
-                Err(e @ crate::ooo::OooGroupError::Busy(_)) => {
-                    Err(Status::unavailable(e.to_string()))
-                }
-                Err(e) => Err(Status::internal(e.to_string())),
-            };
+            return tokio::task::spawn_blocking(move || ooo.remove(group, Duration::from_secs(10)))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map(|()| Response::new(pb::Empty {}))
+                .map_err(ooo_refusal);
         }
         let log = self.log_group(group)?;
         voter(&log.status().membership.voters)?;
@@ -901,24 +904,13 @@ impl pb::chorus_server::Chorus for Service {
         let group = req.into_inner().group;
         if self.ooo.get(group).is_some() || self.ooo.failed(group).is_some() {
             let ooo = self.ooo.clone();
-            return match tokio::task::spawn_blocking(move || {
+            return tokio::task::spawn_blocking(move || {
                 ooo.restart(group, Duration::from_secs(10))
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?
-            {
-                Ok(()) => Ok(Response::new(pb::Empty {})),
-                Err(e @ crate::ooo::OooGroupError::NoSuchGroup(_)) => {
-                    Err(Status::not_found(e.to_string()))
-                }
-                Err(e @ crate::ooo::OooGroupError::Running(_)) => {
-                    Err(Status::failed_precondition(e.to_string()))
-                }
-                Err(e @ crate::ooo::OooGroupError::Busy(_)) => {
-                    Err(Status::unavailable(e.to_string()))
-                }
-                Err(e) => Err(Status::internal(e.to_string())),
-            };
+            .map(|()| Response::new(pb::Empty {}))
+            .map_err(ooo_refusal);
         }
         let env = self.env.clone();
         tokio::task::spawn_blocking(move || env.restart_group(group))

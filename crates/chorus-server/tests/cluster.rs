@@ -857,16 +857,19 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
     // The cause fixed, `chorus group restart` starts the group again on that node only:
     // it recovers its log and catches up with the others.
     std::fs::rename(&away, &log_dir).unwrap();
-    let (code, out, err) = chorus_cli(&[
-        "group",
-        "restart",
-        "--endpoints",
-        &f_api,
-        "--at",
-        "0",
-        "-g",
-        "1",
-    ]);
+    let restart = |g: &str| {
+        chorus_cli(&[
+            "group",
+            "restart",
+            "--endpoints",
+            &f_api,
+            "--at",
+            "0",
+            "-g",
+            g,
+        ])
+    };
+    let (code, out, err) = restart("1");
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("restarted"), "{out}");
     let r = c
@@ -889,28 +892,10 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
     }
     // Running now: a second restart is refused by name (exit 4), and an unknown group
     // is not found.
-    let (code, out, err) = chorus_cli(&[
-        "group",
-        "restart",
-        "--endpoints",
-        &f_api,
-        "--at",
-        "0",
-        "-g",
-        "1",
-    ]);
+    let (code, out, err) = restart("1");
     assert_eq!(code, Some(4), "{out}{err}");
     assert!(err.contains("only a stopped group is restarted"), "{err}");
-    let (code, _, err) = chorus_cli(&[
-        "group",
-        "restart",
-        "--endpoints",
-        &f_api,
-        "--at",
-        "0",
-        "-g",
-        "77",
-    ]);
+    let (code, _, err) = restart("77");
     assert_ne!(code, Some(0), "{err}");
     assert!(err.contains("77"), "{err}");
     for n in &mut nodes {
