@@ -198,7 +198,7 @@ impl Client {
                             if matches!(
                                 s.code(),
                                 Code::FailedPrecondition | Code::Unavailable | Code::Unknown
-                            ) =>
+                            ) && !s.metadata().contains_key(ACCESS_MODE_KEY) =>
                         {
                             last = format!("{}: {}", self.endpoints[i], s.message());
                             if s.code() != Code::FailedPrecondition {
@@ -542,6 +542,57 @@ impl Client {
             .map_err(|s| ClientError::status(&ep, s))
     }
 
+    /// Mirrors whole committed groups of another log into mirror `group` (access mode
+    /// raw-write) at its leader and waits for each one's final result (see `Mirror` in
+    /// `proto/chorus.proto`): `groups` as [`Client::read_groups`] returns them, in order,
+    /// the first at the mirror's end.
+    pub async fn mirror(
+        &mut self,
+        group: u64,
+        groups: Vec<Vec<u8>>,
+    ) -> Result<Vec<pb::AppendResult>, ClientError> {
+        let req = pb::MirrorRequest { group, groups };
+        self.on_leader(group, false, |mut c| {
+            let req = req.clone();
+            async move { c.mirror(req).await.map(|r| r.into_inner().results) }
+        })
+        .await
+    }
+
+    /// Switches `group`'s access mode at its leader: `append` or `raw-write`.
+    pub async fn set_access_mode(&mut self, group: u64, mode: &str) -> Result<(), ClientError> {
+        let mode = mode.to_string();
+        self.on_leader(group, true, |mut c| {
+            let mode = mode.clone();
+            async move {
+                c.set_access_mode(pb::SetAccessModeRequest { group, mode })
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await
+    }
+
+    /// Whole committed groups of `group` from `from_lsn` (a group boundary), headers
+    /// included, from any replica that answers.
+    pub async fn read_groups(
+        &mut self,
+        group: u64,
+        from_lsn: u64,
+        max_bytes: u32,
+    ) -> Result<pb::ReadGroupsResponse, ClientError> {
+        self.on_any(|mut c| async move {
+            c.read_groups(pb::ReadGroupsRequest {
+                group,
+                from_lsn,
+                max_bytes,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+        .await
+    }
+
     /// Trims `group` below `lsn` on every endpoint.
     pub async fn trim(&mut self, group: u64, lsn: u64) -> Result<(), ClientError> {
         for i in 0..self.endpoints.len() {
@@ -561,6 +612,11 @@ impl Client {
 /// e.g. on a full disk): even a non-idempotent request (a membership change, an append)
 /// may go to another endpoint. The value is the group id.
 pub const NOT_STARTED_KEY: &str = "chorus-not-started";
+
+/// The gRPC metadata key of a leader's refusal of a write its group's access mode does
+/// not take (an append to a mirror, a mirror write to a primary): no other node would
+/// take it, so it is not retried. The value is the mode of the group's config.
+pub const ACCESS_MODE_KEY: &str = "chorus-access-mode";
 
 /// Whether a failed call surely did nothing (the connection could not be made, or the
 /// server refused it marked [`NOT_STARTED_KEY`]), so that retrying it elsewhere cannot

@@ -18,6 +18,7 @@ fn replica(seed: u64) -> Replica {
             voters: vec![1, 2, 3],
             learners: vec![],
             barrier_lsn: 0,
+            ..Membership::default()
         },
         ..MetaRecord::default()
     };

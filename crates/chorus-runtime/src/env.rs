@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use chorus_core::format::meta::NodeId;
+use chorus_core::format::meta::{AccessMode, ConfigVersion, NodeId};
 use chorus_core::replica::{MembershipChange, Message, Nanos, ReplicaConfig};
 use chorus_core::{Csn, Lsn};
 use chorus_storage::{LogOptions, StorageError};
@@ -338,6 +338,19 @@ impl Env {
         voters: &[NodeId],
         learners: &[NodeId],
     ) -> Result<LogHandle, Error> {
+        self.create_group_in_mode(id, voters, learners, AccessMode::Append)
+    }
+
+    /// [`Env::create_group`] in the given access mode: [`AccessMode::RawWrite`] creates a
+    /// mirror, which takes only groups another log committed ([`LogHandle::mirror`])
+    /// until it is switched ([`LogHandle::change_access_mode`]; PALF section 5.2).
+    pub fn create_group_in_mode(
+        &self,
+        id: GroupId,
+        voters: &[NodeId],
+        learners: &[NodeId],
+        access_mode: AccessMode,
+    ) -> Result<LogHandle, Error> {
         self.check_running()?;
         let _guard = self.inner.create_lock.lock().expect("create");
         self.check_damaged(id)?;
@@ -361,6 +374,7 @@ impl Env {
             &dir,
             voters.to_vec(),
             learners.to_vec(),
+            access_mode,
         )?;
         self.inner
             .router
@@ -369,7 +383,13 @@ impl Env {
             .expect("groups")
             .insert(id, g.clone());
         self.inner.shared.pool.schedule(&g);
-        tracing::info!(group = id, ?voters, ?learners, "group created");
+        tracing::info!(
+            group = id,
+            ?voters,
+            ?learners,
+            mode = access_mode.name(),
+            "group created"
+        );
         Ok(LogHandle { g })
     }
 
@@ -1080,6 +1100,30 @@ impl LogHandle {
     /// Starts a single-member membership change (leader only; PALF section 5.3).
     pub fn change_membership(&self, change: MembershipChange) -> Result<(), Error> {
         self.g.change(change)
+    }
+
+    /// Mirrors one group another log committed (PALF section 5.2, `mirror`): `group` is
+    /// the whole group as that log stores it ([`LogHandle::read_groups`] on it), and must
+    /// start at this log's end. Leader of a group in [`AccessMode::RawWrite`] only. The
+    /// group keeps its LSN, entries and CSNs; the returned future resolves once, as an
+    /// append's does — Failed meaning only that this copy did not commit: a later leader
+    /// may hold the same group, so a mirroring process resumes from this log's end
+    /// ([`GroupStatus::end_lsn`] on the leader), never from a result alone.
+    pub fn mirror(&self, group: &[u8]) -> Result<Appended, Error> {
+        self.g.mirror(group)
+    }
+
+    /// Switches the access mode (leader only): failover makes a mirror a primary,
+    /// switchover a primary a mirror. A config change: in force once a majority holds it.
+    pub fn change_access_mode(&self, mode: AccessMode) -> Result<ConfigVersion, Error> {
+        self.g.change_access_mode(mode)
+    }
+
+    /// Whole committed groups from `from` (a group boundary) as this replica stores them,
+    /// headers included — what a mirror takes ([`LogHandle::mirror`]): at least one
+    /// group, then more while they fit in `max_bytes`. Returns them and the LSN after.
+    pub fn read_groups(&self, from: Lsn, max_bytes: usize) -> Result<(Vec<Vec<u8>>, Lsn), Error> {
+        self.g.read_groups(from, max_bytes)
     }
 
     /// Hands leadership to voter `to` (leader only).

@@ -1,6 +1,6 @@
 //! Errors of the runtime and its API.
 
-use chorus_core::replica::{AppendError, ChangeError};
+use chorus_core::replica::{AppendError, ChangeError, MirrorError};
 use chorus_core::Lsn;
 use chorus_storage::StorageError;
 
@@ -62,6 +62,23 @@ pub enum Error {
         /// Why.
         #[source]
         source: AppendError,
+    },
+    /// A mirror write was refused before it got an LSN.
+    #[error("group {group}: mirror write refused: {source}")]
+    Mirror {
+        /// The log group.
+        group: u64,
+        /// Why.
+        #[source]
+        source: MirrorError,
+    },
+    /// A read of whole groups did not start at a group boundary.
+    #[error("group {group}: LSN {lsn} is not where a group starts")]
+    NotAGroup {
+        /// The log group.
+        group: u64,
+        /// The LSN asked for.
+        lsn: Lsn,
     },
     /// A membership change or leader transfer was refused.
     #[error("group {group}: change refused: {source}")]

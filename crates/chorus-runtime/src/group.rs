@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use chorus_core::format::entry::EntryIter;
 use chorus_core::format::group::{entry_lsn, GroupHeader};
-use chorus_core::format::meta::{Membership, MetaRecord, NodeId};
+use chorus_core::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId};
 use chorus_core::replica::{
     Action, MembershipChange, Message, Nanos, Outcome, ReadPurpose, Replica, ReplicaConfig, Role,
 };
@@ -295,6 +295,7 @@ impl Group {
         dir: &Path,
         voters: Vec<NodeId>,
         learners: Vec<NodeId>,
+        access_mode: AccessMode,
     ) -> Result<Arc<Self>, Error> {
         let fs = env.fs.clone();
         fs.create_dir_all(dir).map_err(|e| Error::Io {
@@ -307,8 +308,12 @@ impl Group {
             membership: Membership {
                 voters,
                 learners,
+                access_mode,
                 ..Membership::default()
             },
+            // A group created as a mirror counts as switched once (see
+            // `Replica::change_access_mode`).
+            access_mode_version: (access_mode != AccessMode::Append) as u64,
             ..MetaRecord::default()
         };
         MetaStorage::create(fs.clone(), dir, &record).map_err(storage(id))?;
@@ -732,20 +737,7 @@ impl Group {
                 reason: r.clone(),
             });
         }
-        if self.env.disk.is_low() {
-            // Refused before the disk fills ([`crate::disk`]), by a leader only: a follower
-            // answers NotLeader below, as always, so clients still find the leader.
-            let leads = self.core.lock().expect("core").replica.role() == Role::Leader;
-            if leads {
-                if let Err((free, min_free)) = self.env.disk.check() {
-                    return Err(Error::DiskLow {
-                        group: self.id,
-                        free,
-                        min_free,
-                    });
-                }
-            }
-        }
+        self.check_disk()?;
         let size = entry::entry_size(data.len());
         for attempt in 0.. {
             if let Some(l) = &*self.lane.load() {
@@ -830,6 +822,24 @@ impl Group {
         unreachable!("the loop returns")
     }
 
+    /// Writes are refused before the disk fills ([`crate::disk`]), by a leader only: a
+    /// follower answers NotLeader, as always, so clients still find the leader.
+    fn check_disk(&self) -> Result<(), Error> {
+        if self.env.disk.is_low() {
+            let leads = self.core.lock().expect("core").replica.role() == Role::Leader;
+            if leads {
+                if let Err((free, min_free)) = self.env.disk.check() {
+                    return Err(Error::DiskLow {
+                        group: self.id,
+                        free,
+                        min_free,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn counted(&self, bytes: usize) {
         self.counters.appends.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -892,6 +902,91 @@ impl Group {
             self.schedule();
         }
         r
+    }
+
+    /// Mirrors one whole group another log committed ([`Replica::mirror`]), under the
+    /// core lock (mirror writes are whole groups: there is no lane to share).
+    pub fn mirror(self: &Arc<Self>, group: &[u8]) -> Result<Appended, Error> {
+        if let Some(r) = self.stopped.get() {
+            return Err(Error::NotRunning {
+                group: self.id,
+                reason: r.clone(),
+            });
+        }
+        self.check_disk()?;
+        let now = self.env.now();
+        let mut c = self.core.lock().expect("core");
+        self.close_lane(&mut c, now);
+        let t = c
+            .replica
+            .mirror(now, group)
+            .map_err(|source| Error::Mirror {
+                group: self.id,
+                source,
+            })?;
+        let (tx, rx) = oneshot::channel();
+        c.waiters.insert(t.id, Waiter { tx, since: now });
+        let wake = c.replica.has_actions();
+        drop(c);
+        self.counted(group.len());
+        if wake {
+            self.schedule();
+        }
+        Ok(Appended {
+            lsn: t.lsn,
+            csn: t.csn,
+            result: AppendFuture { rx, group: self.id },
+        })
+    }
+
+    pub fn change_access_mode(self: &Arc<Self>, mode: AccessMode) -> Result<ConfigVersion, Error> {
+        self.control(|r, now| r.change_access_mode(now, mode))
+            .map_err(|source| Error::Change {
+                group: self.id,
+                source,
+            })
+    }
+
+    /// Whole committed groups from `from` (a group boundary), as storage holds them: at
+    /// least one group, then more while they fit in `max_bytes`. Returns them and the LSN
+    /// after them.
+    pub fn read_groups(&self, from: Lsn, max_bytes: usize) -> Result<(Vec<Vec<u8>>, Lsn), Error> {
+        let committed = self.readable_end();
+        if from >= committed {
+            return Err(Error::NotCommitted {
+                group: self.id,
+                lsn: from,
+                committed,
+            });
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        let mut at = from;
+        while at < committed {
+            let g = self.group_containing(at)?;
+            if g.lsn != at {
+                return Err(Error::NotAGroup {
+                    group: self.id,
+                    lsn: at,
+                });
+            }
+            if !out.is_empty() && bytes + (g.end - g.lsn) > max_bytes as u64 {
+                break;
+            }
+            bytes += g.end - g.lsn;
+            let (h, body) = self
+                .io
+                .read()
+                .expect("io")
+                .log
+                .read_group(g.lsn)
+                .map_err(storage(self.id))?;
+            let mut group = h.encode().to_vec();
+            group.extend_from_slice(&body);
+            out.push(group);
+            at = g.end;
+        }
+        Ok((out, at))
     }
 
     pub fn change(self: &Arc<Self>, change: MembershipChange) -> Result<(), Error> {

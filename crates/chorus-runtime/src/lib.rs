@@ -50,8 +50,8 @@ mod pool;
 pub mod sched;
 pub mod transport;
 
-pub use chorus_core::format::meta::{Membership, NodeId};
-pub use chorus_core::replica::{MembershipChange, Outcome, Role};
+pub use chorus_core::format::meta::{AccessMode, Membership, NodeId};
+pub use chorus_core::replica::{MembershipChange, MirrorError, Outcome, Role};
 pub use chorus_core::{Csn, Lsn};
 pub use disk::DiskSpace;
 pub use env::{Env, EnvConfig, LogHandle, LogReader, Replayer, DEFAULT_MIN_FREE_BYTES};

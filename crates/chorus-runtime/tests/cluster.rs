@@ -8,9 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chorus_core::format::group::GroupHeader;
 use chorus_core::format::meta::NodeId;
-use chorus_core::replica::ReplicaConfig;
-use chorus_runtime::{Env, EnvConfig, Error, LogHandle, MembershipChange, Outcome, Record, Role};
+use chorus_core::replica::{AppendError, ReplicaConfig};
+use chorus_runtime::{
+    AccessMode, Env, EnvConfig, Error, LogHandle, MembershipChange, MirrorError, Outcome, Record,
+    Role,
+};
 
 const MS: u64 = 1_000_000;
 
@@ -514,5 +518,139 @@ fn a_follower_on_a_low_disk_takes_no_log_and_catches_up() {
     assert_eq!(all_records(&f), all_records(&g));
     for n in c.envs.keys().copied().collect::<Vec<_>>() {
         c.stop(n);
+    }
+}
+
+/// The serving leader of a mirror group (appends cannot probe it: they are refused).
+fn mirror_leader(c: &Cluster, group: u64, timeout: Duration) -> LogHandle {
+    let end = Instant::now() + timeout;
+    loop {
+        for e in c.envs.values() {
+            if let Ok(g) = e.group(group) {
+                if g.role().role == Role::Leader {
+                    return g;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "no leader of group {group} within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Mirrors the primary's committed log into the mirror's leader from the mirror's end,
+/// group by group, until the mirror has committed everything the primary had; retries
+/// refusals (a new leader's config not yet in force) for a while.
+fn mirror_all(c: &Cluster, primary: &LogHandle, mirror: u64, target: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut groups = 0;
+    loop {
+        let m = mirror_leader(c, mirror, Duration::from_secs(10));
+        let at = m.status().end_lsn;
+        if at >= target {
+            m.wait_committed_past(target - 1, Duration::from_secs(10));
+            if m.committed_end() >= target {
+                return groups;
+            }
+        }
+        let (batch, _) = primary.read_groups(at, 256 << 10).unwrap();
+        let mut results = Vec::new();
+        for g in batch {
+            let h = GroupHeader::decode(&g).unwrap();
+            match m.mirror(&g) {
+                Ok(a) => {
+                    assert_eq!(a.lsn, h.lsn, "a mirrored group keeps its LSN");
+                    results.push(a.result);
+                    groups += 1;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "mirroring stuck: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                    break;
+                }
+            }
+        }
+        for r in results {
+            let _ = r.wait();
+        }
+    }
+}
+
+#[test]
+fn a_mirror_holds_the_primary_s_committed_log_and_takes_appends_after_failover() {
+    let c = Cluster::three(1 << 20, None);
+    for e in c.envs.values() {
+        e.create_group_in_mode(2, &[1, 2, 3], &[], AccessMode::RawWrite)
+            .unwrap();
+    }
+    let committed = append_many(&c.handles(), 300, 2, "primary");
+    assert_eq!(committed.len(), 300);
+    let (_, p) = c.leader(1, Duration::from_secs(10));
+    let m = mirror_leader(&c, 2, Duration::from_secs(10));
+    match m.append(b"not here", 0) {
+        Err(Error::Append {
+            source: AppendError::AccessMode { mode, .. },
+            ..
+        }) => assert_eq!(mode, AccessMode::RawWrite),
+        Err(e) => panic!("a mirror refused an append with {e}, not by its access mode"),
+        Ok(_) => panic!("a mirror took an append"),
+    }
+    // (The leader's probe append may still be committing: mirror what is committed.)
+    let end = p.committed_end();
+    let groups = mirror_all(&c, &p, 2, end);
+    assert!(groups > 0);
+    // The mirror holds the primary's records at the same LSNs and CSNs, on every replica.
+    let want: Vec<Record> = all_records(&p)
+        .into_iter()
+        .filter(|r| r.lsn < end)
+        .collect();
+    assert!(want.len() >= 300);
+    for e in c.envs.values() {
+        let g = e.group(2).unwrap();
+        g.wait_committed_past(end - 1, Duration::from_secs(10));
+        let got: Vec<Record> = all_records(&g)
+            .into_iter()
+            .filter(|r| r.lsn < end)
+            .collect();
+        assert_eq!(got.len(), want.len(), "node {}", e.node());
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!((a.lsn, a.csn, &a.data), (b.lsn, b.csn, &b.data));
+        }
+    }
+    // A group that does not continue the mirror's log is refused by name.
+    let (first, _) = p.read_groups(0, 1).unwrap();
+    let first = first.into_iter().next().unwrap();
+    let m = mirror_leader(&c, 2, Duration::from_secs(10));
+    match m.mirror(&first) {
+        Err(Error::Mirror {
+            source: MirrorError::Lsn { expected, found },
+            ..
+        }) => assert_eq!((expected, found), (m.status().end_lsn, 0)),
+        other => panic!("a group at LSN 0 mirrored at the end: {other:?}"),
+    }
+    // Failover: the mirror becomes a primary; appends continue its log, CSNs above.
+    let max_csn = want.last().unwrap().csn;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let appended = loop {
+        let m = mirror_leader(&c, 2, Duration::from_secs(10));
+        let _ = m.change_access_mode(AccessMode::Append);
+        if let Ok(a) = m.append(b"after failover", 0) {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "failover did not take effect");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(appended.lsn >= end && appended.csn > max_csn);
+    assert_eq!(appended.result.wait().unwrap().outcome, Outcome::Committed);
+    let m = mirror_leader(&c, 2, Duration::from_secs(10));
+    assert_eq!(m.status().membership.access_mode, AccessMode::Append);
+    match m.mirror(&first) {
+        Err(Error::Mirror {
+            source: MirrorError::AccessMode { mode, .. },
+            ..
+        }) => assert_eq!(mode, AccessMode::Append),
+        other => panic!("a primary took a mirror write: {other:?}"),
     }
 }

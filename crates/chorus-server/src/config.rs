@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use chorus_core::format::meta::AccessMode;
 use chorus_core::replica::{CommitMode, ReplicaConfig};
 use chorus_runtime::transport::TlsFiles;
 use chorus_runtime::EnvConfig;
@@ -66,6 +67,21 @@ pub struct GroupSpec {
     /// blocks: the DP-Raft paper's adaptation of ParallelRaft to transactions).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub commit_order: String,
+    /// Ordered groups: `append` (the default: a primary) or `raw-write` (a mirror: it takes
+    /// only groups another log committed, `chorus mirror`, until switched with `chorus
+    /// group access-mode`; PALF section 5.2). Read at creation only: the mode in force
+    /// afterwards is the group's own (`chorus status`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub access_mode: String,
+}
+
+/// The access mode a group spec or request names (`""` is append).
+pub fn parse_access_mode(s: &str) -> Result<AccessMode, String> {
+    if s.is_empty() {
+        return Ok(AccessMode::Append);
+    }
+    AccessMode::from_name(s)
+        .ok_or_else(|| format!("access_mode `{s}` is not one of append, raw-write"))
 }
 
 fn ordered() -> String {
@@ -91,6 +107,7 @@ impl GroupSpec {
             replicas: BTreeMap::new(),
             look_behind: 0,
             commit_order: String::new(),
+            access_mode: String::new(),
         }
     }
 

@@ -646,7 +646,7 @@ fn inspect_meta(dir: &Path) -> Vec<MetaSlotRow> {
                     row.voters = m.membership.voters;
                     row.learners = m.membership.learners;
                     row.barrier_lsn = Some(m.membership.barrier_lsn);
-                    row.access_mode = Some(format!("{:?}", m.access_mode));
+                    row.access_mode = Some(m.membership.access_mode.name().to_string());
                     row.base_lsn = Some(m.base_lsn);
                 }
                 Err(e) => {

@@ -116,8 +116,19 @@ enum Cmd {
     Member(remote::MemberArgs),
     /// Leadership: transfer, priority.
     Leader(remote::LeaderArgs),
-    /// Groups: create, delete, restart.
+    /// Groups: create, delete, restart, access-mode.
     Group(remote::GroupArgs),
+    /// Mirror a primary group's committed log into a mirror group (PALF section 5.2).
+    ///
+    /// The mirror is an ordered group created in access mode raw-write (`chorus group
+    /// create --access-mode raw-write`), on its own nodes, reconfigured on its own. This
+    /// reads the primary's committed groups (--from, --from-group) from the mirror
+    /// leader's end and writes them into the mirror (--endpoints, -g): each keeps its LSN,
+    /// entries and CSNs, so the mirror's readers see the primary's log. After a refusal or
+    /// a leader change it resumes from the mirror leader's end. Without --follow it stops
+    /// once the mirror holds, committed, what the primary had committed; with it, it goes
+    /// on. Failover: `chorus group access-mode --mode append` on the mirror.
+    Mirror(remote::MirrorArgs),
     /// The applied state of an out-of-order group's demo state machine (parallel: blocks
     /// of its volume; dependent: keys of its key-value store) on every endpoint.
     State(remote::StateArgs),
@@ -212,6 +223,7 @@ fn main() -> ExitCode {
         Cmd::Member(a) => remote::run(remote::Remote::Member(a)),
         Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
         Cmd::Group(a) => remote::run(remote::Remote::Group(a)),
+        Cmd::Mirror(a) => remote::run(remote::Remote::Mirror(a)),
         Cmd::State(a) => remote::run(remote::Remote::State(a)),
         Cmd::Bench(a) => bench::run(a),
     };

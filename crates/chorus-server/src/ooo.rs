@@ -126,6 +126,12 @@ impl OooSpec {
         if g.look_behind != 0 && matches!(mode, Mode::Dependent) {
             return Err(bad("look_behind applies to parallel groups only".into()));
         }
+        if !g.access_mode.is_empty() {
+            return Err(bad(
+                "access_mode applies to ordered groups only (an out-of-order group has no mirrors)"
+                    .into(),
+            ));
+        }
         let conflict_order = match g.commit_order.as_str() {
             "" | "any" => false,
             "conflicts" if matches!(mode, Mode::Parallel { .. }) => true,

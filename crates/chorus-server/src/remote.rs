@@ -224,6 +224,21 @@ enum GroupOp {
         /// (commit only after every earlier entry overlapping its blocks).
         #[arg(long, default_value = "any", value_parser = ["any", "conflicts"])]
         commit_order: String,
+        /// Ordered groups: `append` (a primary) or `raw-write` (a mirror: it takes only
+        /// groups another log committed, `chorus mirror`, until `chorus group access-mode`
+        /// switches it; PALF section 5.2).
+        #[arg(long, default_value = "append", value_parser = ["append", "raw-write"])]
+        access_mode: String,
+    },
+    /// Switch an ordered group's access mode at its leader: `append` (failover: a mirror
+    /// becomes a primary) or `raw-write` (switchover: a primary becomes a mirror). In force
+    /// once a majority holds it; until then neither appends nor mirror writes are taken.
+    AccessMode {
+        #[command(flatten)]
+        ep: Endpoints,
+        /// The mode.
+        #[arg(long, value_parser = ["append", "raw-write"])]
+        mode: String,
     },
     /// Delete the replica of a group at one endpoint, data included (remove the node from
     /// the group's voters first; take the group out of that node's configuration file).
@@ -248,6 +263,153 @@ enum GroupOp {
         #[arg(long)]
         at: usize,
     },
+}
+
+/// `chorus mirror`.
+#[derive(Args, Debug)]
+pub struct MirrorArgs {
+    /// The mirror: endpoints and group (an ordered group in access mode raw-write).
+    #[command(flatten)]
+    ep: Endpoints,
+    /// gRPC endpoints of the primary's nodes, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    from: Vec<String>,
+    /// The primary's group.
+    #[arg(long)]
+    from_group: u64,
+    /// Keep mirroring as the primary commits more (until interrupted); without it, stop
+    /// once the mirror holds, committed, everything the primary had committed.
+    #[arg(short, long)]
+    follow: bool,
+    /// Bytes of groups per read from the primary and per Mirror request.
+    #[arg(long, default_value_t = 1 << 20)]
+    batch_bytes: u32,
+    /// Give up after this many seconds without progress (no leader, refusals).
+    #[arg(long, default_value_t = 30)]
+    stall_secs: u64,
+}
+
+/// The mirror's leader's log end and committed end, if a leader answers.
+async fn mirror_position(c: &mut Client, group: u64) -> Option<(u64, u64)> {
+    for (_, r) in c.status_all(group).await {
+        if let Ok(s) = r {
+            if let Some(g) = s
+                .groups
+                .iter()
+                .find(|g| g.group == group && g.role == "leader")
+            {
+                return Some((g.end_lsn, g.committed_lsn));
+            }
+        }
+    }
+    None
+}
+
+/// The restorer of PALF section 5.2: reads the primary's committed groups from the
+/// mirror's end and mirrors them, resuming from the mirror leader's end after any
+/// refusal or leader change (a mirror write's result is about its own copy only).
+async fn mirror(a: MirrorArgs) -> Result<ExitCode, ClientError> {
+    let (group, from_group) = (a.ep.group, a.from_group);
+    let mut dst = Client::new(a.ep.endpoints.clone());
+    let mut src = Client::new(a.from.clone());
+    let stall = std::time::Duration::from_secs(a.stall_secs);
+    let mut last_progress = tokio::time::Instant::now();
+    let (mut groups, mut bytes, mut failed) = (0u64, 0u64, 0u64);
+    let mut target: Option<u64> = None;
+    let (end, committed) = loop {
+        let Some((end, committed)) = mirror_position(&mut dst, group).await else {
+            if last_progress.elapsed() > stall {
+                return Err(ClientError::NoLeader {
+                    group,
+                    waited: last_progress.elapsed(),
+                    last: "no replica of the mirror answered as its leader".into(),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        if !a.follow && target.is_some_and(|t| committed >= t) {
+            break (end, committed);
+        }
+        let read = match src.read_groups(from_group, end, a.batch_bytes).await {
+            Ok(r) => r,
+            // Nothing committed past the mirror's end yet.
+            Err(ClientError::Status {
+                code, ref message, ..
+            }) if code == Code::OutOfRange && message.contains("beyond the committed end") => {
+                if !a.follow {
+                    // Caught up: wait for the mirror to commit what it holds.
+                    target.get_or_insert(end);
+                    if committed >= end {
+                        break (end, committed);
+                    }
+                }
+                if last_progress.elapsed() > stall && !a.follow {
+                    return Err(ClientError::Status {
+                        endpoint: a.ep.endpoints.join(","),
+                        code: Code::DeadlineExceeded,
+                        message: format!(
+                            "the mirror's committed end stayed at {committed}, below its end {end}, for {:?}: its last groups commit with the next group mirrored",
+                            last_progress.elapsed()
+                        ),
+                    });
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if read.groups.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        }
+        let n: u64 = read.groups.iter().map(|g| g.len() as u64).sum();
+        match dst.mirror(group, read.groups).await {
+            Ok(results) => {
+                for r in &results {
+                    if r.outcome == pb::Outcome::Committed as i32 {
+                        groups += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                bytes += n;
+                last_progress = tokio::time::Instant::now();
+                if !a.follow && read.next_lsn >= read.committed_lsn {
+                    target = Some(read.next_lsn);
+                }
+            }
+            // The mirror's end moved (another leader, or a write already taken): resume
+            // from its leader's end. A refusal by access mode is final.
+            Err(ClientError::Status {
+                code: Code::OutOfRange,
+                ..
+            }) => {}
+            Err(e @ ClientError::Status { .. }) if matches!(&e, ClientError::Status { message, .. } if message.contains("access mode")) =>
+            {
+                return Err(e);
+            }
+            Err(e) => {
+                if last_progress.elapsed() > stall {
+                    return Err(e);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let what = format!(
+        "group {group} mirrors group {from_group} up to LSN {end} (committed {committed}): {groups} groups ({bytes} bytes) committed by this run, {failed} not"
+    );
+    match a.ep.output {
+        Output::Json => println!(
+            "{}",
+            json!({"ok": true, "group": group, "from_group": from_group, "end_lsn": end,
+                   "committed_lsn": committed, "groups": groups, "bytes": bytes,
+                   "failed": failed})
+        ),
+        Output::Table => println!("{what}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_replica(s: &str) -> Result<(u64, String), String> {
@@ -283,6 +445,8 @@ pub enum Remote {
     State(StateArgs),
     /// trim
     Trim(TrimArgs),
+    /// mirror
+    Mirror(MirrorArgs),
 }
 
 /// Runs a client command on a small async runtime, mapping errors to exit codes.
@@ -302,6 +466,7 @@ pub fn run(cmd: Remote) -> AnyResult<ExitCode> {
             Remote::Group(a) => group(a).await,
             Remote::State(a) => state(a).await,
             Remote::Trim(a) => trim(a).await,
+            Remote::Mirror(a) => mirror(a).await,
         }
     });
     match r {
@@ -976,6 +1141,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                     Some(g) => json!({
                         "endpoint": ep, "group": g.group, "node": g.node, "role": g.role,
                         "mode": "ordered",
+                        "access_mode": g.access_mode,
                         "proposal_id": g.proposal_id,
                         "leader": if g.has_leader { Some(g.leader) } else { None },
                         "start_lsn": g.start_lsn, "end_lsn": g.end_lsn,
@@ -1031,7 +1197,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         if g.stopped.is_empty() { String::new() } else { format!("  STOPPED: {}", g.stopped) }
                     ),
                     Some(g) => println!(
-                        "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6} {:>12} {:>12} {:>12} {:>10}  voters {:?} learners {:?}{}",
+                        "{:<24} {:>5} {:>4} {:<16} {:>6} {:>6} {:>12} {:>12} {:>12} {:>10}  voters {:?} learners {:?}{}{}",
                         ep.trim_start_matches("http://"),
                         g.group,
                         g.node,
@@ -1044,6 +1210,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
                         leader_end.map_or("-".into(), |l| l.saturating_sub(g.flushed_lsn).to_string()),
                         g.voters,
                         g.learners,
+                        if g.access_mode == "raw-write" { "  (mirror: access mode raw-write)" } else { "" },
                         if g.stopped.is_empty() { String::new() } else { format!("  STOPPED: {}", g.stopped) }
                     ),
                     None => println!(
@@ -1301,7 +1468,15 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             replicas,
             look_behind,
             commit_order,
+            access_mode,
         } => {
+            if mode != "ordered" && access_mode != "append" {
+                return Err(ClientError::Status {
+                    endpoint: String::new(),
+                    code: Code::InvalidArgument,
+                    message: "--access-mode applies to ordered groups only".into(),
+                });
+            }
             let mut c = Client::new(ep.endpoints.clone());
             c.create_group_with(pb::CreateGroupRequest {
                 group: ep.group,
@@ -1315,12 +1490,33 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 } else {
                     commit_order
                 },
+                access_mode: if access_mode == "append" {
+                    String::new()
+                } else {
+                    access_mode.clone()
+                },
             })
             .await?;
+            let what = if access_mode == "append" {
+                format!(
+                    "group {} ({mode} mode) created with voters {voters:?}",
+                    ep.group
+                )
+            } else {
+                format!(
+                    "group {} (ordered mode, a mirror: access mode {access_mode}) created with voters {voters:?}",
+                    ep.group
+                )
+            };
+            Ok(done(ep.output, &what))
+        }
+        GroupOp::AccessMode { ep, mode } => {
+            let mut c = Client::new(ep.endpoints.clone());
+            c.set_access_mode(ep.group, &mode).await?;
             Ok(done(
                 ep.output,
                 &format!(
-                    "group {} ({mode} mode) created with voters {voters:?}",
+                    "group {} switching to access mode {mode} (in force once a majority holds it)",
                     ep.group
                 ),
             ))

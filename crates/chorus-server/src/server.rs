@@ -139,7 +139,9 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             )
             .into());
         }
-        match env.create_group(g.id, &g.voters, &g.learners) {
+        let mode = crate::config::parse_access_mode(&g.access_mode)
+            .map_err(|e| format!("group {}: {e}", g.id))?;
+        match env.create_group_in_mode(g.id, &g.voters, &g.learners, mode) {
             // A damaged group stays as found (logged when the node opened it).
             Ok(_) | Err(Error::GroupExists(_)) | Err(Error::GroupDamaged { .. }) => {}
             Err(e) => return Err(e.into()),

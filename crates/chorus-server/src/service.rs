@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_client::pb;
+use chorus_core::format::meta::AccessMode;
 use chorus_core::ooo::group;
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Mode, OooAppendError};
-use chorus_core::replica::{AppendError, ChangeError, Role};
+use chorus_core::replica::{AppendError, ChangeError, MirrorError, Role};
 use chorus_runtime::{Env, Error, MembershipChange, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::Stream;
@@ -266,6 +267,32 @@ fn pb_outcome(o: Outcome) -> i32 {
 /// request order: a record whose outcome this replica cannot know (it stopped) is
 /// reported `unknown` beside the results known before it, so a client does not append
 /// the committed ones again; the call fails whole only when no outcome is known.
+/// Writes `items` in order with `write` (an append or a mirror write) and answers once
+/// each taken one has its result. A refusal of the first is the answer; a later refusal
+/// cuts the batch short there, so the caller knows exactly which items have an outcome.
+async fn write_batch(
+    items: &[Vec<u8>],
+    write: impl Fn(&[u8]) -> Result<chorus_runtime::Appended, Error>,
+) -> Result<Response<pb::AppendResponse>, Status> {
+    let mut pending = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match write(item) {
+            Ok(a) => pending.push(a),
+            Err(e) if i == 0 => return Err(status(e)),
+            Err(e) => {
+                tracing::debug!(error = %e, accepted = i, "write batch cut short");
+                break;
+            }
+        }
+    }
+    let mut results = Vec::with_capacity(pending.len());
+    for a in pending {
+        let (lsn, csn) = (a.lsn, a.csn);
+        results.push((lsn, csn, a.result.await));
+    }
+    append_response(results).map(Response::new)
+}
+
 fn append_response(
     results: Vec<(u64, u64, Result<chorus_runtime::AppendResult, Error>)>,
 ) -> Result<pb::AppendResponse, Status> {
@@ -362,25 +389,28 @@ pub fn status(e: Error) -> Status {
         Error::GroupDamaged { group, .. } => nothing_done(Status::unavailable(msg), *group),
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
         Error::Append { source, group } => match source {
-            AppendError::NotLeader { leader } => {
-                let mut s = Status::failed_precondition(msg);
-                if let Some(l) = leader {
-                    if let Ok(v) = l.to_string().parse() {
-                        s.metadata_mut().insert("chorus-leader", v);
-                    }
-                }
-                s
-            }
+            AppendError::NotLeader { leader } => not_leader(msg, *leader),
             AppendError::Transferring => Status::failed_precondition(msg),
             AppendError::WindowFull => Status::resource_exhausted(msg),
             AppendError::TooLarge { .. } => Status::invalid_argument(msg),
             // A halted replica refuses before writing or sending anything: another node
             // may take the append.
             AppendError::Halted(_) => nothing_done(Status::unavailable(msg), *group),
+            AppendError::AccessMode { mode, .. } => access_mode_refusal(msg, *mode),
         },
+        Error::Mirror { source, group } => match source {
+            MirrorError::NotLeader { leader } => not_leader(msg, *leader),
+            MirrorError::Transferring => Status::failed_precondition(msg),
+            MirrorError::WindowFull => Status::resource_exhausted(msg),
+            MirrorError::Halted(_) => nothing_done(Status::unavailable(msg), *group),
+            MirrorError::AccessMode { mode, .. } => access_mode_refusal(msg, *mode),
+            MirrorError::Lsn { .. } => Status::out_of_range(msg),
+            MirrorError::Invalid(_) => Status::invalid_argument(msg),
+        },
+        Error::NotAGroup { .. } => Status::invalid_argument(msg),
         Error::Change { source, .. } => match source {
             ChangeError::NotLeader => Status::failed_precondition(msg),
-            ChangeError::InProgress => Status::aborted(msg),
+            ChangeError::InProgress | ChangeError::Uncommitted { .. } => Status::aborted(msg),
             ChangeError::Invalid(_) => Status::invalid_argument(msg),
         },
         Error::Config { .. } => Status::invalid_argument(msg),
@@ -395,6 +425,29 @@ pub fn status(e: Error) -> Status {
         }
         Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
     }
+}
+
+/// A refusal by a replica that does not lead: FAILED_PRECONDITION, naming the leader it
+/// knows in the `chorus-leader` trailer.
+fn not_leader(msg: String, leader: Option<u64>) -> Status {
+    let mut s = Status::failed_precondition(msg);
+    if let Some(l) = leader {
+        if let Ok(v) = l.to_string().parse() {
+            s.metadata_mut().insert("chorus-leader", v);
+        }
+    }
+    s
+}
+
+/// A leader's refusal of a write its group's access mode does not take: marked so that
+/// clients do not try the other nodes (see [`chorus_client::ACCESS_MODE_KEY`]).
+fn access_mode_refusal(msg: String, mode: AccessMode) -> Status {
+    let mut s = Status::failed_precondition(msg);
+    s.metadata_mut().insert(
+        chorus_client::ACCESS_MODE_KEY,
+        mode.name().parse().expect("an ASCII name"),
+    );
+    s
 }
 
 fn role_name(r: Role) -> &'static str {
@@ -433,6 +486,7 @@ fn group_status(s: chorus_runtime::GroupStatus) -> pb::GroupStatus {
         pending_appends: s.pending_appends as u64,
         stopped: s.stopped.unwrap_or_default(),
         mode: "ordered".into(),
+        access_mode: s.membership.access_mode.name().into(),
         ..Default::default()
     }
 }
@@ -610,25 +664,8 @@ impl pb::chorus_server::Chorus for Service {
         }
         self.ordered_only(req.group, "Append")?;
         let log = self.log_group(req.group)?;
-        let mut pending = Vec::with_capacity(req.records.len());
-        for (i, r) in req.records.iter().enumerate() {
-            match log.append(r, req.ref_csn) {
-                Ok(a) => pending.push(a),
-                Err(e) if i == 0 => return Err(status(e)),
-                Err(e) => {
-                    // Some records were accepted: report theirs and stop here, so the
-                    // caller knows exactly which records have an outcome.
-                    tracing::debug!(error = %e, accepted = i, "append batch cut short");
-                    break;
-                }
-            }
-        }
-        let mut results = Vec::with_capacity(pending.len());
-        for a in pending {
-            let (lsn, csn) = (a.lsn, a.csn);
-            results.push((lsn, csn, a.result.await));
-        }
-        append_response(results).map(Response::new)
+        let ref_csn = req.ref_csn;
+        write_batch(&req.records, |r| log.append(r, ref_csn)).await
     }
 
     async fn read(
@@ -791,6 +828,7 @@ impl pb::chorus_server::Chorus for Service {
             g.mode = r.mode;
             g.look_behind = r.look_behind;
             g.commit_order = r.commit_order;
+            g.access_mode = r.access_mode;
             g.replicas = r
                 .replicas
                 .into_iter()
@@ -821,11 +859,15 @@ impl pb::chorus_server::Chorus for Service {
             // A joining replica: it learns its membership from the leader.
             tracing::info!(group = r.group, "creating a joining replica");
         }
+        let mode =
+            crate::config::parse_access_mode(&r.access_mode).map_err(Status::invalid_argument)?;
         let env = self.env.clone();
-        tokio::task::spawn_blocking(move || env.create_group(r.group, &r.voters, &r.learners))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
+        tokio::task::spawn_blocking(move || {
+            env.create_group_in_mode(r.group, &r.voters, &r.learners, mode)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
 
@@ -1015,6 +1057,66 @@ impl pb::chorus_server::Chorus for Service {
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(status)?;
         Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn mirror(
+        &self,
+        req: Request<pb::MirrorRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        let req = req.into_inner();
+        if req.groups.len() > MAX_APPEND_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "{} groups in one mirror request; at most {MAX_APPEND_BATCH}",
+                req.groups.len()
+            )));
+        }
+        self.ordered_only(req.group, "Mirror")?;
+        let log = self.log_group(req.group)?;
+        write_batch(&req.groups, |g| log.mirror(g)).await
+    }
+
+    async fn set_access_mode(
+        &self,
+        req: Request<pb::SetAccessModeRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        self.ordered_only(r.group, "SetAccessMode")?;
+        let mode = AccessMode::from_name(&r.mode).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "access mode `{}` is not one of append, raw-write",
+                r.mode
+            ))
+        })?;
+        let log = self.log_group(r.group)?;
+        log.change_access_mode(mode).map_err(status)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn read_groups(
+        &self,
+        req: Request<pb::ReadGroupsRequest>,
+    ) -> Result<Response<pb::ReadGroupsResponse>, Status> {
+        let r = req.into_inner();
+        self.ordered_only(r.group, "ReadGroups")?;
+        let log = self.log_group(r.group)?;
+        let max = if r.max_bytes == 0 {
+            1 << 20
+        } else {
+            (r.max_bytes as usize).min(16 << 20)
+        };
+        tokio::task::spawn_blocking(move || {
+            let committed = log.committed_end();
+            let (groups, next) = log.read_groups(r.from_lsn, max)?;
+            Ok::<_, Error>(pb::ReadGroupsResponse {
+                groups,
+                next_lsn: next,
+                committed_lsn: committed,
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map(Response::new)
+        .map_err(status)
     }
 
     async fn append_out_of_order(

@@ -987,3 +987,145 @@ async fn a_leader_on_a_low_disk_refuses_appends_by_name() {
     assert!(text.contains("chorus_disk_low{node=\"1\"} 1"), "{text}");
     node.kill9();
 }
+
+/// Committed records of `group` at one endpoint.
+async fn read_group(ep: &str, group: u64) -> Vec<pb::Record> {
+    let mut c = Client::new(vec![ep.to_string()]);
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let r = c.read(group, from, 10_000).await.unwrap();
+        if r.records.is_empty() {
+            return out;
+        }
+        from = r.next_lsn;
+        out.extend(r.records);
+    }
+}
+
+/// A mirror (PALF section 5.2) with the CLI: group 2 created in access mode raw-write
+/// refuses appends by name (exit 4), `chorus mirror` copies group 1's committed log into
+/// it (same LSNs, CSNs and records on every node), a group of the wrong place is refused,
+/// and after `chorus group access-mode --mode append` (failover) it takes appends that
+/// continue its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_copies_its_primary_and_fails_over_with_the_cli() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let joined = eps.join(",");
+    leader_of(&eps, Duration::from_secs(20)).await;
+    let (code, out, err) = chorus_cli(&[
+        "group",
+        "create",
+        "-g",
+        "2",
+        "--voters",
+        "1,2,3",
+        "--access-mode",
+        "raw-write",
+        "--endpoints",
+        &joined,
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let mut c = Client::new(eps.clone());
+    c.leader_timeout = Duration::from_secs(20);
+    for i in 0..200u32 {
+        let r = c
+            .append(1, vec![format!("primary record {i}").into_bytes()], 0)
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    }
+    // An append to the mirror is refused by its leader, by name, and not retried.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, out, err) = chorus_cli(&["append", "-g", "2", "x", "--endpoints", &joined]);
+        if code == Some(4) && err.contains("access mode is raw-write") {
+            break;
+        }
+        // (Before the mirror's first leader is serving, appends find no leader.)
+        assert!(
+            Instant::now() < end,
+            "append to a mirror: {code:?} {out}{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, out, err) = chorus_cli(&[
+        "mirror",
+        "--from",
+        &joined,
+        "--from-group",
+        "1",
+        "-g",
+        "2",
+        "--endpoints",
+        &joined,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let primary_end = v["end_lsn"].as_u64().unwrap();
+    assert!(v["groups"].as_u64().unwrap() > 0, "{out}");
+    assert!(v["committed_lsn"].as_u64().unwrap() >= primary_end, "{out}");
+    let want: Vec<pb::Record> = read_group(&eps[0], 1)
+        .await
+        .into_iter()
+        .filter(|r| r.lsn < primary_end)
+        .collect();
+    assert!(want.len() >= 200);
+    for ep in &eps {
+        let end = Instant::now() + Duration::from_secs(20);
+        let got = loop {
+            let got: Vec<pb::Record> = read_group(ep, 2)
+                .await
+                .into_iter()
+                .filter(|r| r.lsn < primary_end)
+                .collect();
+            if got.len() == want.len() || Instant::now() > end {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(got, want, "the mirror at {ep} holds the primary's records");
+    }
+    // A group that does not start at the mirror's end: OUT_OF_RANGE, naming both LSNs.
+    let first = c.read_groups(1, 0, 1).await.unwrap().groups;
+    match c.mirror(2, first).await {
+        Err(ClientError::Status { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::OutOfRange, "{message}");
+            assert!(message.contains("at LSN 0"), "{message}");
+        }
+        other => panic!("a misplaced group was mirrored: {other:?}"),
+    }
+    // Failover: the mirror becomes a primary and takes appends after the mirrored log.
+    let (code, out, err) = chorus_cli(&[
+        "group",
+        "access-mode",
+        "-g",
+        "2",
+        "--mode",
+        "append",
+        "--endpoints",
+        &joined,
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let end = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        match c.append(2, vec![b"after failover".to_vec()], 0).await {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(Instant::now() < end, "no append after failover: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    assert!(r[0].lsn >= primary_end);
+    assert!(r[0].csn > want.last().unwrap().csn);
+    let (code, out, err) = chorus_cli(&["status", "-g", "2", "-o", "json", "--endpoints", &joined]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("\"access_mode\": \"append\""), "{out}");
+    drop(nodes);
+}

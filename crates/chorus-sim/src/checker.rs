@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chorus_core::format::entry::EntryIter;
-use chorus_core::format::group::ChainPoint;
+use chorus_core::format::group::{ChainPoint, GroupHeader, FLAG_MIRRORED};
 use chorus_core::format::meta::NodeId;
 use chorus_core::replica::{Outcome, Role, Ticket};
 use chorus_core::{Csn, Lsn};
@@ -31,6 +31,33 @@ pub struct Accepted {
     pub ticket: Ticket,
     /// The reference CSN passed in.
     pub ref_csn: Csn,
+    /// A mirror write ([`chorus_core::replica::Replica::mirror`]) rather than an append:
+    /// its entries are the primary's, so it has no tag; Committed means the committed
+    /// history holds a group at its LSN, and Failed only that this copy did not commit
+    /// (a later leader may have committed the same group re-sealed).
+    pub mirror: bool,
+}
+
+/// What a mirrored group must keep of the primary's group at its LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PrimaryGroup {
+    len: u64,
+    seq: u64,
+    max_csn: Csn,
+    data_crc: u32,
+    entries: u32,
+}
+
+impl PrimaryGroup {
+    fn of(h: &GroupHeader) -> Self {
+        Self {
+            len: h.total_len(),
+            seq: h.group_seq,
+            max_csn: h.max_csn,
+            data_crc: h.data_crc,
+            entries: h.entry_count,
+        }
+    }
 }
 
 /// The checker state.
@@ -51,6 +78,13 @@ pub struct Checker {
     committed_tags: BTreeMap<u64, Lsn>,
     /// Results delivered, by outcome.
     pub outcomes: BTreeMap<&'static str, u64>,
+    /// Groups the simulated primaries generated, by LSN (mirror runs).
+    primary: BTreeMap<Lsn, Vec<PrimaryGroup>>,
+    /// Every committed group must be mirrored (or padding): the group was a mirror for the
+    /// whole run, so its leaders may write no group of their own.
+    pub strict_mirror: bool,
+    /// Committed groups that were mirrored.
+    pub mirrored_committed: u64,
 }
 
 impl Checker {
@@ -87,6 +121,45 @@ impl Checker {
             );
         }
         self.accepted.insert((node, inc, a.ticket.id), a);
+    }
+
+    /// A simulated primary generated the group `h`.
+    pub fn on_generated(&mut self, h: &GroupHeader) {
+        self.primary
+            .entry(h.lsn)
+            .or_default()
+            .push(PrimaryGroup::of(h));
+    }
+
+    /// A group newly in the committed history: a mirrored one must be the primary's
+    /// group at its LSN (entries, CSNs, length and sequence number kept by the re-seal).
+    fn check_mirrored(&mut self, now: u64, node: NodeId, h: &GroupHeader) {
+        let mirrored = h.flags & FLAG_MIRRORED != 0;
+        if mirrored {
+            self.mirrored_committed += 1;
+            let this = PrimaryGroup::of(h);
+            let known = self.primary.get(&h.lsn).is_some_and(|v| v.contains(&this));
+            if !known {
+                self.violation(
+                    now,
+                    format!(
+                        "node {node}: committed mirrored group at LSN {} ({this:?}) is no \
+                         primary's group there ({:?})",
+                        h.lsn,
+                        self.primary.get(&h.lsn)
+                    ),
+                );
+            }
+        } else if self.strict_mirror && !h.is_padding() {
+            self.violation(
+                now,
+                format!(
+                    "node {node}: committed group at LSN {} (pid {}, {} entries) in a mirror \
+                     is not mirrored: its leader wrote a group of its own",
+                    h.lsn, h.proposal_id, h.entry_count
+                ),
+            );
+        }
     }
 
     /// A replica's committed end advanced to `end`; compare its log with the reference.
@@ -144,6 +217,7 @@ impl Checker {
                 None if h.lsn == self.ref_end => {
                     self.reference.insert(h.lsn, this);
                     self.ref_end = this.end;
+                    self.check_mirrored(now, node, &h);
                     for e in EntryIter::new(&body) {
                         let Ok(e) = e else { break };
                         let lsn = chorus_core::format::group::entry_lsn(h.lsn, e.offset);
@@ -274,6 +348,24 @@ impl Checker {
         }
         if a.ticket.lsn != lsn {
             self.violation(now, format!("node {node}: result LSN {lsn} != ticket"));
+        }
+        if a.mirror {
+            let key = match outcome {
+                Outcome::Committed => "mirror_committed",
+                Outcome::Failed => "mirror_failed",
+            };
+            *self.outcomes.entry(key).or_default() += 1;
+            if outcome == Outcome::Committed && !self.reference.contains_key(&lsn) {
+                self.violation(
+                    now,
+                    format!(
+                        "node {node}: mirror write {id} reported Committed at LSN {lsn}, where \
+                         the committed history has no group (its end is {})",
+                        self.ref_end
+                    ),
+                );
+            }
+            return;
         }
         match outcome {
             Outcome::Committed => {

@@ -7,6 +7,7 @@
 //! schedule, a healing phase and the liveness check.
 
 pub mod checker;
+pub mod mirror;
 pub mod ooo;
 pub mod run;
 pub mod script;
@@ -16,10 +17,11 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use chorus_core::format::meta::{ConfigVersion, Membership, MetaRecord, NodeId};
+use chorus_core::format::group::ChainPoint;
+use chorus_core::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId};
 use chorus_core::replica::{
-    Action, AppendError, ChangeError, CommitMode, MembershipChange, Message, Nanos, Outcome,
-    Replica, ReplicaConfig, Role, Ticket,
+    Action, AppendError, ChangeError, CommitMode, MembershipChange, Message, MirrorError, Nanos,
+    Outcome, Replica, ReplicaConfig, Role, Ticket,
 };
 use chorus_core::rng::Rng;
 use chorus_storage::fs::FileSystem;
@@ -66,6 +68,8 @@ pub struct ClusterOptions {
     /// [`LogOptions::preallocate`] on every node; `None` picks it by seed
     /// ([`preallocate_by_seed`]), so batches run the log with and without zeros ahead.
     pub preallocate: Option<u64>,
+    /// The access mode the group starts in: [`AccessMode::RawWrite`] makes it a mirror.
+    pub access_mode: AccessMode,
     /// Deliberately broken variant (test builds only).
     #[cfg(feature = "broken")]
     pub broken: chorus_core::replica::Broken,
@@ -81,6 +85,7 @@ impl Default for ClusterOptions {
             gap_resend_after: None,
             timed_resend: None,
             preallocate: None,
+            access_mode: AccessMode::Append,
             #[cfg(feature = "broken")]
             broken: Default::default(),
         }
@@ -238,6 +243,9 @@ pub struct Cluster {
     /// Nodes whose storage holds injected damage not yet repaired or discarded: damage is
     /// only ever injected on a minority (one node at a time), as the fault model says.
     damaged: BTreeSet<NodeId>,
+    /// The log mirror writes copy ([`Cluster::mirror`]): from the start when the group
+    /// starts as a mirror, from the barrier of each switch to raw-write.
+    pub primary: Option<mirror::Primary>,
 }
 
 impl Cluster {
@@ -262,6 +270,7 @@ impl Cluster {
                     voters: voters.clone(),
                     learners: vec![],
                     barrier_lsn: 0,
+                    access_mode: opts.access_mode,
                 }
             } else {
                 Membership::default()
@@ -269,6 +278,8 @@ impl Cluster {
             let record = MetaRecord {
                 log_id: LOG_ID,
                 block_size: BLOCK_SIZE,
+                // A group created as a mirror counts as switched once.
+                access_mode_version: (membership.access_mode != AccessMode::Append) as u64,
                 membership,
                 ..MetaRecord::default()
             };
@@ -321,7 +332,18 @@ impl Cluster {
             tick: 5 * MS,
             trace: None,
             damaged: BTreeSet::new(),
+            primary: None,
         };
+        if c.opts.access_mode == AccessMode::RawWrite {
+            let max_group = sim_replica_config(1, &c.opts, seed).max_group_bytes;
+            c.primary = Some(mirror::Primary::new(
+                seed,
+                0,
+                ChainPoint::default(),
+                BLOCK_SIZE,
+                max_group,
+            ));
+        }
         let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
         for id in ids {
             c.start_node(id);
@@ -669,6 +691,12 @@ impl Cluster {
         } else {
             up.replica.append(local, &data, ref_csn)?
         };
+        if up.replica.access_mode() != AccessMode::Append {
+            self.checker.report(
+                now,
+                format!("node {id}: append accepted in access mode raw-write"),
+            );
+        }
         self.next_tag = self.next_tag.wrapping_add(0x9E37_79B9);
         node.tags.insert((node.inc, t.id), tag);
         let inc = node.inc;
@@ -680,11 +708,105 @@ impl Cluster {
                 tag,
                 ticket: t,
                 ref_csn,
+                mirror: false,
             },
         );
         self.bump("appends_accepted");
         self.pump(id);
         Ok((t, tag))
+    }
+
+    /// Mirrors, through `id`, the primary's group at the end of `id`'s log
+    /// ([`Replica::mirror`]). Refused (`Lsn`) when that end is no group boundary of the
+    /// primary: a leader whose log ends elsewhere (before a switch's barrier committed).
+    pub fn mirror(&mut self, id: NodeId) -> Result<Ticket, MirrorError> {
+        let local = self.local_now(id);
+        let now = self.now;
+        let node = self.nodes.get_mut(&id).expect("node");
+        let Some(up) = &mut node.up else {
+            return Err(MirrorError::NotLeader { leader: None });
+        };
+        let end = up.replica.end_lsn();
+        let Some(p) = &mut self.primary else {
+            return Err(MirrorError::Invalid("no primary to mirror".into()));
+        };
+        let checker = &mut self.checker;
+        let Some(bytes) = p.group_at(end, |h| checker.on_generated(h)) else {
+            if up.replica.access_mode() == AccessMode::RawWrite {
+                *self.stats.entry("mirror_misaligned").or_default() += 1;
+            }
+            return Err(MirrorError::Lsn {
+                expected: end,
+                found: end,
+            });
+        };
+        let t = match up.replica.mirror(local, &bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                self.note(format!("node {id}: mirror write at {end} refused: {e}"));
+                return Err(e);
+            }
+        };
+        let node = self.nodes.get_mut(&id).expect("node");
+        let up = node.up.as_mut().expect("up");
+        if up.replica.access_mode() != AccessMode::RawWrite {
+            self.checker.report(
+                now,
+                format!("node {id}: mirror write accepted in access mode append"),
+            );
+        }
+        let inc = node.inc;
+        self.checker.on_accepted(
+            now,
+            id,
+            inc,
+            Accepted {
+                tag: mirror::PRIMARY_MARK,
+                ticket: t,
+                ref_csn: 0,
+                mirror: true,
+            },
+        );
+        self.bump("mirrors_accepted");
+        self.pump(id);
+        Ok(t)
+    }
+
+    /// Asks `id` (the leader) to switch the access mode ([`Replica::change_access_mode`]).
+    /// A switch to raw-write starts a new primary at the switch's barrier (the leader's
+    /// log end): the log a switched-over primary goes on mirroring.
+    pub fn switch_mode(
+        &mut self,
+        id: NodeId,
+        mode: AccessMode,
+    ) -> Result<ConfigVersion, ChangeError> {
+        let local = self.local_now(id);
+        let r = match &mut self.nodes.get_mut(&id).expect("node").up {
+            Some(up) => {
+                let before = up.replica.access_mode();
+                let r = up.replica.change_access_mode(local, mode);
+                if r.is_ok() && before != mode && mode == AccessMode::RawWrite {
+                    let at = up.replica.log_chain();
+                    let epoch = self.primary.as_ref().map_or(0, |p| p.epoch() + 1);
+                    let max_group = sim_replica_config(id, &self.opts, self.seed).max_group_bytes;
+                    self.primary = Some(mirror::Primary::new(
+                        self.seed, epoch, at, BLOCK_SIZE, max_group,
+                    ));
+                }
+                if r.is_ok() && before != mode {
+                    self.bump("access_mode_switches");
+                    let end = self.nodes[&id].replica().map_or(0, |r| r.end_lsn());
+                    self.note(format!(
+                        "node {id} switches the access mode to {} at {end}",
+                        mode.name()
+                    ));
+                }
+                r
+            }
+            None => Err(ChangeError::NotLeader),
+        };
+        self.pump(id);
+        r
     }
 
     /// Asks `id` (the leader) to hand leadership to `to`.

@@ -90,8 +90,12 @@ struct Args {
     /// start and are rebased; `--no-trims` gives the trajectories of seeds found before).
     #[arg(long)]
     no_trims: bool,
-    /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync or guess-on-rebase (needs the
-    /// `broken` feature).
+    /// Ordered groups: the group is a mirror of a simulated primary (raw-write access
+    /// mode, PALF section 5.2), with access-mode switches in two seeds of three.
+    #[arg(long)]
+    mirror: bool,
+    /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase
+    /// or mirror-start-working (with --mirror) (needs the `broken` feature).
     #[arg(long)]
     broken: Option<String>,
     /// Simulate an out-of-order group instead: parallel or dependent.
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
     opts.cluster.timed_resend = args.timed_resend;
     opts.cluster.preallocate = args.preallocate;
     opts.trims = !args.no_trims;
+    opts.mirror = args.mirror;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
         {
@@ -130,9 +135,10 @@ fn main() -> ExitCode {
                 "skip-reconfirmation" => Broken::SkipReconfirmation,
                 "ack-before-fsync" => Broken::AckBeforeFsync,
                 "guess-on-rebase" => Broken::GuessOnRebase,
+                "mirror-start-working" => Broken::MirrorStartWorking,
                 _ => {
                     eprintln!(
-                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync or guess-on-rebase"
+                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync, guess-on-rebase or mirror-start-working"
                     );
                     return ExitCode::from(2);
                 }
@@ -186,6 +192,9 @@ fn main() -> ExitCode {
             if args.no_trims {
                 gap.push_str(" --no-trims");
             }
+            if args.mirror {
+                gap.push_str(" --mirror");
+            }
             println!(
                 "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
                 r.seed, args.mode
@@ -211,6 +220,18 @@ fn main() -> ExitCode {
         totals.get("rebases").unwrap_or(&0),
         totals.get("outcomes_unknown").unwrap_or(&0),
     );
+    if args.mirror {
+        let t = |k: &str| totals.get(k).copied().unwrap_or(0);
+        println!(
+            "chorus-sim: mirror: writes={} committed={} failed={} mirrored_groups_committed={} access_mode_switches={} misaligned={}",
+            t("mirrors_accepted"),
+            t("mirror_committed"),
+            t("mirror_failed"),
+            t("mirrored_groups_committed"),
+            t("access_mode_switches"),
+            t("mirror_misaligned"),
+        );
+    }
     if bad > 0 {
         ExitCode::from(1)
     } else {

@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use chorus_core::format::meta::AccessMode;
 use chorus_core::format::meta::NodeId;
 use chorus_core::replica::{CommitMode, MembershipChange, Nanos};
 use chorus_core::rng::Rng;
+use chorus_core::Lsn;
 use chorus_storage::fs::CrashMode;
 
 use crate::{Cluster, ClusterOptions, NetFaults, MS};
@@ -32,6 +34,12 @@ pub struct RunOptions {
     /// their leader's log start and are rebased. Drawn from a generator of its own: the
     /// other draws of a seed are the same with it on or off.
     pub trims: bool,
+    /// The group is a mirror (PALF section 5.2): it starts in raw-write access mode and
+    /// the workload mirrors a simulated primary's groups. In two seeds of three the
+    /// faulty phase also switches the access mode (failover to append, switchover back to
+    /// raw-write at a new primary); in the third no switch happens, and every committed
+    /// group must be the primary's.
+    pub mirror: bool,
 }
 
 impl Default for RunOptions {
@@ -45,6 +53,7 @@ impl Default for RunOptions {
             liveness_bound: 3_000 * MS,
             disk: (50_000, 300_000),
             trims: true,
+            mirror: false,
         }
     }
 }
@@ -114,7 +123,20 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
             }
         }
     }
+    if base.mirror {
+        opts.access_mode = AccessMode::RawWrite;
+    }
+    // Drawn from a generator of its own, so that the other draws of a seed are the same
+    // in mirror runs.
+    let mut mrng = Rng::new(seed ^ 0x3141_5926_0000_0003);
+    let switch_rate = if base.mirror && base.faults {
+        [0, 2, 8][mrng.below(3) as usize]
+    } else {
+        0
+    };
     let mut c = Cluster::new(seed, opts.clone());
+    c.checker.strict_mirror = base.mirror && switch_rate == 0;
+    let mut switch_tries = 0u32;
     if std::env::var_os("CHORUS_SIM_TRACE").is_some() {
         c.trace = Some(Vec::new());
     }
@@ -151,9 +173,29 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     while t < base.fault_time {
         t += rng.range(append_gap / 2, append_gap * 3 / 2);
         c.run_until(t);
+        if base.mirror {
+            mirror_step(&mut c, &mut mrng);
+        }
         workload_step(&mut c, &mut rng, rec_max);
         if !base.faults {
             continue;
+        }
+        if switch_rate > 0 && switch_tries == 0 && mrng.chance(switch_rate, 1000) {
+            // An operator's switch, retried for a while (a switch to raw-write waits for
+            // the log to be committed to its end).
+            switch_tries = 200;
+        }
+        if switch_tries > 0 {
+            switch_tries -= 1;
+            if let Some(l) = c.leader() {
+                let mode = match c.nodes[&l].replica().map(|r| r.access_mode()) {
+                    Some(AccessMode::RawWrite) => AccessMode::Append,
+                    _ => AccessMode::RawWrite,
+                };
+                if c.switch_mode(l, mode).is_ok() {
+                    switch_tries = 0;
+                }
+            }
         }
         if trim_rate > 0 && trng.chance(trim_rate, 1000) {
             // The leader, or any replica, trims below a committed point of its own.
@@ -286,21 +328,28 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     let healed = t;
     let mut first_commit: Option<Nanos> = None;
     let mut probes: Vec<(Nanos, u64)> = Vec::new();
+    let mut mirror_probes: Vec<Lsn> = Vec::new();
     let probe_until = healed + base.settle_time.saturating_sub(1_000 * MS);
     while t < healed + base.settle_time {
         t += 20 * MS;
         c.run_until(t);
         if t < probe_until {
             if let Some(l) = c.leader() {
-                if let Ok((_, tag)) = c.append(l, b"probe", 0) {
+                let mirror = c.nodes[&l].replica().map(|r| r.access_mode());
+                if mirror == Some(AccessMode::RawWrite) {
+                    if let Ok(ticket) = c.mirror(l) {
+                        mirror_probes.push(ticket.lsn);
+                    }
+                } else if let Ok((_, tag)) = c.append(l, b"probe", 0) {
                     probes.push((t, tag));
                 }
             }
         }
         if first_commit.is_none()
-            && probes
+            && (probes
                 .iter()
                 .any(|(_, tag)| c.checker.committed_at(*tag).is_some())
+                || mirror_probes.iter().any(|lsn| c.checker.ref_end > *lsn))
         {
             first_commit = Some(t);
         }
@@ -383,11 +432,34 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     for (k, v) in &c.checker.outcomes {
         stats.insert(k, *v);
     }
+    if base.mirror {
+        stats.insert("mirrored_groups_committed", c.checker.mirrored_committed);
+    }
     SeedReport {
         seed,
         violations: c.checker.violations.clone(),
         stats,
         committed_end: c.checker.ref_end,
+    }
+}
+
+/// Mirror writes at the leader (or, now and then, at another node, which must refuse),
+/// while the group is a mirror.
+fn mirror_step(c: &mut Cluster, rng: &mut Rng) {
+    let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+    let target = match c.leader() {
+        Some(l) if !rng.chance(1, 20) => l,
+        _ => ids[rng.below(ids.len() as u64) as usize],
+    };
+    let raw = c.nodes[&target].replica().map(|r| r.access_mode()) == Some(AccessMode::RawWrite);
+    // Against an append-mode leader too, now and then: it must refuse.
+    if !raw && !rng.chance(1, 10) {
+        return;
+    }
+    for _ in 0..rng.range(1, 4) {
+        if c.mirror(target).is_err() {
+            break;
+        }
     }
 }
 

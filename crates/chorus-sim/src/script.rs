@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `cluster voters=3 [spares=N] [prio=ID:P,...] [mode=piggyback\|sync\|async] [gap-resend=N] [timed-resend=N]` | new cluster (gap and timed resends off unless set) |
 //! | `run MS` | advance time |
-//! | `wait-leader [MS]` | run until a leader serves (at most MS, default 5000) |
+//! | `wait-leader [MS]` | run until a leader serves, its config accepted (at most MS, default 5000) |
 //! | `status` | role, proposal id, leader, log end, flushed, committed, config per node |
 //! | `append NODE TEXT` | append through NODE |
 //! | `results NODE` | results delivered at NODE since the last `results` |
@@ -156,7 +156,12 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
         "wait-leader" => {
             let ms = words.next().map_or(Ok(5000), |w| num(Some(w)))?;
             let until = c.now + ms * MS;
-            while c.now < until && c.leader().is_none() {
+            let serving = |c: &Cluster| {
+                c.leader()
+                    .and_then(|l| c.nodes[&l].replica())
+                    .is_some_and(|r| r.takes_writes())
+            };
+            while c.now < until && !serving(c) {
                 let t = c.now + MS;
                 c.run_until(t);
             }

@@ -19,8 +19,8 @@
 //! 65   8*V    voters               u64 each
 //!  .     4    learner count L      u32, <= MAX_MEMBERS
 //!  .   8*L    learners             u64 each
-//!  .     1    access_mode          u8: 1 Append, 2 RawWrite
-//!  .     8    access_mode_version  u64
+//!  .     1    access_mode          u8: 1 Append, 2 RawWrite (part of the config)
+//!  .     8    access_mode_version  u64, access-mode switches adopted (informational)
 //!  .     8    base_lsn             u64, reserved (written 0)
 //! ```
 //!
@@ -60,16 +60,49 @@ pub struct Membership {
     pub learners: Vec<NodeId>,
     /// The LSN a replica's log must reach before it accepts this config.
     pub barrier_lsn: u64,
+    /// Who may write the log (PALF section 5.2): part of the config, so that a switch is
+    /// agreed by a majority, guarded by the barrier and ordered by the version like any
+    /// membership change, and a new leader always knows the mode in force.
+    pub access_mode: AccessMode,
 }
 
-/// Who may append (PALF section 5.4, access modes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Who may write a log group (PALF section 5.2, access modes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum AccessMode {
-    /// Appends go through the leader as usual.
+    /// A primary group: appenders' records go through the leader.
     #[default]
     Append = 1,
-    /// Raw writes of groups mirrored from another log.
+    /// A mirror: the leader takes only whole groups another log committed, each at the
+    /// same LSN with the same entries and CSNs (`mirror`); appends are refused.
     RawWrite = 2,
+}
+
+impl AccessMode {
+    /// The mode's name as the CLI and the service spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AccessMode::Append => "append",
+            AccessMode::RawWrite => "raw-write",
+        }
+    }
+
+    /// The mode of a name ([`AccessMode::name`]; `primary` and `mirror` are accepted too).
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "append" | "primary" => Some(AccessMode::Append),
+            "raw-write" | "raw_write" | "mirror" => Some(AccessMode::RawWrite),
+            _ => None,
+        }
+    }
+
+    /// The mode of its byte in the meta record and on the wire.
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(AccessMode::Append),
+            2 => Some(AccessMode::RawWrite),
+            _ => None,
+        }
+    }
 }
 
 /// The last promise and vote of the replica.
@@ -90,11 +123,10 @@ pub struct MetaRecord {
     pub block_size: u64,
     /// Promise and vote.
     pub vote: Vote,
-    /// Current membership.
+    /// Current membership (with the access mode).
     pub membership: Membership,
-    /// Access mode.
-    pub access_mode: AccessMode,
-    /// Version of the access mode, raised at each switch.
+    /// How many access-mode switches this replica has adopted: for operators only (the
+    /// config version is what orders switches).
     pub access_mode_version: u64,
     /// Reserved for a trim point; written 0 and not acted on: a log's start is the start
     /// of its first block file (trims delete whole blocks), so nothing else records it.
@@ -121,7 +153,7 @@ impl MetaRecord {
                 u64s(&mut b, *id);
             }
         }
-        b.push(self.access_mode as u8);
+        b.push(self.membership.access_mode as u8);
         u64s(&mut b, self.access_mode_version);
         u64s(&mut b, self.base_lsn);
         b
@@ -183,15 +215,12 @@ impl MetaRecord {
                 detail: format!("node {} listed twice in the membership", w[0]),
             });
         }
-        let access_mode = match r.take(1)?[0] {
-            1 => AccessMode::Append,
-            2 => AccessMode::RawWrite,
-            other => {
-                return Err(FormatError::Malformed {
-                    what: WHAT,
-                    detail: format!("unknown access mode {other} (1 Append, 2 RawWrite)"),
-                })
-            }
+        let mode = r.take(1)?[0];
+        let Some(access_mode) = AccessMode::from_byte(mode) else {
+            return Err(FormatError::Malformed {
+                what: WHAT,
+                detail: format!("unknown access mode {mode} (1 Append, 2 RawWrite)"),
+            });
         };
         let access_mode_version = r.u64()?;
         let base_lsn = r.u64()?;
@@ -213,8 +242,8 @@ impl MetaRecord {
                 voters,
                 learners,
                 barrier_lsn,
+                access_mode,
             },
-            access_mode,
             access_mode_version,
             base_lsn,
         })
@@ -250,8 +279,8 @@ mod tests {
                 voters: vec![1, 2, 3],
                 learners: vec![7],
                 barrier_lsn: 4096,
+                access_mode: AccessMode::RawWrite,
             },
-            access_mode: AccessMode::Append,
             access_mode_version: 1,
             base_lsn: 0,
         }

@@ -39,9 +39,10 @@
 //! ConfigVersion (16)          u64 proposal_id | u64 seq
 //! Priority (28)               ConfigVersion | u32 priority | u64 id
 //! LogPos (12)                 u64 lsn | u32 acc
-//! Membership (32 + 8(V+L))    ConfigVersion | u64 barrier_lsn | u32 V (<= MAX_MEMBERS)
-//!                             | V x u64 voters | u32 L (<= MAX_MEMBERS) | L x u64 learners;
-//!                             no node may be listed twice (the meta record's rule)
+//! Membership (33 + 8(V+L))    ConfigVersion | u64 barrier_lsn | u32 V (<= MAX_MEMBERS)
+//!                             | V x u64 voters | u32 L (<= MAX_MEMBERS) | L x u64 learners
+//!                             | u8 access_mode (1 Append, 2 RawWrite); no node may be
+//!                             listed twice (the meta record's rule)
 //! Option<Membership>          u8 present (0 or 1) | Membership when present
 //!
 //! tag message        fields
@@ -79,7 +80,7 @@
 
 use super::group::ChainPoint;
 use super::le::{put_u16, put_u32, u16_at, u32_at};
-use super::meta::{ConfigVersion, Membership, NodeId, MAX_MEMBERS};
+use super::meta::{AccessMode, ConfigVersion, Membership, NodeId, MAX_MEMBERS};
 use super::{crc32c, FormatError, Reader};
 use crate::replica::{LogPos, Message, Priority};
 
@@ -98,7 +99,7 @@ pub const MAX_LISTEN_ADDR_BYTES: usize = 255;
 /// [`Message::payload_len`]: an [`Message::Append`] carrying a membership of
 /// [`MAX_MEMBERS`] voters and as many learners. A sender whose messages carry at most `P`
 /// bytes of log fits every frame in a body limit of `P + MAX_MSG_OVERHEAD`.
-pub const MAX_MSG_OVERHEAD: usize = 8 + 1 + 49 + 32 + 8 * 2 * MAX_MEMBERS as usize;
+pub const MAX_MSG_OVERHEAD: usize = 8 + 1 + 49 + 33 + 8 * 2 * MAX_MEMBERS as usize;
 
 const WHAT_HEADER: &str = "wire frame header";
 const WHAT_FRAME: &str = "wire frame";
@@ -485,6 +486,7 @@ fn put_membership(out: &mut Vec<u8>, m: &Membership) {
             put_u64v(out, *id);
         }
     }
+    out.push(m.access_mode as u8);
 }
 
 fn encode_message(msg: &Message, out: &mut Vec<u8>) {
@@ -825,11 +827,18 @@ impl Reader<'_> {
                 detail: format!("{}: node {} listed twice in the membership", self.ctx, w[0]),
             });
         }
+        let mode = self.u8()?;
+        let Some(access_mode) = AccessMode::from_byte(mode) else {
+            return Err(
+                self.malformed(format!("unknown access mode {mode} (1 Append, 2 RawWrite)"))
+            );
+        };
         Ok(Membership {
             version,
             voters,
             learners,
             barrier_lsn,
+            access_mode,
         })
     }
 }
@@ -864,6 +873,7 @@ mod tests {
             voters: (0..MAX_MEMBERS as u64).collect(),
             learners: (0..MAX_MEMBERS as u64).map(|i| MAX - i).collect(),
             barrier_lsn: MAX,
+            access_mode: AccessMode::RawWrite,
         }
     }
 
@@ -920,12 +930,14 @@ mod tests {
                         voters: vec![1, 2, 3],
                         learners: vec![],
                         barrier_lsn: 4096,
+                        access_mode: AccessMode::Append,
                     }),
                     Some(Membership {
                         version: cv(3, 2),
                         voters: vec![],
                         learners: vec![0, MAX],
                         barrier_lsn: 0,
+                        access_mode: AccessMode::RawWrite,
                     }),
                     Some(full_membership()),
                 ] {
@@ -1167,6 +1179,7 @@ mod tests {
                         voters: vec![1, 2, 3],
                         learners: vec![4],
                         barrier_lsn: 64,
+                        access_mode: AccessMode::Append,
                     }),
                 },
             },
@@ -1381,6 +1394,7 @@ mod tests {
             voters: vec![1, 2],
             learners: vec![3],
             barrier_lsn: 0,
+            access_mode: AccessMode::Append,
         };
         let some = body_of(&append(Some(m.clone())));
         let voters_at = config_at + 1 + 16 + 8;
@@ -1483,6 +1497,11 @@ mod tests {
                     voters: ids[..at].to_vec(),
                     learners: ids[at..].to_vec(),
                     barrier_lsn,
+                    access_mode: if barrier_lsn % 2 == 0 {
+                        AccessMode::Append
+                    } else {
+                        AccessMode::RawWrite
+                    },
                 }
             })
     }

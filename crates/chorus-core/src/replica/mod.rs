@@ -38,6 +38,17 @@
 //!   carry a log barrier; a replica adopts a config only when its log matches the leader's
 //!   up to the barrier (rules out Fig. 8a). Commit counting needs a majority of the new and,
 //!   until it is accepted by a majority, of the previous voters.
+//! * **Access modes and mirrors** (PALF section 5.2): the access mode is part of the
+//!   config, switched like a membership change ([`Replica::change_access_mode`]). In
+//!   [`AccessMode::RawWrite`] the group is a mirror: appends are refused and the leader
+//!   takes whole groups another log committed ([`Replica::mirror`]), at the same LSN with
+//!   the same entries and CSNs, re-sealed under its own proposal id. A mirror's leader
+//!   writes no group of its own (the LSN space is the primary's): it has no StartWorking
+//!   group, serves as soon as its log is reconfirmed, and the log it inherited commits
+//!   with the first group it mirrors — Raft's rule, a quorum on a group of its own
+//!   proposal id. (Re-sealing the inherited last group instead would rewrite it where a
+//!   majority may already hold it committed; the simulator found that.) It publishes its
+//!   commit point the piggyback way in every commit mode.
 
 mod log;
 pub mod message;
@@ -46,11 +57,12 @@ pub mod policy;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::format::entry;
+use crate::format::group::FLAG_MIRRORED;
 use crate::format::group::{
     block_remaining, decode_group, encode_padding, fits_in_block, seal_group, ChainPoint,
     GroupHeader, SealParams, GROUP_HEADER_SIZE,
 };
-use crate::format::meta::{ConfigVersion, Membership, MetaRecord, NodeId, Vote};
+use crate::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId, Vote};
 use crate::rng::Rng;
 use crate::rtt::RttWindow;
 use crate::{Csn, Lsn};
@@ -103,6 +115,9 @@ pub enum Broken {
     /// A replica rebased past its pending appends reports them Failed (a guess: some
     /// committed) instead of unknown.
     GuessOnRebase,
+    /// A mirror's new leader writes an empty StartWorking group, as a primary's does,
+    /// into the primary's LSN space.
+    MirrorStartWorking,
 }
 
 /// Settings of one replica. Times are in nanoseconds.
@@ -247,6 +262,82 @@ pub enum AppendError {
     /// The replica has halted.
     #[error("replica halted: {0}")]
     Halted(&'static str),
+    /// The group's access mode is not [`AccessMode::Append`] (it is a mirror, or a switch
+    /// is under way): appends are refused.
+    #[error("{}", access_mode_refusal("appends", *.mode, *.switching))]
+    AccessMode {
+        /// The mode of the group's config.
+        mode: AccessMode,
+        /// A switch to `mode` is not yet accepted by a majority.
+        switching: bool,
+    },
+}
+
+fn access_mode_refusal(what: &str, mode: AccessMode, switching: bool) -> String {
+    if switching {
+        format!(
+            "{what} refused: the group's access mode is being switched to {}",
+            mode.name()
+        )
+    } else {
+        format!("{what} refused: the group's access mode is {}", mode.name())
+    }
+}
+
+/// Why a [`Replica::mirror`] was refused. Nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MirrorError {
+    /// Not the serving leader; `leader` is a hint.
+    #[error("not the leader (leader hint: {leader:?})")]
+    NotLeader {
+        /// The leader this replica follows, if any.
+        leader: Option<NodeId>,
+    },
+    /// Leadership is being transferred.
+    #[error("leader transfer in progress")]
+    Transferring,
+    /// The window of uncommitted log is full; retry after results arrive.
+    #[error("replication window full")]
+    WindowFull,
+    /// The replica has halted.
+    #[error("replica halted: {0}")]
+    Halted(&'static str),
+    /// The group's access mode is not [`AccessMode::RawWrite`] (or a switch is under way).
+    #[error("{}", access_mode_refusal("mirror writes", *.mode, *.switching))]
+    AccessMode {
+        /// The mode of the group's config.
+        mode: AccessMode,
+        /// A switch to `mode` is not yet accepted by a majority.
+        switching: bool,
+    },
+    /// The group does not start where this log ends: mirror from `expected`.
+    #[error("the mirrored group is at LSN {found}, but this log ends at {expected}")]
+    Lsn {
+        /// This log's end: where the next mirrored group must start.
+        expected: Lsn,
+        /// The group's LSN.
+        found: Lsn,
+    },
+    /// The bytes are not one whole, valid group that can continue this log.
+    #[error("mirrored group refused: {0}")]
+    Invalid(String),
+}
+
+impl From<AppendError> for MirrorError {
+    fn from(e: AppendError) -> Self {
+        match e {
+            AppendError::NotLeader { leader } => MirrorError::NotLeader { leader },
+            AppendError::Transferring => MirrorError::Transferring,
+            AppendError::WindowFull => MirrorError::WindowFull,
+            AppendError::Halted(w) => MirrorError::Halted(w),
+            AppendError::AccessMode { mode, switching } => {
+                MirrorError::AccessMode { mode, switching }
+            }
+            AppendError::TooLarge { len, max } => {
+                MirrorError::Invalid(format!("group of {len} bytes exceeds the limit of {max}"))
+            }
+        }
+    }
 }
 
 /// An accepted append.
@@ -317,6 +408,17 @@ pub enum ChangeError {
     /// The change does not apply to the current membership.
     #[error("invalid change: {0}")]
     Invalid(String),
+    /// A switch to raw-write needs the whole log committed, and it is not yet: stop the
+    /// appends and retry.
+    #[error(
+        "the log is committed up to {committed} of its end {end}: a switch to raw-write waits until all of it is (stop appends, then retry)"
+    )]
+    Uncommitted {
+        /// The committed end.
+        committed: Lsn,
+        /// The log end.
+        end: Lsn,
+    },
 }
 
 /// What a storage read is for.
@@ -607,6 +709,9 @@ struct Leading {
     transfer: Option<(NodeId, Nanos)>,
     prev_config: Option<Membership>,
     config_committed: bool,
+    /// The access mode of the last config this leader saw accepted by a majority (none
+    /// until its re-stamped config is).
+    committed_mode: Option<AccessMode>,
     replace_then_remove: Option<NodeId>,
     published_commit: Lsn,
     last_commit_record_end: Lsn,
@@ -696,6 +801,10 @@ pub struct Replica {
     /// it asks again for the same gap only after as many more (the resent copy was
     /// overtaken too).
     gap_asked_at: Option<(Lsn, usize)>,
+    /// A config from the leader followed whose barrier our log had not reached durably
+    /// when it came: taken once the flush reaches it, so that a new leader's config is
+    /// accepted one meta sync after its StartWorking group, not a heartbeat later.
+    pending_config: Option<Membership>,
     /// Gap resends asked for since this replica started.
     gap_asks: u64,
     /// Rebases sent to followers and candidates behind our log start.
@@ -770,6 +879,7 @@ impl Replica {
             last_csn,
             early: BTreeMap::new(),
             gap_asked_at: None,
+            pending_config: None,
             gap_asks: 0,
             rebases_sent: 0,
             rebased: 0,
@@ -852,6 +962,11 @@ impl Replica {
     /// The log end (written, maybe not flushed).
     pub fn end_lsn(&self) -> Lsn {
         self.log.end()
+    }
+
+    /// The checksum chain at the end of the log (written, not necessarily flushed).
+    pub fn log_chain(&self) -> ChainPoint {
+        self.log.chain
     }
 
     /// The first LSN still in storage (everything below was trimmed).
@@ -1284,6 +1399,9 @@ impl Replica {
                 self.freeze();
             }
         } else {
+            if let Some(m) = self.pending_config.take() {
+                self.consider_config(m);
+            }
             self.send_ack(true, 0);
         }
     }
@@ -1436,6 +1554,7 @@ impl Replica {
             .min(entry::MAX_RECORD_BYTES as usize)
             .min(self.cfg.block_size as usize - GROUP_HEADER_SIZE - entry::ENTRY_HEADER_SIZE);
         self.check_serving()?;
+        self.check_mode(AccessMode::Append)?;
         let l = self.leading.as_ref().expect("a serving leader");
         if data.len() > max_record {
             return Err(AppendError::TooLarge {
@@ -1506,6 +1625,7 @@ impl Replica {
             return Err(AppendError::Halted("halted"));
         }
         self.check_serving()?;
+        self.check_mode(AccessMode::Append)?;
         self.freeze();
         if let Some(l) = &mut self.leading {
             if l.open.as_ref().is_some_and(|o| o.entries == 0) {
@@ -1640,6 +1760,219 @@ impl Replica {
         Ok(())
     }
 
+    /// Writes of the `want` access mode are taken only while it is the mode in force: the
+    /// mode of the leader's config, accepted by a majority. A new leader takes none until
+    /// its re-stamped config is accepted (PALF's StartWorking is a config entry for the
+    /// same reason): a minority may hold a switch no majority accepted, and had the leader
+    /// written under its own mode meanwhile, such a replica could later lead with the
+    /// other mode over a log it wrote. Until then it answers like a leader not yet
+    /// serving.
+    fn check_mode(&self, want: AccessMode) -> Result<(), AppendError> {
+        let mode = self.meta_want.membership.access_mode;
+        let l = self.leading.as_ref().expect("a serving leader");
+        let Some(committed) = l.committed_mode else {
+            return Err(AppendError::NotLeader {
+                leader: Some(self.cfg.id),
+            });
+        };
+        if mode == want && committed == mode {
+            return Ok(());
+        }
+        Err(AppendError::AccessMode {
+            mode,
+            switching: committed != mode,
+        })
+    }
+
+    /// Whether this replica is the serving leader and takes the writes of its config's
+    /// access mode (its config is accepted by a majority).
+    pub fn takes_writes(&self) -> bool {
+        self.leading.as_ref().is_some_and(|l| {
+            l.serving
+                && !self.storage_failed
+                && l.committed_mode == Some(self.meta_want.membership.access_mode)
+        })
+    }
+
+    /// The access mode of this replica's config (the mode in force once the config is
+    /// accepted by a majority).
+    pub fn access_mode(&self) -> AccessMode {
+        self.meta_want.membership.access_mode
+    }
+
+    /// Mirrors one group another log committed (PALF section 5.2, `mirror`): `group` is
+    /// the whole group as that log stores it, header included, and must start at this
+    /// log's end. Taken only by the serving leader of a group in [`AccessMode::RawWrite`].
+    ///
+    /// The group keeps its LSN, length, entries, CSNs and sequence number; the leader
+    /// re-seals it under its own proposal id and committed end with [`FLAG_MIRRORED`]
+    /// and replicates it like any group. The ticket's id gets one [`Action::Result`] (its
+    /// `lsn` the group's, its `csn` the group's last); [`Outcome::Failed`] means this
+    /// copy did not commit — a later leader may hold the same group re-sealed, so a
+    /// mirroring process resumes from the group's committed end, not from the result.
+    pub fn mirror(&mut self, now: Nanos, group: &[u8]) -> Result<Ticket, MirrorError> {
+        self.abandon_lane();
+        self.now = self.now.max(now);
+        if self.halted.is_some() {
+            return Err(MirrorError::Halted("halted"));
+        }
+        self.check_serving()?;
+        self.check_mode(AccessMode::RawWrite)?;
+        let invalid = |s: String| Err(MirrorError::Invalid(s));
+        let (h, body) = match decode_group(group) {
+            Ok(g) => g,
+            Err(e) => return invalid(e.to_string()),
+        };
+        if group.len() as u64 != h.total_len() {
+            return invalid(format!(
+                "{} bytes after the group at LSN {}: mirror one group at a time",
+                group.len() as u64 - h.total_len(),
+                h.lsn
+            ));
+        }
+        let chain = self.log.chain;
+        if h.lsn != chain.end_lsn {
+            return Err(MirrorError::Lsn {
+                expected: chain.end_lsn,
+                found: h.lsn,
+            });
+        }
+        if h.group_seq != chain.next_group_seq {
+            return invalid(format!(
+                "group {} at LSN {}, but this log's next group is {}: the logs differ",
+                h.group_seq, h.lsn, chain.next_group_seq
+            ));
+        }
+        let bs = self.cfg.block_size;
+        let total = h.total_len();
+        if h.is_padding() {
+            if total != block_remaining(h.lsn, bs) {
+                return invalid(format!(
+                    "padding of {total} bytes at LSN {}, where this log's block has {} \
+                     left: the logs' block sizes differ",
+                    h.lsn,
+                    block_remaining(h.lsn, bs)
+                ));
+            }
+        } else if !fits_in_block(h.lsn, total, bs) {
+            return invalid(format!(
+                "a group of {total} bytes at LSN {} does not fit this log's block of {bs} \
+                 bytes: the logs' block sizes differ",
+                h.lsn
+            ));
+        }
+        if !h.is_padding() && total as usize > self.cfg.max_group_bytes {
+            return invalid(format!(
+                "a group of {total} bytes exceeds this group's limit of {}",
+                self.cfg.max_group_bytes
+            ));
+        }
+        let first_csn = entry::EntryIter::new(body)
+            .next()
+            .and_then(|e| e.ok())
+            .map(|e| e.csn);
+        let csn_ok = match first_csn {
+            Some(csn) => csn > chain.max_csn,
+            None => h.max_csn == chain.max_csn,
+        };
+        if !csn_ok {
+            return invalid(format!(
+                "the group at LSN {} does not continue this log's CSNs (last {})",
+                h.lsn, chain.max_csn
+            ));
+        }
+        // The log a new leader inherited commits only with the first group it mirrors, so
+        // that group is taken even when the inherited log fills the window.
+        let first = self
+            .leading
+            .as_ref()
+            .is_some_and(|l| l.start_working_end > self.log.end());
+        if !first && self.log.end() + total - self.log.committed > self.cfg.window_bytes {
+            return Err(MirrorError::WindowFull);
+        }
+        self.freeze();
+        let pid = self.leading.as_ref().expect("a serving leader").pid;
+        let committed = self.published().min(chain.end_lsn);
+        let (nh, buf) = if h.is_padding() {
+            let mut buf = Vec::new();
+            let nh = encode_padding(&mut buf, &chain, pid, committed, total);
+            (nh, buf)
+        } else {
+            let mut buf = group.to_vec();
+            let nh = seal_group(
+                &mut buf,
+                &chain,
+                SealParams {
+                    proposal_id: pid,
+                    committed_end_lsn: committed,
+                    flags: h.flags | FLAG_MIRRORED,
+                },
+                h.entry_count,
+                h.max_csn,
+            );
+            (nh, buf)
+        };
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        let pg = PendingGroup {
+            lsn: nh.lsn,
+            pid,
+            acc: nh.acc_crc,
+            records: vec![(id, nh.lsn, nh.max_csn)],
+        };
+        let at = self.pending.partition_point(|g| g.lsn <= pg.lsn);
+        self.pending.insert(at, pg);
+        self.write_group(&nh, buf);
+        self.broadcast(false);
+        Ok(Ticket {
+            id,
+            lsn: nh.lsn,
+            csn: nh.max_csn,
+        })
+    }
+
+    /// Switches the group's access mode (PALF section 5.2: failover makes a mirror a
+    /// primary, switchover a primary a mirror). The mode is part of the config, so the
+    /// switch is a config change: refused like [`Replica::change_membership`] while
+    /// another is under way, guarded by a log barrier at the current end, and in force
+    /// once a majority accepts it ([`Action::ConfigCommitted`]); until then neither
+    /// appends nor mirror writes are taken. Asking for the mode in force changes nothing
+    /// and returns the current version.
+    pub fn change_access_mode(
+        &mut self,
+        now: Nanos,
+        mode: AccessMode,
+    ) -> Result<ConfigVersion, ChangeError> {
+        self.abandon_lane();
+        self.now = self.now.max(now);
+        let cur = self.meta_want.membership.clone();
+        let Some(l) = &self.leading else {
+            return Err(ChangeError::NotLeader);
+        };
+        if !l.serving || self.storage_failed {
+            return Err(ChangeError::NotLeader);
+        }
+        if !l.config_committed || l.replace_then_remove.is_some() {
+            return Err(ChangeError::InProgress);
+        }
+        if cur.access_mode == mode {
+            return Ok(cur.version);
+        }
+        if mode == AccessMode::RawWrite {
+            // A mirror's log continues another log from its barrier, so the barrier must
+            // be committed: a log a crash could still cut short would leave the mirror
+            // holding its own uncommitted groups past it, which no primary has.
+            self.freeze();
+            let (committed, end) = (self.log.committed, self.log.end());
+            if committed < end {
+                return Err(ChangeError::Uncommitted { committed, end });
+            }
+        }
+        let mut new = cur;
+        new.access_mode = mode;
+        Ok(self.propose_config(new, None))
+    }
+
     /// The open lane, if any.
     pub fn lane(&self) -> Option<&Lane> {
         self.lane.as_ref()
@@ -1747,7 +2080,19 @@ impl Replica {
         }
         new.voters.sort_unstable();
         new.learners.sort_unstable();
-        let pid = l.pid;
+        Ok(self.propose_config(new, then_remove))
+    }
+
+    /// The serving leader proposes `new` (the current config changed): the next version
+    /// under its pid, a barrier at the log end, and then `then_remove` once accepted.
+    fn propose_config(
+        &mut self,
+        mut new: Membership,
+        then_remove: Option<NodeId>,
+    ) -> ConfigVersion {
+        let me = self.cfg.id;
+        let cur = self.meta_want.membership.clone();
+        let pid = self.leading.as_ref().expect("leading").pid;
         new.version = ConfigVersion {
             proposal_id: pid,
             seq: if cur.version.proposal_id == pid {
@@ -1770,10 +2115,18 @@ impl Replica {
             }
         }
         let version = new.version;
-        self.meta_want.membership = new;
+        self.set_membership(new);
         self.save_meta();
         self.broadcast(true);
-        Ok(version)
+        version
+    }
+
+    /// Takes `m` as the wanted membership, counting an access-mode switch.
+    fn set_membership(&mut self, m: Membership) {
+        if m.access_mode != self.meta_want.membership.access_mode {
+            self.meta_want.access_mode_version += 1;
+        }
+        self.meta_want.membership = m;
     }
 
     // ---------------------------------------------------------------- repair
@@ -2237,6 +2590,7 @@ impl Replica {
     /// Alg. 1 line 8; the piggyback paper's leader recovery, section 5.1).
     fn start_working(&mut self) {
         let me = self.cfg.id;
+        let mirror = self.meta_want.membership.access_mode == AccessMode::RawWrite;
         let Some(c) = &mut self.campaign else { return };
         c.phase = CampaignPhase::Confirming;
         let pid = c.pid;
@@ -2259,16 +2613,40 @@ impl Replica {
             transfer: None,
             prev_config: None,
             config_committed: false,
+            committed_mode: None,
             replace_then_remove: None,
             published_commit: self.log.committed,
             last_commit_record_end: 0,
             last_async: self.now,
             became_leader: self.now,
         });
-        self.write_empty_group();
-        let sw_end = self.log.end();
+        // A mirror writes no group of its own (the LSN space is the primary's): what it
+        // inherited above the commit point commits only with a quorum on a group past it,
+        // the first it mirrors under our proposal id.
+        #[cfg(feature = "broken")]
+        let mirror = mirror && self.cfg.broken != Broken::MirrorStartWorking;
+        let sw_end = if mirror {
+            let end = self.log.end();
+            if end > self.log.committed {
+                end + 1
+            } else {
+                end
+            }
+        } else {
+            self.write_empty_group();
+            self.log.end()
+        };
         let l = self.leading.as_mut().expect("leading");
         l.start_working_end = sw_end;
+        if mirror {
+            // Reconfirmed: it serves at once (its mirror writes wait for its config).
+            l.serving = true;
+            l.became_leader = self.now;
+            self.campaign = None;
+            self.set_role(Role::Leader);
+        }
+        let sw_end = self.log.end();
+        let l = self.leading.as_mut().expect("leading");
         l.last_commit_record_end = sw_end;
         // Re-stamp the membership under the new proposal id: it outranks any membership a
         // previous leader proposed but did not finish (PALF section 3.4, StartWorking).
@@ -2344,7 +2722,9 @@ impl Replica {
             let l = self.leading.as_mut().expect("leading");
             if now >= l.last_async + interval {
                 l.last_async = now;
-                if self.log.committed > l.last_commit_record_end {
+                if self.log.committed > l.last_commit_record_end
+                    && self.meta_want.membership.access_mode != AccessMode::RawWrite
+                {
                     self.write_commit_record();
                 }
             }
@@ -2463,6 +2843,10 @@ impl Replica {
         let l = self.leading.as_ref().expect("leading");
         match self.cfg.commit_mode {
             CommitMode::Piggyback => self.log.committed,
+            // A mirror writes no commit-only groups (the LSN space is the primary's).
+            _ if self.meta_want.membership.access_mode == AccessMode::RawWrite => {
+                self.log.committed
+            }
             _ => l.published_commit,
         }
     }
@@ -2762,6 +3146,7 @@ impl Replica {
         if !l.config_committed && config_acked {
             l.config_committed = true;
             l.prev_config = None;
+            l.committed_mode = Some(self.meta_want.membership.access_mode);
             let members: BTreeSet<NodeId> = self.members();
             let l = self.leading.as_mut().expect("leading");
             l.progress.retain(|n, _| members.contains(n));
@@ -2782,6 +3167,7 @@ impl Replica {
             if self.cfg.commit_mode == CommitMode::Sync
                 && l.serving
                 && self.log.committed > l.last_commit_record_end
+                && self.meta_want.membership.access_mode != AccessMode::RawWrite
             {
                 self.write_commit_record();
             }
@@ -2929,6 +3315,8 @@ impl Replica {
             self.matched_end = self.log.committed;
             self.leader_committed = 0;
             self.early.clear();
+            // Its barrier was on another leader's log.
+            self.pending_config = None;
             self.gap_asked_at = None;
             let role = self.role;
             self.actions.push(Action::Role {
@@ -3061,9 +3449,11 @@ impl Replica {
         // holds, durably and matching the leader, everything the leader had when it issued
         // it.
         if self.matched_end < m.barrier_lsn || self.log.flushed < m.barrier_lsn {
+            self.pending_config = Some(m);
             return;
         }
-        self.meta_want.membership = m;
+        self.pending_config = None;
+        self.set_membership(m);
         self.save_meta();
     }
 
