@@ -273,14 +273,20 @@ pub enum AppendError {
     },
 }
 
+/// The text of a refusal by access mode; the runtime's error already says what was
+/// refused ("append refused: ...", "mirror write refused: ...").
 fn access_mode_refusal(what: &str, mode: AccessMode, switching: bool) -> String {
     if switching {
         format!(
-            "{what} refused: the group's access mode is being switched to {}",
+            "the group's access mode is being switched to {}: no {what} until a majority holds it",
             mode.name()
         )
     } else {
-        format!("{what} refused: the group's access mode is {}", mode.name())
+        let takes = match mode {
+            AccessMode::Append => "a primary takes no mirror writes",
+            AccessMode::RawWrite => "a mirror takes no appends",
+        };
+        format!("the group's access mode is {}: {takes}", mode.name())
     }
 }
 
