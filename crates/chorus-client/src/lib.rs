@@ -59,10 +59,11 @@ pub enum ClientError {
         /// Message.
         message: String,
     },
-    /// The connection broke while a non-idempotent request (an append, a membership
-    /// change) was in flight: it may or may not have taken effect. For an append, read
-    /// the log to find out; never blindly retry it (that could append twice).
-    #[error("{endpoint}: outcome unknown, the connection broke during the request: {detail}")]
+    /// A non-idempotent request (an append, a membership change) was cut off before its
+    /// answer — the connection broke, or no answer came within [`Client::call_timeout`]:
+    /// it may or may not have taken effect. For an append, read the log to find out;
+    /// never blindly retry it (that could append twice).
+    #[error("{endpoint}: outcome unknown, the request was cut off before its answer: {detail}")]
     Indeterminate {
         /// The endpoint.
         endpoint: String,
@@ -97,7 +98,23 @@ pub struct Client {
     leader: std::collections::HashMap<u64, usize>,
     /// How long leader-only operations keep looking for a leader.
     pub leader_timeout: Duration,
+    /// How long one call waits for its answer (for a stream, for the stream to open)
+    /// before it is cut off: an append then ends [`ClientError::Indeterminate`]. Without
+    /// a bound, a call whose answer is lost (a server that stops answering without
+    /// closing its connection) would wait forever. Applies to connections opened after
+    /// it is set; connections open lazily, so set it before the first call.
+    pub call_timeout: Duration,
 }
+
+/// The default [`Client::call_timeout`]: longer than any commit a live cluster takes,
+/// elections included.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// HTTP/2 PING interval on every connection, idle or not, and how long a PING may go
+/// unanswered before the connection is closed (failing its calls, so that a dead peer
+/// that never closed its side is noticed).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `host:port` as `http://host:port`; anything naming a scheme is left as written (an
 /// unknown one is refused when connecting, naming the endpoint).
@@ -120,6 +137,7 @@ impl Client {
             conns: vec![None; n],
             leader: Default::default(),
             leader_timeout: Duration::from_secs(10),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 
@@ -140,6 +158,10 @@ impl Client {
                 detail: e.to_string(),
             })?
             .connect_timeout(Duration::from_secs(2))
+            .timeout(self.call_timeout)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let ch = e.connect().await.map_err(|e| ClientError::Unreachable {
             endpoint: ep.clone(),
@@ -184,14 +206,25 @@ impl Client {
                             if !idempotent
                                 && matches!(
                                     s.code(),
-                                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                                    Code::Unavailable
+                                        | Code::Unknown
+                                        | Code::Cancelled
+                                        | Code::DeadlineExceeded
                                 )
                                 && !not_sent(&s) =>
                         {
                             self.conns[i] = None;
+                            // tonic reports the call timeout as CANCELLED "Timeout expired".
+                            let detail = if s.code() == Code::Cancelled
+                                && s.message() == "Timeout expired"
+                            {
+                                format!("no answer within {:?}", self.call_timeout)
+                            } else {
+                                s.message().to_string()
+                            };
                             return Err(ClientError::Indeterminate {
                                 endpoint: self.endpoints[i].clone(),
-                                detail: s.message().to_string(),
+                                detail,
                             });
                         }
                         Err(s)
@@ -665,6 +698,47 @@ mod tests {
         assert!(not_sent(&Status::unavailable(
             "tcp connect error: Connection refused"
         )));
+    }
+
+    /// A server that takes the connection and the request but never answers (nor closes)
+    /// does not hold an append forever: it ends Indeterminate — it may have been taken —
+    /// once `call_timeout` passes.
+    #[test]
+    fn an_append_to_a_server_that_never_answers_ends_indeterminate() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            // Accept and read everything, answer nothing, close nothing.
+            let mut held = Vec::new();
+            for conn in listener.incoming().take(4) {
+                let Ok(mut conn) = conn else { return };
+                let reader = conn.try_clone().unwrap();
+                held.push(reader);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while matches!(std::io::Read::read(&mut conn, &mut buf), Ok(n) if n > 0) {}
+                });
+            }
+        });
+        let mut c = Client::new(vec![addr.to_string()]);
+        c.call_timeout = Duration::from_millis(300);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let r = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), c.append(1, vec![b"x".to_vec()], 0))
+                .await
+                .expect("the append returned")
+        });
+        match r {
+            Err(ClientError::Indeterminate { detail, .. }) => {
+                assert!(detail.contains("no answer within 300ms"), "{detail}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     /// `host:port` works as an endpoint; a written scheme is kept, a bad one is named.

@@ -305,10 +305,14 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
         other => panic!("unknown group: {other:?}"),
     }
     // A follower's Tail, opened at its committed end, carries the next record once it
-    // commits (the stream waits on the committed end).
+    // commits (the stream waits on the committed end) — even when that is later than
+    // the client's call timeout, which bounds only the stream's opening.
     let follower = nodes.iter().find(|n| n.id != leader).unwrap().api.clone();
     let end = committed_end(&follower).await;
-    let mut tail = Client::new(vec![follower]).tail(1, end).await.unwrap();
+    let mut tailer = Client::new(vec![follower]);
+    tailer.call_timeout = Duration::from_millis(500);
+    let mut tail = tailer.tail(1, end).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let r = c
         .append(1, vec![b"still serving".to_vec()], 0)
         .await
