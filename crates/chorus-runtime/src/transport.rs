@@ -74,7 +74,8 @@ pub struct TransportStats {
     pub bytes_sent: u64,
     /// Frames received and decoded.
     pub frames_received: u64,
-    /// Frames dropped because a peer's output buffer was full or it has no address.
+    /// Frames dropped because a peer's output buffer was full or it has no address; a
+    /// failed dial drops what was queued for the peer and counts one.
     pub frames_dropped: u64,
     /// Inbound connections refused or closed for bad input (bad handshake, bad frame).
     pub bad_connections: u64,

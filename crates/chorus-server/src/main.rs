@@ -78,6 +78,34 @@ pub struct Endpoints {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Seconds one request waits for its answer before it is cut off (an append then
+    /// reports outcome unknown, exit 3); for a tail, until its stream opens.
+    #[arg(long, default_value = "30", value_parser = parse_timeout)]
+    pub timeout: std::time::Duration,
+}
+
+impl Endpoints {
+    /// A client for these endpoints with this call timeout.
+    pub fn client(&self) -> chorus_client::Client {
+        self.client_for(self.endpoints.clone())
+    }
+
+    /// A client for other endpoints with this call timeout.
+    pub fn client_for(&self, endpoints: Vec<String>) -> chorus_client::Client {
+        let mut c = chorus_client::Client::new(endpoints);
+        c.call_timeout = self.timeout;
+        c
+    }
+}
+
+/// `--timeout`: seconds, more than 0 and at most a day.
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "`{s}`: expected seconds, more than 0 and at most 86400 (e.g. 30 or 0.5)"
+        )),
+    }
 }
 
 #[derive(Subcommand)]

@@ -310,8 +310,8 @@ async fn mirror_position(c: &mut Client, group: u64) -> Option<(u64, u64)> {
 /// refusal or leader change (a mirror write's result is about its own copy only).
 async fn mirror(a: MirrorArgs) -> Result<ExitCode, ClientError> {
     let (group, from_group) = (a.ep.group, a.from_group);
-    let mut dst = Client::new(a.ep.endpoints.clone());
-    let mut src = Client::new(a.from.clone());
+    let mut dst = a.ep.client();
+    let mut src = a.ep.client_for(a.from.clone());
     let stall = std::time::Duration::from_secs(a.stall_secs);
     let mut last_progress = tokio::time::Instant::now();
     let (mut groups, mut bytes, mut failed) = (0u64, 0u64, 0u64);
@@ -538,7 +538,7 @@ async fn append(a: AppendArgs) -> Result<ExitCode, ClientError> {
     if !a.blocks.is_empty() || !a.reads.is_empty() || !a.writes.is_empty() {
         return append_out_of_order(a, records).await;
     }
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let mut failed = false;
     let mut rows = Vec::new();
     let mut error = None;
@@ -644,7 +644,7 @@ async fn append_out_of_order(
             write_set: a.writes.clone(),
         });
     }
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let mut outcomes = Vec::new();
     let total = recs.len();
     for chunk in recs.chunks(crate::service::MAX_APPEND_BATCH) {
@@ -700,7 +700,7 @@ async fn state(a: StateArgs) -> Result<ExitCode, ClientError> {
     let ep = match &a.op {
         StateOp::Blocks { ep, .. } | StateOp::Keys { ep, .. } => ep.clone(),
     };
-    let mut c = Client::new(ep.endpoints.clone());
+    let mut c = ep.client();
     let mut rows: Vec<(String, Result<AppliedState, ClientError>)> = Vec::new();
     for i in 0..ep.endpoints.len() {
         let r = match &a.op {
@@ -900,7 +900,7 @@ async fn read_ooo(a: &ReadArgs, c: &mut Client) -> Result<ExitCode, ClientError>
 }
 
 async fn read(a: ReadArgs) -> Result<ExitCode, ClientError> {
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let r = match c.read(a.ep.group, a.from, a.max).await {
         // An out-of-order group: read its slots instead.
         Err(e) if is_ooo_group(&e) => return read_ooo(&a, &mut c).await,
@@ -937,7 +937,7 @@ fn stream_error(st: tonic::Status) -> ClientError {
 }
 
 async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     if !a.follow {
         let mut from = a.from;
         loop {
@@ -956,12 +956,12 @@ async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
         Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
         s => s?,
     };
-    let (eps, group, out) = (a.ep.endpoints.clone(), a.ep.group, a.ep.output);
+    let (ep, group, out) = (a.ep.clone(), a.ep.group, a.ep.output);
     follow(
         s,
         a.from,
         move |from| {
-            let mut c = Client::new(eps.clone());
+            let mut c = ep.client();
             async move { c.tail(group, from).await }
         },
         move |r: &pb::ReadResponse| {
@@ -1056,12 +1056,12 @@ async fn tail_ooo(a: &TailArgs, c: &mut Client) -> Result<ExitCode, ClientError>
         }
     }
     let s = c.tail_out_of_order(a.ep.group, a.from).await?;
-    let (eps, group, out) = (a.ep.endpoints.clone(), a.ep.group, a.ep.output);
+    let (ep, group, out) = (a.ep.clone(), a.ep.group, a.ep.output);
     follow(
         s,
         a.from,
         move |from| {
-            let mut c = Client::new(eps.clone());
+            let mut c = ep.client();
             async move { c.tail_out_of_order(group, from).await }
         },
         move |r: &pb::ReadOutOfOrderResponse| {
@@ -1073,7 +1073,7 @@ async fn tail_ooo(a: &TailArgs, c: &mut Client) -> Result<ExitCode, ClientError>
 }
 
 async fn locate(a: LocateArgs) -> Result<ExitCode, ClientError> {
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let r = c.locate(a.ep.group, a.csn).await?;
     match a.ep.output {
         Output::Json => println!("{}", json!({"csn": a.csn, "lsn": r})),
@@ -1090,7 +1090,7 @@ async fn locate(a: LocateArgs) -> Result<ExitCode, ClientError> {
 }
 
 async fn status(a: StatusArgs) -> Result<ExitCode, ClientError> {
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let all = c.status_all(a.ep.group).await;
     let mut reachable = 0;
     let mut rows = Vec::new();
@@ -1301,7 +1301,7 @@ async fn trim(a: TrimArgs) -> Result<ExitCode, ClientError> {
         return Err(ClientError::NoEndpoints);
     }
     let (group, lsn) = (a.ep.group, a.lsn);
-    let mut c = Client::new(a.ep.endpoints.clone());
+    let mut c = a.ep.client();
     let mut rows = Vec::new();
     for i in 0..c.endpoints().len() {
         let endpoint = c.endpoints()[i].clone();
@@ -1419,7 +1419,7 @@ async fn member(a: MemberArgs) -> Result<ExitCode, ClientError> {
         MemberOp::Promote(m) => (pb::ChangeKind::Promote, m, 0),
         MemberOp::Replace { m, old } => (pb::ChangeKind::Replace, m, old),
     };
-    let mut c = Client::new(m.ep.endpoints.clone());
+    let mut c = m.ep.client();
     c.change_membership(pb::ChangeMembershipRequest {
         group: m.ep.group,
         kind: kind as i32,
@@ -1440,7 +1440,7 @@ async fn member(a: MemberArgs) -> Result<ExitCode, ClientError> {
 async fn leader(a: LeaderArgs) -> Result<ExitCode, ClientError> {
     match a.op {
         LeaderOp::Transfer { ep, to } => {
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.transfer_leader(ep.group, to).await?;
             Ok(done(
                 ep.output,
@@ -1449,7 +1449,7 @@ async fn leader(a: LeaderArgs) -> Result<ExitCode, ClientError> {
         }
         LeaderOp::Priority { ep, at, priority } => {
             check_at(&ep, at)?;
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.set_priority(at, ep.group, priority).await?;
             Ok(done(
                 ep.output,
@@ -1477,7 +1477,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                     message: "--access-mode applies to ordered groups only".into(),
                 });
             }
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.create_group_with(pb::CreateGroupRequest {
                 group: ep.group,
                 voters: voters.clone(),
@@ -1511,7 +1511,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             Ok(done(ep.output, &what))
         }
         GroupOp::AccessMode { ep, mode } => {
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.set_access_mode(ep.group, &mode).await?;
             Ok(done(
                 ep.output,
@@ -1523,7 +1523,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
         }
         GroupOp::Delete { ep, at, force } => {
             check_at(&ep, at)?;
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.delete_group(at, ep.group, force).await?;
             Ok(done(
                 ep.output,
@@ -1532,7 +1532,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
         }
         GroupOp::Restart { ep, at } => {
             check_at(&ep, at)?;
-            let mut c = Client::new(ep.endpoints.clone());
+            let mut c = ep.client();
             c.restart_group(at, ep.group).await?;
             Ok(done(
                 ep.output,

@@ -307,3 +307,54 @@ fn trim_with_a_bad_lsn_is_a_usage_error() {
         "{help}"
     );
 }
+
+/// `--timeout` bounds each request: an append to a server that takes the request and
+/// never answers reports outcome unknown (exit 3) once it passes; a bad value is a usage
+/// error naming the flag.
+#[test]
+fn an_append_with_no_answer_within_the_timeout_is_outcome_unknown() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Accept and read everything, answer nothing, close nothing.
+        let mut held = Vec::new();
+        for conn in listener.incoming().take(8) {
+            let Ok(mut conn) = conn else { return };
+            held.push(conn.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while matches!(std::io::Read::read(&mut conn, &mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let started = std::time::Instant::now();
+    let out = chorus()
+        .args([
+            "append",
+            "--endpoints",
+            &addr.to_string(),
+            "--timeout",
+            "0.5",
+        ])
+        .arg("never answered")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("outcome unknown") && err.contains("no answer within 500ms"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    for bad in ["0", "-1", "soon", "100000"] {
+        let out = chorus()
+            .args(["append", "--endpoints", "127.0.0.1:1"])
+            .arg(format!("--timeout={bad}"))
+            .arg("x")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--timeout"), "{bad}: {err}");
+    }
+}
