@@ -974,13 +974,7 @@ impl Group {
                 break;
             }
             bytes += g.end - g.lsn;
-            let (h, body) = self
-                .io
-                .read()
-                .expect("io")
-                .log
-                .read_group(g.lsn)
-                .map_err(storage(self.id))?;
+            let (h, body) = self.read_stored_group(g.lsn)?;
             let mut group = h.encode().to_vec();
             group.extend_from_slice(&body);
             out.push(group);
@@ -1107,6 +1101,16 @@ impl Group {
         })
     }
 
+    /// The stored group at `lsn`: its header and body, read under the IO lock.
+    fn read_stored_group(&self, lsn: Lsn) -> Result<(GroupHeader, Vec<u8>), Error> {
+        self.io
+            .read()
+            .expect("io")
+            .log
+            .read_group(lsn)
+            .map_err(storage(self.id))
+    }
+
     fn read_group_records(
         &self,
         g: &GroupInfo,
@@ -1116,13 +1120,7 @@ impl Group {
         if g.entries == 0 {
             return Ok(());
         }
-        let (h, body) = self
-            .io
-            .read()
-            .expect("io")
-            .log
-            .read_group(g.lsn)
-            .map_err(storage(self.id))?;
+        let (h, body) = self.read_stored_group(g.lsn)?;
         if h.is_padding() {
             return Ok(());
         }
