@@ -31,8 +31,9 @@ STYLE = {
     "parallel-txn": dict(color="#ff7f0e", marker="D"),
     "dependent": dict(color="#2ca02c", marker="^"),
     "in-order": dict(color="#7f7f7f", marker="v", linestyle="--"),
+    "ordered-no-repair": dict(color="#9467bd", marker="x", linestyle=":"),
 }
-ORDER = ["ordered", "parallel", "parallel-txn", "dependent", "in-order"]
+ORDER = ["ordered", "parallel", "parallel-txn", "dependent", "in-order", "ordered-no-repair"]
 
 
 def medians(res, part, x, **match):

@@ -43,7 +43,7 @@ enum Cmd {
     /// Internal: one replica process of `chorus-bench ooo` (line protocol on stdin/stdout).
     #[command(hide = true)]
     Replica {
-        /// ordered, parallel, dependent or in-order.
+        /// ordered, parallel, parallel-txn, dependent, in-order or ordered-no-repair.
         #[arg(long)]
         system: String,
         /// Node id.
@@ -215,7 +215,9 @@ struct OooArgs {
     /// Block part: IO depths (closed-loop clients), comma-separated.
     #[arg(long, default_value = "1,2,4,8,16,32", value_delimiter = ',')]
     depths: Vec<usize>,
-    /// Block part: systems, comma-separated.
+    /// Block part: systems, comma-separated (also: parallel-txn, dependent, and
+    /// ordered-no-repair — the ordered replica with its gap and timed resends off, the
+    /// Raft PolarFS measured).
     #[arg(
         long,
         default_value = "ordered,parallel,in-order",
@@ -313,8 +315,8 @@ struct OooArgs {
     #[arg(long, default_value_t = 1000)]
     ooo_election_ms: u64,
     /// One short point per system per workload (block at depth 8, YCSB at 16 clients,
-    /// θ 0.99, 1 repeat, 1 s each); exits non-zero if any system fails to run or report.
-    /// Overrides the sweep flags.
+    /// θ 0.99, 1 repeat, 1 s each; the block part adds ordered-no-repair); exits non-zero
+    /// if any system fails to run or report. Overrides the sweep flags.
     #[arg(long)]
     smoke: bool,
 }
@@ -366,6 +368,10 @@ fn ooo(a: OooArgs) -> AnyResult<()> {
         s.repeats = 1;
         s.seconds = 1.0;
         s.warmup = 0.3;
+        // The baseline run only by name in sweeps gets its smoke point too.
+        if !s.block_systems.contains(&System::OrderedNoRepair) {
+            s.block_systems.push(System::OrderedNoRepair);
+        }
     }
     s.check()?;
     let t0 = std::time::Instant::now();

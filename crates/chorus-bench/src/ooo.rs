@@ -106,16 +106,26 @@ pub enum System {
     Dependent,
     /// Dependent mode with every record conflicting with its predecessor.
     InOrder,
+    /// The ordered replica with both of its repairs off — gap resends
+    /// ([`chorus_core::replica::ReplicaConfig::gap_resend_after`]) and timed resends
+    /// ([`chorus_core::replica::ReplicaConfig::timed_resend`]) — whatever `--hole-resend`
+    /// and `--timed-resend` say: a follower holding frames that overtook a late one
+    /// acknowledges nothing past it until it arrives. The Raft PolarFS measured (section
+    /// 5.1: a follower "cannot send an acknowledge ... until those preceding missing log
+    /// entries arrived"); named explicitly, never in a default sweep, and never what
+    /// `ordered` means in a ratio.
+    OrderedNoRepair,
 }
 
 impl System {
     /// Every system.
-    pub const ALL: [System; 5] = [
+    pub const ALL: [System; 6] = [
         System::Ordered,
         System::Parallel,
         System::ParallelTxn,
         System::Dependent,
         System::InOrder,
+        System::OrderedNoRepair,
     ];
 
     /// The name used on the command line and in the results.
@@ -126,7 +136,13 @@ impl System {
             System::ParallelTxn => "parallel-txn",
             System::Dependent => "dependent",
             System::InOrder => "in-order",
+            System::OrderedNoRepair => "ordered-no-repair",
         }
+    }
+
+    /// Whether it is the ordered (PALF) replica, with or without its repairs.
+    pub fn is_ordered(self) -> bool {
+        matches!(self, System::Ordered | System::OrderedNoRepair)
     }
 
     /// Parses a name from [`System::name`].
@@ -135,7 +151,7 @@ impl System {
             .into_iter()
             .find(|x| x.name() == s)
             .ok_or_else(|| {
-                format!("unknown system {s:?}: expected ordered, parallel, parallel-txn, dependent or in-order")
+                format!("unknown system {s:?}: expected ordered, parallel, parallel-txn, dependent, in-order or ordered-no-repair")
             })
     }
 }
@@ -643,7 +659,7 @@ impl Gen {
 pub fn declare(sys: System, r: Option<u64>, w: u64) -> Option<Declared> {
     let block = |k: u64| BlockRange::new(k, 1).expect("one block");
     match sys {
-        System::Ordered => None,
+        System::Ordered | System::OrderedNoRepair => None,
         System::InOrder => Some(Declared::Txn {
             read_set: vec![0],
             write_set: vec![0],
@@ -880,7 +896,7 @@ impl Cluster {
         }
         // The proxies: in front of node 3, and node 2 too with two jittered links.
         let framing = match sys {
-            System::Ordered => Framing::Ordered,
+            System::Ordered | System::OrderedNoRepair => Framing::Ordered,
             _ => Framing::OutOfOrder,
         };
         let shape = if s.reorder && s.connections >= 2 {
@@ -1360,6 +1376,8 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
         (Part::Block, System::Parallel, System::Ordered),
         (Part::Block, System::Parallel, System::InOrder),
         (Part::Block, System::InOrder, System::Ordered),
+        (Part::Block, System::Parallel, System::OrderedNoRepair),
+        (Part::Block, System::Ordered, System::OrderedNoRepair),
         (Part::YcsbClients, System::Dependent, System::Ordered),
         (Part::YcsbClients, System::Dependent, System::Parallel),
         (Part::YcsbClients, System::Parallel, System::Ordered),

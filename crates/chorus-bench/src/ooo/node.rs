@@ -203,19 +203,28 @@ pub enum Running {
     },
 }
 
+/// The environment of an ordered node (`o.system` is [`System::Ordered`] or
+/// [`System::OrderedNoRepair`]).
+fn ordered_config(o: &NodeOpts) -> EnvConfig {
+    let mut cfg = EnvConfig::new(o.id, o.dir.clone(), "127.0.0.1:0".parse().expect("address"));
+    // Node 1 leads: the clients are co-located with it (as `chorus bench --local`).
+    if o.id == 1 {
+        cfg.replica.priority = 100;
+    }
+    // The ordered counterpart of the out-of-order leaders' hole resends, set alike; both
+    // repairs off for the system standing for the Raft PolarFS measured.
+    let repairs = o.system == System::Ordered;
+    cfg.replica.gap_resend_after = if repairs { o.hole_resend as usize } else { 0 };
+    cfg.replica.timed_resend = if repairs { o.timed_resend } else { 0 };
+    cfg.log.preallocate = o.preallocate;
+    cfg
+}
+
 /// Binds node `o.id`'s replication port on loopback; returns it with the address.
 pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("create {}: {e}", o.dir.display()))?;
-    if o.system == System::Ordered {
-        let mut cfg = EnvConfig::new(o.id, o.dir.clone(), "127.0.0.1:0".parse().expect("address"));
-        // Node 1 leads: the clients are co-located with it (as `chorus bench --local`).
-        if o.id == 1 {
-            cfg.replica.priority = 100;
-        }
-        // The ordered counterpart of the out-of-order leaders' hole resends, set alike.
-        cfg.replica.gap_resend_after = o.hole_resend as usize;
-        cfg.replica.timed_resend = o.timed_resend;
-        cfg.log.preallocate = o.preallocate;
+    if o.system.is_ordered() {
+        let cfg = ordered_config(o);
         let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
         let a = env.replication_addr();
         Ok((Bound::Ordered(env), a))
@@ -335,5 +344,38 @@ mod tests {
         assert_eq!(v[0].0, 9);
         assert!(on.take().is_empty(), "taken once");
         assert!(!Recorder::new(false, Duration::ZERO).replays());
+    }
+
+    #[test]
+    fn the_ordered_system_without_repairs_turns_off_both_whatever_the_flags() {
+        let o = |system| NodeOpts {
+            system,
+            id: 1,
+            dir: PathBuf::from("/nonexistent"),
+            apply_threads: 0,
+            apply_us: 0,
+            election: Duration::from_secs(1),
+            hole_resend: 3,
+            timed_resend: 2,
+            freeze: Duration::ZERO,
+            preallocate: 1 << 20,
+            direct_io: true,
+            compact_bytes: 0,
+        };
+        let with = ordered_config(&o(System::Ordered));
+        assert_eq!(with.replica.gap_resend_after, 3);
+        assert_eq!(with.replica.timed_resend, 2);
+        let without = ordered_config(&o(System::OrderedNoRepair));
+        assert_eq!(without.replica.gap_resend_after, 0);
+        assert_eq!(without.replica.timed_resend, 0);
+        // Everything else alike: only the repairs differ.
+        assert_eq!(without.replica.priority, with.replica.priority);
+        assert_eq!(without.log.preallocate, with.log.preallocate);
+        assert!(System::OrderedNoRepair.is_ordered() && System::Ordered.is_ordered());
+        assert!(!System::InOrder.is_ordered());
+        assert_eq!(
+            System::parse("ordered-no-repair"),
+            Ok(System::OrderedNoRepair)
+        );
     }
 }
