@@ -1388,6 +1388,14 @@ pub fn summarize(points: &[Point]) -> serde_json::Value {
         (Part::YcsbTheta, System::Parallel, System::Ordered),
         (Part::YcsbTheta, System::Dependent, System::ParallelTxn),
         (Part::YcsbTheta, System::ParallelTxn, System::Ordered),
+        (
+            Part::YcsbClients,
+            System::Dependent,
+            System::OrderedNoRepair,
+        ),
+        (Part::YcsbClients, System::Ordered, System::OrderedNoRepair),
+        (Part::YcsbTheta, System::Dependent, System::OrderedNoRepair),
+        (Part::YcsbTheta, System::Ordered, System::OrderedNoRepair),
     ];
     for (k, _) in &groups {
         for &(part, a, b) in pairs {
@@ -1553,8 +1561,27 @@ mod tests {
             mk(System::Dependent, 100.0, 50.0),
             mk(System::Dependent, 200.0, 50.0),
             mk(System::Ordered, 100.0, 200.0),
+            mk(System::OrderedNoRepair, 50.0, 400.0),
         ];
         let s = summarize(&pts);
+        // Against the ordered replica without its repairs too, each ratio once.
+        let vs = |a: &str, b: &str| {
+            let v: Vec<_> = s["ratios"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["system"] == a && r["vs"] == b)
+                .cloned()
+                .collect();
+            assert_eq!(v.len(), 1, "{a} vs {b}: {v:?}");
+            v[0].clone()
+        };
+        assert_eq!(
+            vs("dependent", "ordered-no-repair")["throughput_ratio"],
+            4.0
+        );
+        assert_eq!(vs("dependent", "ordered-no-repair")["gap_lower_by"], 8.0);
+        assert_eq!(vs("ordered", "ordered-no-repair")["throughput_ratio"], 2.0);
         let r = s["ratios"]
             .as_array()
             .unwrap()
