@@ -215,9 +215,8 @@ struct OooArgs {
     /// Block part: IO depths (closed-loop clients), comma-separated.
     #[arg(long, default_value = "1,2,4,8,16,32", value_delimiter = ',')]
     depths: Vec<usize>,
-    /// Block part: systems, comma-separated (also: parallel-txn, dependent, and
-    /// ordered-no-repair — the ordered replica with its gap and timed resends off, the
-    /// Raft PolarFS measured).
+    /// Block part: systems, comma-separated (ordered-no-repair: the ordered replica with
+    /// its gap and timed resends off, the Raft PolarFS measured).
     #[arg(
         long,
         default_value = "ordered,parallel,in-order",

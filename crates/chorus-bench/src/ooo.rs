@@ -895,9 +895,10 @@ impl Cluster {
             addrs.push((c.id, a));
         }
         // The proxies: in front of node 3, and node 2 too with two jittered links.
-        let framing = match sys {
-            System::Ordered | System::OrderedNoRepair => Framing::Ordered,
-            _ => Framing::OutOfOrder,
+        let framing = if sys.is_ordered() {
+            Framing::Ordered
+        } else {
+            Framing::OutOfOrder
         };
         let shape = if s.reorder && s.connections >= 2 {
             Shape::SlowConnection {
