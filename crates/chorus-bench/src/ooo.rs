@@ -86,7 +86,7 @@ use chorus_runtime::LogHandle;
 
 use gap::{mono_ns, GapStats};
 use node::{NodeOpts, Recorder, Running};
-use proxy::{Framing, JitterProxy, Shape};
+use proxy::{JitterProxy, Shape};
 use zipf::Zipf;
 
 /// A benchmarked system.
@@ -895,18 +895,10 @@ impl Cluster {
             addrs.push((c.id, a));
         }
         // The proxies: in front of node 3, and node 2 too with two jittered links.
-        let framing = if sys.is_ordered() {
-            Framing::Ordered
-        } else {
-            Framing::OutOfOrder
-        };
         let shape = if s.reorder && s.connections >= 2 {
-            Shape::SlowConnection {
-                framing,
-                of: s.connections,
-            }
+            Shape::SlowConnection { of: s.connections }
         } else if s.reorder {
-            Shape::Reorder(framing)
+            Shape::Reorder
         } else {
             Shape::KeepOrder
         };
@@ -969,7 +961,7 @@ impl Cluster {
                 return Err(format!("node 1 did not lead within {STEP:?}"));
             }
             let a = match self.leader.as_ref().ok_or("no leader node")? {
-                Running::Ooo(n) => n
+                Running::Ooo(_, n) => n
                     .status()
                     .is_some_and(|s| s.serving)
                     .then(|| Appender::Ooo(n.clone())),
@@ -1142,13 +1134,13 @@ fn measure(
         .map(|&p| cpu_ticks(p))
         .collect::<Result<_, _>>()?;
     let ooo_status = || match &cluster.leader {
-        Some(Running::Ooo(n)) => n.status(),
+        Some(Running::Ooo(_, n)) => n.status(),
         _ => None,
     };
     // Node 1's latency histograms as (count, sum ns): queue, fsync, then each peer's
     // acknowledgements by node id.
     let ooo_lat = || match &cluster.leader {
-        Some(Running::Ooo(n)) => {
+        Some(Running::Ooo(_, n)) => {
             let l = n.latency();
             let mut peers: Vec<_> = l.peer_ack.iter().collect();
             peers.sort_by_key(|(p, _)| *p);

@@ -59,6 +59,11 @@ impl Handler for Count {
         std::hint::black_box(msg);
         self.0.fetch_add(1, Ordering::Release);
     }
+
+    fn deliver_ooo(&self, _from: u64, _group: u64, msg: chorus_core::ooo::replica::Msg) {
+        std::hint::black_box(msg);
+        self.0.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// Chorus's transport: seconds to deliver `msgs`.

@@ -19,8 +19,10 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::group::{Appended, EnvShared, Group, GroupId, GroupStatus, Record, RoleInfo};
+use crate::ooo::{OooNode, OooNodeConfig, OooNodeError, OooStateMachine};
 use crate::pool::Pool;
 use crate::transport::{Handler, TcpConfig, TcpTransport, TlsFiles, Transport, TransportStats};
+use chorus_core::ooo::replica::Msg as OooMsg;
 
 /// Settings of an [`Env`].
 #[derive(Clone, Debug)]
@@ -39,6 +41,9 @@ pub struct EnvConfig {
     pub peers: HashMap<NodeId, String>,
     /// Worker threads shared by all groups (they also run the fsyncs).
     pub io_workers: usize,
+    /// Threads shared by every out-of-order group's state machine: applying released
+    /// entries, checkpoints, images ([`crate::ooo`]).
+    pub apply_threads: usize,
     /// Replica timings and limits (the `id` and `seed` fields are set per group).
     pub replica: ReplicaConfig,
     /// Log storage options.
@@ -73,6 +78,7 @@ impl EnvConfig {
             advertise: None,
             peers: HashMap::new(),
             io_workers: 4,
+            apply_threads: 2,
             replica: ReplicaConfig {
                 // Adaptive group replication (PALF section 6): with the log IO idle, a group
                 // of fewer entries than there are cores ships at once — that many appenders
@@ -105,6 +111,9 @@ impl EnvConfig {
         if self.io_workers == 0 || self.io_workers > 256 {
             return bad("io_workers", self.io_workers.to_string(), "1 to 256");
         }
+        if self.apply_threads == 0 || self.apply_threads > 256 {
+            return bad("apply_threads", self.apply_threads.to_string(), "1 to 256");
+        }
         if let Some(a) = &self.advertise {
             let max = chorus_core::format::wire::MAX_LISTEN_ADDR_BYTES;
             if a.is_empty() || a.len() > max {
@@ -136,10 +145,45 @@ impl EnvConfig {
 
 struct Router {
     groups: RwLock<HashMap<GroupId, Arc<Group>>>,
+    /// The out-of-order groups this node hosts, each with the incarnation it was started
+    /// as (a restarted group's old node, dropped later, must not take the new one off).
+    /// Weak: whoever started the group owns it, and dropping it stops the group.
+    ooo: RwLock<HashMap<GroupId, (u64, std::sync::Weak<OooNode>)>>,
+    /// Incarnations handed out to out-of-order groups.
+    ooo_started: AtomicU64,
     unknown_group: std::sync::atomic::AtomicU64,
 }
 
+impl Router {
+    /// Whether group `id` runs here, in any mode.
+    fn hosts(&self, id: GroupId) -> bool {
+        self.groups.read().expect("groups").contains_key(&id)
+            || self
+                .ooo
+                .read()
+                .expect("ooo groups")
+                .get(&id)
+                .is_some_and(|(_, n)| n.strong_count() > 0)
+    }
+}
+
 impl Handler for Router {
+    fn deliver_ooo(&self, from: NodeId, group: u64, msg: OooMsg) {
+        let node = self
+            .ooo
+            .read()
+            .expect("ooo groups")
+            .get(&group)
+            .and_then(|(_, n)| n.upgrade());
+        match node {
+            Some(n) => n.deliver(from, msg),
+            None => {
+                self.unknown_group.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(from, group, "message for an unknown group dropped");
+            }
+        }
+    }
+
     fn deliver(&self, from: NodeId, group: u64, msg: Message) {
         let g = self.groups.read().expect("groups").get(&group).cloned();
         match g {
@@ -212,6 +256,10 @@ impl Env {
             start: Instant::now(),
             transport: std::sync::OnceLock::new(),
             pool: Pool::new(),
+            apply: crate::pool::ApplyPool::start(cfg.apply_threads).map_err(|e| Error::Io {
+                what: "start apply workers".into(),
+                source: e,
+            })?,
             replica: cfg.replica.clone(),
             log: cfg.log,
             fsync_hist: Default::default(),
@@ -223,6 +271,8 @@ impl Env {
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),
+            ooo: RwLock::new(HashMap::new()),
+            ooo_started: AtomicU64::new(0),
             unknown_group: Default::default(),
         });
         // Open existing groups before any message can arrive for them.
@@ -269,7 +319,10 @@ impl Env {
         tcfg.cluster_id = cfg.cluster_id;
         tcfg.advertise = cfg.advertise.clone();
         tcfg.peers = cfg.peers.clone();
-        tcfg.max_frame_bytes = cfg.max_frame_bytes;
+        // Out-of-order groups share the transport; their messages may be larger than an
+        // ordered group's (`crate::ooo::MIN_FRAME_BYTES`). A sender still bounds each
+        // ordered message by the replica's `max_message_bytes`.
+        tcfg.max_frame_bytes = cfg.max_frame_bytes.max(crate::ooo::MIN_FRAME_BYTES);
         tcfg.tls = cfg.tls.clone();
         let transport = Arc::new(TcpTransport::start(tcfg, router.clone())?);
         let t: Arc<dyn Transport> = transport.clone();
@@ -354,14 +407,7 @@ impl Env {
         self.check_running()?;
         let _guard = self.inner.create_lock.lock().expect("create");
         self.check_damaged(id)?;
-        if self
-            .inner
-            .router
-            .groups
-            .read()
-            .expect("groups")
-            .contains_key(&id)
-        {
+        if self.inner.router.hosts(id) {
             return Err(Error::GroupExists(id));
         }
         let dir = self.group_dir(id);
@@ -391,6 +437,65 @@ impl Env {
             "group created"
         );
         Ok(LogHandle { g })
+    }
+
+    /// Starts out-of-order group `cfg.group` (parallel or dependent mode) on this node
+    /// from its directory `cfg.dir` (created empty if new): its messages share this
+    /// node's transport — one connection per peer, with its bounds and TLS — keyed by the
+    /// group id, and the replicas it sends to are reached at this node's peer addresses.
+    /// `sm` applies its committed entries. The group runs until the returned node is
+    /// dropped. A group id in use on this node, in any mode, is refused.
+    pub fn start_ooo_group(
+        &self,
+        cfg: OooNodeConfig,
+        sm: Arc<dyn OooStateMachine>,
+    ) -> Result<Arc<OooNode>, OooNodeError> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(OooNodeError::Shutdown);
+        }
+        let _guard = self.inner.create_lock.lock().expect("create");
+        let id = cfg.group;
+        if self.inner.router.hosts(id)
+            || self
+                .inner
+                .damaged
+                .lock()
+                .expect("damaged")
+                .contains_key(&id)
+        {
+            return Err(OooNodeError::Exists(id));
+        }
+        let node = Arc::new(OooNode::start(cfg, self.inner.shared.clone(), sm)?);
+        let router = &self.inner.router;
+        let incarnation = router.ooo_started.fetch_add(1, Ordering::Relaxed) + 1;
+        router
+            .ooo
+            .write()
+            .expect("ooo groups")
+            .insert(id, (incarnation, Arc::downgrade(&node)));
+        let weak = Arc::downgrade(router);
+        node.on_drop(Box::new(move || {
+            if let Some(r) = weak.upgrade() {
+                let mut ooo = r.ooo.write().expect("ooo groups");
+                if ooo.get(&id).is_some_and(|(i, _)| *i == incarnation) {
+                    ooo.remove(&id);
+                }
+            }
+        }));
+        tracing::info!(group = id, "out-of-order group started");
+        Ok(node)
+    }
+
+    /// Ids of the out-of-order groups running on this node, ascending.
+    pub fn ooo_groups(&self) -> Vec<GroupId> {
+        let ooo = self.inner.router.ooo.read().expect("ooo groups");
+        let mut v: Vec<_> = ooo
+            .iter()
+            .filter(|(_, (_, n))| n.strong_count() > 0)
+            .map(|(&id, _)| id)
+            .collect();
+        v.sort();
+        v
     }
 
     /// [`Error::GroupDamaged`] for a group that did not start because it is damaged.
@@ -745,6 +850,7 @@ impl Env {
         }
         self.inner.transport.shutdown();
         self.inner.shared.pool.shutdown();
+        self.inner.shared.apply.shutdown();
         let groups: Vec<_> = self
             .inner
             .router
@@ -954,6 +1060,18 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
             .values()
             .cloned()
             .collect();
+        let ooo: Vec<Arc<OooNode>> = inner
+            .router
+            .ooo
+            .read()
+            .expect("ooo groups")
+            .values()
+            .filter_map(|(_, n)| n.upgrade())
+            .collect();
+        for n in ooo {
+            // Scheduled if its wake-up time came; else the timer wakes for it.
+            next = next.min(n.poke(now));
+        }
         for g in groups {
             let last = g.last_tick.load(Ordering::Relaxed);
             let period = if g.busy.load(Ordering::Relaxed) {
@@ -980,6 +1098,7 @@ impl Drop for Inner {
         self.stopped.store(true, Ordering::SeqCst);
         self.transport.shutdown();
         self.shared.pool.shutdown();
+        self.shared.apply.shutdown();
         for (_, g) in self.router.groups.write().expect("groups").drain() {
             g.shutdown();
         }

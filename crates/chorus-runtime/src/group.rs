@@ -180,6 +180,8 @@ pub(crate) struct EnvShared {
     pub start: Instant,
     pub transport: std::sync::OnceLock<Arc<dyn Transport>>,
     pub pool: Pool,
+    /// The apply workers out-of-order groups share ([`crate::pool::ApplyPool`]).
+    pub apply: crate::pool::ApplyPool,
     pub replica: ReplicaConfig,
     pub log: LogOptions,
     pub fsync_hist: crate::metrics::Histogram,
@@ -203,7 +205,7 @@ impl EnvShared {
 
     /// A group's next timed resend is due at `due`: wake the timer thread if it would
     /// sleep past that.
-    fn wake_timer_by(&self, due: Nanos) {
+    pub(crate) fn wake_timer_by(&self, due: Nanos) {
         if due < self.timer_next.load(Ordering::SeqCst) {
             if let Some(t) = self.timer.get() {
                 t.unpark();
@@ -1257,6 +1259,20 @@ impl Group {
         self.removed.store(true, Ordering::SeqCst);
         self.core.lock().expect("core").waiters.clear();
         self.wake_all_readers();
+    }
+}
+
+impl crate::pool::Task for Group {
+    fn sched(&self) -> &crate::sched::SchedState {
+        &self.sched
+    }
+
+    fn removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    fn run(self: Arc<Self>) {
+        Group::run(&self)
     }
 }
 

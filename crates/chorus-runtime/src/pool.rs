@@ -1,22 +1,41 @@
-//! The bounded worker pool shared by every group of an environment.
+//! The bounded thread pools shared by every group of an environment.
 //!
-//! Groups are scheduled, not threads: a group with work is queued once (whatever number
-//! of appends, messages or ticks arrived), a worker runs its driver until the replica has
-//! nothing left to do, and the group goes back to idle. The hand-off between threads is
-//! therefore per group and per batch, never per record (on this machine a cross-core
-//! wake-up costs about 100 µs). A group is on at most one worker at a time.
+//! **IO workers** ([`Pool`]). Groups are scheduled, not threads: a task with work (an
+//! ordered group's driver, an out-of-order group's driver or its store's IO) is queued
+//! once, whatever number of appends, messages or ticks arrived; a worker runs it until it
+//! has nothing left to do, and it goes back to idle. The hand-off between threads is
+//! therefore per task and per batch, never per record (on this machine a cross-core
+//! wake-up costs about 100 µs). A task is on at most one worker at a time. The workers
+//! also run the fsyncs. No task waits on another task: a driver hands its writes to its
+//! IO task and goes on; the IO task reports back as an event.
 //!
-//! The per-group state machine is [`crate::sched::SchedState`].
+//! **Apply workers** ([`ApplyPool`]). Out-of-order groups' state-machine work — applying
+//! released entries (DP-Raft section 4.3: followers apply independent entries in
+//! parallel), checkpoints, taking and installing images — runs as jobs on one set of
+//! threads per environment, so that a slow state machine never holds an IO worker.
+//!
+//! The per-task scheduling state machine is [`crate::sched::SchedState`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::group::Group;
+use crate::applyq::WorkQueue;
+use crate::sched::SchedState;
+
+/// Work the IO workers run: scheduled at most once at a time ([`Task::sched`]).
+pub(crate) trait Task: Send + Sync + 'static {
+    /// The task's scheduling state.
+    fn sched(&self) -> &SchedState;
+    /// Whether the task is gone (a removed group): it is not run any more.
+    fn removed(&self) -> bool;
+    /// Runs the task until it has nothing left to do (or yields by scheduling itself).
+    fn run(self: Arc<Self>);
+}
 
 pub(crate) struct Pool {
-    queue: Mutex<VecDeque<Arc<Group>>>,
+    queue: Mutex<VecDeque<Arc<dyn Task>>>,
     ready: Condvar,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -44,38 +63,51 @@ impl Pool {
         Ok(())
     }
 
-    pub fn schedule(&self, g: &Arc<Group>) {
-        if g.sched.schedule() {
-            self.queue.lock().expect("queue").push_back(g.clone());
+    /// Announces work for `t`: queues it unless it is queued or running already (a
+    /// running task runs again before it lets go).
+    pub fn schedule<T: Task>(&self, t: &Arc<T>) {
+        if t.sched().schedule() {
+            let t: Arc<dyn Task> = t.clone();
+            self.queue.lock().expect("queue").push_back(t);
             self.ready.notify_one();
         }
     }
 
     fn work(&self) {
         loop {
-            let g = {
+            let t = {
                 let mut q = self.queue.lock().expect("queue");
                 loop {
                     if self.stop.load(Ordering::SeqCst) {
                         return;
                     }
-                    if let Some(g) = q.pop_front() {
-                        break g;
+                    if let Some(t) = q.pop_front() {
+                        break t;
                     }
                     q = self.ready.wait(q).expect("queue");
                 }
             };
             loop {
-                g.sched.begin();
-                if !g.removed.load(Ordering::Relaxed) {
-                    g.run();
+                t.sched().begin();
+                if !t.removed() {
+                    // A panic (a bug, or a state machine's own) ends the task's run, not
+                    // the worker every other group shares.
+                    let run = std::panic::AssertUnwindSafe(|| t.clone().run());
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("a task panicked on an IO worker; the worker goes on");
+                    }
                 }
-                if g.sched.finish() {
+                if t.sched().finish() {
                     break;
                 }
                 // More work arrived while running: run again.
             }
         }
+    }
+
+    /// Whether the pool is shut down: nothing scheduled runs any more.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     pub fn shutdown(&self) {
@@ -86,5 +118,68 @@ impl Pool {
             let _ = t.join();
         }
         self.queue.lock().expect("queue").clear();
+    }
+}
+
+/// A job for the apply workers.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// The apply workers: jobs from every out-of-order group, in submission order. The
+/// queue is bounded by what its groups submit: each group's replica releases at most
+/// its window of entries, plus at most one checkpoint and its images in flight.
+pub(crate) struct ApplyPool {
+    queue: Arc<WorkQueue<Job>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ApplyPool {
+    /// Starts `n` apply workers.
+    pub fn start(n: usize) -> std::io::Result<Self> {
+        let queue: Arc<WorkQueue<Job>> = Arc::default();
+        let mut threads = Vec::new();
+        for i in 0..n {
+            let q = queue.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("chorus-apply-{i}"))
+                .spawn(move || {
+                    while let Some(job) = q.pop() {
+                        let job = std::panic::AssertUnwindSafe(job);
+                        if std::panic::catch_unwind(job).is_err() {
+                            tracing::error!(
+                                "a job panicked on an apply worker; the worker goes on"
+                            );
+                        }
+                    }
+                });
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    queue.close();
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self {
+            queue,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Queues a job behind every job queued.
+    pub fn submit(&self, job: Job) {
+        self.queue.push(job);
+    }
+
+    /// Stops the workers once each has finished the job it runs; queued jobs are dropped
+    /// (their groups are stopping).
+    pub fn shutdown(&self) {
+        self.queue.close();
+        let threads: Vec<_> = self.threads.lock().expect("threads").drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
     }
 }

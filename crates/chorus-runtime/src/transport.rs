@@ -1,7 +1,9 @@
 //! Moving replica messages between processes.
 //!
 //! [`Transport`] is the seam: the runtime hands it `(peer, group, message)` and receives
-//! through a [`Handler`]. [`TcpTransport`] is the real one: framed messages
+//! through a [`Handler`]. Groups of every mode share it: an ordered group's messages
+//! travel as `Msg` frames, an out-of-order group's as `OooMsg` frames, both keyed by the
+//! group id, on the same connection to each peer with the same bounds. [`TcpTransport`] is the real one: framed messages
 //! (`docs/formats.md`, "Replication frames": CRC32C per frame, bounded size) over TCP,
 //! optionally inside mutual TLS.
 //!
@@ -45,20 +47,25 @@ use std::time::{Duration, Instant};
 
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::wire::{self, Frame};
+use chorus_core::ooo::replica::Msg as OooMsg;
 use chorus_core::replica::Message;
 
 use crate::error::Error;
 
 /// Where inbound messages go.
 pub trait Handler: Send + Sync + 'static {
-    /// A message for `group` from peer `from` arrived.
+    /// A message for ordered group `group` from peer `from` arrived.
     fn deliver(&self, from: NodeId, group: u64, msg: Message);
+    /// A message for out-of-order group `group` from peer `from` arrived.
+    fn deliver_ooo(&self, from: NodeId, group: u64, msg: OooMsg);
 }
 
 /// Sends replica messages to peers. Best effort: the protocol tolerates loss.
 pub trait Transport: Send + Sync + 'static {
-    /// Queues `msg` for `group` on peer `to`.
+    /// Queues `msg` for ordered group `group` on peer `to`.
     fn send(&self, to: NodeId, group: u64, msg: &Message);
+    /// Queues `msg` for out-of-order group `group` on peer `to`.
+    fn send_ooo(&self, to: NodeId, group: u64, msg: &OooMsg);
     /// Learns (or changes) the address of a peer.
     fn set_peer_addr(&self, node: NodeId, addr: String);
     /// Counters for metrics and `status`.
@@ -143,6 +150,11 @@ struct Counters {
 struct Outbox {
     buf: Vec<u8>,
     addr: Option<String>,
+    /// The address changed since the connection was dialled: the next write dials the
+    /// new one. The old connection may go on taking bytes for a while (seen under load in
+    /// `tests/ooo.rs`: a peer restarted on a new port while the old connection was never
+    /// reset), and what it takes is lost.
+    redial: bool,
     closed: bool,
 }
 
@@ -295,8 +307,10 @@ impl Drop for TcpTransport {
     }
 }
 
-impl Transport for TcpTransport {
-    fn send(&self, to: NodeId, group: u64, msg: &Message) {
+impl TcpTransport {
+    /// Queues one frame for peer `to`, encoded by `encode` straight into its output
+    /// buffer; `kind` names the message in a log line.
+    fn queue(&self, to: NodeId, group: u64, kind: &str, encode: impl FnOnce(&mut Vec<u8>)) {
         let peer = self.shared.peer(to, None);
         let mut out = peer.out.lock().expect("outbox");
         if out.closed || out.buf.len() >= self.shared.cfg.max_queued_bytes {
@@ -308,7 +322,7 @@ impl Transport for TcpTransport {
         }
         let was_empty = out.buf.is_empty();
         let before = out.buf.len();
-        wire::encode_msg_frame(group, msg, &mut out.buf);
+        encode(&mut out.buf);
         if out.buf.len() - before
             > self.shared.cfg.max_frame_bytes as usize + wire::FRAME_HEADER_SIZE
         {
@@ -319,12 +333,7 @@ impl Transport for TcpTransport {
                 .counters
                 .frames_dropped
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                to,
-                group,
-                kind = msg.kind(),
-                "message exceeds the frame limit"
-            );
+            tracing::error!(to, group, kind, "message exceeds the frame limit");
             return;
         }
         self.shared
@@ -336,6 +345,20 @@ impl Transport for TcpTransport {
         if was_empty && !self.shared.write_inline(&peer) {
             peer.ready.notify_one();
         }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn send(&self, to: NodeId, group: u64, msg: &Message) {
+        self.queue(to, group, msg.kind(), |out| {
+            wire::encode_msg_frame(group, msg, out)
+        });
+    }
+
+    fn send_ooo(&self, to: NodeId, group: u64, msg: &OooMsg) {
+        self.queue(to, group, "out-of-order", |out| {
+            wire::encode_ooo_msg_frame(group, msg, out)
+        });
     }
 
     fn set_peer_addr(&self, node: NodeId, addr: String) {
@@ -372,6 +395,10 @@ impl Shared {
             let mut out = peer.out.lock().expect("outbox");
             if out.closed {
                 return true;
+            }
+            if out.redial {
+                // The writer thread dials the new address.
+                return false;
             }
             std::mem::take(&mut out.buf)
         };
@@ -411,6 +438,7 @@ impl Shared {
                 let mut out = p.out.lock().expect("outbox");
                 if out.addr.as_deref() != Some(&a) {
                     out.addr = Some(a);
+                    out.redial = true;
                     drop(out);
                     p.ready.notify_one();
                 }
@@ -426,6 +454,7 @@ impl Shared {
             out: Mutex::new(Outbox {
                 buf: Vec::new(),
                 addr,
+                redial: false,
                 closed: self.stop.load(Ordering::SeqCst),
             }),
             ready: Condvar::new(),
@@ -501,6 +530,10 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
         let (batch, addr) = {
             let mut out = p.out.lock().expect("outbox");
             std::mem::swap(&mut out.buf, &mut spare);
+            if std::mem::take(&mut out.redial) && conn.is_some() {
+                tracing::info!(peer = p.id, "address changed: redialling");
+                *conn = None;
+            }
             (std::mem::take(&mut spare), out.addr.clone())
         };
         if batch.is_empty() {
@@ -682,6 +715,10 @@ fn reader(s: &Arc<Shared>, tcp: TcpStream) -> Result<(), ReadError> {
             (Frame::Msg { group, msg }, Some(node)) => {
                 s.counters.frames_received.fetch_add(1, Ordering::Relaxed);
                 s.handler.deliver(node, group, msg);
+            }
+            (Frame::OooMsg { group, msg }, Some(node)) => {
+                s.counters.frames_received.fetch_add(1, Ordering::Relaxed);
+                s.handler.deliver_ooo(node, group, msg);
             }
             _ => return Err(ReadError::NoHello),
         }

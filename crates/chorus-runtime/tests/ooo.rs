@@ -1,11 +1,11 @@
-//! Out-of-order groups for real: three nodes in this process, each with its own directory
-//! (fdatasync on), over loopback TCP. Parallel mode drives a block volume, dependent mode
+//! Out-of-order groups for real: three nodes in this process, each an [`Env`] with its own
+//! directory (fdatasync on) hosting the group, over loopback TCP on the environments'
+//! shared transport. Parallel mode drives a block volume, dependent mode
 //! a key-value store; the leader is stopped and restarted from its directory. The entries
 //! files are compacted every few KiB, so a follower stopped for a while comes back behind
 //! the leader's base and installs the leader's image.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use chorus_core::ooo::replica::OooAppendError;
 use chorus_core::ooo::replica::{Declared, Footprint, Mode};
 use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooNodeError, OooStateMachine};
 use chorus_runtime::transport::TlsFiles;
-use chorus_runtime::{DiskSpace, Outcome};
+use chorus_runtime::{DiskSpace, Env, EnvConfig, Outcome};
 
 mod common;
 
@@ -140,8 +140,9 @@ fn apply_to(state: &Mutex<BTreeMap<u64, u64>>, r: &Record) {
 struct Cluster {
     mode: Mode,
     dirs: Vec<tempfile::TempDir>,
-    addrs: Vec<std::net::SocketAddr>,
-    nodes: Vec<Option<OooNode>>,
+    /// Each node's environment (None while the node is stopped); the group runs in it.
+    envs: Vec<Option<Env>>,
+    nodes: Vec<Option<Arc<OooNode>>>,
     states: Vec<State>,
     /// Each node's TLS files (none: plain TCP).
     tls: Vec<Option<TlsFiles>>,
@@ -184,15 +185,11 @@ impl Cluster {
         freeze: Vec<Duration>,
     ) -> Self {
         let n = tls.len();
-        let listeners: Vec<TcpListener> = (0..n)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut c = Self {
             mode,
             dirs: (0..n).map(|_| tempfile::tempdir().unwrap()).collect(),
-            addrs,
-            nodes: Vec::new(),
+            envs: (0..n).map(|_| None).collect(),
+            nodes: (0..n).map(|_| None).collect(),
             states: (0..n).map(|_| State::default()).collect(),
             freeze,
             tls,
@@ -201,27 +198,33 @@ impl Cluster {
                 .map(|_| Arc::new(DiskSpace::new(std::env::temp_dir(), 0)))
                 .collect(),
         };
-        for (i, l) in listeners.into_iter().enumerate() {
-            let n = c.start(i, l);
-            c.nodes.push(Some(n));
+        for i in 0..n {
+            c.restart(i);
         }
         c
     }
 
-    fn start(&self, i: usize, l: TcpListener) -> OooNode {
-        let all = self
-            .addrs
-            .iter()
-            .enumerate()
-            .map(|(j, a)| (j as u64 + 1, *a));
+    /// Opens node `i`'s environment (listening on a free port, which the running nodes
+    /// learn) and starts the group in it.
+    fn start(&self, i: usize) -> (Env, Arc<OooNode>) {
+        let id = i as u64 + 1;
+        let mut ec = EnvConfig::new(id, self.dirs[i].path(), "127.0.0.1:0".parse().unwrap());
+        ec.tls = self.tls[i].clone();
+        let env = Env::open(ec).unwrap();
+        for (j, other) in self.envs.iter().enumerate() {
+            if let Some(other) = other {
+                other.set_peer_addr(id, env.replication_addr().to_string());
+                env.set_peer_addr(j as u64 + 1, other.replication_addr().to_string());
+            }
+        }
+        let all = (1..=self.dirs.len() as u64).collect::<Vec<_>>();
         let cfg = OooNodeConfig {
-            others: all.clone().skip(self.voters).collect(),
+            others: all[self.voters..].to_vec(),
             id: i as u64 + 1,
-            voters: all.take(self.voters).collect(),
+            voters: all[..self.voters].to_vec(),
             mode: self.mode,
-            dir: self.dirs[i].path().to_path_buf(),
+            dir: self.dirs[i].path().join("ooo"),
             election_timeout: Duration::from_millis(300),
-            link_jitter: None,
             group: 7,
             // Node 1 applies on its driver thread, nodes 2 and 3 on pools of 1 and 2.
             apply_threads: i,
@@ -235,22 +238,26 @@ impl Cluster {
             freeze_interval: self.freeze[i],
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
-            tls: self.tls[i].clone(),
             disk: Some(self.disks[i].clone()),
             fs: None,
         };
-        OooNode::start(cfg, l, self.states[i].clone()).unwrap()
+        let node = env.start_ooo_group(cfg, self.states[i].clone()).unwrap();
+        (env, node)
     }
 
+    /// Stops node `i` as a crash of its process would: the group and its environment.
     fn stop(&mut self, i: usize) {
         self.nodes[i] = None;
+        if let Some(env) = self.envs[i].take() {
+            env.shutdown();
+        }
         self.states[i].crash();
     }
 
     fn restart(&mut self, i: usize) {
-        let listener = TcpListener::bind(self.addrs[i]).unwrap();
-        let n = self.start(i, listener);
-        self.nodes[i] = Some(n);
+        let (env, node) = self.start(i);
+        self.envs[i] = Some(env);
+        self.nodes[i] = Some(node);
     }
 
     fn leader(&self) -> usize {
@@ -563,7 +570,7 @@ fn run(mode: Mode) {
     assert!(st.counters.base >= lead.counters.base, "{st:?} {lead:?}");
     // The log itself reads the same on every replica: from the highest base, the
     // committed prefix in slot order; below a replica's base, a clear refusal.
-    let nodes: Vec<&OooNode> = c.nodes.iter().flatten().collect();
+    let nodes: Vec<&OooNode> = c.nodes.iter().flatten().map(|n| &**n).collect();
     let sts: Vec<_> = nodes.iter().map(|n| n.status().unwrap()).collect();
     let from = sts.iter().map(|s| s.counters.base).max().unwrap();
     let upto = sts.iter().map(|s| s.committed_head).min().unwrap();
@@ -913,4 +920,116 @@ fn parallel_mode_changes_voters_over_tcp() {
 #[test]
 fn dependent_mode_changes_voters_over_tcp() {
     changes(Mode::Dependent);
+}
+
+/// One node hosts groups of every mode: an ordered group and out-of-order groups of both
+/// modes run on the same three environments (one transport, one listener each) and all
+/// commit; a group id in use on a node, in any mode, is refused for another group, and is
+/// free again once its out-of-order group is dropped.
+#[test]
+fn groups_of_every_mode_share_a_node() {
+    let mut c = Cluster::new(Mode::Parallel { span: 2 });
+    let envs: Vec<Env> = c.envs.iter().flatten().cloned().collect();
+    let logs: Vec<_> = envs
+        .iter()
+        .map(|e| e.create_group(1, &[1, 2, 3], &[]).unwrap())
+        .collect();
+    let dependent: Vec<Arc<OooNode>> = envs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut cfg = dependent_cfg(i as u64 + 1, &c.dirs[i]);
+            cfg.group = 8;
+            e.start_ooo_group(cfg, Arc::new(Sm::default())).unwrap()
+        })
+        .collect();
+    // The ordered group commits.
+    let t0 = Instant::now();
+    let committed = loop {
+        let r = logs.iter().find_map(|l| l.append(b"ordered", 0).ok());
+        if let Some(a) = r {
+            break a.result.wait().unwrap().outcome;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no ordered leader");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(committed, Outcome::Committed);
+    // The parallel group (7) commits.
+    c.append_many(0, 20);
+    // The dependent group (8) commits.
+    let t0 = Instant::now();
+    loop {
+        let d = Declared::Txn {
+            read_set: vec![1],
+            write_set: vec![2],
+        };
+        match dependent
+            .iter()
+            .find(|n| n.status().is_some_and(|s| s.serving))
+        {
+            Some(n) => {
+                let v = 7u64.to_le_bytes().to_vec();
+                assert_eq!(n.append(d, v).unwrap(), Outcome::Committed);
+                break;
+            }
+            None => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "no dependent leader"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    assert_eq!(envs[0].ooo_groups(), vec![7, 8]);
+    assert_eq!(envs[0].groups(), vec![1]);
+    // Ids in use are refused across modes.
+    let taken = envs[0].start_ooo_group(dependent_cfg(1, &c.dirs[0]), Arc::new(Sm::default()));
+    assert!(
+        matches!(taken, Err(OooNodeError::Exists(7))),
+        "{:?}",
+        taken.err()
+    );
+    let mut on_ordered = dependent_cfg(1, &c.dirs[0]);
+    on_ordered.group = 1;
+    let taken = envs[0].start_ooo_group(on_ordered, Arc::new(Sm::default()));
+    assert!(
+        matches!(taken, Err(OooNodeError::Exists(1))),
+        "{:?}",
+        taken.err()
+    );
+    assert!(matches!(
+        envs[0].create_group(8, &[1, 2, 3], &[]),
+        Err(chorus_runtime::Error::GroupExists(8))
+    ));
+    // Dropping an out-of-order group frees its id on that node.
+    drop(dependent);
+    assert_eq!(envs[0].ooo_groups(), vec![7]);
+    for i in 0..3 {
+        c.stop(i);
+    }
+}
+
+/// A dependent-mode group's settings for node `id` (voters 1 to 3), in `dir/ooo-dep`.
+fn dependent_cfg(id: u64, dir: &tempfile::TempDir) -> OooNodeConfig {
+    OooNodeConfig {
+        id,
+        group: 7,
+        voters: vec![1, 2, 3],
+        others: Vec::new(),
+        mode: Mode::Dependent,
+        dir: dir.path().join("ooo-dep"),
+        election_timeout: Duration::from_millis(300),
+        apply_threads: 0,
+        catchup_rate: 0,
+        conflict_order: false,
+        compact_bytes: 0,
+        hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+        timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
+        freeze_interval: Duration::ZERO,
+        preallocate: 0,
+        direct_io: true,
+        disk: None,
+        fs: None,
+    }
 }

@@ -140,24 +140,25 @@ fn parse_base_port(s: &str) -> Result<u16, String> {
 
 /// The ports of a local cluster: `[api, replication, metrics, out-of-order replication]`
 /// per node.
-type Ports = Vec<[u16; 4]>;
+/// Each node's API, replication and metrics ports.
+type Ports = Vec<[u16; 3]>;
 
-/// Ports for `--local`: fixed from `--base-port`, or free ones the OS hands out (all twelve
+/// Ports for `--local`: fixed from `--base-port`, or free ones the OS hands out (all nine
 /// listeners are held at once so they are distinct, then released for the nodes to bind).
 fn local_ports(base: u16) -> std::io::Result<Ports> {
     if base != 0 {
         return Ok((1..=NODES as u16)
-            .map(|j| [base + j, base + 10 + j, base + 20 + j, base + 30 + j])
+            .map(|j| [base + j, base + 10 + j, base + 20 + j])
             .collect());
     }
-    let held: Vec<std::net::TcpListener> = (0..NODES * 4)
+    let held: Vec<std::net::TcpListener> = (0..NODES * 3)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<_, _>>()?;
     let ports: Vec<u16> = held
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect::<Result<_, _>>()?;
-    Ok(ports.chunks(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
+    Ok(ports.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
 /// Where the clients run: `--path`, or embedded for an ordered group and gRPC for an
@@ -757,7 +758,6 @@ fn node_config(a: &BenchArgs, mode: DevMode, dir: &Path, i: u64, ports: &Ports) 
             let mut g = GroupSpec::ordered(1, (1..=NODES).collect(), vec![]);
             if mode != DevMode::Ordered {
                 g.mode = mode.name().into();
-                g.replicas = (1..=NODES).map(|j| (j.to_string(), p(3, j))).collect();
             }
             g
         }],
@@ -1093,21 +1093,17 @@ mod port_tests {
     fn fixed_ports_follow_the_documented_layout() {
         assert_eq!(
             local_ports(7300).unwrap(),
-            vec![
-                [7301, 7311, 7321, 7331],
-                [7302, 7312, 7322, 7332],
-                [7303, 7313, 7323, 7333]
-            ]
+            vec![[7301, 7311, 7321], [7302, 7312, 7322], [7303, 7313, 7323]]
         );
     }
 
     #[test]
-    fn os_chosen_ports_are_twelve_distinct_ports() {
+    fn os_chosen_ports_are_nine_distinct_ports() {
         let p: Vec<u16> = local_ports(0).unwrap().into_iter().flatten().collect();
         let mut d = p.clone();
         d.sort_unstable();
         d.dedup();
-        assert_eq!(d.len(), 12, "{p:?}");
+        assert_eq!(d.len(), 9, "{p:?}");
         assert!(!p.contains(&0));
     }
 

@@ -54,10 +54,11 @@ pub struct GroupSpec {
     /// sets). Chosen at creation, never changed.
     #[serde(default = "ordered", skip_serializing_if = "is_ordered")]
     pub mode: String,
-    /// Out-of-order groups: each voter's replication address for this group, by node id
-    /// (every voter, this node included; the group's own TCP port, not `listen`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub replicas: BTreeMap<String, String>,
+    /// Out-of-order groups: the replicas besides `voters` that a membership change may
+    /// add later (node ids). Every replica is reached at its node's replication address
+    /// (`[peers]`): groups of every mode share the node's connections.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<u64>,
     /// Parallel groups: the look-behind buffer's length N (PolarFS section 5.2; 0 means
     /// the paper's 2).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -104,7 +105,7 @@ impl GroupSpec {
             voters,
             learners,
             mode: ordered(),
-            replicas: BTreeMap::new(),
+            replicas: Vec::new(),
             look_behind: 0,
             commit_order: String::new(),
             access_mode: String::new(),
@@ -123,8 +124,10 @@ impl GroupSpec {
 pub struct OutOfOrderSection {
     /// Election timeout (randomised up to twice this); heartbeats and resends every sixth.
     pub election_timeout_ms: u64,
-    /// Threads applying committed entries to the demo state machine, per group (0: the
-    /// replica's driver thread applies).
+    /// Pieces a group's applies run in: each released entry is applied on the node's
+    /// apply workers (this many, at least one, shared by every out-of-order group), cut
+    /// into at most this many pieces of independent records (0: the group's driver
+    /// applies, one entry after another).
     pub apply_threads: usize,
     /// Streaming catch-up to one lagging follower, bytes per second (0: no limit), so a
     /// follower coming back does not take the link from new appends.
@@ -569,6 +572,9 @@ impl ServerConfig {
         env.advertise = self.advertise.clone();
         env.peers = peers;
         env.io_workers = self.io_workers;
+        // The node's apply workers, shared by its out-of-order groups: as many as a
+        // group may cut an entry into, and at least one.
+        env.apply_threads = self.out_of_order.apply_threads.clamp(1, 64);
         env.replica = replica;
         env.log = LogOptions {
             block_size: self.log.block_size,

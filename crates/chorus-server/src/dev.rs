@@ -20,8 +20,8 @@ pub struct DevArgs {
     /// Number of nodes (replicas of group 1).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
     pub nodes: u64,
-    /// Node i serves the API on base+i, replication on base+100+i, metrics on base+200+i
-    /// (and an out-of-order group's replication on base+300+i).
+    /// Node i serves the API on base+i, replication (every group's, of any mode) on
+    /// base+100+i, metrics on base+200+i.
     #[arg(long, default_value_t = 7000, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     pub base_port: u16,
     /// Delete data from an earlier run first (otherwise it is reused).
@@ -77,7 +77,6 @@ fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
             let mut g = GroupSpec::ordered(1, (1..=a.nodes).collect(), vec![]);
             if a.mode != DevMode::Ordered {
                 g.mode = a.mode.name().into();
-                g.replicas = (1..=a.nodes).map(|j| (j.to_string(), p(300, j))).collect();
             }
             g
         }],

@@ -16,7 +16,6 @@
 //! restart reopens it without the configuration naming it), and `volume` or `kv.image`.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -84,11 +83,11 @@ pub struct OooSpec {
     pub mode: Mode,
     /// Parallel mode: commit in conflict order (`commit_order = "conflicts"`).
     pub conflict_order: bool,
-    /// Every voter the group was created with and its replication address.
-    pub voters: Vec<(u64, SocketAddr)>,
+    /// Every voter the group was created with.
+    pub voters: Vec<u64>,
     /// Replicas in `replicas` that are not voters at creation (a membership change may
-    /// add them), with their addresses.
-    pub others: Vec<(u64, SocketAddr)>,
+    /// add them).
+    pub others: Vec<u64>,
 }
 
 impl OooSpec {
@@ -153,48 +152,28 @@ impl OooSpec {
                 g.look_behind
             )));
         }
-        let mut voters = Vec::new();
-        for &v in &g.voters {
-            let addr = g.replicas.get(&v.to_string()).ok_or_else(|| {
-                bad(format!(
-                    "voter {v} has no replication address in `replicas` (an out-of-order group names one per voter)"
-                ))
-            })?;
-            let a = addr.parse().map_err(|e| {
-                bad(format!(
-                    "replicas.{v} = `{addr}` is not an IP:PORT address ({e})"
-                ))
-            })?;
-            voters.push((v, a));
-        }
+        let mut voters = g.voters.clone();
         if voters.is_empty() {
             return Err(bad("no voters".into()));
         }
-        let mut others = Vec::new();
-        for (k, addr) in &g.replicas {
-            if g.voters.iter().any(|v| v.to_string() == *k) {
-                continue;
-            }
-            let id: u64 = k
-                .parse()
-                .ok()
-                .filter(|&n| n != 0)
-                .ok_or_else(|| bad(format!("replicas names `{k}`, which is not a node id")))?;
-            let a = addr.parse().map_err(|e| {
-                bad(format!(
-                    "replicas.{k} = `{addr}` is not an IP:PORT address ({e})"
-                ))
-            })?;
-            others.push((id, a));
+        if let Some(&z) = voters.iter().chain(&g.replicas).find(|&&n| n == 0) {
+            return Err(bad(format!("node id {z} is reserved")));
         }
+        let mut others: Vec<u64> = g
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| !g.voters.contains(r))
+            .collect();
         others.sort_unstable();
-        if !g.voters.contains(&me) && !others.iter().any(|o| o.0 == me) {
+        others.dedup();
+        if !g.voters.contains(&me) && !others.contains(&me) {
             return Err(bad(format!(
                 "this node ({me}) is neither one of its voters nor named in `replicas`"
             )));
         }
         voters.sort_unstable();
-        if voters.windows(2).any(|w| w[0].0 == w[1].0) {
+        if voters.windows(2).any(|w| w[0] == w[1]) {
             return Err(bad("a voter is listed twice".into()));
         }
         Ok(Some(Self {
@@ -275,8 +254,9 @@ pub struct OooGroup {
     spec: GroupSpec,
     /// Its mode.
     pub mode: Mode,
-    /// The replica's driver.
-    pub node: OooNode,
+    /// The replica's driver (hosted by the node's environment, which holds it weakly:
+    /// dropping the group stops it).
+    pub node: Arc<OooNode>,
     /// The demo state machine.
     pub state: Arc<DemoState>,
 }
@@ -293,10 +273,10 @@ impl OooGroup {
         self.spec.voters.clone()
     }
 
-    /// Whether `node` has a replication address in the group's spec (a voter at creation
-    /// or one of the other replicas a change may add).
+    /// Whether `node` is a replica in the group's spec (a voter at creation or one of the
+    /// other replicas a change may add).
     pub fn knows(&self, node: u64) -> bool {
-        self.spec.voters.contains(&node) || self.spec.replicas.contains_key(&node.to_string())
+        self.spec.voters.contains(&node) || self.spec.replicas.contains(&node)
     }
 }
 
@@ -327,8 +307,9 @@ pub struct OooSettings {
     /// Append to each group's entries file with direct IO where the file system takes it
     /// (the `[log] direct_io` setting).
     pub direct_io: bool,
-    /// Mutual TLS on every group's replication connections (None: plain TCP).
-    pub tls: Option<chorus_runtime::transport::TlsFiles>,
+    /// The node's environment: it hosts the groups, whose messages share its transport
+    /// (its connections, bounds and `[tls]`).
+    pub env: chorus_runtime::Env,
     /// The node's free-space guard (its environment's: `[log] min_free_bytes`).
     pub disk: Option<Arc<chorus_runtime::DiskSpace>>,
     /// The file system the groups' directories are on (None: the real one).
@@ -365,27 +346,8 @@ impl std::fmt::Debug for OooGroups {
     }
 }
 
-/// Binds this node's replication address of the group.
-fn bind(spec: &OooSpec, me: u64) -> Result<TcpListener, OooGroupError> {
-    let addr = spec
-        .voters
-        .iter()
-        .chain(&spec.others)
-        .find(|v| v.0 == me)
-        .map(|v| v.1)
-        .ok_or_else(|| OooGroupError::BadSpec {
-            group: spec.id,
-            detail: format!("this node ({me}) has no replication address in the group"),
-        })?;
-    TcpListener::bind(addr).map_err(|source| OooGroupError::Io {
-        group: spec.id,
-        path: PathBuf::from(format!("listen {addr}")),
-        source,
-    })
-}
-
-/// Whether a group failed to start because its files are damaged (as opposed to a port
-/// in use, a bad spec or an IO error), so the node may go on without it.
+/// Whether a group failed to start because its files are damaged (as opposed to a bad
+/// spec or an IO error), so the node may go on without it.
 fn is_damage(e: &OooGroupError) -> bool {
     use chorus_runtime::ooo::OooNodeError;
     use chorus_storage::StorageError;
@@ -434,7 +396,7 @@ impl OooGroups {
                 }
             }
             for g in specs {
-                match me.start(g.clone(), None) {
+                match me.start(g.clone()) {
                     Ok(()) => {}
                     Err(e) if is_damage(&e) => {
                         tracing::error!(
@@ -512,7 +474,7 @@ impl OooGroups {
             return Ok(());
         }
         let group = self.take(id, wait)?;
-        // Joins the driver, IO, apply and connection threads and closes the listener.
+        // Joins the driver, IO and apply threads; the node's router forgets the group.
         drop(group);
         let dir = self.settings.dir.join(id.to_string());
         std::fs::remove_dir_all(&dir).map_err(io(id, &dir))?;
@@ -574,14 +536,14 @@ impl OooGroups {
                 let group = self.take(id, wait)?;
                 let spec = group.spec.clone();
                 // Joins its threads (none does IO any more: the store refuses every
-                // write after its failure) and closes its listener, so the new replica
-                // binds the same address.
+                // write after its failure) and takes it off the node's router, so the
+                // new replica takes its place.
                 drop(group);
                 tracing::warn!(group = id, stopped = %reason, "restarting a stopped out-of-order group");
                 spec
             }
         };
-        match self.start(spec.clone(), None) {
+        match self.start(spec.clone()) {
             Ok(()) => {
                 self.restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -626,9 +588,12 @@ impl OooGroups {
                 group: g.id,
                 detail: "an ordered group is not an out-of-order group".into(),
             })?;
-        // Bind first: a group whose port cannot be used is refused without leaving a
-        // spec behind that would stop the next start.
-        let listener = bind(&spec, self.settings.node)?;
+        // An id an ordered group has on this node is refused before a spec is left behind
+        // that would stop the next start.
+        if self.settings.env.group(g.id).is_ok() {
+            return Err(OooGroupError::Exists(g.id));
+        }
+        drop(spec);
         let dir = self.settings.dir.join(g.id.to_string());
         std::fs::create_dir_all(&dir).map_err(io(g.id, &dir))?;
         let path = dir.join("group.toml");
@@ -647,10 +612,10 @@ impl OooGroups {
             std::fs::File::open(&dir)?.sync_all()
         };
         write().map_err(io(g.id, &path))?;
-        self.start(g, Some(listener))
+        self.start(g)
     }
 
-    fn start(&self, g: GroupSpec, listener: Option<TcpListener>) -> Result<(), OooGroupError> {
+    fn start(&self, g: GroupSpec) -> Result<(), OooGroupError> {
         let spec =
             OooSpec::parse(&g, self.settings.node)?.ok_or_else(|| OooGroupError::BadSpec {
                 group: g.id,
@@ -667,37 +632,36 @@ impl OooGroups {
             .map_err(io(id, &dir))?,
         );
         let me = self.settings.node;
-        let listener = match listener {
-            Some(l) => l,
-            None => bind(&spec, me)?,
-        };
-        let node = OooNode::start(
-            OooNodeConfig {
-                id: me,
-                group: id,
-                voters: spec.voters.clone(),
-                others: spec.others.clone(),
-                mode: spec.mode,
-                dir: dir.clone(),
-                election_timeout: self.settings.election_timeout,
-                link_jitter: None,
-                apply_threads: self.settings.apply_threads,
-                catchup_rate: self.settings.catchup_rate,
-                conflict_order: spec.conflict_order,
-                compact_bytes: self.settings.compact_bytes,
-                hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
-                timed_resend: self.settings.timed_resend,
-                freeze_interval: self.settings.freeze_interval,
-                preallocate: self.settings.preallocate,
-                direct_io: self.settings.direct_io,
-                tls: self.settings.tls.clone(),
-                disk: self.settings.disk.clone(),
-                fs: self.settings.fs.clone(),
-            },
-            listener,
-            state.clone(),
-        )
-        .map_err(|source| OooGroupError::Node { group: id, source })?;
+        let node = self
+            .settings
+            .env
+            .start_ooo_group(
+                OooNodeConfig {
+                    id: me,
+                    group: id,
+                    voters: spec.voters.clone(),
+                    others: spec.others.clone(),
+                    mode: spec.mode,
+                    dir: dir.clone(),
+                    election_timeout: self.settings.election_timeout,
+                    apply_threads: self.settings.apply_threads,
+                    catchup_rate: self.settings.catchup_rate,
+                    conflict_order: spec.conflict_order,
+                    compact_bytes: self.settings.compact_bytes,
+                    hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+                    timed_resend: self.settings.timed_resend,
+                    freeze_interval: self.settings.freeze_interval,
+                    preallocate: self.settings.preallocate,
+                    direct_io: self.settings.direct_io,
+                    disk: self.settings.disk.clone(),
+                    fs: self.settings.fs.clone(),
+                },
+                state.clone(),
+            )
+            .map_err(|source| match source {
+                chorus_runtime::ooo::OooNodeError::Exists(g) => OooGroupError::Exists(g),
+                source => OooGroupError::Node { group: id, source },
+            })?;
         tracing::info!(group = id, mode = %g.mode, "out-of-order group started");
         self.groups
             .write()
@@ -1135,9 +1099,17 @@ mod tests {
             .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("group.toml").exists())))
     }
 
-    /// Node 1's settings with its groups under `root/ooo`, no guard, the real disk.
+    /// Node 1's settings with its groups under `root/ooo`, no guard, the real disk, and
+    /// an environment of its own under `root/env` (listening on a free port).
     fn settings(root: &Path) -> OooSettings {
+        let env = chorus_runtime::Env::open(chorus_runtime::EnvConfig::new(
+            1,
+            root.join("env"),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
         OooSettings {
+            env,
             node: 1,
             dir: root.join("ooo"),
             election_timeout: Duration::from_millis(100),
@@ -1148,29 +1120,21 @@ mod tests {
             timed_resend: chorus_core::ooo::replica::TIMED_RESEND,
             preallocate: chorus_storage::ooo::DEFAULT_PREALLOCATE,
             direct_io: true,
-            tls: None,
             disk: None,
             fs: None,
         }
     }
 
-    fn spec(mode: &str, voters: &[u64], replicas: &[(u64, &str)]) -> GroupSpec {
+    fn spec(mode: &str, voters: &[u64], replicas: &[u64]) -> GroupSpec {
         let mut g = GroupSpec::ordered(5, voters.to_vec(), vec![]);
         g.mode = mode.into();
-        g.replicas = replicas
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        g.replicas = replicas.to_vec();
         g
     }
 
     #[test]
     fn specs_are_checked_by_name() {
-        let ok = spec(
-            "parallel",
-            &[1, 2],
-            &[(1, "127.0.0.1:1"), (2, "127.0.0.1:2")],
-        );
+        let ok = spec("parallel", &[1, 2], &[]);
         let p = OooSpec::parse(&ok, 1).unwrap().unwrap();
         assert_eq!(p.mode, Mode::Parallel { span: 2 });
         assert!(OooSpec::parse(&spec("ordered", &[1], &[]), 1)
@@ -1178,28 +1142,20 @@ mod tests {
             .is_none());
         let err = |g: &GroupSpec, me| OooSpec::parse(g, me).unwrap_err().to_string();
         assert!(err(&spec("fast", &[1], &[]), 1).contains("mode `fast`"));
-        assert!(err(&spec("parallel", &[1, 2], &[(1, "127.0.0.1:1")]), 1)
-            .contains("voter 2 has no replication address"));
-        assert!(err(&spec("dependent", &[1], &[(1, "localhost")]), 1).contains("replicas.1"));
-        // A replica that is not a voter yet (a membership change may add it) has an
-        // address and may open the group; its key must be a node id, its address valid.
-        let spare = spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "127.0.0.1:9")]);
+        assert!(err(&spec("parallel", &[1, 1], &[]), 1).contains("a voter is listed twice"));
+        assert!(err(&spec("parallel", &[], &[1]), 1).contains("no voters"));
+        assert!(err(&spec("parallel", &[1], &[0]), 1).contains("node id 0 is reserved"));
+        // A replica that is not a voter yet (a membership change may add it) may open
+        // the group; a voter named in `replicas` too is a voter.
+        let spare = spec("dependent", &[1], &[1, 9]);
         for me in [1, 9] {
             let p = OooSpec::parse(&spare, me).unwrap().unwrap();
-            assert_eq!(p.voters, vec![(1, "127.0.0.1:1".parse().unwrap())]);
-            assert_eq!(p.others, vec![(9, "127.0.0.1:9".parse().unwrap())]);
+            assert_eq!(p.voters, vec![1]);
+            assert_eq!(p.others, vec![9]);
         }
         assert!(err(&spare, 8).contains("neither one of its voters nor named in `replicas`"));
-        let mut named = spare.clone();
-        named.replicas.insert("x".into(), "127.0.0.1:7".into());
-        assert!(err(&named, 1).contains("replicas names `x`, which is not a node id"));
-        assert!(err(
-            &spec("dependent", &[1], &[(1, "127.0.0.1:1"), (9, "nine")]),
-            1
-        )
-        .contains("replicas.9 = `nine`"));
         assert!(err(&ok, 3).contains("this node (3)"));
-        let mut lb = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
+        let mut lb = spec("dependent", &[1], &[]);
         lb.look_behind = 3;
         assert!(err(&lb, 1).contains("parallel groups only"));
         assert!(!p.conflict_order, "commit order `any` by default");
@@ -1210,7 +1166,7 @@ mod tests {
         assert!(!OooSpec::parse(&co, 1).unwrap().unwrap().conflict_order);
         co.commit_order = "serial".into();
         assert!(err(&co, 1).contains("commit_order `serial` is not one of any, conflicts"));
-        let mut dep = spec("dependent", &[1], &[(1, "127.0.0.1:1")]);
+        let mut dep = spec("dependent", &[1], &[]);
         dep.commit_order = "conflicts".into();
         assert!(err(&dep, 1).contains("commit_order applies to parallel groups only"));
         let mut learners = ok.clone();
@@ -1257,36 +1213,34 @@ mod tests {
         assert!(parse_blocks("x").is_err());
     }
 
+    /// A group id an ordered group has on the node is refused for an out-of-order group,
+    /// leaving no spec behind; another id works, is found on disk, and reopens.
     #[test]
-    fn a_group_whose_port_is_taken_is_refused_and_leaves_nothing_behind() {
+    fn a_group_whose_id_is_taken_is_refused_and_leaves_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap().to_string();
-        let groups = OooGroups::open(settings(dir.path())).unwrap();
-        let g = spec("dependent", &[1], &[(1, addr.as_str())]);
-        let e = groups.create(g).unwrap_err().to_string();
-        assert!(e.contains(&format!("listen {addr}")), "{e}");
+        let s = settings(dir.path());
+        s.env.create_group(5, &[1], &[]).unwrap();
+        let groups = OooGroups::open(s.clone()).unwrap();
+        let e = groups.create(spec("dependent", &[1], &[])).unwrap_err();
+        assert!(matches!(e, OooGroupError::Exists(5)), "{e}");
         assert!(!any_in(&dir.path().join("ooo")));
         assert!(groups.ids().is_empty());
-        // A free port works, is found on disk, and reopens.
-        drop(taken);
-        let free = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = free.local_addr().unwrap().to_string();
-        drop(free);
-        let g = spec("dependent", &[1], &[(1, addr.as_str())]);
+        let mut g = spec("dependent", &[1], &[]);
+        g.id = 6;
         groups.create(g.clone()).unwrap();
         groups.create(g.clone()).unwrap(); // same spec: accepted
         let mut other = g.clone();
         other.mode = "parallel".into();
         assert!(matches!(
             groups.create(other),
-            Err(OooGroupError::Exists(5))
+            Err(OooGroupError::Exists(6))
         ));
         assert!(any_in(&dir.path().join("ooo")));
         groups.shutdown();
-        let again = OooGroups::open(settings(dir.path())).unwrap();
-        assert_eq!(again.ids(), vec![5]);
+        let again = OooGroups::open(s.clone()).unwrap();
+        assert_eq!(again.ids(), vec![6]);
         again.shutdown();
+        s.env.shutdown();
     }
 
     /// An out-of-order group stopped by a full disk (`ENOSPC` from its store) is left
@@ -1305,12 +1259,7 @@ mod tests {
             ..settings(dir.path())
         })
         .unwrap();
-        let free = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = free.local_addr().unwrap().to_string();
-        drop(free);
-        groups
-            .create(spec("dependent", &[1], &[(1, addr.as_str())]))
-            .unwrap();
+        groups.create(spec("dependent", &[1], &[])).unwrap();
         let txn = |k: u64| Declared::Txn {
             read_set: vec![],
             write_set: vec![k],

@@ -213,10 +213,10 @@ enum GroupOp {
         /// `ordered`, `parallel` or `dependent`.
         #[arg(long, default_value = "ordered", value_parser = ["ordered", "parallel", "dependent"])]
         mode: String,
-        /// Out-of-order groups: a voter's replication address for this group,
-        /// `ID=HOST:PORT` (one per voter).
-        #[arg(long = "replica", value_parser = parse_replica)]
-        replicas: Vec<(u64, String)>,
+        /// Out-of-order groups: replicas besides the voters that a membership change may
+        /// add later (node ids), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        replicas: Vec<u64>,
         /// Parallel groups: the look-behind buffer's length (0: the paper's 2).
         #[arg(long, default_value_t = 0)]
         look_behind: u32,
@@ -410,17 +410,6 @@ async fn mirror(a: MirrorArgs) -> Result<ExitCode, ClientError> {
         Output::Table => println!("{what}"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn parse_replica(s: &str) -> Result<(u64, String), String> {
-    let (id, addr) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}`: expected ID=HOST:PORT"))?;
-    let id = id
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}`: the node id must be a number"))?;
-    Ok((id, addr.trim().to_string()))
 }
 
 /// A client command.
@@ -1483,7 +1472,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 voters: voters.clone(),
                 learners: vec![],
                 mode: mode.clone(),
-                replicas: replicas.into_iter().collect(),
+                replicas,
                 look_behind,
                 commit_order: if commit_order == "any" {
                     String::new()

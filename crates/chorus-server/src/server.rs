@@ -99,7 +99,6 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_writer(std::io::stderr)
         .init();
     let ooo_dir = cfg.data_dir.join("ooo");
-    let ooo_tls = env_cfg.tls.clone();
     let env = Env::open(env_cfg)?;
     let ooo = Arc::new(OooGroups::open(OooSettings {
         // One guard for the node: the out-of-order groups' files share its disk.
@@ -116,8 +115,8 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         timed_resend: cfg.out_of_order.timed_resend,
         preallocate: cfg.log.preallocate,
         direct_io: cfg.log.direct_io,
-        // The same mutual TLS as the ordered transport, on every group's connections.
-        tls: ooo_tls,
+        // Groups of every mode share the environment's connections (and `[tls]`).
+        env: env.clone(),
         fs: None,
     })?);
     for g in &cfg.groups {

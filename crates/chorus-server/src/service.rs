@@ -95,8 +95,8 @@ impl Service {
     }
 
     /// `ChangeMembership` on an out-of-order group: adds, removes or replaces a voter
-    /// (joint consensus in the replica). A node to add must have a replication address in
-    /// the group's `replicas`; these groups have no learners.
+    /// (joint consensus in the replica). A node to add must be a voter or one of the
+    /// group's `replicas`; these groups have no learners.
     async fn change_ooo_membership(
         &self,
         r: pb::ChangeMembershipRequest,
@@ -119,13 +119,13 @@ impl Service {
         };
         if !r.node_addr.is_empty() {
             return Err(Status::invalid_argument(format!(
-                "group {group}: an out-of-order group's replica addresses come from its spec (`replicas`), not node_addr"
+                "group {group}: an out-of-order group's replicas are reached at their nodes' addresses (`[peers]`), not node_addr"
             )));
         }
         if let C::AddVoter(n) | C::Replace { add: n, .. } = change {
             if !g.knows(n) {
                 return Err(Status::invalid_argument(format!(
-                    "group {group}: node {n} has no replication address in the group's `replicas`"
+                    "group {group}: node {n} is not one of the group's voters or `replicas`"
                 )));
             }
         }
@@ -250,7 +250,11 @@ fn ooo_status(group: u64, e: chorus_runtime::ooo::OooNodeError) -> Status {
         E::DiskLow { .. } => Status::resource_exhausted(msg),
         // The append may have committed or failed: the caller must look (UNKNOWN).
         E::Unknown { .. } => Status::unknown(msg),
-        E::Storage(_) | E::Io(_) | E::Tls(_) => Status::internal(msg),
+        E::Storage(_) | E::Io(_) => Status::internal(msg),
+        E::Exists(_) => Status::failed_precondition(msg),
+        E::Shutdown => nothing_done(Status::unavailable(msg), group),
+        // The group's queue is full: nothing appended; the caller may retry.
+        E::Busy => nothing_done(Status::resource_exhausted(msg), group),
     }
 }
 
@@ -829,11 +833,7 @@ impl pb::chorus_server::Chorus for Service {
             g.look_behind = r.look_behind;
             g.commit_order = r.commit_order;
             g.access_mode = r.access_mode;
-            g.replicas = r
-                .replicas
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
+            g.replicas = r.replicas;
             let ooo = self.ooo.clone();
             return match tokio::task::spawn_blocking(move || ooo.create(g))
                 .await

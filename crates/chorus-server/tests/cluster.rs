@@ -914,7 +914,7 @@ async fn a_node_whose_storage_failed_sends_clients_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_on_a_low_disk_refuses_appends_by_name() {
     let root = tempfile::tempdir().unwrap();
-    let (api, repl, metrics, ooo) = (free_port(), free_port(), free_port(), free_port());
+    let (api, repl, metrics) = (free_port(), free_port(), free_port());
     let cfg = root.path().join("n1.toml");
     std::fs::write(
         &cfg,
@@ -922,7 +922,7 @@ async fn a_leader_on_a_low_disk_refuses_appends_by_name() {
             "node = 1\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\nio_workers = 2\nlog_filter = \"info\"\n\n\
              [[groups]]\nid = 1\nvoters = [1]\n\n\
-             [[groups]]\nid = 2\nvoters = [1]\nmode = \"dependent\"\n[groups.replicas]\n\"1\" = \"127.0.0.1:{ooo}\"\n\n\
+             [[groups]]\nid = 2\nvoters = [1]\nmode = \"dependent\"\n\n\
              [replica]\nlease_ms = 1000\nheartbeat_ms = 100\nping_ms = 100\nresend_ms = 200\n\n\
              [log]\nblock_size = 4194304\nmin_free_bytes = {}\n",
             root.path().join("n1").display(),

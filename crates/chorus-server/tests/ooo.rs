@@ -8,7 +8,6 @@
 //! killed node restarts from its state machine's checkpoint and comes back behind the
 //! leaders' bases: it installs their images.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -29,8 +28,6 @@ struct Cluster {
     eps: Vec<String>,
     /// Metrics addresses.
     metrics: Vec<String>,
-    /// Replication addresses of the dependent group (created over gRPC).
-    dep_replicas: BTreeMap<u64, String>,
     _dir: tempfile::TempDir,
 }
 
@@ -41,11 +38,6 @@ impl Cluster {
             group: DEP,
             voters: vec![1, 2, 3],
             mode: "dependent".into(),
-            replicas: self
-                .dep_replicas
-                .iter()
-                .map(|(k, v)| (*k, v.clone()))
-                .collect(),
             ..Default::default()
         }
     }
@@ -53,28 +45,17 @@ impl Cluster {
 
 fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<[u16; 5]> = (0..3)
-        .map(|_| {
-            [
-                free_port(),
-                free_port(),
-                free_port(),
-                free_port(),
-                free_port(),
-            ]
-        })
+    let ports: Vec<[u16; 3]> = (0..3)
+        .map(|_| [free_port(), free_port(), free_port()])
         .collect();
     let mut nodes = Vec::new();
     let mut eps = Vec::new();
     let mut metrics_addrs = Vec::new();
     for i in 1..=3u64 {
-        let [api, repl, _, _, metrics] = ports[(i - 1) as usize];
+        let [api, repl, metrics] = ports[(i - 1) as usize];
         let peers: String = (1..=3u64)
             .filter(|j| *j != i)
             .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
-            .collect();
-        let replicas: String = (1..=3u64)
-            .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][2]))
             .collect();
         let cfg = dir.path().join(format!("n{i}.toml"));
         let mut f = std::fs::File::create(&cfg).unwrap();
@@ -83,8 +64,7 @@ fn cluster() -> Cluster {
             "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\n\
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n\
-             [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\ncommit_order = \"conflicts\"\n\
-             [groups.replicas]\n{replicas}\n\
+             [[groups]]\nid = {PAR}\nvoters = [1, 2, 3]\nmode = \"parallel\"\nlook_behind = 3\ncommit_order = \"conflicts\"\n\n\
              [out_of_order]\nelection_timeout_ms = 300\napply_threads = {}\ncatchup_bytes_per_sec = 1048576\ncompact_bytes = 8192\nfreeze_us = {}\n",
             dir.path().join(format!("n{i}")).display(),
             i - 1,
@@ -98,14 +78,10 @@ fn cluster() -> Cluster {
         eps.push(format!("http://127.0.0.1:{api}"));
         metrics_addrs.push(format!("127.0.0.1:{metrics}"));
     }
-    let dep_replicas = (1..=3u64)
-        .map(|j| (j, format!("127.0.0.1:{}", ports[(j - 1) as usize][3])))
-        .collect();
     Cluster {
         nodes,
         eps,
         metrics: metrics_addrs,
-        dep_replicas,
         _dir: dir,
     }
 }
@@ -775,7 +751,10 @@ async fn out_of_order_groups_through_the_server() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("node 9 has no replication address"), "{err}");
+    assert!(
+        err.contains("node 9 is not one of the group's voters or `replicas`"),
+        "{err}"
+    );
     c.change_membership(change(pb::ChangeKind::Remove, gone))
         .await
         .unwrap();
@@ -831,11 +810,6 @@ async fn out_of_order_groups_through_the_server() {
     // Created again (empty) on that node, it learns the group's membership, is added back
     // and catches up from nothing (every node's keys are compared below).
     c.create_group_with(pb::CreateGroupRequest {
-        replicas: cl
-            .dep_replicas
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect(),
         group: DEP,
         voters: vec![1, 2, 3],
         mode: "dependent".into(),

@@ -27,9 +27,9 @@ struct Args {
     /// Run exactly this seed (replay), printing its counters.
     #[arg(long)]
     seed: Option<u64>,
-    /// Commit-point mode: piggyback, sync or async.
-    #[arg(long, default_value = "piggyback")]
-    mode: String,
+    /// Ordered groups: commit-point mode, piggyback (the default), sync or async.
+    #[arg(long)]
+    mode: Option<String>,
     /// Stop starting new seeds after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0)]
     time_budget: u64,
@@ -111,11 +111,13 @@ fn main() -> ExitCode {
     if let Some(m) = &args.ooo {
         return run_ooo(&args, m);
     }
-    let Some(mode) = parse_commit_mode(&args.mode) else {
-        eprintln!(
-            "chorus-sim: --mode {:?} is not one of piggyback, sync, async",
-            args.mode
-        );
+    if let Some(flag) = ooo_only_flag(&args) {
+        eprintln!("chorus-sim: {flag} applies to out-of-order groups only (with --ooo)");
+        return ExitCode::from(2);
+    }
+    let mode_name = args.mode.as_deref().unwrap_or("piggyback");
+    let Some(mode) = parse_commit_mode(mode_name) else {
+        eprintln!("chorus-sim: --mode {mode_name:?} is not one of piggyback, sync, async");
         return ExitCode::from(2);
     };
     let mut opts = RunOptions::default();
@@ -196,14 +198,14 @@ fn main() -> ExitCode {
                 gap.push_str(" --mirror");
             }
             println!(
-                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {}{gap}",
-                r.seed, args.mode
+                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {mode_name}{gap}",
+                r.seed
             );
         }
     }
     println!(
         "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={} trims={} rebases={} outcomes_unknown={}",
-        args.mode,
+        mode_name,
         reports.len(),
         start,
         bad,
@@ -239,12 +241,44 @@ fn main() -> ExitCode {
     }
 }
 
+/// The first flag given that only out-of-order runs read, if any.
+fn ooo_only_flag(a: &Args) -> Option<&'static str> {
+    [
+        (a.no_groups, "--no-groups"),
+        (a.no_transfers, "--no-transfers"),
+        (a.no_changes, "--no-changes"),
+        (a.no_pre_vote, "--no-pre-vote"),
+        (a.full_images, "--full-images"),
+        (a.no_conflict_order, "--no-conflict-order"),
+        (a.no_corrupt, "--no-corrupt"),
+    ]
+    .into_iter()
+    .find_map(|(set, name)| set.then_some(name))
+}
+
+/// The first flag given that only ordered runs read, if any: an out-of-order run refuses
+/// it rather than run without it.
+fn ordered_only_flag(a: &Args) -> Option<&'static str> {
+    [
+        (a.mode.is_some(), "--mode"),
+        (a.gap_resend.is_some(), "--gap-resend"),
+        (a.no_trims, "--no-trims"),
+        (a.mirror, "--mirror"),
+    ]
+    .into_iter()
+    .find_map(|(set, name)| set.then_some(name))
+}
+
 fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     use chorus_sim::ooo::{parse_mode, run_batch, OooOptions};
     let Some(m) = parse_mode(mode) else {
         eprintln!("chorus-sim: --ooo {mode:?} is not one of parallel, dependent");
         return ExitCode::from(2);
     };
+    if let Some(flag) = ordered_only_flag(args) {
+        eprintln!("chorus-sim: {flag} applies to ordered groups only, not with --ooo");
+        return ExitCode::from(2);
+    }
     let mut o = OooOptions {
         mode: m,
         faults: !args.no_faults,
@@ -310,8 +344,10 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         Some(s) => (s, 1),
         None => (args.start, args.seeds),
     };
+    let deadline =
+        (args.time_budget > 0).then(|| Instant::now() + Duration::from_secs(args.time_budget));
     let t0 = Instant::now();
-    let reports = run_batch(start, count, &o, args.threads);
+    let reports = run_batch(start, count, &o, args.threads, deadline);
     let mut bad = 0;
     let mut totals = std::collections::BTreeMap::new();
     for r in &reports {

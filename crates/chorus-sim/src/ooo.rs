@@ -1753,13 +1753,25 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
 }
 
 /// Runs seeds `start..start + count` on `threads` threads; a panicking seed is reported as
-/// a violation.
-pub fn run_batch(start: u64, count: u64, o: &OooOptions, threads: usize) -> Vec<OooReport> {
+/// a violation. With a `deadline`, no seed starts after it (those running finish), so the
+/// reports may cover fewer than `count` seeds.
+pub fn run_batch(
+    start: u64,
+    count: u64,
+    o: &OooOptions,
+    threads: usize,
+    deadline: Option<std::time::Instant>,
+) -> Vec<OooReport> {
     let next = std::sync::atomic::AtomicU64::new(start);
     let out = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {
+                // Like the ordered batch: no new seed once the budget is spent; a seed
+                // already running finishes.
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return;
+                }
                 let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if seed >= start + count {
                     return;

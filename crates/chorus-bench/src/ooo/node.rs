@@ -11,7 +11,7 @@
 //!   the record is committed *as this replica knows it* and read back in log order — what
 //!   an ordered state machine does to apply.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -179,19 +179,15 @@ pub struct NodeOpts {
     pub compact_bytes: u64,
 }
 
-/// A node that holds its replication port but has not started replicating.
-pub enum Bound {
-    /// Out-of-order: the listener [`OooNode::start`] takes.
-    Ooo(TcpListener),
-    /// Ordered: the opened environment (it listens already; the group is created at
-    /// start).
-    Ordered(Env),
-}
+/// A node that holds its replication port but has not started replicating: its opened
+/// environment (it listens already; the group is created at start). Every system's
+/// node is an environment: out-of-order groups share its transport as ordered ones do.
+pub struct Bound(Env);
 
 /// A running node.
 pub enum Running {
-    /// An out-of-order replica.
-    Ooo(Arc<OooNode>),
+    /// An out-of-order replica, with the environment hosting it.
+    Ooo(Env, Arc<OooNode>),
     /// An ordered (PALF) replica.
     Ordered {
         /// Its environment.
@@ -223,16 +219,12 @@ fn ordered_config(o: &NodeOpts) -> EnvConfig {
 /// Binds node `o.id`'s replication port on loopback; returns it with the address.
 pub fn bind(o: &NodeOpts) -> Result<(Bound, SocketAddr), String> {
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("create {}: {e}", o.dir.display()))?;
-    if o.system.is_ordered() {
-        let cfg = ordered_config(o);
-        let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
-        let a = env.replication_addr();
-        Ok((Bound::Ordered(env), a))
-    } else {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-        let a = l.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-        Ok((Bound::Ooo(l), a))
-    }
+    // The ordered settings are the replica's; an out-of-order node's environment only
+    // hosts its group and carries its messages.
+    let cfg = ordered_config(o);
+    let env = Env::open(cfg).map_err(|e| format!("node {}: open env: {e}", o.id))?;
+    let a = env.replication_addr();
+    Ok((Bound(env), a))
 }
 
 /// Starts a bound node; `peers` names every voter's address as *this* node should dial
@@ -243,8 +235,15 @@ pub fn start(
     peers: &[(u64, SocketAddr)],
     rec: Arc<Recorder>,
 ) -> Result<Running, String> {
-    match b {
-        Bound::Ooo(l) => {
+    let Bound(env) = b;
+    for &(id, a) in peers {
+        if id != o.id {
+            env.set_peer_addr(id, a.to_string());
+        }
+    }
+    let ids: Vec<u64> = peers.iter().map(|p| p.0).collect();
+    match o.system.is_ordered() {
+        false => {
             let mode = match o.system {
                 System::Parallel | System::ParallelTxn => Mode::Parallel { span: 2 },
                 _ => Mode::Dependent,
@@ -253,12 +252,10 @@ pub fn start(
                 others: Vec::new(),
                 id: o.id,
                 group: GROUP,
-                voters: peers.to_vec(),
+                voters: ids,
                 mode,
                 dir: o.dir.join("ooo"),
                 election_timeout: o.election,
-                // Jitter comes from the proxy, identically for every system.
-                link_jitter: None,
                 apply_threads: o.apply_threads,
                 catchup_rate: 0,
                 conflict_order: o.system == System::ParallelTxn,
@@ -268,23 +265,17 @@ pub fn start(
                 freeze_interval: o.freeze,
                 preallocate: o.preallocate,
                 direct_io: o.direct_io,
-                tls: None,
                 // The ordered nodes' environments measure their disk (and check it on
                 // each append); these check nothing: the benchmark's disk has room.
                 disk: None,
                 fs: None,
             };
-            let node =
-                OooNode::start(cfg, l, rec).map_err(|e| format!("node {}: start: {e}", o.id))?;
-            Ok(Running::Ooo(Arc::new(node)))
+            let node = env
+                .start_ooo_group(cfg, rec)
+                .map_err(|e| format!("node {}: start: {e}", o.id))?;
+            Ok(Running::Ooo(env, node))
         }
-        Bound::Ordered(env) => {
-            for &(id, a) in peers {
-                if id != o.id {
-                    env.set_peer_addr(id, a.to_string());
-                }
-            }
-            let ids: Vec<u64> = peers.iter().map(|p| p.0).collect();
+        true => {
             let log = env
                 .create_group(GROUP, &ids, &[])
                 .map_err(|e| format!("node {}: create group: {e}", o.id))?;
@@ -305,7 +296,10 @@ impl Running {
     /// Stops the node.
     pub fn shutdown(self) {
         match self {
-            Running::Ooo(n) => drop(n),
+            Running::Ooo(env, n) => {
+                drop(n);
+                env.shutdown();
+            }
             Running::Ordered { env, replay, .. } => {
                 if let Some(r) = replay {
                     let _ = r.stop();

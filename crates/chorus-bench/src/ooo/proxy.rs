@@ -11,8 +11,7 @@
 //!   a longer delay. This is one link standing for several connections between the same
 //!   two nodes, one of which is momentarily slow: PolarFS section 5.1's case ("when one
 //!   connection blocks or becomes slow, log entries would arrive at follower out of
-//!   order"). Frames stay whole and the connection's lead-in (the out-of-order
-//!   transport's 16-byte preamble, the ordered transport's Hello frame) goes first.
+//!   order"). Frames stay whole and the connection's Hello frame goes first.
 //! - **One slow connection**: the link is `of` connections between the same two nodes;
 //!   each frame goes on one of them, drawn at random, and only connection 0 jitters (its
 //!   frames delayed by `U[0, bound)`, in its own order, as a TCP connection keeps it); the
@@ -21,9 +20,9 @@
 //!   blocks or becomes slow, log entries would arrive at follower out of order" — where
 //!   **Reorder** makes every connection jittery.
 //!
-//! Both replication transports (the ordered runtime's and the out-of-order driver's) dial
-//! a peer and only write on that connection, so the proxy in front of a node delays
-//! exactly what the leader sends to it.
+//! Every system's groups replicate over the node's transport, which dials a peer and only
+//! writes on that connection, so the proxy in front of a node delays exactly what the
+//! leader sends to it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -38,39 +37,15 @@ use std::time::{Duration, Instant};
 use chorus_core::format::wire::FRAME_HEADER_SIZE;
 use chorus_core::rng::Rng;
 
-/// How the frames of a replication connection are laid out, so the reordering proxy can
-/// move whole frames (`docs/formats.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Framing {
-    /// The ordered runtime's transport (`chorus_core::format::wire`): 20-byte header with
-    /// `body_len` (u32 LE) at offset 8, then the body; the first frame is the Hello.
-    Ordered,
-    /// The out-of-order driver's transport: a 16-byte preamble (`u64 node | u64 group`),
-    /// then frames `u32 length | u32 CRC32C | message`.
-    OutOfOrder,
-}
-
-impl Framing {
-    /// Bytes sent before the first frame that may be delayed: they go at once.
-    fn lead_in(self, buf: &[u8]) -> Option<usize> {
-        match self {
-            Framing::Ordered => self.frame_len(buf),
-            Framing::OutOfOrder => (buf.len() >= 16).then_some(16),
-        }
+/// The length of the whole transport frame at the start of `buf`
+/// (`chorus_core::format::wire`: a 20-byte header with `body_len`, u32 LE, at offset 8),
+/// once its header is there.
+fn frame_len(buf: &[u8]) -> Option<usize> {
+    if buf.len() < FRAME_HEADER_SIZE {
+        return None;
     }
-
-    /// The length of the whole frame at the start of `buf`, once its header is there.
-    fn frame_len(self, buf: &[u8]) -> Option<usize> {
-        let (hdr, at) = match self {
-            Framing::Ordered => (FRAME_HEADER_SIZE, 8),
-            Framing::OutOfOrder => (8, 0),
-        };
-        if buf.len() < hdr {
-            return None;
-        }
-        let body = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-        Some(hdr + body)
-    }
+    let body = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+    Some(FRAME_HEADER_SIZE + body)
 }
 
 /// How the proxy delays what the dialler sends.
@@ -78,13 +53,11 @@ impl Framing {
 pub enum Shape {
     /// Chunks delayed by up to the bound, byte order kept.
     KeepOrder,
-    /// Each frame of this framing delayed by its own draw; frames may overtake.
-    Reorder(Framing),
+    /// Each frame delayed by its own draw; frames may overtake.
+    Reorder,
     /// The link is `of` connections (≥ 2), one of which jitters; frames spread over them
     /// at random, so a frame on a fast one overtakes the slow one's.
     SlowConnection {
-        /// How frames are laid out.
-        framing: Framing,
         /// How many connections the link stands for.
         of: u32,
     },
@@ -184,7 +157,7 @@ impl Delays {
     fn new(shape: Shape, bound: Duration, seed: u64, now: Instant) -> Self {
         let conns = match shape {
             Shape::KeepOrder => 1,
-            Shape::Reorder(_) => 0,
+            Shape::Reorder => 0,
             Shape::SlowConnection { of, .. } => of.max(1) as usize,
         };
         Self {
@@ -203,7 +176,7 @@ impl Delays {
     fn due(&mut self, now: Instant) -> Instant {
         let (conn, due) = match self.shape {
             Shape::KeepOrder => (0, now + self.draw()),
-            Shape::Reorder(_) => return now + self.draw(),
+            Shape::Reorder => return now + self.draw(),
             Shape::SlowConnection { .. } => {
                 let c = self.rng.below(self.last.len() as u64) as usize;
                 // Connection 0 is the slow one; the others add no delay of their own.
@@ -268,19 +241,14 @@ fn pipe(
                             break;
                         }
                     }
-                    Shape::Reorder(framing) | Shape::SlowConnection { framing, .. } => {
+                    Shape::Reorder | Shape::SlowConnection { .. } => {
                         pending.extend_from_slice(&buf[..n]);
-                        loop {
-                            let (len, due) = if led {
-                                match framing.frame_len(&pending) {
-                                    Some(len) => (len, delays.due(Instant::now())),
-                                    None => break,
-                                }
+                        // The first frame (the Hello) goes at once.
+                        while let Some(len) = frame_len(&pending) {
+                            let due = if led {
+                                delays.due(Instant::now())
                             } else {
-                                match framing.lead_in(&pending) {
-                                    Some(len) => (len, Instant::now()),
-                                    None => break,
-                                }
+                                Instant::now()
                             };
                             if len > MAX_FRAME {
                                 eprintln!("jitter proxy: a {len}-byte frame; closing");
@@ -408,46 +376,11 @@ mod tests {
         server.join().unwrap();
     }
 
-    /// Reads `n` out-of-order-transport frames (after the preamble) from `r`.
-    fn read_ooo_frames(r: &mut TcpStream, n: usize) -> ([u8; 16], Vec<Vec<u8>>) {
-        let mut pre = [0u8; 16];
-        r.read_exact(&mut pre).unwrap();
-        let mut frames = Vec::new();
-        for _ in 0..n {
-            let mut h = [0u8; 8];
-            r.read_exact(&mut h).unwrap();
-            let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize;
-            let mut body = vec![0u8; len];
-            r.read_exact(&mut body).unwrap();
-            // The "CRC" field carries the frame's number here, its body len copies of it.
-            let k = u32::from_le_bytes(h[4..].try_into().unwrap());
-            assert!(body.iter().all(|&b| b == k as u8), "frame {k} torn");
-            frames.push(h.iter().chain(&body).copied().collect());
-        }
-        (pre, frames)
-    }
-
-    #[test]
-    fn reordering_moves_whole_frames_and_sends_the_preamble_first() {
-        frames_move_whole_and_the_preamble_goes_first(Shape::Reorder(Framing::OutOfOrder));
-    }
-
-    #[test]
-    fn one_slow_connection_moves_whole_frames_and_sends_the_preamble_first() {
-        frames_move_whole_and_the_preamble_goes_first(Shape::SlowConnection {
-            framing: Framing::OutOfOrder,
-            of: 4,
-        });
-    }
-
     #[test]
     fn one_slow_connection_delays_its_share_of_frames_in_its_own_order() {
         let bound = Duration::from_millis(10);
         let t0 = Instant::now();
-        let shape = Shape::SlowConnection {
-            framing: Framing::Ordered,
-            of: 4,
-        };
+        let shape = Shape::SlowConnection { of: 4 };
         let mut d = Delays::new(shape, bound, 5, t0);
         // 4,000 frames read 1 µs apart: about a quarter go on the slow connection.
         let mut slow = Vec::new();
@@ -474,56 +407,23 @@ mod tests {
             "a delay past the bound"
         );
         // Every frame delayed by its own draw (the Reorder shape): far more than a quarter.
-        let mut r = Delays::new(Shape::Reorder(Framing::Ordered), bound, 5, t0);
+        let mut r = Delays::new(Shape::Reorder, bound, 5, t0);
         let delayed = (0..4_000).filter(|_| r.due(t0) > t0).count();
         assert!(delayed > 3_900, "{delayed} of 4,000 delayed under Reorder");
     }
 
-    fn frames_move_whole_and_the_preamble_goes_first(shape: Shape) {
-        let (up, server) = echo_server();
-        let p = JitterProxy::start_shaped(up, Duration::from_millis(4), 7, shape).unwrap();
-        let mut c = TcpStream::connect(p.addr()).unwrap();
-        c.set_nodelay(true).unwrap();
-        let pre: [u8; 16] = std::array::from_fn(|i| 0xA0 + i as u8);
-        let mut sent = Vec::new();
-        for k in 0..300u32 {
-            let len = 1 + (k as usize * 37) % 3000;
-            let mut f = (len as u32).to_le_bytes().to_vec();
-            f.extend_from_slice(&k.to_le_bytes());
-            f.extend(std::iter::repeat_n(k as u8, len));
-            sent.push(f);
-        }
-        let mut r = c.try_clone().unwrap();
-        let reader = std::thread::spawn(move || read_ooo_frames(&mut r, 300));
-        // Written in pieces that cut frames anywhere, and the preamble split too.
-        let mut bytes = pre.to_vec();
-        for f in &sent {
-            bytes.extend_from_slice(f);
-        }
-        for (i, chunk) in bytes.chunks(1499).enumerate() {
-            c.write_all(chunk).unwrap();
-            if i % 3 == 0 {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
-        let (got_pre, got) = reader.join().unwrap();
-        assert_eq!(got_pre, pre, "the preamble must arrive first and whole");
-        let mut sorted = got.clone();
-        sorted.sort_by_key(|f| u32::from_le_bytes(f[4..8].try_into().unwrap()));
-        assert!(sorted == sent, "frames lost, duplicated or altered");
-        assert!(
-            got != sent,
-            "no frame overtook another in 300 under 4 ms of jitter"
-        );
-        drop(c);
-        drop(p);
-        server.join().unwrap();
+    #[test]
+    fn reordering_moves_whole_frames_and_sends_the_hello_first() {
+        the_hello_goes_first_then_whole_frames_reorder(Shape::Reorder);
     }
 
     #[test]
-    fn an_ordered_transport_hello_goes_first_then_frames_reorder() {
+    fn one_slow_connection_moves_whole_frames_and_sends_the_hello_first() {
+        the_hello_goes_first_then_whole_frames_reorder(Shape::SlowConnection { of: 4 });
+    }
+
+    fn the_hello_goes_first_then_whole_frames_reorder(shape: Shape) {
         let (up, server) = echo_server();
-        let shape = Shape::Reorder(Framing::Ordered);
         let p = JitterProxy::start_shaped(up, Duration::from_millis(4), 3, shape).unwrap();
         let mut c = TcpStream::connect(p.addr()).unwrap();
         // Frames laid out as the wire format's: 20-byte header, body_len at offset 8; byte

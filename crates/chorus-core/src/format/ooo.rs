@@ -885,6 +885,13 @@ fn put_entry(out: &mut Vec<u8>, e: &Entry) {
 /// Encodes a message.
 pub fn encode_msg(m: &Msg) -> Vec<u8> {
     let mut out = Vec::new();
+    encode_msg_into(m, &mut out);
+    out
+}
+
+/// Appends a message's encoding to `out` (what [`encode_msg`] returns), so a transport
+/// encodes it straight into its output buffer.
+pub fn encode_msg_into(m: &Msg, out: &mut Vec<u8>) {
     match m {
         Msg::Vote {
             term,
@@ -903,7 +910,7 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
                 config.0,
                 config.1,
             ] {
-                put_u64(&mut out, x);
+                put_u64(out, x);
             }
         }
         Msg::VoteReply {
@@ -913,15 +920,15 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             leader_start,
         } => {
             out.push(2);
-            put_u64(&mut out, *term);
+            put_u64(out, *term);
             out.push(u8::from(*granted));
-            put_u32(&mut out, entries.len() as u32);
+            put_u32(out, entries.len() as u32);
             for (e, c) in entries {
-                put_entry(&mut out, e);
+                put_entry(out, e);
                 out.push(u8::from(*c));
             }
-            put_u64(&mut out, leader_start.0);
-            put_u64(&mut out, leader_start.1);
+            put_u64(out, leader_start.0);
+            put_u64(out, leader_start.1);
         }
         Msg::Append {
             term,
@@ -931,12 +938,12 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             config,
         } => {
             out.push(3);
-            put_u64(&mut out, *term);
-            put_u64(&mut out, *start);
-            put_entries(&mut out, entries);
-            put_window(&mut out, commits);
-            put_u64(&mut out, config.0);
-            put_u64(&mut out, config.1);
+            put_u64(out, *term);
+            put_u64(out, *start);
+            put_entries(out, entries);
+            put_window(out, commits);
+            put_u64(out, config.0);
+            put_u64(out, config.1);
         }
         Msg::Ack {
             term,
@@ -945,14 +952,14 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
             applied,
         } => {
             out.push(4);
-            put_u64(&mut out, *term);
-            put_u32(&mut out, seqs.len() as u32);
+            put_u64(out, *term);
+            put_u32(out, seqs.len() as u32);
             for (s, e) in seqs {
-                put_u64(&mut out, *s);
-                put_u64(&mut out, *e);
+                put_u64(out, *s);
+                put_u64(out, *e);
             }
-            put_u64(&mut out, *head);
-            put_u64(&mut out, *applied);
+            put_u64(out, *head);
+            put_u64(out, *applied);
         }
         Msg::Snapshot {
             term,
@@ -964,23 +971,23 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
         } => {
             out.push(5);
             for x in [*term, *base, *offset, *total] {
-                put_u64(&mut out, x);
+                put_u64(out, x);
             }
             match part {
                 Some(from) => {
                     out.push(1);
-                    put_u64(&mut out, *from);
+                    put_u64(out, *from);
                 }
                 None => {
                     out.push(0);
-                    put_u64(&mut out, 0);
+                    put_u64(out, 0);
                 }
             }
-            put_bytes(&mut out, data);
+            put_bytes(out, data);
         }
         Msg::TimeoutNow { term } => {
             out.push(6);
-            put_u64(&mut out, *term);
+            put_u64(out, *term);
         }
         Msg::PreVote { term, log, config } => {
             out.push(10);
@@ -993,32 +1000,32 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
                 config.0,
                 config.1,
             ] {
-                put_u64(&mut out, x);
+                put_u64(out, x);
             }
         }
         Msg::PreVoteReply { term, granted } => {
             out.push(11);
-            put_u64(&mut out, *term);
+            put_u64(out, *term);
             out.push(u8::from(*granted));
         }
         Msg::Config { term, membership } => {
             out.push(7);
-            put_u64(&mut out, *term);
-            put_membership(&mut out, membership);
+            put_u64(out, *term);
+            put_membership(out, membership);
         }
         Msg::Newer { membership } => {
             out.push(9);
-            put_membership(&mut out, membership);
+            put_membership(out, membership);
         }
         Msg::AskEnd { term, nonce } => {
             out.push(12);
-            put_u64(&mut out, *term);
-            put_u64(&mut out, *nonce);
+            put_u64(out, *term);
+            put_u64(out, *nonce);
         }
         Msg::End { term, end } => {
             out.push(13);
-            put_u64(&mut out, *term);
-            put_u64(&mut out, *end);
+            put_u64(out, *term);
+            put_u64(out, *end);
         }
         Msg::ConfigAck {
             term,
@@ -1027,11 +1034,10 @@ pub fn encode_msg(m: &Msg) -> Vec<u8> {
         } => {
             out.push(8);
             for x in [*term, version.0, version.1, *head] {
-                put_u64(&mut out, x);
+                put_u64(out, x);
             }
         }
     }
-    out
 }
 
 fn read_entry(r: &mut Reader<'_>) -> Result<Entry, FormatError> {

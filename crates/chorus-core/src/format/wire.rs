@@ -11,7 +11,7 @@
 //! offset size field
 //!  0     4    magic       u32 = 0x5752_4843 ("CHRW" on the wire)
 //!  4     2    version     u16 = 1
-//!  6     1    kind        u8: 1 Hello, 2 Msg
+//!  6     1    kind        u8: 1 Hello, 2 Msg, 3 OooMsg
 //!  7     1    flags       u8 = 0 (unknown bits are an error)
 //!  8     4    body_len    u32, 0 ..= the receiver's limit (default DEFAULT_MAX_FRAME_BYTES)
 //! 12     4    body_crc    u32, CRC32C of the body
@@ -23,10 +23,16 @@
 //! 16     1    listen_addr len  u8, A (0 ..= 255)
 //! 17     A    listen_addr      UTF-8
 //!
-//! Msg body:
+//! Msg body (an ordered group's message):
 //!  0     8    group            u64, the log group the message is for
 //!  8     1    tag              u8, the message kind (below)
 //!  9     .    fields           the message's fields in declaration order
+//!
+//! OooMsg body (an out-of-order group's message; the groups of every mode share a
+//! connection):
+//!  0     8    group            u64, the log group the message is for
+//!  8     .    message          the out-of-order message, to the end of the body
+//!                              (docs/formats.md, "Out-of-order groups": messages)
 //! ```
 //!
 //! Field encodings (all little-endian):
@@ -82,6 +88,7 @@ use super::group::ChainPoint;
 use super::le::{put_u16, put_u32, u16_at, u32_at};
 use super::meta::{AccessMode, ConfigVersion, Membership, NodeId, MAX_MEMBERS};
 use super::{crc32c, FormatError, Reader};
+use crate::ooo::replica::Msg as OooMsg;
 use crate::replica::{LogPos, Message, Priority};
 
 /// Size of the frame header in bytes.
@@ -124,6 +131,8 @@ pub enum FrameKind {
     Hello = 1,
     /// A [`Frame::Msg`].
     Msg = 2,
+    /// A [`Frame::OooMsg`].
+    OooMsg = 3,
 }
 
 /// A unit on a replication connection. See the module docs for the layout.
@@ -146,6 +155,13 @@ pub enum Frame {
         /// The message.
         msg: Message,
     },
+    /// A protocol message for one out-of-order (parallel or dependent) group.
+    OooMsg {
+        /// The group the message is for.
+        group: u64,
+        /// The message.
+        msg: OooMsg,
+    },
 }
 
 impl Frame {
@@ -154,6 +170,7 @@ impl Frame {
         match self {
             Frame::Hello { .. } => FrameKind::Hello,
             Frame::Msg { .. } => FrameKind::Msg,
+            Frame::OooMsg { .. } => FrameKind::OooMsg,
         }
     }
 }
@@ -218,6 +235,10 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) {
             put_u64v(out, *group);
             encode_message(msg, out);
         }
+        Frame::OooMsg { group, msg } => {
+            put_u64v(out, *group);
+            crate::format::ooo::encode_msg_into(msg, out);
+        }
     }
     let body = &out[start + FRAME_HEADER_SIZE..];
     let body_len = u32::try_from(body.len()).expect("frame body longer than u32::MAX bytes");
@@ -242,6 +263,25 @@ pub fn encode_msg_frame(group: u64, msg: &Message, out: &mut Vec<u8>) {
     let body_len = u32::try_from(body.len()).expect("frame body longer than u32::MAX bytes");
     let header = FrameHeader {
         kind: FrameKind::Msg,
+        body_len,
+        body_crc: crc32c(body),
+    }
+    .encode();
+    out[start..start + FRAME_HEADER_SIZE].copy_from_slice(&header);
+}
+
+/// Appends a [`Frame::OooMsg`] for `group` carrying `msg` without taking ownership of
+/// the message. Byte-identical to `encode_frame(&Frame::OooMsg { group, msg: msg.clone() },
+/// out)`.
+pub fn encode_ooo_msg_frame(group: u64, msg: &OooMsg, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER_SIZE]);
+    put_u64v(out, group);
+    crate::format::ooo::encode_msg_into(msg, out);
+    let body = &out[start + FRAME_HEADER_SIZE..];
+    let body_len = u32::try_from(body.len()).expect("frame body longer than u32::MAX bytes");
+    let header = FrameHeader {
+        kind: FrameKind::OooMsg,
         body_len,
         body_crc: crc32c(body),
     }
@@ -295,10 +335,11 @@ pub fn decode_header(header: &[u8], max_body: u32) -> Result<FrameHeader, Format
     let kind = match header[6] {
         1 => FrameKind::Hello,
         2 => FrameKind::Msg,
+        3 => FrameKind::OooMsg,
         other => {
             return Err(FormatError::Malformed {
                 what: WHAT_HEADER,
-                detail: format!("unknown frame kind {other} (1 Hello, 2 Msg)"),
+                detail: format!("unknown frame kind {other} (1 Hello, 2 Msg, 3 OooMsg)"),
             })
         }
     };
@@ -353,6 +394,7 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Frame, FormatErr
         match header.kind {
             FrameKind::Hello => "hello",
             FrameKind::Msg => "msg",
+            FrameKind::OooMsg => "out-of-order msg",
         },
     );
     let frame = match header.kind {
@@ -380,6 +422,14 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Frame, FormatErr
             let msg = decode_message(&mut r)?;
             Frame::Msg { group, msg }
         }
+        FrameKind::OooMsg => {
+            let group = r.u64()?;
+            // The out-of-order message takes the rest of the body and checks that it
+            // leaves nothing over.
+            let rest = r.take(body.len() - 8)?;
+            let msg = crate::format::ooo::decode_msg(rest)?;
+            Frame::OooMsg { group, msg }
+        }
     };
     r.done()?;
     Ok(frame)
@@ -405,7 +455,7 @@ pub fn decode_frame(buf: &[u8], max_body: u32) -> Result<(Frame, usize), FormatE
 /// The body of the `wire` cargo-fuzz target. Decodes a frame from the start of `data` and,
 /// if it decodes, checks that re-encoding gives the same bytes. Then, because the
 /// checksums stop a fuzzer at the header, does the same with `data[1..]` as the body of a
-/// frame with valid checksums (kind Hello when `data[0]` is even, Msg when odd), so that
+/// frame with valid checksums (kind Hello, Msg or OooMsg as `data[0] % 3` is 0, 1 or 2), so that
 /// the body decoder is fuzzed too.
 pub fn fuzz_decode(data: &[u8]) {
     fn check(frame_bytes: &[u8]) {
@@ -420,10 +470,10 @@ pub fn fuzz_decode(data: &[u8]) {
         let Ok(body_len) = u32::try_from(body.len()) else {
             return;
         };
-        let kind = if k & 1 == 0 {
-            FrameKind::Hello
-        } else {
-            FrameKind::Msg
+        let kind = match k % 3 {
+            0 => FrameKind::Hello,
+            1 => FrameKind::Msg,
+            _ => FrameKind::OooMsg,
         };
         let mut framed = FrameHeader {
             kind,
@@ -1012,7 +1062,45 @@ mod tests {
             let group = [0, 1, MAX][i % 3];
             frames.push(Frame::Msg { group, msg });
         }
+        for (i, msg) in ooo_samples().into_iter().enumerate() {
+            let group = [MAX, 0, 7][i % 3];
+            frames.push(Frame::OooMsg { group, msg });
+        }
         frames
+    }
+
+    /// Out-of-order messages (their own encoding is tested with every variant in
+    /// `format::ooo`; here they travel in frames).
+    fn ooo_samples() -> Vec<OooMsg> {
+        use crate::ooo::dependent::VoteLog;
+        vec![
+            OooMsg::Vote {
+                term: 3,
+                head: 4,
+                log: VoteLog {
+                    last_term: 1,
+                    last_seq: 2,
+                    first_uncommitted: 3,
+                    base: 2,
+                },
+                config: (3, 1),
+            },
+            OooMsg::Ack {
+                term: MAX,
+                seqs: vec![(1, 2), (3, 4)],
+                head: 5,
+                applied: 3,
+            },
+            OooMsg::TimeoutNow { term: 9 },
+            OooMsg::Snapshot {
+                term: 2,
+                base: 40,
+                offset: 0,
+                total: 3,
+                part: Some(31),
+                data: vec![1, 2, 3],
+            },
+        ]
     }
 
     fn enc(frame: &Frame) -> Vec<u8> {
@@ -1118,6 +1206,16 @@ mod tests {
                 assert_eq!(&direct[1..], &b[..], "encode_msg_frame agrees");
                 tags.insert(msg.kind());
                 assert!(h.body_len as usize - msg.payload_len() <= MAX_MSG_OVERHEAD);
+            }
+            if let Frame::OooMsg { group, msg } = &frame {
+                let mut direct = vec![0xAB];
+                encode_ooo_msg_frame(*group, msg, &mut direct);
+                assert_eq!(&direct[1..], &b[..], "encode_ooo_msg_frame agrees");
+                assert_eq!(
+                    &b[FRAME_HEADER_SIZE + 8..],
+                    &crate::format::ooo::encode_msg(msg)[..],
+                    "the body is the group and the out-of-order message's own bytes"
+                );
             }
         }
         assert_eq!(tags.len(), 11, "every message variant sampled: {tags:?}");
@@ -1294,9 +1392,20 @@ mod tests {
                 Err(FormatError::UnknownFlags { found, .. }) if found == f as u32
             ));
         }
-        for k in [0, 3, 0xFF] {
+        for k in [0, 4, 0xFF] {
             malformed(decode(&raw(k, 0, 1, &body)), "unknown frame kind");
         }
+        // An ordered message's body is no out-of-order message, and bytes left over after
+        // an out-of-order message are refused.
+        assert!(decode(&raw(3, 0, 1, &body)).is_err());
+        let mut ooo = body_of(&Frame::OooMsg {
+            group: 1,
+            msg: OooMsg::TimeoutNow { term: 2 },
+        });
+        assert!(decode(&raw(3, 0, 1, &ooo)).is_ok());
+        ooo.push(0);
+        assert!(decode(&raw(3, 0, 1, &ooo)).is_err());
+        assert!(decode(&raw(3, 0, 1, &[1, 2, 3])).is_err());
         for t in [0, 12, 0xFF] {
             let mut b = body.clone();
             b[8] = t;

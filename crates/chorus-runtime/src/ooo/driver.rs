@@ -1,0 +1,695 @@
+//! The driver of one out-of-order group: the replica, the writers waiting for answers and
+//! the batches waiting for their writes, stepped one round at a time by the group's task
+//! on the environment's IO workers ([`super::task`]).
+//!
+//! A round takes the events queued since the last (messages, appends, apply and IO
+//! reports, control requests), lets the replica react, and hands the writes and
+//! hard-state saves of that batch to the group's IO task in order; the acknowledgements
+//! and votes of the batch wait until the IO task reports it — and every batch before it —
+//! durable, so nothing is acknowledged or voted before what it depends on is on disk.
+//! Meanwhile later rounds go on: they overlap the syncs, and the IO task puts every
+//! batch queued while it synced into one `fdatasync` (group commit). A leader's appends to
+//! followers leave at once (the replica's first documented exception), and the replica
+//! counts the leader's own copy of a slot only when the driver reports it durable
+//! ([`OooReplica::persisted`]). Results leave at once too (the second exception: an
+//! outcome rests on durable copies only), and an apply waits for its own entry's write
+//! only, not for the other writes of its batch.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use chorus_core::format::meta::NodeId;
+use chorus_core::format::ooo::encode_group;
+use chorus_core::ooo::group::{self, Record};
+use chorus_core::ooo::replica::{Action, Mode, Msg, OooReplica};
+use chorus_core::replica::{Outcome, Role};
+
+use super::apply::{apply_entry, guarded, ApplyCtx};
+use super::task::{IoOp, Mailbox};
+use super::{
+    AckClock, Ev, OooCounters, OooLatency, OooNodeError, OooRead, OooResult, OooStateMachine,
+    OooStatus, Reply,
+};
+use crate::transport::Transport;
+
+/// Events a round takes at most before it lets the replica act (the rest wait for the
+/// next round, which follows at once).
+pub(super) const ROUND_EVENTS: usize = 4096;
+
+/// How long an idle driver waits for its next tick.
+pub(super) const IDLE_TICK: Duration = Duration::from_millis(5);
+
+/// What waits for an IO batch: the actions that may run only once the writes before
+/// them are durable, and the writes to report to the replica.
+struct Pending {
+    id: u64,
+    io: bool,
+    written: Vec<(u64, u64, u64)>,
+    actions: Vec<Action>,
+}
+
+/// Where a group's messages go: the node's shared transport, for the group's replicas.
+pub(super) struct Net {
+    pub transport: Arc<dyn Transport>,
+    pub group: u64,
+    /// The group's replicas other than this node (voters and `others`): the only peers
+    /// sent to and heard.
+    pub peers: HashSet<NodeId>,
+}
+
+impl Net {
+    /// Queues a message for a peer on the node's transport, which every group shares (a
+    /// lost one is the protocol's to resend); only the group's replicas are sent to.
+    fn send(&self, c: &mut OooCounters, to: NodeId, msg: &Msg) {
+        if self.peers.contains(&to) {
+            c.msgs_out += 1;
+            self.transport.send_ooo(to, self.group, msg);
+        }
+    }
+}
+
+/// Settings the driver reads every round.
+pub(super) struct DriverSettings {
+    pub mode: Mode,
+    pub compact_bytes: u64,
+    pub freeze: Duration,
+    pub disk: Option<Arc<crate::DiskSpace>>,
+}
+
+/// The driver's state between rounds.
+///
+/// Invariants: every key of `waiters` is the id of an entry the replica took and has not
+/// answered; `pending` is in batch order, each `id` greater than the one before, and
+/// `synced_upto <= io_sent <= next_id`; a slot in `unsynced` maps to the batch of its
+/// latest write, which is in `pending` or was reported durable (then it is removed);
+/// `staged` is empty exactly when `staged_since` is `None`.
+pub(super) struct Driver {
+    pub replica: OooReplica,
+    pub set: DriverSettings,
+    pub net: Net,
+    pub sm: Arc<dyn OooStateMachine>,
+    /// The shared apply workers and what their jobs need (None: applies run inline).
+    pub apply: Option<Arc<ApplyCtx>>,
+    pub lat: Arc<OooLatency>,
+    /// Posts events back to this driver (checkpoints, images, installs).
+    pub mail: Mailbox,
+    /// Hands batches to the group's IO task.
+    pub io: Box<dyn Fn(u64, Vec<IoOp>) + Send>,
+    /// Why the driver stopped, once a failure stopped it.
+    pub why: Arc<OnceLock<String>>,
+    /// The committed head, published at the end of every round.
+    pub committed: tokio::sync::watch::Sender<u64>,
+    /// The clock the replica runs on (nanoseconds since the environment started).
+    pub now: Box<dyn Fn() -> u64 + Send>,
+    /// The writers of each group entry in flight, by entry id, in record order.
+    pub waiters: HashMap<u64, Vec<Reply>>,
+    /// Records taken and not packed yet into group entries.
+    pub staged: Vec<(Record, Reply)>,
+    /// When the oldest staged record was taken, and the staged records' bytes.
+    pub staged_since: Option<Instant>,
+    pub staged_bytes: usize,
+    /// The last batch handed to the IO task: the log IO is idle once every batch up to
+    /// it is reported durable.
+    pub io_sent: u64,
+    pub failed: bool,
+    pub c: OooCounters,
+    /// A checkpoint is under way (at most one at a time).
+    pub checkpointing: bool,
+    /// Batches whose actions wait for their writes (and every earlier batch's).
+    pending: VecDeque<Pending>,
+    next_id: u64,
+    synced_upto: u64,
+    /// Slots whose latest write is not known durable yet, with its batch: an Apply of
+    /// any other slot runs at once (its entry is on disk already).
+    unsynced: HashMap<u64, u64>,
+    clock: AckClock,
+    /// Bytes of the entries file (as last reported by the IO task).
+    pub log_bytes: u64,
+}
+
+impl Driver {
+    /// A driver for `replica`, nothing in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        replica: OooReplica,
+        set: DriverSettings,
+        net: Net,
+        sm: Arc<dyn OooStateMachine>,
+        apply: Option<Arc<ApplyCtx>>,
+        lat: Arc<OooLatency>,
+        mail: Mailbox,
+        io: Box<dyn Fn(u64, Vec<IoOp>) + Send>,
+        why: Arc<OnceLock<String>>,
+        committed: tokio::sync::watch::Sender<u64>,
+        now: Box<dyn Fn() -> u64 + Send>,
+        c: OooCounters,
+        log_bytes: u64,
+    ) -> Self {
+        Self {
+            replica,
+            set,
+            net,
+            sm,
+            apply,
+            lat,
+            mail,
+            io,
+            why,
+            committed,
+            now,
+            waiters: HashMap::new(),
+            staged: Vec::new(),
+            staged_since: None,
+            staged_bytes: 0,
+            io_sent: 0,
+            failed: false,
+            c,
+            checkpointing: false,
+            pending: VecDeque::new(),
+            next_id: 0,
+            synced_upto: 0,
+            unsynced: HashMap::new(),
+            clock: AckClock::default(),
+            log_bytes,
+        }
+    }
+
+    fn stop(&mut self, why: String) {
+        let _ = self.why.set(why);
+        self.failed = true;
+    }
+
+    /// When the driver must run again without new events: its next tick, the freeze
+    /// deadline of staged records, or a timed resend falling due (nanoseconds on its
+    /// clock).
+    pub fn wake_at(&self) -> u64 {
+        let now = (self.now)();
+        let mut at = now + IDLE_TICK.as_nanos() as u64;
+        if let Some(t) = self.staged_since {
+            let left = (t + self.set.freeze).saturating_duration_since(Instant::now());
+            at = at.min(now + left.as_nanos() as u64);
+        }
+        if let Some(due) = self.replica.resend_due() {
+            // Once a millisecond while one is already past due, waiting out its
+            // back-off or its commit.
+            at = at.min(due.max(now + 1_000_000));
+        }
+        at
+    }
+
+    /// One round: takes `events`, packs staged appends when due, ticks the replica, runs
+    /// what its writes allow, and publishes the committed head.
+    pub fn round(&mut self, events: Vec<Ev>) {
+        for ev in events {
+            self.event(ev);
+        }
+        if self.failed {
+            return;
+        }
+        if !self.staged.is_empty() {
+            // Adaptive group replication (PALF section 6): pack at once while this
+            // node's log IO is idle; while a write is in flight, let appends gather until
+            // it is durable (its Synced event starts a round), a full group is staged, or
+            // the freeze interval passed.
+            let since = *self.staged_since.get_or_insert_with(Instant::now);
+            let due = self.io_sent <= self.synced_upto
+                || since.elapsed() >= self.set.freeze
+                || self.staged.len() >= group::MAX_GROUP_RECORDS
+                || self.staged_bytes >= group::MAX_GROUP_BYTES
+                || !self.replica.is_serving();
+            if due {
+                append_groups(
+                    &mut self.replica,
+                    self.set.mode,
+                    (self.now)(),
+                    &mut self.staged,
+                    &mut self.waiters,
+                    &mut self.c,
+                    &self.lat,
+                );
+                (self.staged_since, self.staged_bytes) = (None, 0);
+            }
+        }
+        self.replica.tick((self.now)());
+        self.maybe_checkpoint();
+        self.drain();
+        // Readers following the log (tail) wake only when the head moves.
+        let head = self.replica.committed_head();
+        self.committed
+            .send_if_modified(|h| std::mem::replace(h, head) != head);
+    }
+
+    fn event(&mut self, ev: Ev) {
+        let now = (self.now)();
+        match ev {
+            // Only the configured replicas (voters and `others`) are heard.
+            Ev::Msg(from, m) if self.net.peers.contains(&from) => {
+                self.c.msgs_in += 1;
+                // On a low disk a follower takes no new entries (`crate::disk`): the
+                // message goes as if lost.
+                let declined = matches!(&m, Msg::Append { entries, .. }
+                    if !entries.is_empty()
+                        && self.replica.role() != Role::Leader
+                        && self.set.disk.as_ref().is_some_and(|d| d.decline()));
+                if let Msg::Ack { seqs, .. } = &m {
+                    self.clock.acked(from, seqs.iter().map(|s| s.0), &self.lat);
+                }
+                if !declined {
+                    self.replica.receive(now, from, m)
+                }
+            }
+            Ev::Msg(..) => {}
+            Ev::Append(declared, data, reply) => match group::check(self.set.mode, &declared) {
+                Ok(()) => {
+                    // Refused before the disk fills, by a leader only (a follower refuses
+                    // as NotLeader when the group is packed).
+                    let low = self
+                        .set
+                        .disk
+                        .as_ref()
+                        .filter(|d| d.is_low() && self.replica.role() == Role::Leader);
+                    if let Some(Err((free, min_free))) = low.map(|d| d.check()) {
+                        reply.send(Err(OooNodeError::DiskLow { free, min_free }));
+                    } else {
+                        self.staged_bytes += data.len();
+                        self.staged.push((Record { declared, data }, reply))
+                    }
+                }
+                Err(e) => reply.send(Err(e.into())),
+            },
+            Ev::Applied(seq) => {
+                self.c.applied += 1;
+                if let Err(e) = self.replica.applied(seq) {
+                    tracing::error!(error = %e, "apply report refused; stopping");
+                    self.stop(format!("apply report refused: {e}"));
+                }
+            }
+            Ev::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Ev::Transfer(to, reply) => {
+                let _ = reply.send(self.replica.transfer_leader(now, to));
+            }
+            Ev::Change(change, reply) => {
+                let _ = reply.send(self.replica.change_membership(now, change));
+            }
+            Ev::Membership(reply) => {
+                let _ = reply.send(self.replica.membership().clone());
+            }
+            Ev::Read(from, max, reply) => {
+                let _ = reply.send(
+                    self.replica
+                        .read_committed(from, max)
+                        .map(|entries| OooRead {
+                            entries,
+                            committed_head: self.replica.committed_head(),
+                        }),
+                );
+            }
+            Ev::Synced { upto, syncs, len } => {
+                self.c.syncs += syncs;
+                self.synced_upto = upto;
+                self.log_bytes = len;
+            }
+            Ev::IoFailed(e) => {
+                tracing::error!(error = %e, "out-of-order store failed; stopping");
+                self.stop(format!("storage: {e}"));
+            }
+            Ev::Checkpointed(upto) => {
+                self.checkpointing = false;
+                self.c.checkpoints += 1;
+                let before = self.replica.base();
+                self.replica.compact(now, upto);
+                if self.replica.base() > before {
+                    // The file is rewritten next; its size is known again when the IO task
+                    // reports. Until then, no second checkpoint on the old size.
+                    self.log_bytes = 0;
+                }
+            }
+            Ev::Image {
+                to,
+                base,
+                part,
+                image,
+            } => {
+                self.c.images += 1;
+                self.c.partial_images += u64::from(part.is_some());
+                self.c.image_bytes += image.len() as u64;
+                self.replica.snapshot_ready(now, to, base, part, image);
+            }
+            Ev::Installed(base, part) => {
+                self.c.installs += 1;
+                self.c.partial_installs += u64::from(part);
+                if let Err(e) = self.replica.installed(now, base) {
+                    tracing::error!(error = %e, "install report refused; stopping");
+                    self.stop(format!("install report refused: {e}"));
+                }
+            }
+            Ev::InstallFailed(base, e) => {
+                tracing::warn!(base, error = %e, "the leader's image was refused; it will be sent again");
+                if let Err(e) = self.replica.install_failed(now, base) {
+                    tracing::error!(error = %e, "install report refused; stopping");
+                    self.stop(format!("install report refused: {e}"));
+                }
+            }
+            Ev::SmFailed(e) => {
+                tracing::error!(error = %e, "out-of-order state machine failed; stopping");
+                self.stop(format!("state machine: {e}"));
+            }
+        }
+    }
+
+    /// The replica's status as the driver reports it.
+    pub fn status(&mut self) -> OooStatus {
+        self.c.log_bytes = self.log_bytes;
+        self.c.base = self.replica.base();
+        OooStatus {
+            mode: self.set.mode,
+            role: self.replica.role(),
+            term: self.replica.term(),
+            leader: self.replica.leader(),
+            serving: self.replica.is_serving(),
+            committed_head: self.replica.committed_head(),
+            applied_head: self.replica.applied_head(),
+            recovering_lost: self.replica.is_recovering_lost(),
+            stats: self.replica.stats(),
+            counters: self.c,
+        }
+    }
+
+    /// Checkpoint, then compact, once the entries file passed its bound (and the
+    /// checkpoint's own cost: a state machine that rewrites its whole state waits for as
+    /// many bytes of entries) and something applied is not compacted yet: up to what
+    /// every live follower has, unless the file grew to four times its bound. The
+    /// checkpoint runs on the apply workers and reports back as an event.
+    fn maybe_checkpoint(&mut self) {
+        let compact_bytes = self.set.compact_bytes;
+        let log_bytes = self.log_bytes;
+        let bound = if compact_bytes > 0 && log_bytes >= compact_bytes {
+            compact_bytes.max(self.sm.checkpoint_cost())
+        } else {
+            compact_bytes
+        };
+        let upto = if log_bytes >= bound.saturating_mul(4) {
+            self.replica.applied_head()
+        } else {
+            self.replica.compactable()
+        };
+        if compact_bytes > 0
+            && !self.checkpointing
+            && log_bytes >= bound
+            && upto > self.replica.base()
+        {
+            self.checkpointing = true;
+            let sm = self.sm.clone();
+            self.mail.job(move || match guarded(|| sm.checkpoint()) {
+                Ok(()) => Ev::Checkpointed(upto),
+                Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
+            });
+        }
+    }
+
+    /// Runs the replica's actions until it has none: batches now durable release their
+    /// waiting actions, writes go to the IO task.
+    fn drain(&mut self) {
+        loop {
+            // Batches now durable, in order: the replica learns which of its writes are,
+            // and their waiting actions run.
+            let mut ran = false;
+            while self
+                .pending
+                .front()
+                .is_some_and(|p| !p.io || p.id <= self.synced_upto)
+            {
+                let p = self.pending.pop_front().expect("front");
+                for w in &p.written {
+                    if self.unsynced.get(&w.0) == Some(&p.id) {
+                        self.unsynced.remove(&w.0);
+                    }
+                }
+                if !p.written.is_empty() {
+                    self.replica.persisted((self.now)(), &p.written);
+                }
+                self.run_actions(p.actions);
+                ran = true;
+            }
+            let actions = self.replica.take_actions();
+            if actions.is_empty() && !ran {
+                break;
+            }
+            // Writes and hard-state saves go to the IO task in order; a leader's Append
+            // goes out at once, so followers write while this node syncs (the replica's
+            // first exception: it promises nothing about this disk); results run at once
+            // too (the second exception), and so does an apply whose own entry is on
+            // disk; everything else waits for the batch's writes and all before them.
+            let mut ops = Vec::new();
+            let mut written = Vec::new();
+            let mut waiting = Vec::new();
+            let mut now_actions = Vec::new();
+            let id = self.next_id + 1;
+            for a in actions {
+                match a {
+                    Action::Write(e) => {
+                        self.c.writes += 1;
+                        self.unsynced.insert(e.seq, id);
+                        written.push((e.seq, e.eid, e.term));
+                        ops.push(IoOp::Write(e));
+                    }
+                    Action::SaveHard(h) => {
+                        self.c.hard_saves += 1;
+                        ops.push(IoOp::Hard(h));
+                    }
+                    Action::SaveMembership(m) => ops.push(IoOp::Members(m)),
+                    Action::Compact { live, .. } => ops.push(IoOp::Compact(live)),
+                    Action::Send {
+                        to,
+                        msg: msg @ Msg::Append { .. },
+                    } => {
+                        if let Msg::Append { entries, .. } = &msg {
+                            self.clock
+                                .sent(to, entries.iter().map(|e| e.seq), Instant::now());
+                        }
+                        self.net.send(&mut self.c, to, &msg)
+                    }
+                    // Outcomes rest on durable copies only: the writer hears at once, not
+                    // after this batch's fsync of other appends. An Apply waits for its
+                    // own entry's write only (the state machine must never hold what this
+                    // disk could lose).
+                    a @ (Action::Result { .. } | Action::Unknown { .. }) => now_actions.push(a),
+                    Action::Apply(e) if !self.unsynced.contains_key(&e.seq) => {
+                        now_actions.push(Action::Apply(e))
+                    }
+                    other => {
+                        // A new role or term: what was sent before is acknowledged to a
+                        // leader that no longer asks.
+                        if matches!(other, Action::Role { .. }) {
+                            self.clock = AckClock::default();
+                        }
+                        waiting.push(other)
+                    }
+                }
+            }
+            if !now_actions.is_empty() {
+                self.run_actions(now_actions);
+            }
+            if ops.is_empty() && waiting.is_empty() {
+                continue;
+            }
+            // A batch without writes behind an empty queue runs at the top of the next
+            // round.
+            self.next_id = id;
+            let io = !ops.is_empty();
+            if io {
+                (self.io)(id, ops);
+                self.io_sent = id;
+            }
+            self.pending.push_back(Pending {
+                id,
+                io,
+                written,
+                actions: waiting,
+            });
+        }
+    }
+
+    /// Runs actions whose writes are durable: sends, results and applies (inline when
+    /// there is no apply pool, reporting each applied slot to the replica); images are
+    /// taken and installed on the apply workers, which report back as events.
+    fn run_actions(&mut self, actions: Vec<Action>) {
+        let mut applied = Vec::new();
+        for a in actions {
+            match a {
+                Action::Send { to, msg } => self.net.send(&mut self.c, to, &msg),
+                Action::Apply(e) => match &self.apply {
+                    Some(ctx) => ctx.submit(e),
+                    None => match apply_entry(&*self.sm, &e) {
+                        Ok(()) => {
+                            self.c.applied += 1;
+                            applied.push(e.seq);
+                        }
+                        Err(err) => self.mail.post(Ev::SmFailed(err)),
+                    },
+                },
+                Action::Snapshot { to } => {
+                    // Read before the image is taken, so the image covers it; the scope is
+                    // what the follower lacks below that head.
+                    let base = self.replica.applied_head();
+                    let scope = self.replica.image_scope(to);
+                    let sm = self.sm.clone();
+                    self.mail.job(move || {
+                        let part = match &scope {
+                            Some((from, f)) => {
+                                guarded(|| sm.image_part(f)).map(|i| i.map(|i| (*from, i)))
+                            }
+                            None => Ok(None),
+                        };
+                        match part {
+                            Ok(Some((from, image))) => Ev::Image {
+                                to,
+                                base,
+                                part: Some(from),
+                                image,
+                            },
+                            Ok(None) => match guarded(|| sm.image()) {
+                                Ok(image) => Ev::Image {
+                                    to,
+                                    base,
+                                    part: None,
+                                    image,
+                                },
+                                Err(e) => Ev::SmFailed(format!("taking an image: {e}")),
+                            },
+                            Err(e) => Ev::SmFailed(format!("taking a partial image: {e}")),
+                        }
+                    });
+                }
+                Action::Install { base, image, part } => {
+                    let sm = self.sm.clone();
+                    self.mail.job(move || {
+                        let done = guarded(|| {
+                            if part {
+                                sm.restore_part(&image)
+                            } else {
+                                sm.restore(&image)
+                            }
+                        });
+                        match done {
+                            Ok(()) => Ev::Installed(base, part),
+                            Err(e) => Ev::InstallFailed(base, e.to_string()),
+                        }
+                    });
+                }
+                Action::Unknown { eid, seq } => {
+                    for w in self.waiters.remove(&eid).unwrap_or_default() {
+                        w.send(Err(OooNodeError::Unknown { seq }));
+                    }
+                }
+                Action::Result { eid, seq, outcome } => {
+                    // Every record of the group gets the entry's outcome, in its order.
+                    let answered = Instant::now();
+                    for (index, w) in self
+                        .waiters
+                        .remove(&eid)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .enumerate()
+                    {
+                        match outcome {
+                            Outcome::Committed => self.c.committed += 1,
+                            Outcome::Failed => self.c.failed += 1,
+                        }
+                        let index = index as u32;
+                        self.lat
+                            .append
+                            .record(answered.duration_since(w.since).as_nanos() as u64);
+                        w.send(Ok(OooResult {
+                            seq,
+                            index,
+                            outcome,
+                        }));
+                    }
+                }
+                Action::Write(_)
+                | Action::SaveHard(_)
+                | Action::SaveMembership(_)
+                | Action::Compact { .. }
+                | Action::Committed(_)
+                | Action::Role { .. }
+                | Action::Serving { .. } => {}
+            }
+        }
+        for s in applied {
+            let _ = self.replica.applied(s);
+        }
+    }
+
+    /// The driver stops: whatever is still waiting learns that its result is unknown.
+    pub fn fail_waiters(&mut self) {
+        let waiters = std::mem::take(&mut self.waiters);
+        let staged = std::mem::take(&mut self.staged);
+        for w in waiters
+            .into_values()
+            .flatten()
+            .chain(staged.into_iter().map(|s| s.1))
+        {
+            w.send(Err(OooNodeError::Stopped));
+        }
+        self.staged_since = None;
+    }
+}
+
+/// Packs the records taken this round into group entries ([`group::split`] bounds them)
+/// and appends each with the union of its records' declarations; a refused group's
+/// writers hear why. Records that would wait to commit for an uncommitted entry, or in
+/// dependent mode on some replica to apply after a writer of their keys it has not
+/// applied ([`OooReplica::packs_last`]), go into entries after the others
+/// ([`group::waiting_last`]), so that one of them does not hold back the commit or the
+/// followers' apply of a whole group of writers that need not wait.
+fn append_groups(
+    replica: &mut OooReplica,
+    mode: Mode,
+    now: u64,
+    staged: &mut Vec<(Record, Reply)>,
+    waiters: &mut HashMap<u64, Vec<Reply>>,
+    c: &mut OooCounters,
+    lat: &OooLatency,
+) {
+    let (_, waiting) =
+        group::waiting_last(staged.iter().map(|s| &s.0.declared), replica.packs_last());
+    let mut wait = vec![false; staged.len()];
+    for i in waiting {
+        wait[i] = true;
+    }
+    let (free, waiting): (Vec<_>, Vec<_>) = std::mem::take(staged)
+        .into_iter()
+        .zip(wait)
+        .partition(|(_, w)| !w);
+    for part in [free, waiting] {
+        let lens = group::split(part.iter().map(|s| s.0 .0.data.len()));
+        let mut rest = part.into_iter().map(|(s, _)| s);
+        for n in lens {
+            let (records, replies): (Vec<Record>, Vec<Reply>) = rest.by_ref().take(n).unzip();
+            let declared = group::union(mode, &records);
+            match replica.append(now, declared, encode_group(&records)) {
+                Ok(t) => {
+                    c.appends += n as u64;
+                    c.groups += 1;
+                    let packed = Instant::now();
+                    for r in &replies {
+                        lat.queue
+                            .record(packed.duration_since(r.since).as_nanos() as u64);
+                    }
+                    waiters.insert(t.eid, replies);
+                }
+                // The group is refused whole (not the leader, or the window is full): each
+                // of its writers hears why.
+                Err(e) => {
+                    for r in replies {
+                        r.send(Err(e.clone().into()));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! An out-of-order group as work for the environment's shared IO workers: no thread,
+//! port or unbounded queue of its own.
+//!
+//! - [`OooTask`] steps the group's [`Driver`] one round at a time, scheduled on the IO
+//!   workers whenever an event arrives (a message from the transport, an append, a
+//!   control request, an IO or apply report) and by the environment's timer when its
+//!   next tick, freeze deadline or timed resend falls due ([`OooTask::wake_at`]).
+//! - [`IoTask`] owns the group's store: it executes the batches the driver hands it in
+//!   order, and every batch queued when it runs shares one fdatasync (a hard-state save
+//!   first syncs the writes before it). It reports back as an event. Running on a worker
+//!   of its own while the driver goes on, it lets rounds overlap syncs.
+//! - State-machine work (applies, checkpoints, images) runs as jobs on the shared apply
+//!   workers ([`crate::pool::ApplyPool`]) and reports back as events ([`Mailbox`]).
+//!
+//! Bounds: a group's inbox holds at most [`MAX_INBOX`] events; past it, messages are
+//! dropped and counted (the protocol resends) and appends refused
+//! ([`super::OooNodeError::Busy`], nothing appended). The IO queue and the apply jobs are
+//! bounded by the replica's window (entries in flight) and by one checkpoint and the
+//! images of the followers being caught up.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use chorus_core::ooo::replica::{Entry, Hard, Membership};
+use chorus_storage::ooo::OooStore;
+
+use super::driver::{Driver, ROUND_EVENTS};
+use super::{Ev, OooLatency, OooNodeError};
+use crate::group::EnvShared;
+use crate::pool::Task;
+use crate::sched::SchedState;
+
+/// Events a group's inbox holds at most.
+pub(super) const MAX_INBOX: usize = 65_536;
+
+/// Rounds a task runs before it lets other tasks have its worker (it is queued again).
+const MAX_ROUNDS: u32 = 64;
+
+/// A write for the IO task, in the order the replica asked.
+pub(super) enum IoOp {
+    Write(Entry),
+    Hard(Hard),
+    Members(Membership),
+    Compact(Vec<Entry>),
+}
+
+/// Posts events to a group's driver, from its IO task, its apply jobs and the
+/// environment; a group gone since drops them.
+#[derive(Clone)]
+pub(super) struct Mailbox {
+    task: Weak<OooTask>,
+    env: Arc<EnvShared>,
+    /// Jobs of this group submitted to the apply workers and not finished (or dropped).
+    inflight: Arc<AtomicUsize>,
+}
+
+impl Mailbox {
+    /// Queues `ev` for the driver and schedules it.
+    pub fn post(&self, ev: Ev) {
+        if let Some(t) = self.task.upgrade() {
+            t.push(ev);
+        }
+    }
+
+    /// Runs `f` on the apply workers and posts what it returns.
+    pub fn job(&self, f: impl FnOnce() -> Ev + Send + 'static) {
+        let me = self.clone();
+        self.submit(move || me.post(f()));
+    }
+
+    /// Runs `f` on the apply workers, counted in flight until it ends or is dropped
+    /// unrun (the workers stopping).
+    pub fn submit(&self, f: impl FnOnce() + Send + 'static) {
+        struct InFlight(Arc<AtomicUsize>);
+        impl Drop for InFlight {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let guard = InFlight(self.inflight.clone());
+        let task = self.task.clone();
+        self.env.apply.submit(Box::new(move || {
+            let _guard = guard;
+            // A group stopped since: its state machine is not touched any more.
+            if task
+                .upgrade()
+                .is_some_and(|t| !t.removed.load(Ordering::Acquire))
+            {
+                f();
+            }
+        }));
+    }
+
+    /// Jobs of this group on the apply workers now.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Acquire)
+    }
+}
+
+/// The driver task of one group. See the module docs.
+pub(crate) struct OooTask {
+    sched: SchedState,
+    /// Events not yet taken by a round (at most [`MAX_INBOX`]).
+    inbox: Mutex<VecDeque<Ev>>,
+    driver: Mutex<Driver>,
+    /// Set once the group is stopped: its task is not run any more.
+    pub(super) removed: AtomicBool,
+    env: Arc<EnvShared>,
+    /// When (on the environment's clock) the driver must run without new events.
+    wake_at: AtomicU64,
+    /// Messages dropped and appends refused because the inbox was full.
+    pub(super) overflowed: AtomicU64,
+}
+
+impl OooTask {
+    /// A task for the driver `make` builds, given this task's mailbox.
+    pub(super) fn new(
+        env: Arc<EnvShared>,
+        inflight: Arc<AtomicUsize>,
+        make: impl FnOnce(Mailbox) -> Driver,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| {
+            let mail = Mailbox {
+                task: me.clone(),
+                env: env.clone(),
+                inflight,
+            };
+            OooTask {
+                sched: SchedState::default(),
+                inbox: Mutex::new(VecDeque::new()),
+                driver: Mutex::new(make(mail)),
+                removed: AtomicBool::new(false),
+                wake_at: AtomicU64::new(0),
+                env,
+                overflowed: AtomicU64::new(0),
+            }
+        })
+    }
+
+    /// Queues an event and schedules the driver. Past [`MAX_INBOX`] a message is
+    /// dropped and an append refused, nothing appended.
+    pub(super) fn push(self: &Arc<Self>, ev: Ev) {
+        {
+            let mut q = self.inbox.lock().expect("inbox");
+            if q.len() >= MAX_INBOX {
+                drop(q);
+                self.overflowed.fetch_add(1, Ordering::Relaxed);
+                if let Ev::Append(_, _, reply) = ev {
+                    reply.send(Err(OooNodeError::Busy));
+                }
+                return;
+            }
+            q.push_back(ev);
+        }
+        self.env.pool.schedule(self);
+    }
+
+    /// Schedules the driver if its wake-up time has come; returns that time.
+    pub(crate) fn poke(self: &Arc<Self>, now: u64) -> u64 {
+        let at = self.wake_at.load(Ordering::Acquire);
+        if at <= now {
+            self.env.pool.schedule(self);
+        }
+        at
+    }
+
+    /// Runs `f` on the driver (between rounds).
+    pub(super) fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
+        self.driver.lock().ok().map(|mut d| f(&mut d))
+    }
+
+    /// Answers what is queued for a stopped driver: appends are told the node stopped
+    /// before taking them; control requests see their reply channel close.
+    pub(super) fn refuse_queued(&self) {
+        let queued: Vec<Ev> = self.inbox.lock().expect("inbox").drain(..).collect();
+        for ev in queued {
+            if let Ev::Append(_, _, reply) = ev {
+                reply.send(Err(OooNodeError::NotRunning));
+            }
+        }
+    }
+}
+
+impl Task for OooTask {
+    fn sched(&self) -> &SchedState {
+        &self.sched
+    }
+
+    fn removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    fn run(self: Arc<Self>) {
+        // Poisoned: the replica panicked in an earlier run (a bug, logged then); the group
+        // takes no more work.
+        let Ok(mut d) = self.driver.lock() else {
+            self.refuse_queued();
+            return;
+        };
+        for _ in 0..MAX_ROUNDS {
+            if d.failed {
+                d.fail_waiters();
+                drop(d);
+                self.refuse_queued();
+                return;
+            }
+            let events: Vec<Ev> = {
+                let mut q = self.inbox.lock().expect("inbox");
+                let n = q.len().min(ROUND_EVENTS);
+                q.drain(..n).collect()
+            };
+            let due = self.wake_at.load(Ordering::Acquire) <= self.env.now();
+            if events.is_empty() && !due {
+                return;
+            }
+            d.round(events);
+            let at = d.wake_at();
+            self.wake_at.store(at, Ordering::Release);
+            self.env.wake_timer_by(at);
+            if d.failed {
+                continue;
+            }
+            if self.inbox.lock().expect("inbox").is_empty() {
+                return;
+            }
+        }
+        // Busy: let other tasks have this worker, and come back.
+        drop(d);
+        self.env.pool.schedule(&self);
+    }
+}
+
+/// The IO task of one group: its store and the batches queued for it. See the module
+/// docs.
+pub(crate) struct IoTask {
+    sched: SchedState,
+    queue: Mutex<VecDeque<(u64, Vec<IoOp>)>>,
+    /// The store; None once a write or sync failed (it refuses everything after).
+    store: Mutex<Option<OooStore>>,
+    mail: Mailbox,
+    lat: Arc<OooLatency>,
+    /// Set when a write failed for want of space.
+    disk_full: Arc<AtomicBool>,
+    pub(super) removed: AtomicBool,
+    env: Arc<EnvShared>,
+}
+
+impl IoTask {
+    pub(super) fn new(
+        store: OooStore,
+        mail: Mailbox,
+        lat: Arc<OooLatency>,
+        disk_full: Arc<AtomicBool>,
+        env: Arc<EnvShared>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            sched: SchedState::default(),
+            queue: Mutex::new(VecDeque::new()),
+            store: Mutex::new(Some(store)),
+            mail,
+            lat,
+            disk_full,
+            removed: AtomicBool::new(false),
+            env,
+        })
+    }
+
+    /// Queues batch `id` and schedules the task.
+    pub(super) fn push(self: &Arc<Self>, id: u64, ops: Vec<IoOp>) {
+        self.queue.lock().expect("io queue").push_back((id, ops));
+        self.env.pool.schedule(self);
+    }
+}
+
+impl Task for IoTask {
+    fn sched(&self) -> &SchedState {
+        &self.sched
+    }
+
+    fn removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut guard = self.store.lock().expect("store");
+        let Some(store) = guard.as_mut() else {
+            // Failed before: nothing is written any more.
+            self.queue.lock().expect("io queue").clear();
+            return;
+        };
+        let batches: Vec<(u64, Vec<IoOp>)> =
+            self.queue.lock().expect("io queue").drain(..).collect();
+        let Some(upto) = batches.last().map(|b| b.0) else {
+            return;
+        };
+        // Every sync, timed when it has written something (else it returns at once).
+        let lat = &self.lat;
+        let sync = |store: &mut OooStore, dirty: bool| {
+            let t = Instant::now();
+            let r = store.sync();
+            if dirty && r.is_ok() {
+                lat.fsync.record(t.elapsed().as_nanos() as u64);
+            }
+            r
+        };
+        let mut syncs = 0;
+        let mut unsynced = false;
+        let mut r = Ok(());
+        'all: for (_, ops) in batches {
+            for op in ops {
+                r = match op {
+                    IoOp::Write(e) => {
+                        unsynced = true;
+                        store.write(&e)
+                    }
+                    IoOp::Hard(h) => {
+                        let dirty = std::mem::take(&mut unsynced);
+                        syncs += dirty as u64;
+                        sync(store, dirty).and_then(|()| store.save_hard(&h))
+                    }
+                    IoOp::Members(m) => {
+                        let dirty = std::mem::take(&mut unsynced);
+                        syncs += dirty as u64;
+                        sync(store, dirty).and_then(|()| store.save_membership(&m))
+                    }
+                    IoOp::Compact(live) => {
+                        syncs += std::mem::take(&mut unsynced) as u64;
+                        store.compact(&live)
+                    }
+                };
+                if r.is_err() {
+                    break 'all;
+                }
+            }
+        }
+        if r.is_ok() {
+            syncs += unsynced as u64;
+            r = sync(store, unsynced);
+        }
+        match r {
+            Ok(()) => {
+                let len = store.len();
+                drop(guard);
+                self.mail.post(Ev::Synced { upto, syncs, len });
+            }
+            Err(e) => {
+                // Before the driver hears: once it reports the node stopped, whether a
+                // full disk did it is known.
+                self.disk_full.store(e.is_disk_full(), Ordering::SeqCst);
+                *guard = None;
+                drop(guard);
+                self.queue.lock().expect("io queue").clear();
+                self.mail.post(Ev::IoFailed(e.to_string()));
+            }
+        }
+    }
+}
