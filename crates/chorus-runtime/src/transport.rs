@@ -658,6 +658,9 @@ fn reader(s: &Arc<Shared>, tcp: TcpStream) -> Result<(), ReadError> {
         }
         None => Box::new(tcp),
     };
+    // Frames are read through a buffer: a read takes whatever the socket holds, so a
+    // burst of small frames (acknowledgements) costs one system call, not two per frame.
+    let mut stream = io::BufReader::with_capacity(64 << 10, stream);
     let max = s.cfg.max_frame_bytes;
     let mut header = [0u8; wire::FRAME_HEADER_SIZE];
     let mut body = Vec::new();
