@@ -6,4 +6,4 @@
 pub mod ceiling;
 pub mod floor;
 pub mod ooo;
-pub mod procstat;
+pub use chorus_workload::procstat;

@@ -66,7 +66,7 @@
 pub mod gap;
 pub mod node;
 pub mod proxy;
-pub mod zipf;
+pub use chorus_workload::zipf;
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};

@@ -644,7 +644,7 @@ fn reader(s: &Arc<Shared>, tcp: TcpStream) -> Result<(), ReadError> {
     // A peer that opens a connection and says nothing is not allowed to hold a thread.
     tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
     let ctl = tcp.try_clone()?;
-    let mut stream: Box<dyn Read + Send> = match &s.tls {
+    let stream: Box<dyn Read + Send> = match &s.tls {
         Some(t) => {
             let conn = rustls::ServerConnection::new(t.server.clone())
                 .map_err(|e| ReadError::Tls(e.to_string()))?;

@@ -19,7 +19,7 @@
 //!
 //! Every client appends its next record only after the previous one committed. After the
 //! warm-up, a fixed interval is measured: commit latency into an HDR histogram, and OS
-//! accounting of all processes of the system under test (`chorus_bench::procstat`: disk
+//! accounting of all processes of the system under test (`chorus_workload::procstat`: disk
 //! bytes written per replica, CPU time, the data disk's write requests and flushes) plus
 //! the replicas' own counters from their metrics (fdatasyncs and meta saves, frames a
 //! follower received). The result is one JSON line in the schema shared with the baseline
@@ -33,11 +33,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_bench::ooo::zipf::Zipf;
-use chorus_bench::procstat::{usage, Sampler, Usage};
 use chorus_client::{pb, Client, ClientError};
 use chorus_core::rng::Rng;
 use chorus_runtime::{Env, LogHandle};
+use chorus_workload::procstat::{usage, Sampler, Usage};
+use chorus_workload::zipf::Zipf;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};

@@ -34,6 +34,8 @@ struct DemoReport {
     recovered_end_lsn: u64,
 }
 
+/// `chorus demo DIR`: appends `records` records to a fresh local log in `dir`, in groups of
+/// `group_records`, reopens it and reports the rates and the recovered end.
 pub fn demo(dir: &Path, records: u64, group_records: u64, output: Output) -> AnyResult<ExitCode> {
     let fs: Arc<dyn FileSystem> = Arc::new(RealFs::new());
     fs.create_dir_all(dir)?;

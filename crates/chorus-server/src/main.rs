@@ -13,20 +13,12 @@
 //! error; 3 the cluster could not be reached or has no leader; 4 the server refused the
 //! request (the message says why).
 
-mod bench;
-mod config;
-mod demo;
-mod dev;
-mod local;
-mod ooo;
-mod remote;
-mod server;
-mod service;
+use chorus_server::{bench, dev, local, remote, server, Output, EXIT_USAGE};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 /// mimalloc instead of the system allocator: the gRPC path allocates per request (tonic,
 /// h2, prost) on several threads, and glibc's malloc/free showed up at ~11% of CPU in
@@ -49,63 +41,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-/// Output format.
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    /// Human-readable table.
-    Table,
-    /// JSON.
-    Json,
-}
-
-/// Where the cluster is.
-#[derive(Args, Clone, Debug)]
-pub struct Endpoints {
-    /// gRPC API endpoints of the nodes, comma-separated, each `http://host:port` or
-    /// `host:port` (default: the `chorus dev` cluster).
-    #[arg(
-        long,
-        env = "CHORUS_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
-    )]
-    pub endpoints: Vec<String>,
-    /// Log group.
-    #[arg(short, long, default_value_t = 1)]
-    pub group: u64,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-    /// Seconds one request waits for its answer before it is cut off (an append then
-    /// reports outcome unknown, exit 3); for a tail, until its stream opens.
-    #[arg(long, default_value = "30", value_parser = parse_timeout)]
-    pub timeout: std::time::Duration,
-}
-
-impl Endpoints {
-    /// A client for these endpoints with this call timeout.
-    pub fn client(&self) -> chorus_client::Client {
-        self.client_for(self.endpoints.clone())
-    }
-
-    /// A client for other endpoints with this call timeout.
-    pub fn client_for(&self, endpoints: Vec<String>) -> chorus_client::Client {
-        let mut c = chorus_client::Client::new(endpoints);
-        c.call_timeout = self.timeout;
-        c
-    }
-}
-
-/// `--timeout`: seconds, more than 0 and at most a day.
-fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
-        _ => Err(format!(
-            "`{s}`: expected seconds, more than 0 and at most 86400 (e.g. 30 or 0.5)"
-        )),
-    }
 }
 
 #[derive(Subcommand)]
@@ -197,17 +132,6 @@ enum Cmd {
         output: Output,
     },
 }
-
-/// Exit code: a check found a problem, or an append FAILED.
-pub const EXIT_PROBLEM: u8 = 1;
-/// Exit code: bad usage, configuration or a local error.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: cluster unreachable or without a leader.
-pub const EXIT_UNREACHABLE: u8 = 3;
-/// Exit code: the server refused.
-pub const EXIT_REFUSED: u8 = 4;
-
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// A command's output piped into a reader that stops early (`chorus read | head`) ends
 /// the command quietly, as it does for other Unix tools: Rust ignores SIGPIPE, so a write
