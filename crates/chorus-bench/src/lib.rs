@@ -5,5 +5,6 @@
 
 pub mod ceiling;
 pub mod floor;
+pub mod groups;
 pub mod ooo;
 pub use chorus_workload::procstat;

@@ -40,6 +40,27 @@ enum Cmd {
     /// (PolarFS Fig. 7), and YCSB-like 1-read-1-write transactions over a clients sweep
     /// and a Zipf θ sweep with the follower apply gap (DP-Raft section 5).
     Ooo(Box<OooArgs>),
+    /// Many groups on one node: three nodes (Envs in this process) each host N groups, a
+    /// third of each mode; CPU at rest, and the time a node takes to reopen with them all
+    /// and to hear a leader in every one.
+    Groups {
+        /// Groups per node.
+        #[arg(long, default_value_t = 1000)]
+        groups: u64,
+        /// Seconds of measured rest.
+        #[arg(long, default_value_t = 10)]
+        idle_secs: u64,
+        /// Seconds allowed for every group to elect a leader (at the start, after the
+        /// restart).
+        #[arg(long, default_value_t = 300)]
+        settle_secs: u64,
+        /// Scratch directory.
+        #[arg(long, default_value = "/tmp/chorus-bench-groups")]
+        dir: PathBuf,
+        /// Also write the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Internal: one replica process of `chorus-bench ooo` (line protocol on stdin/stdout).
     #[command(hide = true)]
     Replica {
@@ -528,6 +549,35 @@ fn main() -> AnyResult<()> {
             duration,
             json,
         } => ceiling(&dir, size, batch_bytes, warmup, duration, json.as_deref()),
+        Cmd::Groups {
+            groups,
+            idle_secs,
+            settle_secs,
+            dir,
+            json,
+        } => {
+            let o = chorus_bench::groups::GroupsOpts {
+                groups,
+                idle_secs,
+                dir,
+                settle_secs,
+            };
+            match chorus_bench::groups::run(&o) {
+                Ok(r) => {
+                    let line = serde_json::to_string(&r).expect("a result serializes");
+                    println!("{line}");
+                    if let Some(p) = json {
+                        std::fs::write(&p, format!("{line}\n"))
+                            .map_err(|e| format!("write {}: {e}", p.display()))?;
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("chorus-bench groups: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
         Cmd::Ooo(a) => {
             let a = *a;
             if let Err(e) = ooo(a) {

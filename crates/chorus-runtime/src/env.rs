@@ -1007,8 +1007,17 @@ fn restart_groups_stopped_by_a_full_disk(inner: &Arc<Inner>) {
 /// milliseconds), and when its next timed resend is due (`Group::resend_at`; a group
 /// that sets an earlier one than the timer's next wake unparks it).
 fn timer_loop(env: std::sync::Weak<Inner>) {
-    const PERIOD: Nanos = 1_000_000;
-    let mut sleep = PERIOD;
+    // The longest the timer sleeps (it also refreshes the free-space guard).
+    const PERIOD: Nanos = 100_000_000;
+    // A group with appends in flight ticks every millisecond (its freeze and lease
+    // bookkeeping); a group at rest every quarter heartbeat interval, between 10 and 50
+    // ms: its timers are deadlines the replica checks on each tick, so they fire at most
+    // that late, and a node at rest runs each group a few dozen times a second.
+    const BUSY_TICK: Nanos = 1_000_000;
+    let idle_tick = env.upgrade().map_or(10_000_000, |i| {
+        (i.shared.replica.heartbeat_interval / 4).clamp(10_000_000, 50_000_000)
+    });
+    let mut sleep = BUSY_TICK;
     let mut measured = Instant::now();
     // Whether the last measurement failed: a failure is logged once, not every 100 ms.
     let mut unmeasured = false;
@@ -1075,17 +1084,34 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
         for g in groups {
             let last = g.last_tick.load(Ordering::Relaxed);
             let period = if g.busy.load(Ordering::Relaxed) {
-                1_000_000
+                BUSY_TICK
             } else {
-                10_000_000
+                idle_tick
             };
             let resend = g.resend_at.load(Ordering::SeqCst);
-            if (now.saturating_sub(last) >= period || now >= resend)
-                && !g.tick_due.swap(true, Ordering::AcqRel)
-            {
+            // At rest, due on the first tick instant after a period (see
+            // `sched::TICK_QUANTUM`), so the groups at rest run together.
+            let due_at = if period == BUSY_TICK {
+                last.saturating_add(period)
+            } else {
+                crate::sched::tick_instant(last.saturating_add(period))
+            };
+            if (now >= due_at || now >= resend) && !g.tick_due.swap(true, Ordering::AcqRel) {
                 inner.shared.pool.schedule(&g);
-            } else if resend > now {
-                next = next.min(resend);
+                next = next.min(now + period);
+            } else {
+                // Its next tick (one already asked for and not yet run: a period on).
+                let due = last.saturating_add(period);
+                let due = if period == BUSY_TICK {
+                    due
+                } else {
+                    crate::sched::tick_instant(due)
+                }
+                .max(now + BUSY_TICK);
+                next = next.min(due);
+                if resend > now {
+                    next = next.min(resend);
+                }
             }
         }
         inner.shared.timer_next.store(next, Ordering::SeqCst);

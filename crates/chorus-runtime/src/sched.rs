@@ -12,6 +12,16 @@ use loom::sync::atomic::{AtomicU8, Ordering};
 #[cfg(not(feature = "loom"))]
 use std::sync::atomic::{AtomicU8, Ordering};
 
+/// Idle ticks fall on multiples of this many nanoseconds of the environment's clock, so
+/// that the groups at rest on a node are run together, a few wake-ups for all of them,
+/// rather than each at its own instant with a thread wake-up of its own.
+pub const TICK_QUANTUM: u64 = 5_000_000;
+
+/// The first tick instant at or after `t` (a multiple of [`TICK_QUANTUM`]).
+pub fn tick_instant(t: u64) -> u64 {
+    t.div_ceil(TICK_QUANTUM).saturating_mul(TICK_QUANTUM)
+}
+
 const IDLE: u8 = 0;
 const QUEUED: u8 = 1;
 const RUNNING: u8 = 2;
@@ -64,5 +74,20 @@ impl SchedState {
     /// Whether a worker is running the group now.
     pub fn is_running(&self) -> bool {
         matches!(self.0.load(Ordering::Acquire), RUNNING | DIRTY)
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_instants_are_the_next_multiple_of_the_quantum() {
+        assert_eq!(tick_instant(0), 0);
+        assert_eq!(tick_instant(1), TICK_QUANTUM);
+        assert_eq!(tick_instant(TICK_QUANTUM), TICK_QUANTUM);
+        assert_eq!(tick_instant(TICK_QUANTUM + 1), 2 * TICK_QUANTUM);
+        // Saturates: never an instant before `t`.
+        assert_eq!(tick_instant(u64::MAX), u64::MAX);
     }
 }

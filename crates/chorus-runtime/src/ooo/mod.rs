@@ -587,6 +587,7 @@ impl OooNode {
                     compact_bytes: cfg.compact_bytes,
                     freeze: cfg.freeze_interval,
                     disk: cfg.disk.clone(),
+                    idle_tick: driver::idle_tick(cfg.election_timeout / 6),
                 },
                 Net {
                     transport,
