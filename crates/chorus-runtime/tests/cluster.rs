@@ -363,17 +363,27 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     }
 }
 
-/// Runs a membership change on the leader, retrying while a previous one is in progress.
+/// Runs a membership change on the leader, retrying while a previous one is in progress
+/// or while the leadership moves (the replica found leading refused as not the leader);
+/// any other refusal fails the test at once.
 fn change(c: &Cluster, ch: MembershipChange) {
+    use chorus_core::replica::ChangeError;
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let (_, lead) = c.leader(1, Duration::from_secs(10));
         match lead.change_membership(ch) {
             Ok(()) => break,
-            Err(e) => {
-                assert!(Instant::now() < end, "{ch:?}: {e}");
+            Err(Error::Change {
+                source: e @ (ChangeError::InProgress | ChangeError::NotLeader),
+                ..
+            }) => {
+                assert!(
+                    Instant::now() < end,
+                    "{ch:?}: still refused after 20 s: {e}"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
+            Err(e) => panic!("{ch:?}: {e}"),
         }
     }
     // Wait until the change is accepted (no change in progress any more).

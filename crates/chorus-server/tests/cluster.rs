@@ -656,13 +656,31 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
     assert_eq!(&a[..want], &b[..want], "the rejoined node's log differs");
 }
 
+/// Asks for a membership change, retrying while a previous change is in progress
+/// (ABORTED) or while the leadership moves (not the leader, or no leader found); any
+/// other error fails the test at once.
 async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
+    use chorus_client::ClientError;
+    use tonic::Code;
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         match c.change_membership(req.clone()).await {
             Ok(()) => return,
             Err(e) => {
-                assert!(Instant::now() < end, "{req:?}: {e}");
+                let retry = match &e {
+                    ClientError::Status { code, message, .. } => {
+                        (*code == Code::Aborted && message.contains("in progress"))
+                            || (*code == Code::FailedPrecondition
+                                && message.contains("not the leader"))
+                    }
+                    ClientError::NoLeader { .. } => true,
+                    _ => false,
+                };
+                assert!(retry, "{req:?}: {e}");
+                assert!(
+                    Instant::now() < end,
+                    "{req:?}: still refused after 20 s: {e}"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

@@ -6,46 +6,47 @@ use std::path::Path;
 
 use chorus_sim::script::run_script;
 
-fn check(name: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/testdata")
-        .join(name);
-    let script = std::fs::read_to_string(&path).expect("read script");
+/// Runs one script; `Err` says how it failed.
+fn check(path: &Path) -> Result<(), String> {
+    let name = path.file_name().expect("a file").to_string_lossy();
+    let script = std::fs::read_to_string(path).map_err(|e| format!("{name}: read: {e}"))?;
     let actual = run_script(&script);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, &actual).expect("write golden");
-        return;
+        std::fs::write(path, &actual).map_err(|e| format!("{name}: write: {e}"))?;
+        return Ok(());
     }
-    assert!(
-        actual.trim_end() == script.trim_end(),
-        "{name}: output differs from the golden file; actual:\n{actual}"
-    );
-    assert!(
-        !actual.contains("error:"),
-        "{name}: a command failed:\n{actual}"
-    );
+    if actual.trim_end() != script.trim_end() {
+        return Err(format!(
+            "{name}: output differs from the golden file; actual:\n{actual}"
+        ));
+    }
+    if actual.contains("error:") {
+        return Err(format!("{name}: a command failed:\n{actual}"));
+    }
+    Ok(())
 }
 
-macro_rules! scenarios {
-    ($($t:ident),* $(,)?) => {
-        $(#[test] fn $t() { check(concat!(stringify!($t), ".txt")); })*
-    };
+/// Every script in `tests/testdata/` runs: a new scenario needs only its file.
+#[test]
+fn every_scenario_in_testdata_matches_its_golden_output() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata");
+    let mut scripts: Vec<_> = std::fs::read_dir(&dir)
+        .expect("list testdata")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .collect();
+    scripts.sort();
+    assert!(
+        scripts.len() >= 15,
+        "scripts missing from {}",
+        dir.display()
+    );
+    let failed: Vec<String> = scripts.iter().filter_map(|p| check(p).err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} scenarios failed:\n{}",
+        failed.len(),
+        scripts.len(),
+        failed.join("\n")
+    );
 }
-
-scenarios!(
-    gap_resend,
-    timed_resend,
-    fig6_pending_follower,
-    fig8a_barrier,
-    fig8b_config_version,
-    priority_failover,
-    piggyback_fig3_commit_point,
-    leader_recovery,
-    follower_recovery,
-    lease_expiry,
-    repair_from_peer,
-    repair_all_copies_bad,
-    rebase_behind_trim,
-    rebase_pending_unknown,
-    rebase_candidate_fetch,
-);
