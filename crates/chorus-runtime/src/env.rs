@@ -143,12 +143,21 @@ impl EnvConfig {
     }
 }
 
+/// An out-of-order group on the router: its incarnation, the node, its driver task.
+type OooEntry = (
+    u64,
+    std::sync::Weak<OooNode>,
+    Arc<crate::ooo::task::OooTask>,
+);
+
 struct Router {
     groups: RwLock<HashMap<GroupId, Arc<Group>>>,
     /// The out-of-order groups this node hosts, each with the incarnation it was started
     /// as (a restarted group's old node, dropped later, must not take the new one off).
     /// Weak: whoever started the group owns it, and dropping it stops the group.
-    ooo: RwLock<HashMap<GroupId, (u64, std::sync::Weak<OooNode>)>>,
+    /// The driver task is held here too, so the timer polls it without taking (and
+    /// perhaps dropping last) the node itself.
+    ooo: RwLock<HashMap<GroupId, OooEntry>>,
     /// Incarnations handed out to out-of-order groups.
     ooo_started: AtomicU64,
     unknown_group: std::sync::atomic::AtomicU64,
@@ -163,7 +172,7 @@ impl Router {
                 .read()
                 .expect("ooo groups")
                 .get(&id)
-                .is_some_and(|(_, n)| n.strong_count() > 0)
+                .is_some_and(|(_, n, _)| n.strong_count() > 0)
     }
 }
 
@@ -174,7 +183,7 @@ impl Handler for Router {
             .read()
             .expect("ooo groups")
             .get(&group)
-            .and_then(|(_, n)| n.upgrade());
+            .and_then(|(_, n, _)| n.upgrade());
         match node {
             Some(n) => n.deliver(from, msg),
             None => {
@@ -472,12 +481,12 @@ impl Env {
             .ooo
             .write()
             .expect("ooo groups")
-            .insert(id, (incarnation, Arc::downgrade(&node)));
+            .insert(id, (incarnation, Arc::downgrade(&node), node.task()));
         let weak = Arc::downgrade(router);
         node.on_drop(Box::new(move || {
             if let Some(r) = weak.upgrade() {
                 let mut ooo = r.ooo.write().expect("ooo groups");
-                if ooo.get(&id).is_some_and(|(i, _)| *i == incarnation) {
+                if ooo.get(&id).is_some_and(|(i, _, _)| *i == incarnation) {
                     ooo.remove(&id);
                 }
             }
@@ -491,7 +500,7 @@ impl Env {
         let ooo = self.inner.router.ooo.read().expect("ooo groups");
         let mut v: Vec<_> = ooo
             .iter()
-            .filter(|(_, (_, n))| n.strong_count() > 0)
+            .filter(|(_, (_, n, _))| n.strong_count() > 0)
             .map(|(&id, _)| id)
             .collect();
         v.sort();
@@ -1061,27 +1070,14 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
         // after this either is seen below or sees this and unparks us.
         let mut next = now + PERIOD;
         inner.shared.timer_next.store(next, Ordering::SeqCst);
-        let groups: Vec<Arc<Group>> = inner
-            .router
-            .groups
-            .read()
-            .expect("groups")
-            .values()
-            .cloned()
-            .collect();
-        let ooo: Vec<Arc<OooNode>> = inner
-            .router
-            .ooo
-            .read()
-            .expect("ooo groups")
-            .values()
-            .filter_map(|(_, n)| n.upgrade())
-            .collect();
-        for n in ooo {
+        // The tables are read in place (scheduling only queues a task): no copy of every
+        // group per wake-up.
+        for (_, _, task) in inner.router.ooo.read().expect("ooo groups").values() {
             // Scheduled if its wake-up time came; else the timer wakes for it.
-            next = next.min(n.poke(now));
+            next = next.min(task.poke(now));
         }
-        for g in groups {
+        let groups = inner.router.groups.read().expect("groups");
+        for g in groups.values() {
             let last = g.last_tick.load(Ordering::Relaxed);
             let period = if g.busy.load(Ordering::Relaxed) {
                 BUSY_TICK
@@ -1097,7 +1093,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
                 crate::sched::tick_instant(last.saturating_add(period))
             };
             if (now >= due_at || now >= resend) && !g.tick_due.swap(true, Ordering::AcqRel) {
-                inner.shared.pool.schedule(&g);
+                inner.shared.pool.schedule(g);
                 next = next.min(now + period);
             } else {
                 // Its next tick (one already asked for and not yet run: a period on).

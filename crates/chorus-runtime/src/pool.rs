@@ -68,8 +68,17 @@ impl Pool {
     pub fn schedule<T: Task>(&self, t: &Arc<T>) {
         if t.sched().schedule() {
             let t: Arc<dyn Task> = t.clone();
-            self.queue.lock().expect("queue").push_back(t);
-            self.ready.notify_one();
+            let mut q = self.queue.lock().expect("queue");
+            let was_empty = q.is_empty();
+            q.push_back(t);
+            drop(q);
+            // Into an empty queue: wake a worker. Behind other work: a worker is already
+            // awake for the queue, and each worker that takes a task while more wait
+            // wakes the next (below), so a burst of N tasks (the groups at rest ticking
+            // together) costs at most one wake-up per worker, not N.
+            if was_empty {
+                self.ready.notify_one();
+            }
         }
     }
 
@@ -82,6 +91,9 @@ impl Pool {
                         return;
                     }
                     if let Some(t) = q.pop_front() {
+                        if !q.is_empty() {
+                            self.ready.notify_one();
+                        }
                         break t;
                     }
                     q = self.ready.wait(q).expect("queue");

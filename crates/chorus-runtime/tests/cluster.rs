@@ -363,9 +363,10 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     }
 }
 
-/// Runs a membership change on the leader, retrying while a previous one is in progress
-/// or while the leadership moves (the replica found leading refused as not the leader);
-/// any other refusal fails the test at once.
+/// Runs a membership change on the leader, retrying while it cannot be taken yet: a
+/// previous change is in progress, the leadership moves (the replica found leading refused
+/// as not the leader), or a learner to promote has not caught up. Any other refusal fails
+/// the test at once.
 fn change(c: &Cluster, ch: MembershipChange) {
     use chorus_core::replica::ChangeError;
     let end = Instant::now() + Duration::from_secs(20);
@@ -380,6 +381,16 @@ fn change(c: &Cluster, ch: MembershipChange) {
                 assert!(
                     Instant::now() < end,
                     "{ch:?}: still refused after 20 s: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(Error::Change {
+                source: ChangeError::Invalid(why),
+                ..
+            }) if why.contains("has not caught up") => {
+                assert!(
+                    Instant::now() < end,
+                    "{ch:?}: still refused after 20 s: {why}"
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }

@@ -656,9 +656,9 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
     assert_eq!(&a[..want], &b[..want], "the rejoined node's log differs");
 }
 
-/// Asks for a membership change, retrying while a previous change is in progress
-/// (ABORTED) or while the leadership moves (not the leader, or no leader found); any
-/// other error fails the test at once.
+/// Asks for a membership change, retrying while it cannot be taken yet: a previous change
+/// is in progress (ABORTED), the leadership moves (not the leader, or no leader found), or
+/// a learner to promote has not caught up. Any other error fails the test at once.
 async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
     use chorus_client::ClientError;
     use tonic::Code;
@@ -672,6 +672,8 @@ async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
                         (*code == Code::Aborted && message.contains("in progress"))
                             || (*code == Code::FailedPrecondition
                                 && message.contains("not the leader"))
+                            || (*code == Code::InvalidArgument
+                                && message.contains("has not caught up"))
                     }
                     ClientError::NoLeader { .. } => true,
                     _ => false,

@@ -654,10 +654,9 @@ impl OooNode {
         rx.recv_timeout(Duration::from_secs(5)).ok()
     }
 
-    /// Schedules the driver if its wake-up time (on the environment's clock) has come;
-    /// returns that time. The environment's timer calls it.
-    pub(crate) fn poke(&self, now: u64) -> u64 {
-        self.task.poke(now)
+    /// The driver task (the environment's timer polls it).
+    pub(crate) fn task(&self) -> Arc<OooTask> {
+        self.task.clone()
     }
 
     /// Messages dropped and appends refused because the group's inbox was full.
