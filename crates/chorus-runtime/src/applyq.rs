@@ -37,14 +37,23 @@ impl<T> Default for WorkQueue<T> {
 }
 
 impl<T> WorkQueue<T> {
-    /// Queues `w` behind everything queued and wakes one waiting worker.
+    /// Queues `w` behind everything queued and wakes one waiting worker. A closed queue
+    /// takes nothing: `w` is dropped at once (its owner is stopping), so nothing queued
+    /// waits for ever on a queue no worker pops.
     pub fn push(&self, w: T) {
-        self.q.lock().expect("work queue").0.push_back(w);
+        let mut q = self.q.lock().expect("work queue");
+        if q.1 {
+            drop(q);
+            drop(w);
+            return;
+        }
+        q.0.push_back(w);
+        drop(q);
         self.ready.notify_one();
     }
 
     /// The next item, waiting for one; `None` once the queue is closed (items still
-    /// queued then are dropped: the owner is stopping).
+    /// queued then were dropped by [`WorkQueue::close`]: the owner is stopping).
     pub fn pop(&self) -> Option<T> {
         let mut q = self.q.lock().expect("work queue");
         loop {
@@ -67,10 +76,16 @@ impl<T> WorkQueue<T> {
         q.0.pop_front()
     }
 
-    /// Closes the queue and wakes every waiting worker.
+    /// Closes the queue and wakes every waiting worker; what was still queued is dropped
+    /// (outside the lock: an item's drop may do work of its own).
     pub fn close(&self) {
-        self.q.lock().expect("work queue").1 = true;
+        let left = {
+            let mut q = self.q.lock().expect("work queue");
+            q.1 = true;
+            std::mem::take(&mut q.0)
+        };
         self.ready.notify_all();
+        drop(left);
     }
 }
 
@@ -88,5 +103,41 @@ impl Countdown {
     /// piece's writes.
     pub fn done(&self) -> bool {
         self.0.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Counts its drops.
+    struct Item(Arc<AtomicUsize>);
+
+    impl Drop for Item {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Closing drops what was queued, and a push after the close drops its item at once:
+    /// nothing is left holding what its owner waits for (a group waiting for its apply
+    /// jobs to end).
+    #[test]
+    fn a_closed_queue_keeps_nothing() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let q = WorkQueue::default();
+        q.push(Item(dropped.clone()));
+        q.push(Item(dropped.clone()));
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+        q.close();
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            2,
+            "queued items dropped at close"
+        );
+        q.push(Item(dropped.clone()));
+        assert_eq!(dropped.load(Ordering::SeqCst), 3, "a late push is dropped");
+        assert!(q.try_pop().is_none() && q.pop().is_none());
     }
 }
