@@ -1097,14 +1097,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
                 next = next.min(now + period);
             } else {
                 // Its next tick (one already asked for and not yet run: a period on).
-                let due = last.saturating_add(period);
-                let due = if period == BUSY_TICK {
-                    due
-                } else {
-                    crate::sched::tick_instant(due)
-                }
-                .max(now + BUSY_TICK);
-                next = next.min(due);
+                next = next.min(due_at.max(now + BUSY_TICK));
                 if resend > now {
                     next = next.min(resend);
                 }

@@ -734,7 +734,7 @@ impl OooGroups {
     /// Prometheus text for every out-of-order group (appended to the node's metrics).
     pub fn render_metrics(&self, node: u64) -> String {
         type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 40] = [
+        let metrics: [(&str, &str, &str, Get); 41] = [
             ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
             (
                 "chorus_ooo_leader",
@@ -957,6 +957,12 @@ impl OooGroups {
                 "gauge",
                 "1 while this replica recovers entries it lost on disk (damaged at start): it follows but neither votes nor campaigns.",
                 |s| s.recovering_lost as u64,
+            ),
+            (
+                "chorus_ooo_inbox_overflows_total",
+                "counter",
+                "Messages dropped and appends refused (nothing appended) because the group's queue of events was full.",
+                |s| s.counters.inbox_overflows,
             ),
             (
                 "chorus_ooo_damaged_at_start",

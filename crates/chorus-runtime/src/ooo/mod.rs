@@ -316,6 +316,9 @@ pub struct OooCounters {
     /// bad, valid records after them): skipped, the replica recovering what it lost from
     /// its peers.
     pub damaged_at_start: u64,
+    /// Messages dropped and appends refused ([`OooNodeError::Busy`]) because the group's
+    /// inbox was full.
+    pub inbox_overflows: u64,
 }
 
 /// Committed entries read from a replica ([`OooNode::read`]).
@@ -659,11 +662,6 @@ impl OooNode {
         self.task.clone()
     }
 
-    /// Messages dropped and appends refused because the group's inbox was full.
-    pub fn overflowed(&self) -> u64 {
-        self.task.overflowed.load(Ordering::Relaxed)
-    }
-
     /// This node's latency histograms, as they are now (they only grow).
     pub fn latency(&self) -> &OooLatency {
         &self.latency
@@ -771,7 +769,10 @@ impl OooNode {
 
     /// The replica's status, or `None` if the node stopped.
     pub fn status(&self) -> Option<OooStatus> {
-        self.ask(Ev::Status)
+        let mut st = self.ask(Ev::Status)?;
+        // Counted where events are queued, not by the driver.
+        st.counters.inbox_overflows = self.task.overflowed.load(Ordering::Relaxed);
+        Some(st)
     }
 
     /// Why the node stopped, once a failure stopped it (its storage failed, e.g. on a full
