@@ -6,6 +6,7 @@
 //! step the [`checker::Checker`] verifies the invariants; [`run::run_seed`] adds a fault
 //! schedule, a healing phase and the liveness check.
 
+pub mod batch;
 pub mod checker;
 pub mod mirror;
 pub mod ooo;

@@ -42,10 +42,6 @@ struct Args {
     /// Run without faults (workload only).
     #[arg(long)]
     no_faults: bool,
-    /// Out-of-order groups: one record per entry, no group payload (the trajectories of
-    /// seeds found before entries carried groups).
-    #[arg(long)]
-    no_groups: bool,
     /// Out-of-order groups: no operator leader transfers (the trajectories of seeds found
     /// before transfers existed).
     #[arg(long)]
@@ -95,7 +91,8 @@ struct Args {
     #[arg(long)]
     mirror: bool,
     /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase
-    /// or mirror-start-working (with --mirror) (needs the `broken` feature).
+    /// or mirror-start-working (with --mirror); with --ooo: no-ghost-guard, no-lost-guard
+    /// or ack-before-sync (the production driver) (needs the `broken` feature).
     #[arg(long)]
     broken: Option<String>,
     /// Simulate an out-of-order group instead: parallel or dependent.
@@ -244,7 +241,6 @@ fn main() -> ExitCode {
 /// The first flag given that only out-of-order runs read, if any.
 fn ooo_only_flag(a: &Args) -> Option<&'static str> {
     [
-        (a.no_groups, "--no-groups"),
         (a.no_transfers, "--no-transfers"),
         (a.no_changes, "--no-changes"),
         (a.no_pre_vote, "--no-pre-vote"),
@@ -283,7 +279,6 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         mode: m,
         faults: !args.no_faults,
         fault_time: args.fault_secs * 1_000 * MS,
-        groups: !args.no_groups,
         transfers: !args.no_transfers,
         changes: !args.no_changes,
         pre_vote: !args.no_pre_vote,
@@ -295,9 +290,6 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         ..OooOptions::default()
     };
     let mut broken_flag = String::new();
-    if args.no_groups {
-        broken_flag = " --no-groups".into();
-    }
     if args.no_changes {
         broken_flag.push_str(" --no-changes");
     }
@@ -323,9 +315,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         broken_flag.push_str(&format!(" --timed-resend {t}"));
     }
     if let Some(b) = &args.broken {
-        if b != "no-ghost-guard" && b != "no-lost-guard" {
+        if !["no-ghost-guard", "no-lost-guard", "ack-before-sync"].contains(&b.as_str()) {
             eprintln!(
-                "chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard or no-lost-guard"
+                "chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard, no-lost-guard or ack-before-sync"
             );
             return ExitCode::from(2);
         }
@@ -333,10 +325,10 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
             eprintln!("chorus-sim: --broken {b:?} needs a build with --features broken");
             return ExitCode::from(2);
         }
-        if b == "no-ghost-guard" {
-            o.ghost_guard = false;
-        } else {
-            o.broken_lost_guard = true;
+        match b.as_str() {
+            "no-ghost-guard" => o.ghost_guard = false,
+            "no-lost-guard" => o.broken_lost_guard = true,
+            _ => o.broken_ack_before_sync = true,
         }
         broken_flag += &format!(" --broken {b}");
     }

@@ -519,42 +519,18 @@ pub fn run_batch(
     threads: usize,
     deadline: Option<std::time::Instant>,
 ) -> Vec<SeedReport> {
-    let next = std::sync::atomic::AtomicU64::new(start);
-    let out = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| loop {
-                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                    return;
-                }
-                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if seed >= start + count {
-                    return;
-                }
-                // A panic in the replica or storage under some seed is a finding like any
-                // violation: report it with the seed instead of losing the whole batch.
-                let r =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, opts)))
-                        .unwrap_or_else(|p| {
-                            let msg = p
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| p.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "non-string panic payload".into());
-                            SeedReport {
-                                seed,
-                                violations: vec![format!("panicked: {msg}")],
-                                stats: BTreeMap::new(),
-                                committed_end: 0,
-                            }
-                        });
-                out.lock().unwrap_or_else(|e| e.into_inner()).push(r);
-            });
-        }
-    });
-    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
-    v.sort_by_key(|r| r.seed);
-    v
+    crate::batch::run_seeds(
+        start..start + count,
+        threads,
+        deadline,
+        |seed| run_seed(seed, opts),
+        |seed, msg| SeedReport {
+            seed,
+            violations: vec![format!("panicked: {msg}")],
+            stats: BTreeMap::new(),
+            committed_end: 0,
+        },
+    )
 }
 
 /// Parses a commit mode name.

@@ -50,7 +50,7 @@ fn flags_of_the_other_kind_of_run_are_refused_by_name() {
             "--gap-resend",
         ),
         (&["--ooo", "dependent", "--no-trims"][..], "--no-trims"),
-        (&["--no-groups"][..], "--no-groups"),
+        (&["--no-transfers"][..], "--no-transfers"),
         (&["--mode", "sync", "--full-images"][..], "--full-images"),
     ] {
         let out = sim(args);

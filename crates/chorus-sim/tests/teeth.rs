@@ -133,6 +133,31 @@ fn a_replica_that_lost_entries_and_still_votes_is_caught() {
     }
 }
 
+/// The production out-of-order driver, broken to run every action before its batch's
+/// writes are durable (acknowledgements, votes and the leader's count of its own copies):
+/// a node that crashes with acknowledged entries unsynced loses them, and a committed slot
+/// is later committed with something else. The simulator runs that driver, so the
+/// agreement checks must bite — in both modes.
+#[test]
+fn a_driver_that_acknowledges_before_its_sync_is_caught() {
+    for mode in [
+        chorus_core::ooo::replica::Mode::Parallel { span: 2 },
+        chorus_core::ooo::replica::Mode::Dependent,
+    ] {
+        let o = chorus_sim::ooo::OooOptions {
+            mode,
+            broken_ack_before_sync: true,
+            ..Default::default()
+        };
+        let found = (0..60u64).find(|s| !chorus_sim::ooo::run_seed(*s, &o).violations.is_empty());
+        eprintln!("{mode:?}: first caught on seed {found:?}");
+        assert!(
+            found.is_some(),
+            "{mode:?}: no acknowledgement before a sync caught"
+        );
+    }
+}
+
 /// Guessing the outcome of appends a rebase leaves undecided — reporting them Failed
 /// instead of unknown — is caught: on the seed below a deposed leader holds appends that
 /// its successor committed and then trimmed below, and is rebased past them. (Found by

@@ -17,19 +17,19 @@ use std::sync::Arc;
 use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::replica::Entry;
 
-use super::task::Mailbox;
+use super::driver::Jobs;
 use super::{Ev, OooStateMachine};
 use crate::applyq::Countdown;
 
 /// What a group's apply jobs need.
-pub(super) struct ApplyCtx {
+pub(super) struct ApplyCtx<J: Jobs> {
     pub sm: Arc<dyn OooStateMachine>,
-    pub mail: Mailbox,
+    pub jobs: J,
     /// Pieces an entry may be cut into (at least 1).
     pub pieces: usize,
 }
 
-impl ApplyCtx {
+impl<J: Jobs> ApplyCtx<J> {
     /// Applies a released entry on the apply workers; the slot is reported applied (or the
     /// state machine failed) as an event.
     pub fn submit(self: &Arc<Self>, e: Entry) {
@@ -38,12 +38,12 @@ impl ApplyCtx {
 
     fn submit_work(self: &Arc<Self>, w: ApplyWork) {
         let me = self.clone();
-        self.mail.submit(move || {
+        self.jobs.submit(Box::new(move || {
             let push = |w| me.submit_work(w);
             if let Some(ev) = apply_work(&*me.sm, &push, w, me.pieces) {
-                me.mail.post(ev);
+                me.jobs.post(ev);
             }
-        });
+        }));
     }
 }
 

@@ -1,6 +1,6 @@
 //! The driver of one out-of-order group: the replica, the writers waiting for answers and
 //! the batches waiting for their writes, stepped one round at a time by the group's task
-//! on the environment's IO workers ([`super::task`]).
+//! on the environment's IO workers (`super::task`).
 //!
 //! A round takes the events queued since the last (messages, appends, apply and IO
 //! reports, control requests), lets the replica react, and hands the writes and
@@ -26,24 +26,63 @@ use chorus_core::ooo::replica::{Action, Mode, Msg, OooReplica};
 use chorus_core::replica::{Outcome, Role};
 
 use super::apply::{apply_entry, guarded, ApplyCtx};
-use super::task::{IoOp, Mailbox};
+use super::io::IoOp;
 use super::{
     AckClock, Ev, OooCounters, OooLatency, OooNodeError, OooRead, OooResult, OooStateMachine,
     OooStatus, Reply,
 };
-use crate::transport::Transport;
 
 /// Events a round takes at most before it lets the replica act (the rest wait for the
 /// next round, which follows at once).
-pub(super) const ROUND_EVENTS: usize = 4096;
+pub const ROUND_EVENTS: usize = 4096;
 
 /// How long an idle driver waits for its next tick: a quarter of its heartbeat interval,
 /// between these bounds. Its timers (heartbeats, resends, election and snapshot
 /// timeouts) are deadlines the replica checks on each tick, so a tick this much later
 /// delays them by at most this much, and a node at rest runs each of its groups a few
 /// dozen times a second rather than hundreds.
-pub(super) fn idle_tick(heartbeat: Duration) -> Duration {
+pub fn idle_tick(heartbeat: Duration) -> Duration {
     (heartbeat / 4).clamp(Duration::from_millis(5), Duration::from_millis(50))
+}
+
+/// Where a driver's state-machine work runs and how its reports come back: the
+/// environment's shared apply workers and the group's inbox (`super::task::Mailbox`), or
+/// the simulator's seeded job queue.
+pub trait Jobs: Clone + Send + Sync + 'static {
+    /// Queues `ev` for the driver's next round.
+    fn post(&self, ev: Ev);
+    /// Runs `f` on the state-machine workers, some time later, in no promised order with
+    /// the other jobs.
+    fn submit(&self, f: Box<dyn FnOnce() + Send>);
+    /// Runs `f` on the state-machine workers and posts what it returns.
+    fn job(&self, f: impl FnOnce() -> Ev + Send + 'static) {
+        let me = self.clone();
+        self.submit(Box::new(move || me.post(f())));
+    }
+}
+
+/// What a driver runs on: its clock, its network sink, its IO hand-off and its
+/// state-machine workers. The environment's implementation (`super::task::EnvHost`)
+/// uses the node's transport, IO workers and apply workers; the simulator's uses a seeded
+/// network, a simulated disk and a seeded job queue — so the seeds run the very code that
+/// decides what is synced before it is sent, acknowledged or applied (TigerBeetle's
+/// replica is generic over its bus, storage and time in the same way).
+pub trait Host: Send + 'static {
+    /// The state-machine workers.
+    type Jobs: Jobs;
+    /// Nanoseconds on the group's clock (monotonic).
+    fn now(&self) -> u64;
+    /// Queues a message for a peer (a lost one is the protocol's to resend).
+    fn send(&mut self, to: NodeId, msg: &Msg);
+    /// Hands batch `id` to the group's IO side, which executes the batches in order
+    /// ([`super::io::run_io`]) and reports [`Ev::Synced`] (or [`Ev::IoFailed`]).
+    fn io(&mut self, id: u64, ops: Vec<IoOp>);
+    /// The state-machine workers.
+    fn jobs(&self) -> &Self::Jobs;
+    /// Sees every action the driver runs once what it depends on is durable (results,
+    /// commits, roles, applies, images), before it runs: the simulator's checkers. The
+    /// environment's host does nothing.
+    fn observe(&mut self, _replica: &OooReplica, _action: &Action) {}
 }
 
 /// What waits for an IO batch: the actions that may run only once the writes before
@@ -55,34 +94,24 @@ struct Pending {
     actions: Vec<Action>,
 }
 
-/// Where a group's messages go: the node's shared transport, for the group's replicas.
-pub(super) struct Net {
-    pub transport: Arc<dyn Transport>,
-    pub group: u64,
-    /// The group's replicas other than this node (voters and `others`): the only peers
-    /// sent to and heard.
-    pub peers: HashSet<NodeId>,
-}
-
-impl Net {
-    /// Queues a message for a peer on the node's transport, which every group shares (a
-    /// lost one is the protocol's to resend); only the group's replicas are sent to.
-    fn send(&self, c: &mut OooCounters, to: NodeId, msg: &Msg) {
-        if self.peers.contains(&to) {
-            c.msgs_out += 1;
-            self.transport.send_ooo(to, self.group, msg);
-        }
-    }
-}
-
 /// Settings the driver reads every round.
-pub(super) struct DriverSettings {
+pub struct DriverSettings {
+    /// The group's mode.
     pub mode: Mode,
+    /// Checkpoint and compact once the entries file passes this many bytes (0: never).
     pub compact_bytes: u64,
+    /// How long staged appends may wait for the log write in flight before they are
+    /// packed anyway (PALF section 6's freeze interval).
     pub freeze: Duration,
+    /// The disk's free-space guard, if any (`crate::disk`).
     pub disk: Option<Arc<crate::DiskSpace>>,
     /// [`idle_tick`] of the group's heartbeat interval.
     pub idle_tick: Duration,
+    /// Broken on purpose (test-only `broken` build): every action runs at once, before
+    /// the writes of its batch are durable — acknowledgements, votes and the leader's
+    /// count of its own copies included. The simulator must catch it.
+    #[cfg(feature = "broken")]
+    pub broken_ack_before_sync: bool,
 }
 
 /// The driver's state between rounds.
@@ -92,38 +121,38 @@ pub(super) struct DriverSettings {
 /// `synced_upto <= io_sent <= next_id`; a slot in `unsynced` maps to the batch of its
 /// latest write, which is in `pending` or was reported durable (then it is removed);
 /// `staged` is empty exactly when `staged_since` is `None`.
-pub(super) struct Driver {
-    pub replica: OooReplica,
-    pub set: DriverSettings,
-    pub net: Net,
-    pub sm: Arc<dyn OooStateMachine>,
-    /// The shared apply workers and what their jobs need (None: applies run inline).
-    pub apply: Option<Arc<ApplyCtx>>,
-    pub lat: Arc<OooLatency>,
-    /// Posts events back to this driver (checkpoints, images, installs).
-    pub mail: Mailbox,
-    /// Hands batches to the group's IO task.
-    pub io: Box<dyn Fn(u64, Vec<IoOp>) + Send>,
+pub struct Driver<H: Host> {
+    replica: OooReplica,
+    set: DriverSettings,
+    /// The clock, network, IO and workers this driver runs on.
+    host: H,
+    /// The group's replicas other than this node (voters and `others`): the only peers
+    /// sent to and heard.
+    peers: HashSet<NodeId>,
+    sm: Arc<dyn OooStateMachine>,
+    /// The apply workers and what their jobs need (None: applies run inline).
+    apply: Option<Arc<ApplyCtx<H::Jobs>>>,
+    lat: Arc<OooLatency>,
     /// Why the driver stopped, once a failure stopped it.
-    pub why: Arc<OnceLock<String>>,
+    why: Arc<OnceLock<String>>,
     /// The committed head, published at the end of every round.
-    pub committed: tokio::sync::watch::Sender<u64>,
-    /// The clock the replica runs on (nanoseconds since the environment started).
-    pub now: Box<dyn Fn() -> u64 + Send>,
+    committed: tokio::sync::watch::Sender<u64>,
     /// The writers of each group entry in flight, by entry id, in record order.
-    pub waiters: HashMap<u64, Vec<Reply>>,
+    waiters: HashMap<u64, Vec<Reply>>,
     /// Records taken and not packed yet into group entries.
-    pub staged: Vec<(Record, Reply)>,
-    /// When the oldest staged record was taken, and the staged records' bytes.
-    pub staged_since: Option<Instant>,
-    pub staged_bytes: usize,
-    /// The last batch handed to the IO task: the log IO is idle once every batch up to
+    staged: Vec<(Record, Reply)>,
+    /// When (on the host's clock) the oldest staged record was taken.
+    staged_since: Option<u64>,
+    /// The staged records' bytes.
+    staged_bytes: usize,
+    /// The last batch handed to the IO side: the log IO is idle once every batch up to
     /// it is reported durable.
-    pub io_sent: u64,
-    pub failed: bool,
-    pub c: OooCounters,
+    io_sent: u64,
+    /// A failure stopped the driver (`why` says which): it takes no more work.
+    failed: bool,
+    c: OooCounters,
     /// A checkpoint is under way (at most one at a time).
-    pub checkpointing: bool,
+    checkpointing: bool,
     /// Batches whose actions wait for their writes (and every earlier batch's).
     pending: VecDeque<Pending>,
     next_id: u64,
@@ -132,40 +161,54 @@ pub(super) struct Driver {
     /// any other slot runs at once (its entry is on disk already).
     unsynced: HashMap<u64, u64>,
     clock: AckClock,
-    /// Bytes of the entries file (as last reported by the IO task).
-    pub log_bytes: u64,
+    /// Bytes of the entries file (as last reported by the IO side).
+    log_bytes: u64,
 }
 
-impl Driver {
-    /// A driver for `replica`, nothing in flight.
+/// What a driver publishes to the node that hosts it.
+pub struct DriverOutputs {
+    /// Why the driver stopped, set once a failure stopped it.
+    pub why: Arc<OnceLock<String>>,
+    /// The committed head, published at the end of every round.
+    pub committed: tokio::sync::watch::Sender<u64>,
+    /// Latency histograms, recorded as the driver runs.
+    pub lat: Arc<OooLatency>,
+}
+
+impl<H: Host> Driver<H> {
+    /// A driver for `replica` on `host`, nothing in flight: `peers` are the group's
+    /// other replicas (the only ones sent to and heard), `apply_pieces` the pieces an
+    /// entry may be cut into on the state-machine workers (0: applies run inline, one
+    /// released batch after another), `log_bytes` the entries file's size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         replica: OooReplica,
         set: DriverSettings,
-        net: Net,
+        host: H,
+        peers: HashSet<NodeId>,
         sm: Arc<dyn OooStateMachine>,
-        apply: Option<Arc<ApplyCtx>>,
-        lat: Arc<OooLatency>,
-        mail: Mailbox,
-        io: Box<dyn Fn(u64, Vec<IoOp>) + Send>,
-        why: Arc<OnceLock<String>>,
-        committed: tokio::sync::watch::Sender<u64>,
-        now: Box<dyn Fn() -> u64 + Send>,
+        apply_pieces: usize,
+        out: DriverOutputs,
         c: OooCounters,
         log_bytes: u64,
     ) -> Self {
+        let apply = (apply_pieces > 0).then(|| {
+            Arc::new(ApplyCtx {
+                sm: sm.clone(),
+                jobs: host.jobs().clone(),
+                pieces: apply_pieces,
+            })
+        });
         Self {
             replica,
             set,
-            net,
+            host,
+            peers,
             sm,
             apply,
-            lat,
-            mail,
-            io,
-            why,
-            committed,
-            now,
+            lat: out.lat,
+            why: out.why,
+            committed: out.committed,
             waiters: HashMap::new(),
             staged: Vec::new(),
             staged_since: None,
@@ -188,15 +231,59 @@ impl Driver {
         self.failed = true;
     }
 
+    /// The replica (the simulator reads it for its checks).
+    pub fn replica(&self) -> &OooReplica {
+        &self.replica
+    }
+
+    /// The replica, for a harness that appends or asks it directly between rounds (the
+    /// simulator's clients and operators); the next round runs what it asked.
+    pub fn replica_mut(&mut self) -> &mut OooReplica {
+        &mut self.replica
+    }
+
+    /// The host.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// The host, mutably.
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+
+    /// Whether a failure stopped the driver.
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &OooCounters {
+        &self.c
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &DriverSettings {
+        &self.set
+    }
+
+    /// Queues a message for a peer on the host, counted; only the group's replicas are
+    /// sent to.
+    fn send(&mut self, to: NodeId, msg: &Msg) {
+        if self.peers.contains(&to) {
+            self.c.msgs_out += 1;
+            self.host.send(to, msg);
+        }
+    }
+
     /// When the driver must run again without new events: its next tick, the freeze
     /// deadline of staged records, or a timed resend falling due (nanoseconds on its
     /// clock).
     pub fn wake_at(&self) -> u64 {
-        let now = (self.now)();
+        let now = self.host.now();
         let mut at = crate::sched::tick_instant(now + self.set.idle_tick.as_nanos() as u64);
         if let Some(t) = self.staged_since {
-            let left = (t + self.set.freeze).saturating_duration_since(Instant::now());
-            at = at.min(now + left.as_nanos() as u64);
+            at = at.min((t + self.set.freeze.as_nanos() as u64).max(now));
         }
         if let Some(due) = self.replica.resend_due() {
             // Once a millisecond while one is already past due, waiting out its
@@ -220,9 +307,10 @@ impl Driver {
             // node's log IO is idle; while a write is in flight, let appends gather until
             // it is durable (its Synced event starts a round), a full group is staged, or
             // the freeze interval passed.
-            let since = *self.staged_since.get_or_insert_with(Instant::now);
+            let now = self.host.now();
+            let since = *self.staged_since.get_or_insert(now);
             let due = self.io_sent <= self.synced_upto
-                || since.elapsed() >= self.set.freeze
+                || now.saturating_sub(since) >= self.set.freeze.as_nanos() as u64
                 || self.staged.len() >= group::MAX_GROUP_RECORDS
                 || self.staged_bytes >= group::MAX_GROUP_BYTES
                 || !self.replica.is_serving();
@@ -230,7 +318,7 @@ impl Driver {
                 append_groups(
                     &mut self.replica,
                     self.set.mode,
-                    (self.now)(),
+                    now,
                     &mut self.staged,
                     &mut self.waiters,
                     &mut self.c,
@@ -239,7 +327,7 @@ impl Driver {
                 (self.staged_since, self.staged_bytes) = (None, 0);
             }
         }
-        self.replica.tick((self.now)());
+        self.replica.tick(self.host.now());
         self.maybe_checkpoint();
         self.drain();
         // Readers following the log (tail) wake only when the head moves.
@@ -249,10 +337,10 @@ impl Driver {
     }
 
     fn event(&mut self, ev: Ev) {
-        let now = (self.now)();
+        let now = self.host.now();
         match ev {
             // Only the configured replicas (voters and `others`) are heard.
-            Ev::Msg(from, m) if self.net.peers.contains(&from) => {
+            Ev::Msg(from, m) if self.peers.contains(&from) => {
                 self.c.msgs_in += 1;
                 // On a low disk a follower takes no new entries (`crate::disk`): the
                 // message goes as if lost.
@@ -411,10 +499,12 @@ impl Driver {
         {
             self.checkpointing = true;
             let sm = self.sm.clone();
-            self.mail.job(move || match guarded(|| sm.checkpoint()) {
-                Ok(()) => Ev::Checkpointed(upto),
-                Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
-            });
+            self.host
+                .jobs()
+                .job(move || match guarded(|| sm.checkpoint()) {
+                    Ok(()) => Ev::Checkpointed(upto),
+                    Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
+                });
         }
     }
 
@@ -437,7 +527,7 @@ impl Driver {
                     }
                 }
                 if !p.written.is_empty() {
-                    self.replica.persisted((self.now)(), &p.written);
+                    self.replica.persisted(self.host.now(), &p.written);
                 }
                 self.run_actions(p.actions);
                 ran = true;
@@ -478,7 +568,7 @@ impl Driver {
                             self.clock
                                 .sent(to, entries.iter().map(|e| e.seq), Instant::now());
                         }
-                        self.net.send(&mut self.c, to, &msg)
+                        self.send(to, &msg)
                     }
                     // Outcomes rest on durable copies only: the writer hears at once, not
                     // after this batch's fsync of other appends. An Apply waits for its
@@ -509,9 +599,11 @@ impl Driver {
             self.next_id = id;
             let io = !ops.is_empty();
             if io {
-                (self.io)(id, ops);
+                self.host.io(id, ops);
                 self.io_sent = id;
             }
+            #[cfg(feature = "broken")]
+            let io = io && !self.set.broken_ack_before_sync;
             self.pending.push_back(Pending {
                 id,
                 io,
@@ -527,8 +619,9 @@ impl Driver {
     fn run_actions(&mut self, actions: Vec<Action>) {
         let mut applied = Vec::new();
         for a in actions {
+            self.host.observe(&self.replica, &a);
             match a {
-                Action::Send { to, msg } => self.net.send(&mut self.c, to, &msg),
+                Action::Send { to, msg } => self.send(to, &msg),
                 Action::Apply(e) => match &self.apply {
                     Some(ctx) => ctx.submit(e),
                     None => match apply_entry(&*self.sm, &e) {
@@ -536,7 +629,7 @@ impl Driver {
                             self.c.applied += 1;
                             applied.push(e.seq);
                         }
-                        Err(err) => self.mail.post(Ev::SmFailed(err)),
+                        Err(err) => self.host.jobs().post(Ev::SmFailed(err)),
                     },
                 },
                 Action::Snapshot { to } => {
@@ -545,7 +638,7 @@ impl Driver {
                     let base = self.replica.applied_head();
                     let scope = self.replica.image_scope(to);
                     let sm = self.sm.clone();
-                    self.mail.job(move || {
+                    self.host.jobs().job(move || {
                         let part = match &scope {
                             Some((from, f)) => {
                                 guarded(|| sm.image_part(f)).map(|i| i.map(|i| (*from, i)))
@@ -574,7 +667,7 @@ impl Driver {
                 }
                 Action::Install { base, image, part } => {
                     let sm = self.sm.clone();
-                    self.mail.job(move || {
+                    self.host.jobs().job(move || {
                         let done = guarded(|| {
                             if part {
                                 sm.restore_part(&image)

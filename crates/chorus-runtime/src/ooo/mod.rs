@@ -41,7 +41,8 @@
 //! [`OooStateMachine::restore_part`]).
 
 mod apply;
-mod driver;
+pub mod driver;
+pub mod io;
 pub(crate) mod task;
 
 use std::collections::{HashMap, HashSet};
@@ -55,7 +56,6 @@ use std::time::{Duration, Instant};
 use crate::group::EnvShared;
 use crate::metrics::Histogram;
 use crate::pool::Task;
-use apply::ApplyCtx;
 use chorus_core::format::meta::NodeId;
 use chorus_core::ooo::group::Record;
 use chorus_core::ooo::replica::{
@@ -65,8 +65,8 @@ use chorus_core::ooo::replica::{
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
 use chorus_storage::ooo::OooStore;
-use driver::{Driver, DriverSettings, Net};
-use task::{IoTask, Mailbox, OooTask};
+use driver::{Driver, DriverOutputs, DriverSettings};
+use task::{EnvHost, IoTask, Mailbox, OooTask};
 
 /// The smallest frame limit of a node that hosts out-of-order groups: what an
 /// out-of-order message may need ([`crate::Env`] raises its transport's limit to at least
@@ -344,14 +344,14 @@ pub struct OooResult {
 
 /// A writer waiting for its record's answer, and when it submitted the record (for
 /// [`OooLatency`]).
-struct Reply {
+pub struct Reply {
     tx: tokio::sync::oneshot::Sender<Result<OooResult, OooNodeError>>,
     since: Instant,
 }
 
 impl Reply {
     /// A reply submitted now, and the receiver its writer waits on.
-    fn channel() -> (
+    pub fn channel() -> (
         Self,
         tokio::sync::oneshot::Receiver<Result<OooResult, OooNodeError>>,
     ) {
@@ -388,7 +388,8 @@ pub struct OooLatency {
 }
 
 impl OooLatency {
-    fn new(peers: impl IntoIterator<Item = NodeId>) -> Self {
+    /// Empty histograms, one acknowledgement histogram per peer.
+    pub fn new(peers: impl IntoIterator<Item = NodeId>) -> Self {
         Self {
             append: Histogram::default(),
             queue: Histogram::default(),
@@ -441,10 +442,16 @@ impl AckClock {
     }
 }
 
-enum Ev {
+/// What a driver's round takes ([`driver::Driver::round`]): messages, appends, reports of
+/// its IO side and state-machine jobs, and control requests.
+pub enum Ev {
+    /// A message from a peer.
     Msg(NodeId, Msg),
+    /// A record to append, with its writer.
     Append(Declared, Vec<u8>, Reply),
+    /// The state machine applied this slot.
     Applied(u64),
+    /// The replica's status.
     Status(Sender<OooStatus>),
     /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
     Transfer(NodeId, Sender<Result<(), OooTransferError>>),
@@ -454,23 +461,30 @@ enum Ev {
     Membership(Sender<Membership>),
     /// Committed entries from a slot on (at most a count), with the committed head.
     Read(u64, usize, Sender<Result<OooRead, OooReadError>>),
-    /// The IO thread made every batch up to this one durable, with this many fdatasyncs;
+    /// The IO side made every batch up to this one durable, with this many fdatasyncs;
     /// the entries file is `len` bytes.
     Synced {
+        /// The last batch made durable.
         upto: u64,
+        /// fdatasyncs that wrote something.
         syncs: u64,
+        /// Bytes of the entries file.
         len: u64,
     },
-    /// The IO thread failed (the store refuses everything after).
+    /// The IO side failed (the store refuses everything after).
     IoFailed(String),
     /// The state machine made everything below this slot durable.
     Checkpointed(u64),
     /// An image for a follower, covering every slot below `base` (partial: built for a
     /// follower that applied every slot below `part`).
     Image {
+        /// The follower.
         to: NodeId,
+        /// Every slot below it is covered.
         base: u64,
+        /// Partial: the follower applied every slot below this one.
         part: Option<u64>,
+        /// The image's bytes.
         image: Vec<u8>,
     },
     /// The leader's image (partial or not) is installed here, covering every slot below
@@ -555,9 +569,7 @@ impl OooNode {
         rc.conflict_order = cfg.conflict_order;
         rc.hole_resend = cfg.hole_resend;
         rc.timed_resend = cfg.timed_resend;
-        let clock = env.clone();
-        let now = move || clock.now();
-        let replica = OooReplica::recover(rc, hard, members, entries, now());
+        let replica = OooReplica::recover(rc, hard, members, entries, env.now());
         // Outbound: the node's transport, to the group's other replicas.
         let peers: HashSet<NodeId> = cfg
             .voters
@@ -575,14 +587,6 @@ impl OooNode {
         let mut mail_out = None;
         let task = OooTask::new(env.clone(), inflight, |mail| {
             mail_out = Some(mail.clone());
-            let apply = (cfg.apply_threads > 0).then(|| {
-                Arc::new(ApplyCtx {
-                    sm: sm.clone(),
-                    mail: mail.clone(),
-                    pieces: cfg.apply_threads,
-                })
-            });
-            let slot = io_slot.clone();
             Driver::new(
                 replica,
                 DriverSettings {
@@ -591,24 +595,24 @@ impl OooNode {
                     freeze: cfg.freeze_interval,
                     disk: cfg.disk.clone(),
                     idle_tick: driver::idle_tick(cfg.election_timeout / 6),
+                    #[cfg(feature = "broken")]
+                    broken_ack_before_sync: false,
                 },
-                Net {
+                EnvHost {
+                    env: env.clone(),
                     transport,
                     group: cfg.group,
-                    peers,
+                    mail,
+                    io: io_slot.clone(),
                 },
+                peers,
                 sm.clone(),
-                apply,
-                latency.clone(),
-                mail,
-                Box::new(move |id, ops| {
-                    if let Some(io) = slot.get() {
-                        io.push(id, ops)
-                    }
-                }),
-                stopped.clone(),
-                committed.clone(),
-                Box::new(now),
+                cfg.apply_threads,
+                DriverOutputs {
+                    why: stopped.clone(),
+                    committed: committed.clone(),
+                    lat: latency.clone(),
+                },
                 OooCounters {
                     damaged_at_start,
                     ..OooCounters::default()

@@ -20,31 +20,25 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use chorus_core::ooo::replica::{Entry, Hard, Membership};
+use chorus_core::format::meta::NodeId;
+use chorus_core::ooo::replica::Msg;
 use chorus_storage::ooo::OooStore;
 
-use super::driver::{Driver, ROUND_EVENTS};
+use super::driver::{Driver, Host, Jobs, ROUND_EVENTS};
+use super::io::{run_io, IoOp};
 use super::{Ev, OooLatency, OooNodeError};
 use crate::group::EnvShared;
 use crate::pool::Task;
 use crate::sched::SchedState;
+use crate::transport::Transport;
 
 /// Events a group's inbox holds at most.
 pub(super) const MAX_INBOX: usize = 65_536;
 
 /// Rounds a task runs before it lets other tasks have its worker (it is queued again).
 const MAX_ROUNDS: u32 = 64;
-
-/// A write for the IO task, in the order the replica asked.
-pub(super) enum IoOp {
-    Write(Entry),
-    Hard(Hard),
-    Members(Membership),
-    Compact(Vec<Entry>),
-}
 
 /// Posts events to a group's driver, from its IO task, its apply jobs and the
 /// environment; a group gone since drops them.
@@ -56,23 +50,17 @@ pub(super) struct Mailbox {
     inflight: Arc<AtomicUsize>,
 }
 
-impl Mailbox {
+impl Jobs for Mailbox {
     /// Queues `ev` for the driver and schedules it.
-    pub fn post(&self, ev: Ev) {
+    fn post(&self, ev: Ev) {
         if let Some(t) = self.task.upgrade() {
             t.push(ev);
         }
     }
 
-    /// Runs `f` on the apply workers and posts what it returns.
-    pub fn job(&self, f: impl FnOnce() -> Ev + Send + 'static) {
-        let me = self.clone();
-        self.submit(move || me.post(f()));
-    }
-
     /// Runs `f` on the apply workers, counted in flight until it ends or is dropped
     /// unrun (the workers stopping).
-    pub fn submit(&self, f: impl FnOnce() + Send + 'static) {
+    fn submit(&self, f: Box<dyn FnOnce() + Send>) {
         struct InFlight(Arc<AtomicUsize>);
         impl Drop for InFlight {
             fn drop(&mut self) {
@@ -93,10 +81,46 @@ impl Mailbox {
             }
         }));
     }
+}
 
+impl Mailbox {
     /// Jobs of this group on the apply workers now.
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Acquire)
+    }
+}
+
+/// What a hosted driver runs on: the environment's clock, the node's transport, the
+/// group's IO task and the environment's apply workers.
+pub(super) struct EnvHost {
+    pub env: Arc<EnvShared>,
+    pub transport: Arc<dyn Transport>,
+    pub group: u64,
+    pub mail: Mailbox,
+    /// The group's IO task (set once it is built, right after the driver).
+    pub io: Arc<OnceLock<Arc<IoTask>>>,
+}
+
+impl Host for EnvHost {
+    type Jobs = Mailbox;
+
+    fn now(&self) -> u64 {
+        self.env.now()
+    }
+
+    /// On the node's transport, which every group of every mode shares.
+    fn send(&mut self, to: NodeId, msg: &Msg) {
+        self.transport.send_ooo(to, self.group, msg);
+    }
+
+    fn io(&mut self, id: u64, ops: Vec<IoOp>) {
+        if let Some(io) = self.io.get() {
+            io.push(id, ops)
+        }
+    }
+
+    fn jobs(&self) -> &Mailbox {
+        &self.mail
     }
 }
 
@@ -105,7 +129,7 @@ pub(crate) struct OooTask {
     sched: SchedState,
     /// Events not yet taken by a round (at most [`MAX_INBOX`]).
     inbox: Mutex<VecDeque<Ev>>,
-    driver: Mutex<Driver>,
+    driver: Mutex<Driver<EnvHost>>,
     /// Set once the group is stopped: its task is not run any more.
     pub(super) removed: AtomicBool,
     env: Arc<EnvShared>,
@@ -120,7 +144,7 @@ impl OooTask {
     pub(super) fn new(
         env: Arc<EnvShared>,
         inflight: Arc<AtomicUsize>,
-        make: impl FnOnce(Mailbox) -> Driver,
+        make: impl FnOnce(Mailbox) -> Driver<EnvHost>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| {
             let mail = Mailbox {
@@ -168,7 +192,7 @@ impl OooTask {
     }
 
     /// Runs `f` on the driver (between rounds).
-    pub(super) fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
+    pub(super) fn with_driver<T>(&self, f: impl FnOnce(&mut Driver<EnvHost>) -> T) -> Option<T> {
         self.driver.lock().ok().map(|mut d| f(&mut d))
     }
 
@@ -201,7 +225,7 @@ impl Task for OooTask {
             return;
         };
         for _ in 0..MAX_ROUNDS {
-            if d.failed {
+            if d.failed() {
                 d.fail_waiters();
                 drop(d);
                 self.refuse_queued();
@@ -220,7 +244,7 @@ impl Task for OooTask {
             let at = d.wake_at();
             self.wake_at.store(at, Ordering::Release);
             self.env.wake_timer_by(at);
-            if d.failed {
+            if d.failed() {
                 continue;
             }
             if self.inbox.lock().expect("inbox").is_empty() {
@@ -293,58 +317,17 @@ impl Task for IoTask {
         };
         let batches: Vec<(u64, Vec<IoOp>)> =
             self.queue.lock().expect("io queue").drain(..).collect();
-        let Some(upto) = batches.last().map(|b| b.0) else {
+        let Some(r) = run_io(store, batches, Some(&self.lat.fsync)) else {
             return;
         };
-        // Every sync, timed when it has written something (else it returns at once).
-        let lat = &self.lat;
-        let sync = |store: &mut OooStore, dirty: bool| {
-            let t = Instant::now();
-            let r = store.sync();
-            if dirty && r.is_ok() {
-                lat.fsync.record(t.elapsed().as_nanos() as u64);
-            }
-            r
-        };
-        let mut syncs = 0;
-        let mut unsynced = false;
-        let mut r = Ok(());
-        'all: for (_, ops) in batches {
-            for op in ops {
-                r = match op {
-                    IoOp::Write(e) => {
-                        unsynced = true;
-                        store.write(&e)
-                    }
-                    IoOp::Hard(h) => {
-                        let dirty = std::mem::take(&mut unsynced);
-                        syncs += dirty as u64;
-                        sync(store, dirty).and_then(|()| store.save_hard(&h))
-                    }
-                    IoOp::Members(m) => {
-                        let dirty = std::mem::take(&mut unsynced);
-                        syncs += dirty as u64;
-                        sync(store, dirty).and_then(|()| store.save_membership(&m))
-                    }
-                    IoOp::Compact(live) => {
-                        syncs += std::mem::take(&mut unsynced) as u64;
-                        store.compact(&live)
-                    }
-                };
-                if r.is_err() {
-                    break 'all;
-                }
-            }
-        }
-        if r.is_ok() {
-            syncs += unsynced as u64;
-            r = sync(store, unsynced);
-        }
         match r {
-            Ok(()) => {
-                let len = store.len();
+            Ok(done) => {
                 drop(guard);
-                self.mail.post(Ev::Synced { upto, syncs, len });
+                self.mail.post(Ev::Synced {
+                    upto: done.upto,
+                    syncs: done.syncs,
+                    len: done.len,
+                });
             }
             Err(e) => {
                 // Before the driver hears: once it reports the node stopped, whether a
