@@ -6,7 +6,7 @@ size) and every repeat, each system runs once, in an order rotated per repeat an
 drift on this shared machine hits all of them alike; the disk's ceiling runs once per
 record size per repeat. Then the commit-point comparison: Chorus (embedded clients) in the
 piggyback, sync and async modes, alternating the same way. Every system prints one JSON line
-in the same schema (docs/benchmarks.md, "Result fields"); medians over repeats are reported.
+in the same schema (docs/benchmarks/result-fields.md); medians over repeats are reported.
 
 Outputs in --out: raw.jsonl (every run, failures with an "error" field and the stderr
 tail), summary.json, summary.csv (medians per point, with the ratios between systems at

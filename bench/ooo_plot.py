@@ -184,7 +184,7 @@ def fmt(v, digits=0):
 
 
 def tables(res):
-    """Markdown tables of the medians and ratios (for docs/benchmarks.md)."""
+    """Markdown tables of the medians and ratios (for docs/benchmarks/out-of-order.md)."""
     med = {}
     for m in res["medians"]:
         med[(m["part"], m["clients"], m["theta"], m["system"])] = m

@@ -370,7 +370,7 @@ type result struct {
 	P999us        int64   `json:"p999_us"`
 	MaxUs         int64   `json:"max_us"`
 	Retries       int64   `json:"retries"`
-	// The shared result schema (docs/benchmarks.md "Result fields"); null when unknown.
+	// The shared result schema (docs/benchmarks/result-fields.md); null when unknown.
 	Path               string   `json:"path"`
 	CommitMode         *string  `json:"commit_mode"`
 	Replicas           int      `json:"replicas"`

@@ -1,7 +1,7 @@
 package main
 
 // OS accounting of the cluster over the measured interval, the same quantities Chorus's
-// `chorus bench` reports (see /docs/benchmarks.md "Result fields"): per process the bytes it
+// `chorus bench` reports (see /docs/benchmarks/result-fields.md): per process the bytes it
 // caused to be written to storage (/proc/<pid>/io write_bytes) and its CPU time
 // (/proc/<pid>/stat utime+stime), and for the data disk the write requests, sectors written
 // and flushes the block device completed (/proc/diskstats).

@@ -1357,10 +1357,10 @@ impl Future for AppendFuture {
 /// `pwrite` per batch instead (with direct IO one rewrite of the partial last page and one
 /// page of padding instead of one per group) took write amplification at 1,000 clients
 /// from 1.18 to 1.10: a follower that received several Append messages while its last
-/// fsync ran writes them at once (docs/benchmarks.md). Sends may overtake the pending
-/// write (the leader replicates in parallel with its own write; acknowledgements follow
-/// the fsync); anything else may read or change the log, so the writes before it go
-/// first, in order.
+/// fsync ran writes them at once (bench/results/2026-11-23-matrix-b/NOTES.md). Sends may
+/// overtake the pending write (the leader replicates in parallel with its own write;
+/// acknowledgements follow the fsync); anything else may read or change the log, so the
+/// writes before it go first, in order.
 fn coalesce_writes(actions: Vec<Action>) -> Vec<Action> {
     let mut out = Vec::with_capacity(actions.len());
     let mut pending: Option<(Lsn, Vec<u8>)> = None;

@@ -18,7 +18,7 @@
 //! sending thread (no per-message allocation or hand-off). When the buffer was empty and
 //! nobody is writing to the connection, the sender writes it itself with a non-blocking
 //! `send` (plain TCP): no thread is woken, which on this 2-core VM saves a wake-up of tens
-//! to a hundred µs on each hop of a replicated append (docs/benchmarks.md, 1 client).
+//! to a hundred µs on each hop of a replicated append (docs/benchmarks/transport.md, 1 client).
 //! Otherwise — a write in progress, a full socket buffer, a connection to (re)dial, TLS —
 //! the peer's writer thread takes the whole buffer at once: everything queued for a peer,
 //! from any number of log groups, leaves in one `write` (batching across groups on one
@@ -27,7 +27,7 @@
 //! the byte stream keeps the order in which frames were queued.
 //!
 //! A framed codec over plain TCP was chosen over gRPC streaming for replication by
-//! measurement (`chorus-bench transport`, `docs/benchmarks.md`): log payload moves 1.3×
+//! measurement (`chorus-bench transport`, `docs/benchmarks/transport.md`): log payload moves 1.3×
 //! (pipelined) to 1.6× (one in flight) faster than in a tonic bidirectional stream; the
 //! replica already produces whole, checksummed groups, so a protobuf envelope only adds a
 //! copy and an allocation per message and HTTP/2 flow control a second window on top of

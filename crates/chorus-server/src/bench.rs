@@ -23,7 +23,7 @@
 //! bytes written per replica, CPU time, the data disk's write requests and flushes) plus
 //! the replicas' own counters from their metrics (fdatasyncs and meta saves, frames a
 //! follower received). The result is one JSON line in the schema shared with the baseline
-//! peers (docs/benchmarks.md, "Result fields").
+//! peers (docs/benchmarks/result-fields.md).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -619,7 +619,7 @@ fn add_usage(v: &mut Value, u: &Usage, appends: u64, size: u64) {
     v["dev_write_bytes"] = json!(u.dev_write_bytes);
     // What the device wrote per payload byte, per replica (all replicas share the disk):
     // `write_amp` reads the processes' `write_bytes`, which counts a buffered write into a
-    // large clean page-cache folio as the whole folio (docs/benchmarks.md, session 31).
+    // large clean page-cache folio as the whole folio (docs/benchmarks/storage.md).
     let replicas = u.proc_write_bytes.len().max(1) as f64;
     v["dev_write_amp"] = if appends > 0 {
         json!(u.dev_write_bytes as f64 / replicas / payload)

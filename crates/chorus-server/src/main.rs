@@ -22,12 +22,13 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc instead of the system allocator: the gRPC path allocates per request (tonic,
 /// h2, prost) on several threads, and glibc's malloc/free showed up at ~11% of CPU in
-/// `perf` of a 1,000-client gRPC benchmark (docs/benchmarks.md has the before/after).
+/// `perf` of a 1,000-client gRPC benchmark (the before/after is in
+/// bench/results/2026-11-23-matrix-b/NOTES.md).
 /// Built with `no_thp` (the workspace's feature): mimalloc's arenas otherwise ask for
 /// transparent huge pages, and with the kernel's common `defrag = madvise` a page fault
 /// can stall in direct compaction — an out-of-order follower's apply gap p99 went from
 /// ~1.5 ms to 27–38 ms under mimalloc at 64 clients, and back to 1.1–1.3 ms with `no_thp`
-/// (docs/benchmarks.md).
+/// (bench/results/2026-11-23-ooo-f/NOTES.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

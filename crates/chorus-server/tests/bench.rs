@@ -1,5 +1,5 @@
 //! `chorus bench --local`: three replica processes, closed-loop clients on both paths, and
-//! a result in the schema the benchmark matrix reads (docs/benchmarks.md).
+//! a result in the schema the benchmark matrix reads (docs/benchmarks/result-fields.md).
 
 use std::process::Command;
 

@@ -32,7 +32,7 @@
 //! commit); one that only overwrites written space does not. Zero-filling ahead, one
 //! piece every `preallocate / 2` bytes of log, makes the other syncs of the append path
 //! overwrites: on this project's test machine 1.6–2.5× more syncs per second
-//! (docs/benchmarks.md). Zeroing writes each byte twice, so it stops while syncs carry
+//! (docs/benchmarks/storage.md). Zeroing writes each byte twice, so it stops while syncs carry
 //! much data ([`ZERO_AHEAD_BELOW`]): there the metadata commit is small next to the data.
 //! `fallocate` would not do: it leaves unwritten extents, and turning those into data
 //! costs the same metadata commit. Recovery and readers already
@@ -85,7 +85,7 @@ pub const MAX_PREALLOCATE: u64 = 64 << 20;
 /// (64 KiB; a moving average over about the last eight syncs). Zeroing writes every byte
 /// of log twice; it pays while each sync's metadata commit is large next to its data, and
 /// costs throughput once syncs carry much data. Measured on the ordered runtime
-/// (docs/benchmarks.md, session 30): ≈ 2–17 KiB per sync +10–29% appends/s, ≈ 110 KiB
+/// (docs/benchmarks/storage.md): ≈ 2–17 KiB per sync +10–29% appends/s, ≈ 110 KiB
 /// per sync −13%.
 pub const ZERO_AHEAD_BELOW: u64 = 64 << 10;
 
@@ -105,7 +105,7 @@ pub struct LogOptions {
     /// Append with direct IO (`O_DIRECT`): whole aligned pages, the partial last page kept
     /// in memory and rewritten by the next append. Falls back to buffered IO where the
     /// file system does not support it ([`LogStorage::is_direct`] tells). On by default:
-    /// measured side by side with buffered appends (docs/benchmarks.md) it was at least as
+    /// measured side by side with buffered appends (docs/benchmarks/storage.md) it was at least as
     /// fast (median 1.05x over three runs) and steadier, and it keeps the log out of the
     /// page cache.
     pub direct_io: bool,
@@ -1432,7 +1432,7 @@ fn is_empty_block(file: &dyn FsFile) -> Result<bool> {
 ///
 /// `verify_body` is false on the append path: the leader computed the body checksum while
 /// sealing and a follower verifies it when the group arrives, so checking it a third time
-/// here would cost about 10% of append throughput (measured, `docs/benchmarks.md`) for no
+/// here would cost about 10% of append throughput (measured, `docs/benchmarks/storage.md`) for no
 /// protection. Recovery and reads always check it.
 fn check_group(
     buf: &[u8],

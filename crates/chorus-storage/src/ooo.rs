@@ -13,7 +13,7 @@
 //!   page is kept in memory and rewritten with the new records in one aligned write,
 //!   zero-padded to the page boundary, so a group's bytes go from the buffer to the
 //!   device without a copy into the page cache (a parallel follower at block depth 32
-//!   spent a quarter of its CPU in that copy; docs/benchmarks.md, session 35). The
+//!   spent a quarter of its CPU in that copy; bench/results/2026-11-28-ooo-x/NOTES.md). The
 //!   padding is zeros after the last record, which recovery takes for the end.
 //!   Like the ordered log's tail block (`crate::log`, "Zeros ahead of the end"), the file
 //!   is kept zero-filled up to [`OooStore::set_preallocate`] bytes past its end, so most

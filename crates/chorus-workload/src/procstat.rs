@@ -348,7 +348,7 @@ pub enum ResultError {
 }
 
 /// The schema's field names, in order (`/tmp/chorus-shared/bench-schema.md`,
-/// docs/benchmarks.md "Result fields").
+/// docs/benchmarks/result-fields.md).
 pub const RESULT_FIELDS: [&str; 24] = [
     "system",
     "path",

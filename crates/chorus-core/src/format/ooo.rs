@@ -319,7 +319,7 @@ pub fn encode_entry_into(e: &Entry, out: &mut Vec<u8>) {
             // Kinds 4 and 5 (compact: varint ranges and lists). Kinds 1 and 3 (the same
             // with `u64` fields) are still read: the look-behind buffer repeats the
             // ranges of the previous entries, and at 16 bytes a range a group of small
-            // transactions carried more ranges than data (docs/benchmarks.md, session 21).
+            // transactions carried more ranges than data (bench/results/2026-11-26-ooo-n/NOTES.md).
             put_compact_ranges(out, ranges);
             put_var(out, look_behind.len() as u64);
             for lb in look_behind {

@@ -96,7 +96,7 @@ struct SplitEntry {
 /// the first and submits the others for the free workers. One piece per worker, not one
 /// per set, bounds the queue hand-offs per entry by the pool's size (at high load nearly
 /// every record of an entry is its own set); the two measured the same
-/// (`docs/benchmarks.md`).
+/// (`docs/benchmarks/apply-cost.md`).
 fn apply_work(
     sm: &dyn OooStateMachine,
     queue: &dyn Fn(ApplyWork),

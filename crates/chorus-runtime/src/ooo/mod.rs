@@ -121,7 +121,7 @@ pub struct OooNodeConfig {
     /// concurrency: no added latency), and otherwise when that write is durable or this
     /// interval has passed (high concurrency: fewer, fuller entries, so fewer frames,
     /// syncs and acknowledgements per append). The cost: followers learn commits from the
-    /// next entry, which now leaves later (see `docs/benchmarks.md`).
+    /// next entry, which now leaves later (see `docs/benchmarks/out-of-order.md`).
     pub freeze_interval: Duration,
     /// Bytes of zeros the store keeps written past the end of its entries file, so most
     /// syncs do not grow the file ([`OooStore::set_preallocate`]; 0: none).

@@ -398,7 +398,7 @@ fn compact_ranges_shrink_a_group_of_small_transactions() {
     assert_eq!(decode_entry(&old).unwrap().eid, e.eid);
     // 450 ranges in the entry (its own and the look-behind buffer's) and 150 in the
     // group: 16 bytes each as `u64` pairs, 4-5 as varints. 0.61x the bytes to write,
-    // send and sync (docs/benchmarks.md, session 21).
+    // send and sync (bench/results/2026-11-26-ooo-n/NOTES.md).
     assert_eq!((compact.len(), old.len()), (10_908, 17_863));
 }
 
