@@ -1,6 +1,10 @@
 //! Tests of the parent module.
 
 use super::*;
+use crate::ooo::dependent::grants_vote;
+use crate::ooo::parallel::BlockRange;
+use crate::ooo::OooError;
+use crate::replica::Outcome;
 
 /// Delivers every message at once, in order, with no faults; applies at once to a
 /// block map per node (the first block of each range gets the record).
