@@ -75,21 +75,34 @@ pub struct Lane {
     pub opened: Nanos,
 }
 
+/// A sealed group of this replica waiting for its result.
 #[derive(Clone, Debug)]
 pub(super) struct PendingGroup {
+    /// Where it starts.
     pub(super) lsn: Lsn,
+    /// The proposal id it was sealed under.
     pub(super) pid: u64,
+    /// The accumulated checksum after it: with the LSN and proposal id, what the
+    /// committed log must hold for it to be committed.
     pub(super) acc: u32,
+    /// Its records: ticket id, LSN and CSN of each.
     pub(super) records: Vec<(u64, Lsn, Csn)>,
 }
 
+/// The group a leader is filling at its log end.
 #[derive(Debug)]
 pub(super) struct OpenGroup {
+    /// Where it starts: the log end.
     pub(super) lsn: Lsn,
+    /// Room for the header, then the entries.
     pub(super) buf: Vec<u8>,
+    /// Entries in it.
     pub(super) entries: u32,
+    /// The last entry's CSN.
     pub(super) max_csn: Csn,
+    /// Its records: ticket id, LSN and CSN of each.
     pub(super) records: Vec<(u64, Lsn, Csn)>,
+    /// When it was opened: it is sealed a freeze interval later at the latest.
     pub(super) opened: Nanos,
 }
 
@@ -97,6 +110,7 @@ impl Replica {
     /// Appends a record with reference CSN `ref_csn` (PALF section 4.2: the record's CSN is
     /// at least `ref_csn` and grows with the LSN). Only the serving leader accepts.
     pub fn append(&mut self, now: Nanos, data: &[u8], ref_csn: Csn) -> Result<Ticket, AppendError> {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if self.halted.is_some() {

@@ -16,6 +16,7 @@ use super::{
     majority, Action, Deferred, MergeCandidate, Message, Nanos, Outcome, Priority, Replica, Role,
 };
 
+/// The steps of a campaign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum CampaignPhase {
     /// Waiting for our own promise to be durable.
@@ -28,14 +29,24 @@ pub(super) enum CampaignPhase {
     Confirming,
 }
 
+/// A campaign under way, until the new leader serves.
 #[derive(Debug)]
 pub(super) struct Campaign {
+    /// The proposal id it promised itself.
     pub(super) pid: u64,
+    /// Started by the leader's [`Message::TimeoutNow`]: voters ignore leases and
+    /// priorities.
     pub(super) transfer: bool,
+    /// When it started: it is given up after a limit.
     pub(super) started: Nanos,
+    /// How far it got.
     pub(super) phase: CampaignPhase,
+    /// The durable promises, with each voter's log end and last proposal id (its own
+    /// included).
     pub(super) acks: BTreeMap<NodeId, MergeCandidate>,
+    /// Voters that refused.
     pub(super) rejected: BTreeSet<NodeId>,
+    /// The timestamp each promising voter echoed: the new leader's first lease.
     pub(super) lease_ts: BTreeMap<NodeId, Nanos>,
 }
 

@@ -17,12 +17,19 @@ use crate::Lsn;
 use super::append::{OpenGroup, PendingGroup};
 use super::{majority, Action, CommitMode, LogPos, Message, Nanos, ReadPurpose, Replica};
 
+/// What a leader knows of one follower's log.
 #[derive(Clone, Debug)]
 pub(super) struct Progress {
+    /// The end of its log known to match ours, durably: within our log.
     pub(super) matched: Lsn,
+    /// Where replication to it continues.
     pub(super) next: Lsn,
+    /// When `matched` last moved (or a resend after silence started).
     last_progress: Nanos,
+    /// A storage read for its catch-up is under way: nothing else is sent until it is
+    /// back.
     pub(super) read_pending: bool,
+    /// The newest config version it acknowledged.
     pub(super) config_version: ConfigVersion,
     /// What was sent past `matched`, in order: each message's end, when it left, and
     /// whether it was the first copy of those bytes (only those give round trips, Karn's
@@ -124,25 +131,46 @@ impl Progress {
     }
 }
 
+/// A leader's state, from its StartWorking group on.
 #[derive(Debug)]
 pub(super) struct Leading {
+    /// The proposal id it leads under.
     pub(super) pid: u64,
+    /// Each other member's progress (voters and learners, and during a change those of
+    /// the previous config too).
     pub(super) progress: BTreeMap<NodeId, Progress>,
+    /// The end of the StartWorking group (of the first mirrored group, for a mirror):
+    /// nothing commits by counting before the commit point reaches it.
     pub(super) start_working_end: Lsn,
+    /// Taking appends: StartWorking is committed (a mirror: reconfirmed).
     pub(super) serving: bool,
+    /// The newest timestamp each voter echoed: the leader's lease.
     pub(super) lease_acks: BTreeMap<NodeId, Nanos>,
+    /// The group being filled at the log end, not yet sealed.
     pub(super) open: Option<OpenGroup>,
+    /// When heartbeats last went out.
     pub(super) last_heartbeat: Nanos,
+    /// A leader transfer under way: the target, and when it is given up.
     pub(super) transfer: Option<(NodeId, Nanos)>,
+    /// The config before the change under way, until the change is accepted: commits
+    /// count a majority of its voters too.
     pub(super) prev_config: Option<Membership>,
+    /// The current config is accepted by a majority.
     pub(super) config_committed: bool,
     /// The access mode of the last config this leader saw accepted by a majority (none
     /// until its re-stamped config is).
     pub(super) committed_mode: Option<AccessMode>,
+    /// A replacement under way: the voter to remove once its successor's addition is
+    /// accepted.
     pub(super) replace_then_remove: Option<NodeId>,
+    /// The commit point published in groups (the SYNC and ASYNC modes): never past the
+    /// committed end.
     pub(super) published_commit: Lsn,
+    /// The log end after the last commit-only group (or StartWorking).
     pub(super) last_commit_record_end: Lsn,
+    /// When the ASYNC mode last considered writing a commit-only group.
     pub(super) last_async: Nanos,
+    /// When it began serving: fail-back waits a lease after it.
     pub(super) became_leader: Nanos,
 }
 

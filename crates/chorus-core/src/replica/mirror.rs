@@ -109,6 +109,7 @@ impl Replica {
     /// [`Action::Result`]: super::Action::Result
     /// [`Outcome::Failed`]: super::Outcome::Failed
     pub fn mirror(&mut self, now: Nanos, group: &[u8]) -> Result<Ticket, MirrorError> {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if self.halted.is_some() {

@@ -280,8 +280,10 @@ pub struct Ticket {
     pub csn: Csn,
 }
 
+/// What a replica heard of another node.
 #[derive(Clone, Debug, Default)]
 struct PeerInfo {
+    /// When it was last heard from.
     last_heard: Option<Nanos>,
     /// Advertised priority, if the peer is a voter of its own membership.
     prio: Option<Priority>,
@@ -290,37 +292,75 @@ struct PeerInfo {
 /// One replica of a log group. See the module docs.
 #[derive(Debug)]
 pub struct Replica {
+    /// Settings (only the priority changes, by [`Replica::set_priority`]).
     cfg: ReplicaConfig,
+    /// How commit points are counted and which log a candidate adopts.
     policy: Box<dyn Policy>,
+    /// The latest time any input carried: never goes back.
     now: Nanos,
+    /// The election back-off's randomness.
     rng: Rng,
+    /// The current role: [`Role::Candidate`] exactly while campaigning, [`Role::Leader`]
+    /// exactly while serving, [`Role::PendingFollower`] only while groups of its own
+    /// wait for a result.
     role: Role,
-    /// Durable meta.
+    /// Durable meta: never ahead of `meta_want` (its promise and membership version only
+    /// grow).
     meta: MetaRecord,
     /// Meta as it should be (`meta` once saved).
     meta_want: MetaRecord,
+    /// The number of the last meta save handed out.
     meta_seq: u64,
+    /// The meta save in flight, at most one: `meta_seq` when there is one.
     meta_inflight: Option<u64>,
+    /// The record of the meta save in flight: `Some` exactly while `meta_inflight` is.
     saved_snapshot: Option<MetaRecord>,
+    /// Steps waiting for a promise to be durable (an acknowledgement of a prepare, our
+    /// own campaign's prepare).
     deferred: Vec<Deferred>,
+    /// The log as the replica sees it: its committed and flushed ends are within its end.
     log: LogView,
+    /// The leader this replica follows (itself while leading).
     leader: Option<NodeId>,
+    /// The proposal id of the leader followed (its own while leading, 0 when none): never
+    /// above the promise.
     leader_pid: u64,
+    /// The end of the prefix of our log known to match the leader's: within our log.
     matched_end: Lsn,
+    /// The commit point the followed leader published, as far as it has reached us (0
+    /// when a new leader is followed).
     leader_committed: Lsn,
+    /// Until then this replica neither campaigns nor promises any candidate but
+    /// `lease_holder` (a transfer aside): a lease it granted, or heard a leader hold.
     lease_until: Nanos,
     /// Whom `lease_until` protects: the leader heard, or the candidate granted.
     lease_holder: Option<NodeId>,
+    /// The newest timestamp of the followed leader's messages, echoed in acknowledgements
+    /// (the leader's lease).
     last_leader_ts: Nanos,
+    /// What this replica heard of each other node; never itself.
     peers: BTreeMap<NodeId, PeerInfo>,
+    /// The highest proposal id seen (in promises, pings, prepares and appends).
     max_seen_pid: u64,
+    /// No campaign before this (after one was abandoned).
     backoff_until: Nanos,
+    /// When pings last went out.
     last_ping: Nanos,
+    /// The campaign under way: `Some` from its start until the new leader serves (or it is
+    /// given up).
     campaign: Option<Campaign>,
+    /// Leader state, from StartWorking on: this replica follows itself under the
+    /// leader's proposal id, and serves exactly once its campaign is over.
     leading: Option<Leading>,
+    /// Sealed groups of this replica waiting for their result, by LSN: none below the
+    /// committed end (a committed end past a group decides it).
     pending: VecDeque<PendingGroup>,
+    /// The id of the next append's ticket.
     next_ticket: u64,
+    /// The highest CSN handed out or seen: at least that of the log's last group.
     last_csn: Csn,
+    /// Appends that arrived past our log end, by the LSN they continue from, at most
+    /// [`ReplicaConfig::max_buffered_appends`]: taken once the log reaches them.
     early: BTreeMap<Lsn, (NodeId, Message)>,
     /// The log end at which this follower last asked for a gap to be resent
     /// ([`ReplicaConfig::gap_resend_after`]), and how many early appends it held then:
@@ -339,12 +379,20 @@ pub struct Replica {
     rebased: u64,
     /// Timed resends ([`ReplicaConfig::timed_resend`]) since this replica started.
     timed_resends: u64,
+    /// Why the replica halted, if it did: from then on it takes no tick, message or
+    /// append.
     halted: Option<String>,
+    /// Storage failed: no acknowledgement or vote until the driver reopens the replica.
     storage_failed: bool,
+    /// The damaged range being repaired: meanwhile the replica neither leads nor
+    /// campaigns.
     repairing: Option<RepairState>,
-    /// The tail reserved for lock-free appends, if any (see [`Lane`]).
+    /// The tail reserved for lock-free appends, if any (see [`Lane`]): only on the
+    /// serving leader, at its log end, with no group open.
     lane: Option<Lane>,
+    /// Inputs dropped, by reason.
     drops: BTreeMap<&'static str, u64>,
+    /// Outputs not yet taken by the driver.
     actions: Vec<Action>,
 }
 
@@ -631,6 +679,102 @@ impl Replica {
         self.halted.is_none() && !self.storage_failed
     }
 
+    /// Asserts the cheap invariants stated on the fields (those that take no walk over
+    /// the log or the pending appends). Compiled in debug builds only; called at the top
+    /// of the main inputs.
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self) {
+        let (committed, end) = (self.log.committed, self.log.end());
+        assert!(
+            committed <= end && self.log.flushed <= end,
+            "committed end {committed} and flushed end {} within the log end {end}",
+            self.log.flushed
+        );
+        assert!(
+            self.matched_end <= end,
+            "matched end {} past the log end {end}",
+            self.matched_end
+        );
+        assert!(
+            self.last_csn >= self.log.chain.max_csn,
+            "the last CSN handed out is behind the log's"
+        );
+        let (durable, wanted) = (&self.meta, &self.meta_want);
+        assert!(
+            durable.vote.promised_proposal_id <= wanted.vote.promised_proposal_id
+                && durable.membership.version <= wanted.membership.version,
+            "the durable meta is ahead of the wanted one"
+        );
+        assert!(
+            self.leader_pid <= wanted.vote.promised_proposal_id,
+            "following a proposal id above the promise"
+        );
+        assert_eq!(
+            self.meta_inflight.is_some(),
+            self.saved_snapshot.is_some(),
+            "a meta save in flight exactly while its record is kept"
+        );
+        assert!(self.meta_inflight.is_none_or(|s| s == self.meta_seq));
+        assert!(
+            self.pending.front().is_none_or(|g| g.lsn >= committed),
+            "a pending group below the committed end {committed} is undecided"
+        );
+        assert!(
+            self.role != Role::PendingFollower || !self.pending.is_empty(),
+            "a pending follower with no pending group"
+        );
+        assert_eq!(
+            self.role == Role::Candidate,
+            self.campaign.is_some(),
+            "the role is Candidate exactly while campaigning"
+        );
+        assert_eq!(
+            self.role == Role::Leader,
+            self.leading.as_ref().is_some_and(|l| l.serving),
+            "the role is Leader exactly while serving"
+        );
+        assert!(
+            !self.peers.contains_key(&self.cfg.id),
+            "a replica among its own peers"
+        );
+        assert!(
+            self.repairing.is_none() || (self.leading.is_none() && self.campaign.is_none()),
+            "a replica under repair leads or campaigns"
+        );
+        if let Some(l) = &self.leading {
+            assert_eq!(self.leader, Some(self.cfg.id), "a leader follows itself");
+            assert_eq!(
+                self.leader_pid, l.pid,
+                "a leader follows its own proposal id"
+            );
+            assert_eq!(
+                l.serving,
+                self.campaign.is_none(),
+                "a leader serves once its campaign is over"
+            );
+            assert!(
+                l.published_commit <= committed,
+                "a published commit point past the committed end"
+            );
+            assert!(
+                l.progress.values().all(|p| p.matched <= end),
+                "a follower matched past the leader's end {end}"
+            );
+        }
+        if let Some(lane) = &self.lane {
+            assert!(
+                self.leading
+                    .as_ref()
+                    .is_some_and(|l| l.serving && l.pid == lane.pid && l.open.is_none())
+                    && lane.lsn == end,
+                "an open lane not at the serving leader's log end"
+            );
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    fn check_invariants(&self) {}
+
     // ---------------------------------------------------------------- inputs
 
     /// The user-set priority changed (takes effect in the next ping).
@@ -641,6 +785,7 @@ impl Replica {
 
     /// Advances time: pings, elections, leases, heartbeats, freezing, resends.
     pub fn tick(&mut self, now: Nanos) {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {
@@ -696,6 +841,7 @@ impl Replica {
 
     /// Handles a message from `from`.
     pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {

@@ -17,13 +17,17 @@ use super::{
 /// A damaged range being repaired from peers (protocol-aware recovery).
 #[derive(Clone, Debug)]
 pub(super) struct RepairState {
+    /// Where the damaged range starts.
     pub(super) from: Lsn,
+    /// Where it ends.
     pub(super) to: Lsn,
     /// Voters that answered they hold no copy (and are not damaged themselves).
     no_copy: BTreeSet<NodeId>,
     /// Voters whose own copy is damaged.
     damaged: BTreeSet<NodeId>,
+    /// When the peers were last asked for a copy.
     pub(super) last_request: Option<Nanos>,
+    /// Discarded or halted: later answers change nothing.
     decided: bool,
 }
 

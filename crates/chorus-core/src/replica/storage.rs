@@ -13,9 +13,13 @@ use crate::Lsn;
 use super::log::GroupMeta;
 use super::{Action, LogPos, Message, Nanos, ReadPurpose, Replica};
 
+/// A step that waits for a promise to be durable.
 #[derive(Clone, Debug)]
 pub(super) enum Deferred {
+    /// Acknowledge candidate `to`'s prepare under `pid` (echoing `ts`) once the promise
+    /// to it is saved.
     PrepareAck { to: NodeId, pid: u64, ts: Nanos },
+    /// Send our own prepare under `pid` once our promise to ourselves is saved.
     Campaign { pid: u64 },
 }
 
@@ -34,6 +38,7 @@ impl Replica {
 
     /// The meta record of save `seq` is durable.
     pub fn meta_saved(&mut self, now: Nanos, seq: u64) {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if self.meta_inflight != Some(seq) {
@@ -88,6 +93,7 @@ impl Replica {
 
     /// Storage reports everything below `lsn` durable.
     pub fn log_flushed(&mut self, now: Nanos, lsn: Lsn) {
+        self.check_invariants();
         self.abandon_lane();
         self.now = self.now.max(now);
         if !self.live() {

@@ -12,9 +12,12 @@ use crate::ooo::parallel::{ParallelApplier, Stamped};
 use crate::ooo::{OooError, Seq};
 use crate::replica::Outcome;
 
+/// The apply rules of the group's mode, fed committed entries only.
 #[derive(Debug)]
 pub(super) enum Applier {
+    /// ParallelRaft's look-behind buffers.
     Parallel(ParallelApplier),
+    /// DP-Raft's WAW predecessors.
     Dependent(DepApplier<u64>),
 }
 
@@ -158,6 +161,7 @@ impl OooReplica {
 
     /// The driver applied `seq` (from an [`Action::Apply`]).
     pub fn applied(&mut self, seq: Seq) -> Result<(), OooError> {
+        self.check_invariants();
         if !self.applying.remove(&seq) {
             return Err(OooError::Malformed {
                 seq,

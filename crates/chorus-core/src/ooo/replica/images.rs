@@ -92,24 +92,33 @@ impl Footprint {
 /// A state-machine image a leader streams to one follower.
 #[derive(Debug)]
 pub(super) struct Outgoing {
+    /// Every slot below is in the image.
     pub(super) base: Seq,
     /// A partial image's first slot ([`Msg::Snapshot::part`]).
     pub(super) part: Option<Seq>,
+    /// The image.
     image: Vec<u8>,
-    /// Bytes sent.
+    /// Bytes sent: at most the image's length.
     sent: usize,
     /// Every piece sent (an empty image is one empty piece).
     finished: bool,
+    /// When the image was handed over ([`OooReplica::snapshot_ready`]): a retry is due
+    /// `snapshot_retry` later.
     started: Nanos,
 }
 
 /// A state-machine image a follower is receiving.
 #[derive(Debug)]
 pub(super) struct Incoming {
+    /// The term of the leader sending it.
     term: u64,
+    /// Every slot below is in the image.
     base: Seq,
+    /// A partial image's first slot.
     part: Option<Seq>,
+    /// The image's length.
     total: u64,
+    /// The pieces received so far, in order from offset 0: at most `total` bytes.
     buf: Vec<u8>,
 }
 

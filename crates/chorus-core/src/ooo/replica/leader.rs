@@ -21,20 +21,27 @@ use crate::ooo::{CommitWindow, OooError, Seq};
 use crate::replica::Nanos;
 use crate::rtt::RttWindow;
 
+/// A leader's state, from its merge on.
 #[derive(Debug)]
 pub(super) struct Lead {
-    /// First slot of new entries (the end of the merge).
+    /// First slot of new entries (the end of the merge): at most `end`.
     pub(super) start: Seq,
     /// Merged slots and who holds the re-stamped version; empty once serving.
     pub(super) merging: BTreeMap<Seq, BTreeSet<NodeId>>,
     /// Commit tracking once serving.
     pub(super) commit: Option<DepLeader<u64>>,
+    /// Parallel mode: the look-behind buffers of the entries this leader appends.
     pub(super) look: LookBehind,
+    /// The low half of the next append's identity (the high half is the term).
     pub(super) next_eid: u64,
-    /// Next slot.
+    /// Next slot: every slot this replica holds is below it.
     pub(super) end: Seq,
+    /// The followers: every other voter of the membership (and, during a change, the
+    /// voters it adds); never this replica.
     pub(super) peers: BTreeMap<NodeId, Peer>,
+    /// When entries or a heartbeat last went to every follower.
     pub(super) last_send: Nanos,
+    /// When the periodic resend last ran.
     pub(super) last_resend: Nanos,
     /// The first slot broadcast since the last periodic resend: hole resends
     /// ([`OooConfig::hole_resend`]) cover slots from here on, older holes the periodic
@@ -70,6 +77,7 @@ impl Lead {
     }
 }
 
+/// What a leader knows of one follower.
 #[derive(Debug)]
 pub(super) struct Peer {
     /// Its first uncommitted slot, as it last said.
@@ -105,6 +113,7 @@ pub(super) struct Peer {
     /// Catch-up bytes it may be sent now (with `catchup_rate`), and when that was
     /// computed.
     pub(super) budget: u64,
+    /// When `budget` was last refilled.
     pub(super) refilled: Nanos,
     /// When the driver was last asked for an image for it (its head is below our base).
     pub(super) snap_asked: Option<Nanos>,
@@ -218,6 +227,7 @@ impl OooReplica {
         declared: Declared,
         data: Vec<u8>,
     ) -> Result<Ticket, OooAppendError> {
+        self.check_invariants();
         self.now = self.now.max(now);
         let mode = self.cfg.mode;
         let term = self.hard.term;
@@ -386,6 +396,7 @@ impl OooReplica {
     /// reason). Reports of another term's versions, or of versions replaced since, are
     /// ignored.
     pub fn persisted(&mut self, now: Nanos, written: &[(Seq, u64, u64)]) {
+        self.check_invariants();
         self.now = self.now.max(now);
         let (me, term) = (self.me(), self.hard.term);
         for &(seq, eid, t) in written {

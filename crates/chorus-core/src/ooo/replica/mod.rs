@@ -375,11 +375,15 @@ impl OooConfig {
 /// [`Hard::leader_start`].
 type Answer = (Vec<(Entry, bool)>, (u64, Seq));
 
+/// A slot this replica holds.
 #[derive(Clone, Debug)]
 struct Slot {
+    /// The version held (the latest written).
     entry: Entry,
     /// Term of the leader this version was last received from (0: from disk).
     confirmed: u64,
+    /// Committed here: set once, by [`OooReplica::mark_committed`] (or at a restart, for
+    /// the committed prefix), together with the slot's bit in `commits`.
     committed: bool,
 }
 
@@ -468,45 +472,79 @@ pub struct OooStats {
 /// One replica of an out-of-order group. See the module documentation.
 #[derive(Debug)]
 pub struct OooReplica {
+    /// Settings, fixed for the replica's life.
     cfg: OooConfig,
+    /// The group's membership as this replica holds it (saved with
+    /// [`Action::SaveMembership`] whenever it changes).
     members: Membership,
+    /// Who must agree to a decision: always `members.quorum()`.
     quorum: Quorum,
+    /// The election timer's randomness.
     rng: Rng,
+    /// The latest time any input carried: never goes back.
     now: Nanos,
+    /// The hard state as it should be: `base <= committed_head <= commits.head()`, and
+    /// while leading, `leader_start` is `(term, lead.start)`.
     hard: Hard,
+    /// The hard state last handed out to be saved ([`Self::save_hard`]).
     saved: Hard,
+    /// The current role: [`Role::Leader`] exactly while serving ([`Self::is_serving`]),
+    /// [`Role::PendingFollower`] only while appends of its own still wait for a result.
     role: Role,
+    /// The leader this replica follows (itself while leading).
     leader: Option<NodeId>,
+    /// The slots held, from the base on (none below `hard.base`; while leading, none at
+    /// or past `lead.end`). Every slot from the base to the committed head is held and
+    /// committed.
     log: BTreeMap<Seq, Slot>,
+    /// Which slots are committed here; its head (the first slot not known committed) only
+    /// moves forward, and every slot below it is held committed.
     commits: CommitWindow,
+    /// When the election timer fires next.
     deadline: Nanos,
+    /// Granted votes of the current term with what each voter sent; empty unless
+    /// campaigning or leading (a grant that arrives during the merge stays until the next
+    /// campaign or step-down).
     votes: BTreeMap<NodeId, Answer>,
-    /// During a pre-vote: the term it asks about and the voters that said yes.
+    /// During a pre-vote: the term it asks about and the voters that said yes. `None`
+    /// while leading.
     pre: Option<(u64, BTreeSet<NodeId>)>,
     /// When a leader of the current term was last heard (its appends, heartbeats,
     /// membership): while that is within an election timeout, pre-votes are refused.
     heard: Option<Nanos>,
+    /// Leader state, from the merge on: `Some` exactly while this replica leads (it
+    /// follows itself, and its peers never include itself).
     lead: Option<Lead>,
+    /// The apply rules, fed committed slots only: its head (the first slot not applied)
+    /// is at least the base and at most the committed head.
     applier: Applier,
+    /// Slots handed to the driver with [`Action::Apply`] and not yet reported applied:
+    /// all at or above the applied head, and none while an image is installed.
     applying: BTreeSet<Seq>,
+    /// Appends of this replica still waiting for their result, by slot (identity): all at
+    /// or above the committed head, since a slot's commit decides its append.
     mine: BTreeMap<Seq, u64>,
+    /// Outputs not yet taken by the driver.
     actions: Vec<Action>,
     /// Inputs arrived since the apply rules were last consulted.
     apply_dirty: bool,
     /// New entries of this leader's term not sent yet: they go out together, in one
-    /// message per follower, when the driver drains the actions.
+    /// message per follower, when the driver drains the actions. Empty unless serving.
     outbox: Vec<Entry>,
     /// The image being received from the leader.
     incoming: Option<Incoming>,
     /// A received image (base, partial image's first slot, bytes) waiting for the applies
-    /// in flight to finish.
+    /// in flight to finish. Never set while another image is installed (`installing`).
     install: Option<(Seq, Option<Seq>, Vec<u8>)>,
     /// What the compacted slots from `written_from` up to the base wrote, slot by slot:
     /// the footprint of a partial image for a follower whose first unapplied slot is
     /// among them. Kept in memory only (after a restart, whole images until compactions
-    /// refill it), bounded by [`OooConfig::partial_image_items`].
+    /// refill it), bounded by [`OooConfig::partial_image_items`]. Unless that is 0, it
+    /// holds every slot of `written_from..hard.base`.
     written: BTreeMap<Seq, Footprint>,
+    /// The first slot `written` describes.
     written_from: Seq,
+    /// Blocks plus keys named in `written`.
     written_items: u64,
     /// The base of the image handed to the driver by [`Action::Install`], until
     /// [`OooReplica::installed`].
@@ -514,8 +552,12 @@ pub struct OooReplica {
     /// Recovering lost entries: the end a leader answered ([`Msg::End`]), and when it was
     /// last asked.
     lost_end: Option<Seq>,
+    /// When the leader was last asked where its slots end ([`Msg::AskEnd`]).
     asked_end: Option<Nanos>,
+    /// Drawn at each start: names this restart's [`Msg::AskEnd`], so that the leader
+    /// forgets this replica's acknowledgements once per restart.
     lost_nonce: u64,
+    /// Counters.
     stats: OooStats,
 }
 
@@ -771,6 +813,7 @@ impl OooReplica {
 
     /// Advances the clock: elections, heartbeats, resends, the leader's quorum check.
     pub fn tick(&mut self, now: Nanos) {
+        self.check_invariants();
         self.now = self.now.max(now);
         if self.lead.is_some() {
             self.lead_tick();
@@ -792,6 +835,7 @@ impl OooReplica {
 
     /// A message from `from`.
     pub fn receive(&mut self, now: Nanos, from: NodeId, msg: Msg) {
+        self.check_invariants();
         self.now = self.now.max(now);
         // Messages from nodes outside the membership are taken too: a leader of a newer
         // membership, a candidate this replica has not heard of yet. Each rule counts only
@@ -888,6 +932,106 @@ impl OooReplica {
             }
         }
     }
+
+    /// Asserts the cheap invariants stated on the fields (those that take no walk over
+    /// the log). Compiled in debug builds only; called at the top of the main inputs.
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self) {
+        let (base, head) = (self.hard.base, self.commits.head());
+        let applied = self.applier.head();
+        assert!(
+            base <= applied && applied <= head,
+            "base {base} <= applied head {applied} <= committed head {head}"
+        );
+        assert!(
+            base <= self.hard.committed_head && self.hard.committed_head <= head,
+            "base {base} <= saved committed head {} <= committed head {head}",
+            self.hard.committed_head
+        );
+        assert!(
+            self.log.keys().next().is_none_or(|&s| s >= base),
+            "a slot below the base {base} is still held"
+        );
+        assert!(
+            head == base || self.log.get(&(head - 1)).is_some_and(|s| s.committed),
+            "the slot below the committed head {head} is not held committed"
+        );
+        assert!(
+            self.applying.first().is_none_or(|&s| s >= applied),
+            "an apply in flight below the applied head {applied}"
+        );
+        assert!(
+            self.installing.is_none() || self.applying.is_empty(),
+            "an apply in flight while an image is installed"
+        );
+        assert!(
+            self.install.is_none() || self.installing.is_none(),
+            "an image waiting while another is installed"
+        );
+        assert!(
+            self.mine.keys().next().is_none_or(|&s| s >= head),
+            "a pending append below the committed head {head}"
+        );
+        assert!(
+            self.role != Role::PendingFollower || !self.mine.is_empty(),
+            "a pending follower with no pending append"
+        );
+        assert!(
+            self.votes.is_empty() || self.role == Role::Candidate || self.lead.is_some(),
+            "votes held outside a campaign"
+        );
+        assert!(
+            self.outbox.is_empty() || self.is_serving(),
+            "entries waiting to be sent by a replica that does not serve"
+        );
+        assert!(
+            self.quorum == self.members.quorum(),
+            "the quorum is not the membership's"
+        );
+        assert!(
+            self.cfg.partial_image_items == 0
+                || self.written_from + self.written.len() as u64 == base,
+            "what compacted slots wrote is not remembered up to the base {base}"
+        );
+        assert_eq!(
+            self.role == Role::Leader,
+            self.is_serving(),
+            "the role is Leader exactly while serving"
+        );
+        if let Some(lead) = &self.lead {
+            assert_eq!(self.leader, Some(self.cfg.id), "a leader follows itself");
+            assert!(self.pre.is_none(), "a leader asking for pre-votes");
+            assert_eq!(
+                self.hard.leader_start,
+                (self.hard.term, lead.start),
+                "a leader's saved merge start is its own"
+            );
+            assert!(
+                lead.start <= lead.end,
+                "a leader's end before its merge start"
+            );
+            assert!(
+                self.log.keys().next_back().is_none_or(|&s| s < lead.end),
+                "a slot held at or past the leader's end {}",
+                lead.end
+            );
+            assert!(
+                lead.commit.is_none() || lead.merging.is_empty(),
+                "a serving leader still merging"
+            );
+            assert!(
+                lead.commit.is_some() || (lead.transfer.is_none() && lead.change.is_none()),
+                "a transfer or membership change before the merge is done"
+            );
+            assert!(
+                !lead.peers.contains_key(&self.cfg.id),
+                "a leader among its own followers"
+            );
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    fn check_invariants(&self) {}
 
     /// Common tail of every input: results of a pending follower, applies, the commit
     /// window to followers, the committed head to disk.

@@ -13,8 +13,11 @@ use crate::replica::Nanos;
 /// committed every slot below `end`, it is told to campaign ([`Msg::TimeoutNow`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Transfer {
+    /// The target.
     pub(super) to: NodeId,
+    /// When the transfer is given up.
     pub(super) until: Nanos,
+    /// [`Msg::TimeoutNow`] went to the target.
     sent: bool,
 }
 
