@@ -1,0 +1,280 @@
+//! Elections: randomised timeouts, a pre-vote before each campaign (Raft thesis section
+//! 9.6; [`OooConfig::pre_vote`]), one vote per term saved before it is sent, and DP-Raft's
+//! vote rule (section 4.4: a newer last entry, then a first uncommitted slot not behind
+//! the voter's). Memberships rule candidates out too (their epochs, see [`Membership`]),
+//! and a replica recovering lost entries ([`Hard::lost_below`]) neither votes nor
+//! campaigns. A granted vote carries the voter's versions of every slot from the
+//! candidate's first uncommitted one on: all the new leader's merge needs.
+//!
+//! [`OooConfig::pre_vote`]: super::OooConfig::pre_vote
+//! [`Membership`]: super::Membership
+//! [`Hard::lost_below`]: super::Hard::lost_below
+
+use std::collections::BTreeSet;
+
+use super::membership::epoch;
+use super::{Action, Entry, Msg, OooReplica};
+use crate::format::meta::NodeId;
+use crate::ooo::dependent::{grants_vote, VoteLog};
+use crate::ooo::Seq;
+use crate::replica::Role;
+
+impl OooReplica {
+    pub(super) fn vote_log(&self) -> VoteLog {
+        let (last_term, last_seq) = self
+            .log
+            .values()
+            .map(|s| (s.entry.term, s.entry.seq))
+            .max()
+            .unwrap_or((0, 0));
+        VoteLog {
+            last_term,
+            last_seq,
+            first_uncommitted: self.commits.head(),
+            base: self.hard.base,
+        }
+    }
+
+    /// Asks the voters whether this replica could win an election at the next term,
+    /// changing nothing durable: the term is raised only once a quorum says yes.
+    pub(super) fn pre_campaign(&mut self) {
+        self.stats.pre_votes += 1;
+        let term = self.hard.term + 1;
+        self.pre = Some((term, BTreeSet::new()));
+        self.leader = None;
+        self.heard = None;
+        self.reset_deadline();
+        let log = self.vote_log();
+        let config = self.members.version;
+        for p in self.peers() {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::PreVote { term, log, config },
+            });
+        }
+        if self.quorum_with_me([]) {
+            self.campaign();
+        }
+    }
+
+    pub(super) fn campaign(&mut self) {
+        self.pre = None;
+        self.stats.campaigns += 1;
+        self.hard.term += 1;
+        self.hard.voted_for = Some(self.me());
+        self.leader = None;
+        self.votes.clear();
+        self.set_role(Role::Candidate);
+        self.reset_deadline();
+        self.save_hard();
+        let head = self.commits.head();
+        let log = self.vote_log();
+        let config = self.members.version;
+        for p in self.peers() {
+            self.actions.push(Action::Send {
+                to: p,
+                msg: Msg::Vote {
+                    term: self.hard.term,
+                    head,
+                    log,
+                    config,
+                },
+            });
+        }
+        if self.quorum_with_me([]) {
+            self.become_leader();
+        }
+    }
+
+    pub(super) fn step_down(&mut self, term: u64, leader: Option<NodeId>) {
+        if term > self.hard.term {
+            self.hard.term = term;
+            self.hard.voted_for = None;
+        }
+        self.lead = None;
+        // Entries appended but not sent yet: this term's leader will not send them.
+        self.outbox.clear();
+        self.votes.clear();
+        self.pre = None;
+        self.leader = leader;
+        self.set_role(if self.mine.is_empty() {
+            Role::Follower
+        } else {
+            Role::PendingFollower
+        });
+        self.reset_deadline();
+    }
+
+    /// Whether a candidate (or pre-candidate) holding membership `config` cannot win
+    /// with our vote: `Some(true)` if it missed a membership we hold and was sent ours
+    /// ([`Msg::Newer`]), `Some(false)` if it is to be refused otherwise, `None` if its
+    /// membership does not rule it out. Either way its term is not taken.
+    fn hopeless(&mut self, from: NodeId, config: (u64, u64)) -> Option<bool> {
+        let outsider = !self.members.is_member(from);
+        if config < self.members.version
+            && (epoch(config) < epoch(self.members.version) || self.members.prev.is_none())
+        {
+            // It missed a membership we hold: one of a later change, or the final stage
+            // of the change whose joint stage it holds (the final stage exists only once
+            // the joint one was accepted, so taking it is what the lost message would
+            // have done). It takes ours; with the final stage it needs only the new
+            // voters, so a group whose old majority is out of reach — an old voter down
+            // or recovering lost entries while the removed leader holds the newest log
+            // and, removed, never campaigns — still elects.
+            self.actions.push(Action::Send {
+                to: from,
+                msg: Msg::Newer {
+                    membership: self.members.clone(),
+                },
+            });
+            return Some(true);
+        }
+        // Its membership is of an earlier change than ours, or it is not a voter of ours
+        // while we are: it cannot win with our vote. A node a change removed, or one added
+        // by a joint stage that a later leader abandoned, would otherwise depose every
+        // leader with its terms.
+        (epoch(config) < epoch(self.members.version)
+            || (outsider && self.members.is_member(self.me())))
+        .then_some(false)
+    }
+
+    /// A pre-vote: would we vote for `from` at `term`? Nothing here changes or is saved;
+    /// the answer is yes only if the vote rule would grant, `term` is past ours, and no
+    /// leader has been heard within an election timeout (so a replica that was cut off
+    /// cannot unseat a leader the others still hear).
+    pub(super) fn on_pre_vote(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        log: VoteLog,
+        config: (u64, u64),
+    ) {
+        let granted = match self.hopeless(from, config) {
+            Some(true) => return,
+            Some(false) => false,
+            None => {
+                let lease = self.lead.is_some()
+                    || (self.leader.is_some()
+                        && self
+                            .heard
+                            .is_some_and(|h| self.now < h + self.cfg.election_timeout));
+                if lease && term > self.hard.term {
+                    self.stats.pre_votes_refused_by_lease += 1;
+                }
+                let abstain = self.abstains();
+                if abstain {
+                    self.stats.votes_refused_lost += 1;
+                }
+                term > self.hard.term && !lease && !abstain && grants_vote(&self.vote_log(), &log)
+            }
+        };
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::PreVoteReply {
+                term: if granted { term } else { self.hard.term },
+                granted,
+            },
+        });
+    }
+
+    pub(super) fn on_pre_vote_reply(&mut self, from: NodeId, term: u64, granted: bool) {
+        if !granted {
+            // A voter at a later term: take it (no vote is given or spent), so the next
+            // pre-vote asks about a term the voters have not passed.
+            if term > self.hard.term {
+                self.step_down(term, None);
+            }
+            return;
+        }
+        let Some((asked, yes)) = self.pre.as_mut() else {
+            return;
+        };
+        if term != *asked || self.lead.is_some() {
+            return;
+        }
+        yes.insert(from);
+        let yes = yes.clone();
+        if self.quorum_with_me(yes) {
+            self.campaign();
+        }
+    }
+
+    pub(super) fn on_vote(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        head: Seq,
+        log: VoteLog,
+        config: (u64, u64),
+    ) {
+        match self.hopeless(from, config) {
+            Some(true) => return,
+            Some(false) => {
+                self.actions.push(Action::Send {
+                    to: from,
+                    msg: Msg::VoteReply {
+                        term: self.hard.term,
+                        granted: false,
+                        entries: Vec::new(),
+                        leader_start: self.hard.leader_start,
+                    },
+                });
+                return;
+            }
+            None => {}
+        }
+        if term > self.hard.term {
+            self.step_down(term, None);
+        }
+        let abstain = self.abstains();
+        if abstain {
+            self.stats.votes_refused_lost += 1;
+        }
+        let grant = term == self.hard.term
+            && self.hard.voted_for.is_none_or(|v| v == from)
+            && self.lead.is_none()
+            && !abstain
+            && grants_vote(&self.vote_log(), &log);
+        let mut entries = Vec::new();
+        if grant {
+            self.hard.voted_for = Some(from);
+            self.reset_deadline();
+            entries = self
+                .log
+                .range(head..)
+                .map(|(_, s)| (s.entry.clone(), s.committed))
+                .collect();
+        }
+        self.save_hard();
+        self.actions.push(Action::Send {
+            to: from,
+            msg: Msg::VoteReply {
+                term: self.hard.term,
+                granted: grant,
+                entries,
+                leader_start: self.hard.leader_start,
+            },
+        });
+    }
+
+    pub(super) fn on_vote_reply(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        granted: bool,
+        entries: Vec<(Entry, bool)>,
+        leader_start: (u64, Seq),
+    ) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+            return;
+        }
+        if term < self.hard.term || !granted || self.role != Role::Candidate {
+            return;
+        }
+        self.votes.insert(from, (entries, leader_start));
+        if self.quorum_with_me(self.votes.keys().copied()) {
+            self.become_leader();
+        }
+    }
+}
