@@ -539,21 +539,50 @@ fn run(mode: Mode) {
         .status()
         .unwrap()
         .committed_head;
-    // How far the leader compacts depends on the entries' bytes (it checkpoints every
-    // `compact_bytes`): append until its base has passed where the follower stopped.
+    // How far a node compacts depends on the entries' bytes (it checkpoints every
+    // `compact_bytes`): append until every running node's base has passed where the
+    // follower stopped, so no message sent from now on can carry a slot it lacks —
+    // whichever of them leads when it comes back (an election under load may move the
+    // lead) has only an image for it.
     let mut next = 350;
-    let lead = loop {
+    loop {
         c.append_many(next, 50);
         next += 50;
-        let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
-        if lead.counters.base > head {
-            break lead;
+        let bases: Vec<u64> = (0..3)
+            .filter(|&i| i != f)
+            .map(|i| c.nodes[i].as_ref().unwrap().status().unwrap().counters.base)
+            .collect();
+        if bases.iter().all(|&b| b > head) {
+            break;
         }
         assert!(
             next < 350 + 2000,
-            "the leader did not compact past slot {head} in 2,000 appends: {lead:?}"
+            "the nodes did not compact past slot {head} in 2,000 appends: bases {bases:?}"
         );
-    };
+    }
+    // But the leader kept sending the stopped follower what it lacked while it still
+    // held it — catch-up pieces from `head` at every resend, and each new slot as it was
+    // appended — and what its transport queued since its last failed dial waits in the
+    // outbox (the writer backs off, up to a second, between dials) and goes to the
+    // follower's new address once it restarts. The follower then catches up from entries
+    // the leader held when it sent them, and needs no image. Seen under load: stopped at
+    // 358, the leader sent it 358..=403, 358..=468 and 358..=543 with its base still at
+    // 358 (it compacts no further than the head of a follower heard within the election
+    // timeout), then compacted to 557 at once; the follower came back behind base 557 and
+    // caught up to 578 from those pieces. Each failed dial drops what was queued when it
+    // began (the leader's heartbeats keep it dialling): two failed dials after the
+    // compaction leave nothing from before it.
+    let now_leading = c.leader();
+    let lead = c.nodes[now_leading].as_ref().unwrap().status().unwrap();
+    let sender = c.envs[now_leading].as_ref().unwrap();
+    let (before, t0) = (sender.transport_stats().frames_dropped, Instant::now());
+    while sender.transport_stats().frames_dropped < before + 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the leader never redialled the stopped follower"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.restart(f);
     c.append_many(next, 20);
     c.converge();
