@@ -524,21 +524,30 @@ fn run(mode: Mode) {
     let st = c.nodes[l].as_ref().unwrap().status().unwrap();
     assert!(st.counters.base > 0, "compacted: {st:?}");
     assert!(st.counters.log_bytes < 64 << 10, "{st:?}");
-    // Stop a follower while the others go on and compact past it: when it comes back it
-    // is behind the leader's base and installs the leader's image.
-    let l = c.leader();
-    let f = (l + 1) % 3;
-    c.stop(f);
-    // What the follower may hold: every slot the leader had assigned when it stopped (no
-    // append is in flight: `append_many` waits for each). Its own committed head is not
-    // enough — it may have stored slots past it, acknowledged but not yet known
-    // committed, and then come back needing only entries the leader still has.
+    // Stop the node just restarted while the others go on and compact past it: when it
+    // comes back it is behind the leader's base and installs the leader's image, a
+    // partial one. It is the node to stop: a replica that restarted or installed an image
+    // no longer knows what the slots it compacted before wrote, so it sends only a whole
+    // image to a follower that applied less than that (`OooReplica::image_scope`). This
+    // one came back above with an image of about the slot where the stop happens, and a
+    // restarted follower has applied only up to its saved committed head, which may be
+    // lower (seen under load: an election made it the leader while a follower was away;
+    // back, the follower refused a partial image built for the slot it had stopped at,
+    // and got a whole image). The two others ran throughout: whichever leads sends a
+    // partial image. It is a follower unless an election since made it the leader; then
+    // the others elect, as above.
+    let (f, l) = (l, c.leader());
+    // What it may hold: every slot the leader had assigned (no append is in flight:
+    // `append_many` waits for each). Its own committed head is not enough — it may have
+    // stored slots past it, acknowledged but not yet known committed, and then come back
+    // needing only entries the leader still has.
     let head = c.nodes[l]
         .as_ref()
         .unwrap()
         .status()
         .unwrap()
         .committed_head;
+    c.stop(f);
     // How far a node compacts depends on the entries' bytes (it checkpoints every
     // `compact_bytes`): append until every running node's base has passed where the
     // follower stopped, so no message sent from now on can carry a slot it lacks —
@@ -589,8 +598,8 @@ fn run(mode: Mode) {
     let st = c.nodes[f].as_ref().unwrap().status().unwrap();
     assert!(
         st.counters.installs >= 1 && st.stats.snapshots_installed >= 1,
-        "node {} came back behind base {} (it stopped with the leader, node {}, at {head}) \
-         and did not install an image: {st:?}",
+        "node {} came back behind base {} (it stopped when the leader, node {}, had assigned \
+         up to {head}) and did not install an image: {st:?}",
         f + 1,
         lead.counters.base,
         l + 1
