@@ -524,44 +524,82 @@ fn run(mode: Mode) {
     let st = c.nodes[l].as_ref().unwrap().status().unwrap();
     assert!(st.counters.base > 0, "compacted: {st:?}");
     assert!(st.counters.log_bytes < 64 << 10, "{st:?}");
-    // Stop a follower while the others go on and compact past it: when it comes back it
-    // is behind the leader's base and installs the leader's image.
-    let l = c.leader();
-    let f = (l + 1) % 3;
-    c.stop(f);
-    // What the follower may hold: every slot the leader had assigned when it stopped (no
-    // append is in flight: `append_many` waits for each). Its own committed head is not
-    // enough — it may have stored slots past it, acknowledged but not yet known
-    // committed, and then come back needing only entries the leader still has.
+    // Stop the node just restarted while the others go on and compact past it: when it
+    // comes back it is behind the leader's base and installs the leader's image, a
+    // partial one. It is the node to stop: a replica that restarted or installed an image
+    // no longer knows what the slots it compacted before wrote, so it sends only a whole
+    // image to a follower that applied less than that (`OooReplica::image_scope`). This
+    // one came back above with an image of about the slot where the stop happens, and a
+    // restarted follower has applied only up to its saved committed head, which may be
+    // lower (seen under load: an election made it the leader while a follower was away;
+    // back, the follower refused a partial image built for the slot it had stopped at,
+    // and got a whole image). The two others ran throughout: whichever leads sends a
+    // partial image. It is a follower unless an election since made it the leader; then
+    // the others elect, as above.
+    let (f, l) = (l, c.leader());
+    // What it may hold: every slot the leader had assigned (no append is in flight:
+    // `append_many` waits for each). Its own committed head is not enough — it may have
+    // stored slots past it, acknowledged but not yet known committed, and then come back
+    // needing only entries the leader still has.
     let head = c.nodes[l]
         .as_ref()
         .unwrap()
         .status()
         .unwrap()
         .committed_head;
-    // How far the leader compacts depends on the entries' bytes (it checkpoints every
-    // `compact_bytes`): append until its base has passed where the follower stopped.
+    c.stop(f);
+    // How far a node compacts depends on the entries' bytes (it checkpoints every
+    // `compact_bytes`): append until every running node's base has passed where the
+    // follower stopped, so no message sent from now on can carry a slot it lacks —
+    // whichever of them leads when it comes back (an election under load may move the
+    // lead) has only an image for it.
     let mut next = 350;
-    let lead = loop {
+    loop {
         c.append_many(next, 50);
         next += 50;
-        let lead = c.nodes[l].as_ref().unwrap().status().unwrap();
-        if lead.counters.base > head {
-            break lead;
+        let bases: Vec<u64> = (0..3)
+            .filter(|&i| i != f)
+            .map(|i| c.nodes[i].as_ref().unwrap().status().unwrap().counters.base)
+            .collect();
+        if bases.iter().all(|&b| b > head) {
+            break;
         }
         assert!(
             next < 350 + 2000,
-            "the leader did not compact past slot {head} in 2,000 appends: {lead:?}"
+            "the nodes did not compact past slot {head} in 2,000 appends: bases {bases:?}"
         );
-    };
+    }
+    // But the leader kept sending the stopped follower what it lacked while it still
+    // held it — catch-up pieces from `head` at every resend, and each new slot as it was
+    // appended — and what its transport queued since its last failed dial waits in the
+    // outbox (the writer backs off, up to a second, between dials) and goes to the
+    // follower's new address once it restarts. The follower then catches up from entries
+    // the leader held when it sent them, and needs no image. Seen under load: stopped at
+    // 358, the leader sent it 358..=403, 358..=468 and 358..=543 with its base still at
+    // 358 (it compacts no further than the head of a follower heard within the election
+    // timeout), then compacted to 557 at once; the follower came back behind base 557 and
+    // caught up to 578 from those pieces. Each failed dial drops what was queued when it
+    // began (the leader's heartbeats keep it dialling): two failed dials after the
+    // compaction leave nothing from before it.
+    let now_leading = c.leader();
+    let lead = c.nodes[now_leading].as_ref().unwrap().status().unwrap();
+    let sender = c.envs[now_leading].as_ref().unwrap();
+    let (before, t0) = (sender.transport_stats().frames_dropped, Instant::now());
+    while sender.transport_stats().frames_dropped < before + 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the leader never redialled the stopped follower"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.restart(f);
     c.append_many(next, 20);
     c.converge();
     let st = c.nodes[f].as_ref().unwrap().status().unwrap();
     assert!(
         st.counters.installs >= 1 && st.stats.snapshots_installed >= 1,
-        "node {} came back behind base {} (it stopped with the leader, node {}, at {head}) \
-         and did not install an image: {st:?}",
+        "node {} came back behind base {} (it stopped when the leader, node {}, had assigned \
+         up to {head}) and did not install an image: {st:?}",
         f + 1,
         lead.counters.base,
         l + 1
