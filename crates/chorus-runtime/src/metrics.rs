@@ -1,10 +1,12 @@
 //! Metrics in the Prometheus text exposition format.
 //!
 //! The counters live where they are counted (atomics in each group and in the
-//! transport); [`crate::Env::render_metrics`] writes them out. The histograms (the log's
+//! transport); [`crate::Env::metrics`] gathers them, for groups of every mode, into one
+//! [`Exposition`], to which its host (the server) adds what it alone knows. The histograms (the log's
 //! fsync latency; an out-of-order node's, [`crate::ooo::OooLatency`]) use fixed
 //! power-of-two buckets so recording is three relaxed atomic adds.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -78,9 +80,116 @@ pub fn render_header(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} histogram");
 }
 
+/// The type of a metric family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (restarts from 0 when its process or group restarts).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A [`Histogram`].
+    Histogram,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One family: its header and its samples, in the order they were added.
+struct Family {
+    help: String,
+    kind: Kind,
+    body: String,
+}
+
+/// A Prometheus text exposition built family by family: every sample of a family is
+/// written under the family's one `# HELP` and `# TYPE` header, whichever part of the node
+/// added it (groups of every mode, the node itself, the server), and the families come
+/// out in the order they were first named. A family named twice keeps its first help and
+/// type.
+///
+/// Invariant: `order` holds each key of `families` exactly once.
+#[derive(Default)]
+pub struct Exposition {
+    order: Vec<String>,
+    families: HashMap<String, Family>,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: Kind, help: &str) -> &mut String {
+        if !self.families.contains_key(name) {
+            self.order.push(name.to_string());
+        }
+        &mut self
+            .families
+            .entry(name.to_string())
+            .or_insert_with(|| Family {
+                help: help.to_string(),
+                kind,
+                body: String::new(),
+            })
+            .body
+    }
+
+    /// Declares family `name` without a sample (so that its header is written even when
+    /// nothing reports it yet).
+    pub fn declare(&mut self, name: &str, kind: Kind, help: &str) {
+        self.family(name, kind, help);
+    }
+
+    /// Adds a sample `name{labels} value` to the counter or gauge family `name`.
+    pub fn sample(&mut self, name: &str, kind: Kind, help: &str, labels: &str, value: u64) {
+        let body = self.family(name, kind, help);
+        let _ = writeln!(body, "{name}{{{labels}}} {value}");
+    }
+
+    /// Adds the series of histogram `h` with `labels` to the histogram family `name`.
+    pub fn histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
+        let body = self.family(name, Kind::Histogram, help);
+        h.render_samples(body, name, labels);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for name in &self.order {
+            let f = &self.families[name];
+            let _ = writeln!(out, "# HELP {name} {}", f.help);
+            let _ = writeln!(out, "# TYPE {name} {}", f.kind.name());
+            out.push_str(&f.body);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Samples added apart land under one header per family, families in first-named
+    /// order; the first help and type stay.
+    #[test]
+    fn an_exposition_groups_samples_under_one_header() {
+        let mut e = Exposition::default();
+        e.sample("a_total", Kind::Counter, "A.", "mode=\"ordered\"", 1);
+        e.sample("b", Kind::Gauge, "B.", "", 7);
+        e.sample("a_total", Kind::Gauge, "other", "mode=\"parallel\"", 2);
+        e.declare("c", Kind::Gauge, "C.");
+        let h = Histogram::default();
+        h.record(1_000);
+        e.histogram("d_seconds", "D.", "g=\"1\"", &h);
+        let s = e.render();
+        let want = "# HELP a_total A.\n# TYPE a_total counter\na_total{mode=\"ordered\"} 1\na_total{mode=\"parallel\"} 2\n# HELP b B.\n# TYPE b gauge\nb{} 7\n# HELP c C.\n# TYPE c gauge\n# HELP d_seconds D.\n# TYPE d_seconds histogram\n";
+        assert!(s.starts_with(want), "{s}");
+        assert!(s.contains("d_seconds_count{g=\"1\"} 1"), "{s}");
+        assert_eq!(s.matches("# TYPE a_total").count(), 1);
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -221,16 +221,16 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
     for e in c.envs.values() {
         let m = e.render_metrics();
         let line = format!(
-            "chorus_gap_resend_requests_total{{node=\"{}\",group=\"1\"}} ",
+            "chorus_gap_resend_requests_total{{node=\"{}\",group=\"1\",mode=\"ordered\"}} ",
             e.node()
         );
         assert!(m.contains(&line), "node {}: no {line:?} in\n{m}", e.node());
         let timed = format!(
-            "chorus_timed_resends_total{{node=\"{}\",group=\"1\"}} ",
+            "chorus_timed_resends_total{{node=\"{}\",group=\"1\",mode=\"ordered\"}} ",
             e.node()
         );
         assert!(m.contains(&timed), "node {}: no {timed:?}", e.node());
-        let commits = format!("chorus_commits_total{{node=\"{}\",group=\"1\"}} ", e.node());
+        let commits = format!("chorus_commits_total{{node=\"{}\",group=\"1\",mode=\"ordered\"}} ", e.node());
         assert!(m.contains(&commits), "node {}: no {commits:?}", e.node());
     }
     // Leaders time every append they answer (summed over the nodes: the appends above
@@ -240,7 +240,7 @@ fn three_replicas_replicate_fail_over_restart_and_change_membership() {
         .values()
         .map(|e| {
             let prefix = format!(
-                "chorus_append_seconds_count{{node=\"{}\",group=\"1\"}} ",
+                "chorus_append_seconds_count{{node=\"{}\",group=\"1\",mode=\"ordered\"}} ",
                 e.node()
             );
             let m = e.render_metrics();
@@ -504,7 +504,7 @@ fn a_follower_behind_the_leaders_trimmed_log_is_rebased() {
     let text = c.envs[&away].render_metrics();
     assert!(
         text.contains(&format!(
-            "chorus_log_rebased_total{{node=\"{away}\",group=\"1\"}} 1"
+            "chorus_log_rebased_total{{node=\"{away}\",group=\"1\",mode=\"ordered\"}} 1"
         )),
         "{text}"
     );

@@ -108,7 +108,7 @@ fn a_damaged_group_stops_only_itself() {
     assert!(gdir.join("meta").exists(), "the damaged files are kept");
     let m = env.render_metrics();
     assert!(
-        m.contains("chorus_group_not_started{node=\"1\",group=\"2\"} 1"),
+        m.contains("chorus_group_not_started{node=\"1\",group=\"2\",mode=\"ordered\"} 1"),
         "{m}"
     );
     leader_append(&env, 1, b"group 1 serves beside the damaged one");
@@ -193,11 +193,11 @@ fn a_group_whose_storage_fails_stops_only_itself() {
     );
     let m = env.render_metrics();
     assert!(
-        m.contains("chorus_group_stopped{node=\"1\",group=\"2\"} 1"),
+        m.contains("chorus_group_stopped{node=\"1\",group=\"2\",mode=\"ordered\"} 1"),
         "{m}"
     );
     assert!(
-        m.contains("chorus_group_stopped{node=\"1\",group=\"1\"} 0"),
+        m.contains("chorus_group_stopped{node=\"1\",group=\"1\",mode=\"ordered\"} 0"),
         "{m}"
     );
     leader_append(&env, 1, b"group 1 serves beside the stopped one");
@@ -243,7 +243,7 @@ fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
         "{m}"
     );
     assert!(
-        m.contains("chorus_group_stopped{node=\"1\",group=\"2\"} 0"),
+        m.contains("chorus_group_stopped{node=\"1\",group=\"2\",mode=\"ordered\"} 0"),
         "{m}"
     );
     leader_append(&env, 1, b"group 1 never stopped");

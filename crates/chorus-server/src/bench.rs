@@ -943,15 +943,10 @@ impl LocalCluster {
         // fdatasyncs of the log and of the other durable record (the ordered meta, which
         // SYNC mode also saves the commit point in; an out-of-order group's hard state),
         // and what a follower received.
-        let (names, received) = match w {
-            Workload::Ordered => (
-                ["chorus_log_fsyncs_total", "chorus_meta_saves_total"],
-                "chorus_frames_received_total",
-            ),
-            _ => (
-                ["chorus_ooo_fdatasyncs_total", "chorus_ooo_hard_saves_total"],
-                "chorus_ooo_messages_received_total",
-            ),
+        let names = ["chorus_log_fsyncs_total", "chorus_meta_saves_total"];
+        let received = match w {
+            Workload::Ordered => "chorus_frames_received_total",
+            _ => "chorus_messages_received_total",
         };
         let mut start = None;
         let mut end = None;

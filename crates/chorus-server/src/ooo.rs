@@ -24,8 +24,8 @@ use std::time::Duration;
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Declared, Mode};
 use chorus_runtime::disk::FULL_DISK_RESTART_BACKOFF;
-use chorus_runtime::metrics::{render_header, Histogram};
-use chorus_runtime::ooo::{OooLatency, OooNode, OooNodeConfig, OooStatus};
+use chorus_runtime::metrics::{Exposition, Kind};
+use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStatus};
 
 use crate::config::GroupSpec;
 
@@ -330,8 +330,6 @@ pub struct OooGroups {
     /// their spec and the error. The node serves its other groups; the operator replaces
     /// the replica or fixes the cause and restarts it (docs/operations.md).
     failed: RwLock<BTreeMap<u64, (GroupSpec, String)>>,
-    /// Groups restarted in place.
-    restarts: std::sync::atomic::AtomicU64,
     /// When each group a full disk stopped was last tried
     /// ([`OooGroups::restart_stopped_by_full_disk`]).
     full_disk_tries: std::sync::Mutex<BTreeMap<u64, std::time::Instant>>,
@@ -377,7 +375,6 @@ impl OooGroups {
             settings,
             groups: RwLock::new(BTreeMap::new()),
             failed: RwLock::new(BTreeMap::new()),
-            restarts: Default::default(),
             full_disk_tries: Default::default(),
         };
         let dir = me.settings.dir.clone();
@@ -545,8 +542,7 @@ impl OooGroups {
         };
         match self.start(spec.clone()) {
             Ok(()) => {
-                self.restarts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.settings.env.count_group_restart();
                 tracing::warn!(group = id, "out-of-order group restarted");
                 Ok(())
             }
@@ -731,361 +727,20 @@ impl OooGroups {
         restarted
     }
 
-    /// Prometheus text for every out-of-order group (appended to the node's metrics).
-    pub fn render_metrics(&self, node: u64) -> String {
-        type Get = fn(&OooStatus) -> u64;
-        let metrics: [(&str, &str, &str, Get); 41] = [
-            ("chorus_ooo_term", "gauge", "Current term.", |s| s.term),
-            (
-                "chorus_ooo_leader",
-                "gauge",
-                "1 if this replica leads and serves appends.",
-                |s| s.serving as u64,
-            ),
-            (
-                "chorus_ooo_committed_slots",
-                "gauge",
-                "First slot not known committed here.",
-                |s| s.committed_head,
-            ),
-            (
-                "chorus_ooo_applied_slots",
-                "gauge",
-                "First slot not applied here.",
-                |s| s.applied_head,
-            ),
-            (
-                "chorus_ooo_appends_total",
-                "counter",
-                "Appends accepted as leader.",
-                |s| s.counters.appends,
-            ),
-            (
-                "chorus_ooo_group_entries_total",
-                "counter",
-                "Group entries the accepted appends were packed into (appends / entries = records per entry).",
-                |s| s.counters.groups,
-            ),
-            (
-                "chorus_ooo_commits_total",
-                "counter",
-                "Appends reported committed.",
-                |s| s.counters.committed,
-            ),
-            (
-                "chorus_ooo_failures_total",
-                "counter",
-                "Appends reported failed.",
-                |s| s.counters.failed,
-            ),
-            (
-                "chorus_ooo_entry_writes_total",
-                "counter",
-                "Entries written to the store.",
-                |s| s.counters.writes,
-            ),
-            (
-                "chorus_ooo_fdatasyncs_total",
-                "counter",
-                "fdatasyncs of the entries file.",
-                |s| s.counters.syncs,
-            ),
-            (
-                "chorus_ooo_hard_saves_total",
-                "counter",
-                "Hard-state saves.",
-                |s| s.counters.hard_saves,
-            ),
-            (
-                "chorus_ooo_messages_received_total",
-                "counter",
-                "Messages received.",
-                |s| s.counters.msgs_in,
-            ),
-            (
-                "chorus_ooo_messages_sent_total",
-                "counter",
-                "Messages sent.",
-                |s| s.counters.msgs_out,
-            ),
-            (
-                "chorus_ooo_applied_total",
-                "counter",
-                "Entries applied.",
-                |s| s.counters.applied,
-            ),
-            (
-                "chorus_ooo_campaigns_total",
-                "counter",
-                "Elections started.",
-                |s| s.stats.campaigns,
-            ),
-            (
-                "chorus_ooo_merges_total",
-                "counter",
-                "Merges completed (terms served).",
-                |s| s.stats.merges,
-            ),
-            (
-                "chorus_ooo_merge_nulls_total",
-                "counter",
-                "Slots merges here decided NULL (nobody held them, or a predecessor the entry commits after became NULL).",
-                |s| s.stats.nulls,
-            ),
-            (
-                "chorus_ooo_entries_refused_total",
-                "counter",
-                "Entries refused on receipt (malformed, or contradicting a committed slot).",
-                |s| s.stats.refused,
-            ),
-            (
-                "chorus_ooo_catchup_bytes_total",
-                "counter",
-                "Bytes sent in rate-limited catch-up.",
-                |s| s.stats.catchup_bytes,
-            ),
-            (
-                "chorus_ooo_catchup_deferred_total",
-                "counter",
-                "Catch-up pieces held back by the rate limit.",
-                |s| s.stats.catchup_deferred,
-            ),
-            (
-                "chorus_ooo_base_slots",
-                "gauge",
-                "Every slot below is compacted into the state machine's checkpoint.",
-                |s| s.counters.base,
-            ),
-            (
-                "chorus_ooo_log_bytes",
-                "gauge",
-                "Bytes of the entries file.",
-                |s| s.counters.log_bytes,
-            ),
-            (
-                "chorus_ooo_checkpoints_total",
-                "counter",
-                "State machine checkpoints taken to compact the entries file.",
-                |s| s.counters.checkpoints,
-            ),
-            (
-                "chorus_ooo_images_sent_total",
-                "counter",
-                "State machine images taken for followers behind the base.",
-                |s| s.counters.images,
-            ),
-            (
-                "chorus_ooo_partial_images_sent_total",
-                "counter",
-                "Of the images taken, partial ones: what a follower lacks (fast catch-up).",
-                |s| s.counters.partial_images,
-            ),
-            (
-                "chorus_ooo_image_bytes_sent_total",
-                "counter",
-                "Bytes of the images taken for followers.",
-                |s| s.counters.image_bytes,
-            ),
-            (
-                "chorus_ooo_images_installed_total",
-                "counter",
-                "Leader images installed here.",
-                |s| s.counters.installs,
-            ),
-            (
-                "chorus_ooo_partial_images_installed_total",
-                "counter",
-                "Of the leader images installed here, partial ones.",
-                |s| s.counters.partial_installs,
-            ),
-            (
-                "chorus_ooo_pre_votes_total",
-                "counter",
-                "Pre-votes started (election timeouts that did not raise the term).",
-                |s| s.stats.pre_votes,
-            ),
-            (
-                "chorus_ooo_pre_votes_refused_by_lease_total",
-                "counter",
-                "Pre-votes refused here because a leader was heard within an election timeout.",
-                |s| s.stats.pre_votes_refused_by_lease,
-            ),
-            (
-                "chorus_ooo_transfers_total",
-                "counter",
-                "Leader transfers whose target was told to campaign.",
-                |s| s.stats.transfers,
-            ),
-            (
-                "chorus_ooo_membership_changes_total",
-                "counter",
-                "Membership changes completed by this replica as leader.",
-                |s| s.stats.membership_changes,
-            ),
-            (
-                "chorus_ooo_handoffs_total",
-                "counter",
-                "Leaderships handed over by a leader that removed itself.",
-                |s| s.stats.handoffs,
-            ),
-            (
-                "chorus_ooo_entries_admitted_after_total",
-                "counter",
-                "Entries admitted here as leader with an uncommitted predecessor to commit after (RAW in dependent mode, an overlap under conflict order).",
-                |s| s.stats.admitted_after,
-            ),
-            (
-                "chorus_ooo_entries_held_at_quorum_total",
-                "counter",
-                "Entries led here that had a majority before such a predecessor committed: held back by the commit rule.",
-                |s| s.stats.held_at_quorum,
-            ),
-            (
-                "chorus_ooo_hole_resends_total",
-                "counter",
-                "Entries this node as leader resent at once to a follower that acknowledged later ones (a hole: the first copy lost or stuck behind a slow connection).",
-                |s| s.stats.hole_resends,
-            ),
-            (
-                "chorus_ooo_timed_resends_total",
-                "counter",
-                "Entries this node as leader resent to a follower that had not acknowledged them within a few of its round trips while they were uncommitted (the last ones sent, which nothing later overtakes).",
-                |s| s.stats.timed_resends,
-            ),
-            (
-                "chorus_ooo_recovering_lost",
-                "gauge",
-                "1 while this replica recovers entries it lost on disk (damaged at start): it follows but neither votes nor campaigns.",
-                |s| s.recovering_lost as u64,
-            ),
-            (
-                "chorus_ooo_inbox_overflows_total",
-                "counter",
-                "Messages dropped and appends refused (nothing appended) because the group's queue of events was full.",
-                |s| s.counters.inbox_overflows,
-            ),
-            (
-                "chorus_ooo_damaged_at_start",
-                "gauge",
-                "Damaged stretches of the entries file skipped when this node started (the file as found is kept as entries.damaged).",
-                |s| s.counters.damaged_at_start,
-            ),
-            (
-                "chorus_ooo_votes_refused_lost_total",
-                "counter",
-                "Votes and pre-votes refused here while recovering entries lost on disk.",
-                |s| s.stats.votes_refused_lost,
-            ),
-        ];
-        let mut stopped = Vec::new();
-        let statuses: Vec<(u64, &'static str, OooStatus, Arc<OooGroup>)> = self
-            .ids()
-            .into_iter()
-            .filter_map(|id| {
-                let g = self.get(id)?;
-                let mode = match g.mode {
-                    Mode::Parallel { .. } => "parallel",
-                    Mode::Dependent => "dependent",
-                };
-                let Some(st) = g.status() else {
-                    // Only a recorded failure counts as stopped: a driver too busy to
-                    // answer within the status timeout is not.
-                    if g.node.stopped_reason().is_some() {
-                        stopped.push((id, mode));
-                    }
-                    return None;
-                };
-                Some((id, mode, st, g))
-            })
-            .collect();
-        let mut out = String::new();
-        if !stopped.is_empty() {
-            // A group whose node stopped while running (its storage failed) has no status
-            // either; named here for alerts, as the ones that did not start.
-            out.push_str(
-                "# HELP chorus_ooo_group_stopped 1 for an out-of-order group that stopped on this node while running (its storage failed, e.g. a full disk); once the cause is fixed, restart the group (`chorus group restart`) or the node.\n# TYPE chorus_ooo_group_stopped gauge\n",
+    /// Adds what only this registry knows to the node's metrics (`Env::metrics`, which
+    /// reports every running group of every mode): the out-of-order groups whose replica
+    /// did not start here (damaged files, or a restart that failed).
+    pub fn add_metrics(&self, e: &mut Exposition, node: u64) {
+        for id in self.failed_ids() {
+            let mode = self.failed_mode(id).unwrap_or_default();
+            e.sample(
+                "chorus_group_not_started",
+                Kind::Gauge,
+                "",
+                &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\""),
+                1,
             );
-            for (id, mode) in stopped {
-                out.push_str(&format!(
-                    "chorus_ooo_group_stopped{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} 1\n"
-                ));
-            }
         }
-        out.push_str(&format!(
-            "# HELP chorus_ooo_group_restarts_total Out-of-order groups restarted in place on this node (`chorus group restart`).\n# TYPE chorus_ooo_group_restarts_total counter\nchorus_ooo_group_restarts_total{{node=\"{node}\"}} {}\n",
-            self.restarts.load(std::sync::atomic::Ordering::Relaxed)
-        ));
-        let failed = self.failed_ids();
-        if !failed.is_empty() {
-            // Groups whose damaged replica did not start have no status to export; each
-            // is named here, so an alert need not parse `chorus status`.
-            out.push_str(
-                "# HELP chorus_ooo_group_not_started 1 for an out-of-order group whose replica did not start on this node (damaged files, or a restart that failed).\n# TYPE chorus_ooo_group_not_started gauge\n",
-            );
-            for id in failed {
-                let mode = self.failed_mode(id).unwrap_or_default();
-                out.push_str(&format!(
-                    "chorus_ooo_group_not_started{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} 1\n"
-                ));
-            }
-        }
-        if statuses.is_empty() {
-            return out;
-        }
-        for (name, kind, help, get) in metrics {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (id, mode, st, _) in &statuses {
-                out.push_str(&format!(
-                    "{name}{{node=\"{node}\",group=\"{id}\",mode=\"{mode}\"}} {}\n",
-                    get(st)
-                ));
-            }
-        }
-        // Latency histograms (`OooLatency`): where an append's time goes.
-        type Hist = fn(&OooLatency) -> &Histogram;
-        let hists: [(&str, &str, Hist); 3] = [
-            (
-                "chorus_ooo_append_seconds",
-                "Leader: an append's submission to its outcome (committed or failed), per record.",
-                |l| &l.append,
-            ),
-            (
-                "chorus_ooo_append_queue_seconds",
-                "Leader: an append's submission to its packing into a group entry, per record.",
-                |l| &l.queue,
-            ),
-            (
-                "chorus_ooo_fsync_seconds",
-                "Write and fdatasync of the out-of-order entries file.",
-                |l| &l.fsync,
-            ),
-        ];
-        for (name, help, get) in hists {
-            render_header(&mut out, name, help);
-            for (id, mode, _, g) in &statuses {
-                get(g.node.latency()).render_samples(
-                    &mut out,
-                    name,
-                    &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\""),
-                );
-            }
-        }
-        let name = "chorus_ooo_peer_ack_seconds";
-        render_header(
-            &mut out,
-            name,
-            "Leader: an entry's first send to a peer to that peer's acknowledgement, per entry.",
-        );
-        for (id, mode, _, g) in &statuses {
-            for (peer, h) in &g.node.latency().peer_ack {
-                h.render_samples(
-                    &mut out,
-                    name,
-                    &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\",peer=\"{peer}\""),
-                );
-            }
-        }
-        out
     }
 
     /// Stops every group (their drivers finish and their threads are joined).
@@ -1316,8 +971,10 @@ mod tests {
         }
         drop(g);
         assert!(groups
-            .render_metrics(1)
-            .contains("chorus_ooo_group_restarts_total{node=\"1\"} 1"));
+            .settings
+            .env
+            .render_metrics()
+            .contains("chorus_group_restarts_total{node=\"1\"} 1"));
         groups.shutdown();
     }
 }

@@ -1282,11 +1282,15 @@ pub async fn serve_metrics(env: Env, ooo: Arc<OooGroups>, listener: tokio::net::
             }
             let req = String::from_utf8_lossy(&buf[..n]);
             let (code, body, ctype) = if req.starts_with("GET /metrics ") {
-                let node = env.node();
-                let mut body = env.render_metrics();
-                // Out-of-order groups answer through their driver threads.
-                let more = tokio::task::spawn_blocking(move || ooo.render_metrics(node)).await;
-                body.push_str(&more.unwrap_or_default());
+                // Every group of every mode, in one exposition; out-of-order groups answer
+                // through their drivers, so not on this runtime's threads.
+                let body = tokio::task::spawn_blocking(move || {
+                    let mut e = env.metrics();
+                    ooo.add_metrics(&mut e, env.node());
+                    e.render()
+                })
+                .await
+                .unwrap_or_default();
                 ("200 OK", body, "text/plain; version=0.0.4")
             } else {
                 (

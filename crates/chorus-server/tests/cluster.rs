@@ -772,7 +772,7 @@ async fn a_damaged_ordered_group_stops_only_itself() {
     assert!(err.to_string().contains("damaged"), "{err}");
     let text = metrics_page(metrics).await;
     assert!(
-        text.contains("chorus_group_not_started{node=\"1\",group=\"2\"} 1"),
+        text.contains("chorus_group_not_started{node=\"1\",group=\"2\",mode=\"ordered\"} 1"),
         "{text}"
     );
     assert_eq!(

@@ -633,16 +633,16 @@ async fn out_of_order_groups_through_the_server() {
                 .sum()
         };
         for name in [
-            "chorus_ooo_append_seconds_count",
-            "chorus_ooo_append_queue_seconds_count",
+            "chorus_append_seconds_count",
+            "chorus_append_queue_seconds_count",
         ] {
             let count = sum(name);
             assert!(count >= n as u64, "group {g}: {name} {count} < {n} appends");
         }
-        let acks = sum("chorus_ooo_peer_ack_seconds_count");
+        let acks = sum("chorus_peer_ack_seconds_count");
         assert!(acks > 0, "group {g}: no acknowledgement timed");
         for node in 1..=3 {
-            let syncs = metric_of(&cl.metrics, node, "chorus_ooo_fsync_seconds_count", g, mode);
+            let syncs = metric_of(&cl.metrics, node, "chorus_log_fsync_seconds_count", g, mode);
             assert!(syncs > 0, "group {g}: node {node} timed no sync");
         }
     }
@@ -767,7 +767,7 @@ async fn out_of_order_groups_through_the_server() {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             let changes: u64 = (1..=3)
-                .map(|n| metric(n, "chorus_ooo_membership_changes_total", DEP, "dependent"))
+                .map(|n| metric(n, "chorus_membership_changes_total", DEP, "dependent"))
                 .sum();
             if changes >= want {
                 return;
@@ -890,7 +890,7 @@ async fn out_of_order_groups_through_the_server() {
     // Leaders compact by bytes of entries (and the key-value store by its image's size),
     // not by appends: go on until both bases have passed the old node's heads (bounded).
     let mut i = 100u32;
-    while metric(new, "chorus_ooo_base_slots", PAR, "parallel") <= old_heads[0] {
+    while metric(new, "chorus_base_slots", PAR, "parallel") <= old_heads[0] {
         assert!(
             i < 2_000,
             "the parallel leader's base never passed slot {}",
@@ -903,7 +903,7 @@ async fn out_of_order_groups_through_the_server() {
         after.push(r);
         i += 1;
     }
-    while metric(dep_leader, "chorus_ooo_base_slots", DEP, "dependent") <= old_heads[1] {
+    while metric(dep_leader, "chorus_base_slots", DEP, "dependent") <= old_heads[1] {
         assert!(
             i < 4_000,
             "the dependent leader's base never passed slot {}",
@@ -937,20 +937,20 @@ async fn out_of_order_groups_through_the_server() {
     // moved between the two live nodes during the appends, so commits are summed and the
     // packing is checked on the node that committed most.
     let commits: Vec<u64> = (1..=3)
-        .map(|n| metric(n, "chorus_ooo_commits_total", PAR, "parallel"))
+        .map(|n| metric(n, "chorus_commits_total", PAR, "parallel"))
         .collect();
     assert!(commits.iter().sum::<u64>() >= 100, "{commits:?}");
     // The parallel group's new leader merged before it served (the NULLs it decided, if
     // any, are counted next to it).
-    assert!(metric(new, "chorus_ooo_merges_total", PAR, "parallel") >= 1);
-    metric(new, "chorus_ooo_merge_nulls_total", PAR, "parallel");
+    assert!(metric(new, "chorus_merges_total", PAR, "parallel") >= 1);
+    metric(new, "chorus_merge_nulls_total", PAR, "parallel");
     // Every accepted append was packed into some group entry, never more entries than
     // appends.
     let most = (1..=3u64)
         .max_by_key(|&n| commits[(n - 1) as usize])
         .unwrap();
-    let appends = metric(most, "chorus_ooo_appends_total", PAR, "parallel");
-    let entries = metric(most, "chorus_ooo_group_entries_total", PAR, "parallel");
+    let appends = metric(most, "chorus_appends_total", PAR, "parallel");
+    let entries = metric(most, "chorus_group_entries_total", PAR, "parallel");
     assert!(
         (1..=appends).contains(&entries),
         "node {most}: {entries} entries for {appends} appends"
@@ -959,13 +959,13 @@ async fn out_of_order_groups_through_the_server() {
     // dependent one): at most the entries that had a predecessor to commit after.
     for (g, mode) in [(PAR, "parallel"), (DEP, "dependent")] {
         for n in 1..=3 {
-            let after = metric(n, "chorus_ooo_entries_admitted_after_total", g, mode);
-            let held = metric(n, "chorus_ooo_entries_held_at_quorum_total", g, mode);
+            let after = metric(n, "chorus_entries_admitted_after_total", g, mode);
+            let held = metric(n, "chorus_entries_held_at_quorum_total", g, mode);
             assert!(held <= after, "node {n}, group {g}: {held} held of {after}");
         }
         // Hole resends are exported (on loopback, without reordering, few or none).
-        metric(new, "chorus_ooo_hole_resends_total", g, mode);
-        metric(new, "chorus_ooo_timed_resends_total", g, mode);
+        metric(new, "chorus_hole_resends_total", g, mode);
+        metric(new, "chorus_timed_resends_total", g, mode);
     }
     // Each group's base passed the killed node's head on the node the loops above watched
     // (the dependent group's leader need not be the parallel one's); a base moves by a
@@ -973,16 +973,16 @@ async fn out_of_order_groups_through_the_server() {
     for (g, mode, watched) in [(PAR, "parallel", new), (DEP, "dependent", dep_leader)] {
         let checkpoints: u64 = (1..=3u64)
             .filter(|&n| n != old)
-            .map(|n| metric(n, "chorus_ooo_checkpoints_total", g, mode))
+            .map(|n| metric(n, "chorus_checkpoints_total", g, mode))
             .sum();
         assert!(checkpoints >= 1, "group {g}: no live node checkpointed");
-        assert!(metric(watched, "chorus_ooo_base_slots", g, mode) > 0);
-        assert!(metric(watched, "chorus_ooo_log_bytes", g, mode) < 1 << 20);
-        let installed = metric(old, "chorus_ooo_images_installed_total", g, mode);
+        assert!(metric(watched, "chorus_base_slots", g, mode) > 0);
+        assert!(metric(watched, "chorus_entries_file_bytes", g, mode) < 1 << 20);
+        let installed = metric(old, "chorus_images_installed_total", g, mode);
         assert!(installed >= 1, "node {old} installed no image of group {g}");
         // No node refused an entry it was sent.
         for n in 1..=3 {
-            let refused = metric(n, "chorus_ooo_entries_refused_total", g, mode);
+            let refused = metric(n, "chorus_entries_refused_total", g, mode);
             assert_eq!(refused, 0, "node {n} refused entries of group {g}");
         }
     }
@@ -1113,7 +1113,7 @@ async fn a_damaged_replica_stops_only_its_group_and_is_replaced() {
         metric_of(
             &cl.metrics,
             gone,
-            "chorus_ooo_group_not_started",
+            "chorus_group_not_started",
             PAR,
             "parallel"
         ),
@@ -1257,7 +1257,7 @@ async fn damaged_entries_are_recovered_from_the_peers() {
         "the file as found is kept"
     );
     let metric = |name: &str| metric_of(&cl.metrics, gone, name, DEP, "dependent");
-    assert_eq!(metric("chorus_ooo_damaged_at_start"), 1);
+    assert_eq!(metric("chorus_damaged_at_start"), 1);
     // It recovers without help: a leader elected after the loss, every slot below its
     // merge start committed here.
     let end = Instant::now() + Duration::from_secs(30);
@@ -1275,7 +1275,7 @@ async fn damaged_entries_are_recovered_from_the_peers() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(metric("chorus_ooo_recovering_lost"), 0);
+    assert_eq!(metric("chorus_recovering_lost"), 0);
     let r = c
         .append_out_of_order(DEP, vec![txn_record(1, 9, 0xE100_0000)])
         .await
@@ -1290,7 +1290,7 @@ async fn damaged_entries_are_recovered_from_the_peers() {
 /// A follower whose out-of-order storage fails while it runs (its group directory is gone
 /// when the store next replaces a file: the compaction every 8 KiB, as a write fails on a
 /// full disk) stops that group on that node: `Status` says why, the gauge
-/// `chorus_ooo_group_stopped` is 1, and a client whose first endpoint is that node is
+/// `chorus_group_stopped` is 1, and a client whose first endpoint is that node is
 /// told the append was not taken and goes on, so it commits instead of ending unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_storage_failed_sends_clients_on() {
@@ -1333,7 +1333,7 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
         "node {f} did not stop on its storage: {stopped:?}"
     );
     assert_eq!(
-        metric_of(&cl.metrics, f, "chorus_ooo_group_stopped", PAR, "parallel"),
+        metric_of(&cl.metrics, f, "chorus_group_stopped", PAR, "parallel"),
         1
     );
     let mut order = vec![eps[at(f)].clone()];
@@ -1357,13 +1357,13 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
     let text = metrics_text(&cl.metrics, f);
     assert!(
         !text.contains(&format!(
-            "chorus_ooo_group_stopped{{node=\"{f}\",group=\"{PAR}\""
+            "chorus_group_stopped{{node=\"{f}\",group=\"{PAR}\""
         )),
         "{text}"
     );
     assert!(
         text.contains(&format!(
-            "chorus_ooo_group_restarts_total{{node=\"{f}\"}} 1"
+            "chorus_group_restarts_total{{node=\"{f}\"}} 1"
         )),
         "{text}"
     );

@@ -367,7 +367,7 @@ impl Reply {
 }
 
 /// Latency histograms of one out-of-order node, recorded as it runs (each an atomic add
-/// or two) and exported by the server as `chorus_ooo_*_seconds` (`docs/operations.md`).
+/// or two) and exported by the server as `chorus_*_seconds` (`docs/operations.md`).
 /// They say where an append's time goes: waiting to be packed into a group entry, the
 /// log's fdatasync, each peer's acknowledgement round trip, and the whole.
 #[derive(Debug)]
@@ -499,6 +499,8 @@ pub enum Ev {
 /// A running out-of-order replica, hosted by an [`crate::Env`]
 /// ([`crate::Env::start_ooo_group`]). Dropping it stops it.
 pub struct OooNode {
+    /// The group's mode.
+    mode: Mode,
     task: Arc<OooTask>,
     io: Arc<IoTask>,
     env: Arc<EnvShared>,
@@ -632,6 +634,7 @@ impl OooNode {
         // The first round: the replica's start-up actions and its first tick.
         task.poke(0);
         Ok(Self {
+            mode: cfg.mode,
             task,
             io,
             env,
@@ -664,6 +667,11 @@ impl OooNode {
     /// The driver task (the environment's timer polls it).
     pub(crate) fn task(&self) -> Arc<OooTask> {
         self.task.clone()
+    }
+
+    /// The group's mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// This node's latency histograms, as they are now (they only grow).
