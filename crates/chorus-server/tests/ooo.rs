@@ -1356,15 +1356,13 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
     fc.restart_group(0, PAR).await.unwrap();
     let text = metrics_text(&cl.metrics, f);
     assert!(
-        !text.contains(&format!(
-            "chorus_group_stopped{{node=\"{f}\",group=\"{PAR}\""
+        text.contains(&format!(
+            "chorus_group_stopped{{node=\"{f}\",group=\"{PAR}\",mode=\"parallel\"}} 0"
         )),
         "{text}"
     );
     assert!(
-        text.contains(&format!(
-            "chorus_group_restarts_total{{node=\"{f}\"}} 1"
-        )),
+        text.contains(&format!("chorus_group_restarts_total{{node=\"{f}\"}} 1")),
         "{text}"
     );
     let r = c

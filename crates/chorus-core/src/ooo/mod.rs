@@ -96,7 +96,7 @@ pub enum Quorum {
     /// Any `n` distinct nodes (the rules' own tests, where only the count matters).
     Count(usize),
     /// A majority of each set: one set normally, the voters after and before a membership
-    /// change during its joint stage (Raft's joint consensus; PALF section 4.3 changes
+    /// change during its joint stage (Raft's joint consensus; PALF section 5.3 changes
     /// the membership outside the log, which is where [`replica::Membership`] lives).
     /// Nodes outside every set count for nothing.
     Majorities(Vec<Vec<crate::format::meta::NodeId>>),

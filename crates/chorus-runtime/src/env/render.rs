@@ -484,7 +484,13 @@ impl Env {
         );
         for (labels, _, s) in &ordered {
             let role = &s.role;
-            e.sample("chorus_proposal_id", Kind::Gauge, "", labels, role.proposal_id);
+            e.sample(
+                "chorus_proposal_id",
+                Kind::Gauge,
+                "",
+                labels,
+                role.proposal_id,
+            );
             let leads = role.role == chorus_core::replica::Role::Leader;
             e.sample("chorus_is_leader", Kind::Gauge, "", labels, leads as u64);
             let down = s.stopped.is_some() as u64;

@@ -34,7 +34,7 @@
 //! applied durable ([`OooStateMachine::checkpoint`], on an apply worker), and then tells
 //! the replica, which saves the new base and lets the IO task rewrite the file with the
 //! live tail only. A follower behind a leader's base gets the leader's
-//! [`OooStateMachine::image`] in pieces (PolarFS section 5.3) and installs it with
+//! [`OooStateMachine::image`] in pieces (PolarFS section 5.4) and installs it with
 //! [`OooStateMachine::restore`], again on an apply worker; when the replica names the
 //! part the follower lacks ([`OooReplica::image_scope`]) and the state machine can build
 //! it, only that part travels ([`OooStateMachine::image_part`],
@@ -176,7 +176,7 @@ pub trait OooStateMachine: Send + Sync + 'static {
     /// A partial image: the state of the blocks and keys `scope` names (those that hold
     /// nothing included, so that installing it clears them), holding at least everything
     /// applied before the call. The leader sends it instead of the whole state to a
-    /// follower that lacks only what `scope` covers (PolarFS section 5.3, fast
+    /// follower that lacks only what `scope` covers (PolarFS section 5.4, fast
     /// catch-up); installed with [`OooStateMachine::restore_part`]. `Ok(None)`, the
     /// default: this state machine sends whole images only.
     fn image_part(&self, scope: &Footprint) -> std::io::Result<Option<Vec<u8>>> {
@@ -761,7 +761,7 @@ impl OooNode {
         self.ask(|tx| Ev::Transfer(to, tx))
     }
 
-    /// Changes the group's voters (PALF section 4.3; joint consensus, see
+    /// Changes the group's voters (PALF section 5.3; joint consensus, see
     /// [`Membership`]): on the serving leader, starts the change and returns; the change
     /// completes once a majority of the old and the new voters hold it, then a majority
     /// of the new voters its final stage ([`OooNode::membership`] shows where it is).

@@ -328,7 +328,7 @@ impl Sim {
         c.max_batch = 64;
         c.snapshot_retry = 400 * MS;
         // Half the seeds bound catch-up pieces in bytes and rate-limit streaming
-        // catch-up (PolarFS section 5.3), so lagging followers catch up under the limit.
+        // catch-up (PolarFS section 5.4), so lagging followers catch up under the limit.
         if self.seed % 2 == 1 {
             c.max_batch_bytes = 4 << (10 + self.seed / 2 % 3);
             c.catchup_rate = 1 << (20 + self.seed / 8 % 4);

@@ -16,7 +16,7 @@ use crate::ooo::{CommitWindow, OooError, Seq};
 use crate::replica::Nanos;
 
 /// What a run of entries wrote: the blocks (parallel mode) and keys (dependent mode). A
-/// partial image carries the state of a footprint only (PolarFS section 5.3, fast
+/// partial image carries the state of a footprint only (PolarFS section 5.4, fast
 /// catch-up: holes "already checkpointed" are filled from the leader's data, and only the
 /// data they wrote need travel).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -221,7 +221,7 @@ impl OooReplica {
     /// state. Read it together with the applied head, and pass `from` to
     /// [`Self::snapshot_ready`] as the image's part.
     ///
-    /// Why that suffices (PolarFS section 5.3's fast catch-up): the follower has applied
+    /// Why that suffices (PolarFS section 5.4's fast catch-up): the follower has applied
     /// every slot below `from`, so every block or key no slot from `from` on writes is
     /// already as the image would have it; the rest is in the footprint, whose state the
     /// image carries at least as new as the base (later effects are written again by

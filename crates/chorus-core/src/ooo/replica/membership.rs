@@ -16,7 +16,7 @@ use crate::ooo::Seq;
 use crate::replica::{Nanos, Role};
 
 /// The voters of an out-of-order group, kept beside the hard state rather than in the log
-/// (PALF section 4.3 keeps its membership in meta storage too): entries do not have to be
+/// (PALF section 5.3 keeps its membership in meta storage too): entries do not have to be
 /// decided before a change, and a change does not wait on a hole.
 ///
 /// A change goes through two stages, each accepted before the next (Raft's joint
@@ -136,7 +136,7 @@ pub(super) struct Change {
 }
 
 impl OooReplica {
-    /// Changes the group's voters (PALF section 4.3's membership change, here by joint
+    /// Changes the group's voters (PALF section 5.3's membership change, here by joint
     /// consensus outside the log; see [`Membership`]). Appends go on meanwhile: while the
     /// joint membership stands they commit with a majority of both sets. The leader
     /// stays until the final membership is accepted, then steps down if it is not a

@@ -66,7 +66,7 @@ pub enum Msg {
         applied: Seq,
     },
     /// A piece of the leader's state-machine image, for a follower whose first
-    /// uncommitted slot the leader has compacted (PolarFS section 5.3, streaming catch-up:
+    /// uncommitted slot the leader has compacted (PolarFS section 5.4, streaming catch-up:
     /// the data, in bounded pieces, then the log from the image's base on).
     Snapshot {
         /// The leader's term.
@@ -78,7 +78,7 @@ pub enum Msg {
         /// The image's length.
         total: u64,
         /// `Some(from)`: a partial image, holding only what the slots from `from` up to
-        /// `base` wrote (PolarFS section 5.3's fast catch-up from the leader's data), for a
+        /// `base` wrote (PolarFS section 5.4's fast catch-up from the leader's data), for a
         /// follower that has applied every slot below `from`. `None`: the whole state.
         part: Option<Seq>,
         /// The piece.
@@ -103,7 +103,7 @@ pub enum Msg {
     },
     /// Leader transfer: the leader of `term` has seen this follower hold and know
     /// committed every slot it has, and asks it to campaign now rather than after an
-    /// election timeout (the ordered mode's transfer, PALF section 4; Raft's TimeoutNow).
+    /// election timeout (the ordered mode's transfer, PALF section 3.4; Raft's TimeoutNow).
     TimeoutNow {
         /// The leader's term.
         term: u64,
