@@ -208,7 +208,8 @@ mod transport;
 /// Flags of `chorus-bench ooo`.
 #[derive(clap::Args, Debug)]
 struct OooArgs {
-    /// Scratch directory for the nodes' data (a fresh subdirectory per point, removed).
+    /// Scratch directory for the nodes' data: each run works in a fresh subdirectory of its
+    /// own (a fresh one per point inside it) and removes only that, so runs may share it.
     #[arg(long, default_value = "/tmp/chorus-bench-ooo")]
     dir: PathBuf,
     /// Write results.json here (created); plot with bench/ooo_plot.py.

@@ -192,7 +192,9 @@ impl Part {
 /// Everything a sweep needs.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Settings {
-    /// Scratch directory for the nodes' data (a fresh subdirectory per point, removed).
+    /// Scratch directory for the nodes' data. Each run works in a subdirectory of its own
+    /// ([`Scratch`]), a fresh one per point inside it, and removes only that: runs may
+    /// share this directory.
     pub dir: PathBuf,
     /// Seconds measured per point.
     pub seconds: f64,
@@ -508,8 +510,8 @@ pub fn run(s: &Settings, mut progress: impl FnMut(&Point)) -> Result<Vec<Point>,
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    std::fs::create_dir_all(&s.dir).map_err(|e| format!("create {}: {e}", s.dir.display()))?;
-    let root = std::fs::canonicalize(&s.dir).map_err(|e| format!("{}: {e}", s.dir.display()))?;
+    let scratch = Scratch::create(&s.dir)?;
+    let root = scratch.path();
     let mut zipfs: HashMap<u64, Arc<Zipf>> = HashMap::new();
     let mut out = Vec::new();
     let all = cells(s);
@@ -529,14 +531,57 @@ pub fn run(s: &Settings, mut progress: impl FnMut(&Point)) -> Result<Vec<Point>,
             let n = c.systems.len();
             for k in 0..n {
                 let sys = c.systems[(k + r + i) % n];
-                let p = point(&rt, &exe, &root, s, c, sys, r, zipf.clone());
+                let p = point(&rt, &exe, root, s, c, sys, r, zipf.clone());
                 progress(&p);
                 out.push(p);
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&root);
     Ok(out)
+}
+
+/// One run's own scratch directory: `run-<pid>-<n>` inside `--dir`, created exclusively
+/// (never one that exists, so never another run's) and removed, with everything in it,
+/// when dropped.
+///
+/// Why not `--dir` itself: point directories are named by part, system, clients and
+/// repeat only, so two runs on one machine (CI's smoke next to a developer's sweep or
+/// smoke loop, both with the default `/tmp/chorus-bench-ooo`) used the same paths, and a
+/// run removed the whole `--dir` at its end. Whichever run moved on first deleted the
+/// other's node directories under its running nodes. The ordered node 1 opens its log
+/// block file at its first write, right after its election (~2 s into a point), so a
+/// deletion before then failed that write: the group stopped on the storage error and the
+/// point ended with "node 1 did not lead within 30s" — the failure CI used to retry.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// Creates a fresh scratch directory inside `dir` (created if missing).
+    pub fn create(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let pid = std::process::id();
+        for n in 0u32.. {
+            let p = dir.join(format!("run-{pid}-{n}"));
+            match std::fs::create_dir(&p) {
+                Ok(()) => return Ok(Self(p)),
+                // Another run of this process, or a stale one with a reused pid: not ours.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(format!("create {}: {e}", p.display())),
+            }
+        }
+        unreachable!("a free name below 2^32")
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs one point; a failure becomes a point with `error` set.

@@ -182,3 +182,28 @@ fn summary_takes_medians_and_ratios() {
         "none measured"
     );
 }
+
+#[test]
+fn each_run_gets_a_scratch_of_its_own_and_removes_only_that() {
+    let dir = std::env::temp_dir().join(format!("chorus-bench-scratch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("someone-else")).unwrap();
+    std::fs::write(dir.join("someone-else/keep"), b"x").unwrap();
+    let a = Scratch::create(&dir).unwrap();
+    let b = Scratch::create(&dir).unwrap();
+    assert_ne!(a.path(), b.path(), "two runs, two directories");
+    let canon = std::fs::canonicalize(&dir).unwrap();
+    assert_eq!(a.path().parent(), Some(canon.as_path()));
+    std::fs::write(b.path().join("node"), b"y").unwrap();
+    drop(a);
+    assert!(
+        dir.join("someone-else/keep").exists(),
+        "another run's data stays"
+    );
+    assert!(b.path().join("node").exists(), "the other scratch stays");
+    let bp = b.path().to_path_buf();
+    drop(b);
+    assert!(!bp.exists(), "a scratch is removed with what is in it");
+    assert!(dir.join("someone-else/keep").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
