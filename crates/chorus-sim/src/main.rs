@@ -157,49 +157,41 @@ fn main() -> ExitCode {
         (args.time_budget > 0).then(|| Instant::now() + Duration::from_secs(args.time_budget));
     let t0 = Instant::now();
     let reports = run_batch(start, count, &opts, args.threads, deadline);
-    let mut bad = 0;
-    let mut totals = std::collections::BTreeMap::new();
-    for r in &reports {
-        for (k, v) in &r.stats {
-            *totals.entry(*k).or_insert(0u64) += v;
-        }
-        if args.verbose || args.seed.is_some() {
-            println!(
+    let broken = args.broken.as_ref().map_or(String::new(), |b| {
+        format!(" --features broken -- --broken {b}")
+    });
+    let sep = if broken.is_empty() { " --" } else { "" };
+    let mut gap = args
+        .gap_resend
+        .map_or(String::new(), |g| format!(" --gap-resend {g}"));
+    if let Some(p) = args.preallocate {
+        gap.push_str(&format!(" --preallocate {p}"));
+    }
+    if let Some(t) = args.timed_resend {
+        gap.push_str(&format!(" --timed-resend {t}"));
+    }
+    if args.no_trims {
+        gap.push_str(" --no-trims");
+    }
+    if args.mirror {
+        gap.push_str(" --mirror");
+    }
+    let sum = chorus_sim::batch::report(
+        &reports,
+        args.verbose || args.seed.is_some(),
+        |r| {
+            format!(
                 "seed {}: committed_end={} {:?}",
                 r.seed, r.committed_end, r.stats
-            );
-        }
-        if !r.violations.is_empty() {
-            bad += 1;
-            println!("seed {} FAILED:", r.seed);
-            for v in &r.violations {
-                println!("  {v}");
-            }
-            let broken = args.broken.as_ref().map_or(String::new(), |b| {
-                format!(" --features broken -- --broken {b}")
-            });
-            let sep = if broken.is_empty() { " --" } else { "" };
-            let mut gap = args
-                .gap_resend
-                .map_or(String::new(), |g| format!(" --gap-resend {g}"));
-            if let Some(p) = args.preallocate {
-                gap.push_str(&format!(" --preallocate {p}"));
-            }
-            if let Some(t) = args.timed_resend {
-                gap.push_str(&format!(" --timed-resend {t}"));
-            }
-            if args.no_trims {
-                gap.push_str(" --no-trims");
-            }
-            if args.mirror {
-                gap.push_str(" --mirror");
-            }
-            println!(
-                "  replay: cargo run --release -p chorus-sim{broken}{sep} --seed {} --mode {mode_name}{gap}",
-                r.seed
-            );
-        }
-    }
+            )
+        },
+        |seed| {
+            format!(
+                "cargo run --release -p chorus-sim{broken}{sep} --seed {seed} --mode {mode_name}{gap}"
+            )
+        },
+    );
+    let (bad, totals) = (sum.failed, &sum.totals);
     println!(
         "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={} trims={} rebases={} outcomes_unknown={}",
         mode_name,
@@ -340,32 +332,22 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         (args.time_budget > 0).then(|| Instant::now() + Duration::from_secs(args.time_budget));
     let t0 = Instant::now();
     let reports = run_batch(start, count, &o, args.threads, deadline);
-    let mut bad = 0;
-    let mut totals = std::collections::BTreeMap::new();
-    for r in &reports {
-        for (k, v) in &r.stats {
-            *totals.entry(*k).or_insert(0u64) += v;
-        }
-        if args.verbose || args.seed.is_some() {
-            println!("seed {}: {:?}", r.seed, r.stats);
-        }
-        if !r.violations.is_empty() {
-            bad += 1;
-            println!("seed {} FAILED:", r.seed);
-            for v in &r.violations {
-                println!("  {v}");
-            }
-            let features = if args.broken.is_none() {
-                ""
-            } else {
-                " --features broken"
-            };
-            println!(
-                "  replay: cargo run --release -p chorus-sim{features} -- --ooo {mode} --seed {}{broken_flag}",
-                r.seed
-            );
-        }
-    }
+    let features = if args.broken.is_none() {
+        ""
+    } else {
+        " --features broken"
+    };
+    let sum = chorus_sim::batch::report(
+        &reports,
+        args.verbose || args.seed.is_some(),
+        |r| format!("seed {}: {:?}", r.seed, r.stats),
+        |seed| {
+            format!(
+                "cargo run --release -p chorus-sim{features} -- --ooo {mode} --seed {seed}{broken_flag}"
+            )
+        },
+    );
+    let (bad, totals) = (sum.failed, &sum.totals);
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
         "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
