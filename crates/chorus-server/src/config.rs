@@ -132,7 +132,7 @@ pub struct OutOfOrderSection {
     /// Streaming catch-up to one lagging follower, bytes per second (0: no limit), so a
     /// follower coming back does not take the link from new appends.
     pub catchup_bytes_per_sec: u64,
-    /// Checkpoint the demo state machine and compact a group's entries file once it holds
+    /// Checkpoint the state machine and compact a group's entries file once it holds
     /// this many bytes (0: never; the file then grows with the group's whole history).
     pub compact_bytes: u64,
     /// Leaders let appends gather into one group entry while their own log write is in

@@ -1,17 +1,17 @@
 //! The library behind the `chorus` binary: the server (its configuration, the gRPC
-//! service, the out-of-order groups with their demo state machines), the local cluster
+//! service, the out-of-order groups with their state machines (a block volume, a key-value store)), the local cluster
 //! (`chorus dev`), the client commands and the local tools. The binary (`src/main.rs`)
 //! only parses the command line and dispatches here.
 
 pub mod bench;
 pub mod config;
-pub mod demo;
 pub mod dev;
 pub mod local;
 pub mod ooo;
 pub mod remote;
 pub mod server;
 pub mod service;
+pub mod state_machines;
 
 use clap::{Args, ValueEnum};
 

@@ -93,7 +93,7 @@ enum Cmd {
     /// once the mirror holds, committed, what the primary had committed; with it, it goes
     /// on. Failover: `chorus group access-mode --mode append` on the mirror.
     Mirror(remote::MirrorArgs),
-    /// The applied state of an out-of-order group's demo state machine (parallel: blocks
+    /// The applied state of an out-of-order group's state machine (parallel: blocks
     /// of its volume; dependent: keys of its key-value store) on every endpoint.
     State(remote::StateArgs),
     /// Closed-loop append benchmark: against a running cluster over gRPC, or `--local DIR`

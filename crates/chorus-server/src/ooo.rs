@@ -1,5 +1,5 @@
 //! Out-of-order groups in `chorus server`: each one an [`OooNode`] (parallel or dependent
-//! mode, `chorus_runtime::ooo`) with its demo state machine.
+//! mode, `chorus_runtime::ooo`) with its state machine.
 //!
 //! - **parallel** groups drive a block volume: a record declares the 4 KiB blocks it
 //!   writes and carries their new contents; applying it writes them into the file
@@ -8,7 +8,7 @@
 //!   appender) executed a transaction that read and wrote some keys and logs its redo;
 //!   replicas replay it by setting every written key to the record's bytes (`GetKeys`).
 //!
-//! Both are in [`crate::demo`], with their checkpoints and images: once a group's entries
+//! Both are in [`crate::state_machines`], with their checkpoints and images: once a group's entries
 //! file passes `[out_of_order] compact_bytes`, the state is checkpointed and the file
 //! compacted; at start the state machine reopens from its checkpoint and the replica
 //! replays the log from its base. A group lives in `DATA_DIR/ooo/<id>/`: the replica's
@@ -29,7 +29,7 @@ use chorus_runtime::ooo::{OooNode, OooNodeConfig, OooStatus};
 
 use crate::config::GroupSpec;
 
-pub use crate::demo::{DemoState, BLOCK, MAX_BLOCKS};
+pub use crate::state_machines::{GroupStateMachine, BLOCK, MAX_BLOCKS};
 
 /// Why an out-of-order group could not be created, opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -186,7 +186,7 @@ impl OooSpec {
     }
 }
 
-/// Checks what an appender declares against the group's mode and demo state machine,
+/// Checks what an appender declares against the group's mode and state machine,
 /// before the record reaches the replica.
 pub fn check_record(mode: Mode, d: &Declared, data_len: usize) -> Result<(), String> {
     match (mode, d) {
@@ -257,8 +257,8 @@ pub struct OooGroup {
     /// The replica's driver (hosted by the node's environment, which holds it weakly:
     /// dropping the group stops it).
     pub node: Arc<OooNode>,
-    /// The demo state machine.
-    pub state: Arc<DemoState>,
+    /// The state machine.
+    pub state: Arc<GroupStateMachine>,
 }
 
 impl OooGroup {
@@ -622,8 +622,8 @@ impl OooGroups {
         std::fs::create_dir_all(&dir).map_err(io(id, &dir))?;
         let state = Arc::new(
             match spec.mode {
-                Mode::Parallel { .. } => DemoState::volume(&dir),
-                Mode::Dependent => DemoState::kv(&dir),
+                Mode::Parallel { .. } => GroupStateMachine::block_volume(&dir),
+                Mode::Dependent => GroupStateMachine::key_value(&dir),
             }
             .map_err(io(id, &dir))?,
         );

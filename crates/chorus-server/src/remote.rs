@@ -43,7 +43,7 @@ fn parse_range(s: &str) -> Result<chorus_core::ooo::parallel::BlockRange, String
     crate::ooo::parse_blocks(s)
 }
 
-/// `chorus state`: the applied state of an out-of-order group's demo state machine on
+/// `chorus state`: the applied state of an out-of-order group's state machine on
 /// every endpoint.
 #[derive(Args, Debug)]
 pub struct StateArgs {

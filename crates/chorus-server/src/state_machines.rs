@@ -1,5 +1,6 @@
-//! The demo state machines of out-of-order groups, with their checkpoints and images
-//! (`docs/formats.md`, "Demo state machine images").
+//! The state machines a node applies its out-of-order groups' records to, with their
+//! checkpoints and images (`docs/formats.md`, "Out-of-order state machine images"): a
+//! block volume for parallel groups and a key-value store for dependent groups.
 //!
 //! - **Block volume** (parallel groups): 4 KiB blocks in the sparse file `volume`, written
 //!   in place with `pwrite`. A checkpoint is an `fdatasync` of the file. Its image lists
@@ -10,12 +11,13 @@
 //!   fsync the directory); at start the map is read back from there.
 //!
 //! A follower that lacks only a few compacted slots gets a *partial* image (PolarFS
-//! section 5.3's fast catch-up): the blocks or keys those slots wrote, installed over its
+//! section 5.4's fast catch-up): the blocks or keys those slots wrote, installed over its
 //! own state, which is then made durable as a checkpoint makes it.
 //!
 //! Both only ever make blind writes, which the replica's replay from its base requires
-//! (`OooStateMachine`). Images are built in memory: this is a demo, sized for tests and
-//! benchmarks, not for a volume of terabytes.
+//! (`OooStateMachine`). Images are built in memory: they are sized for tests, benchmarks
+//! and the service's `ReadBlocks`/`GetKeys`, not for a volume of terabytes (the PolarFS
+//! storage layer's chunks are the state machine for that).
 
 use std::collections::HashMap;
 use std::io;
@@ -107,9 +109,10 @@ fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// A demo state machine (see the module documentation).
+/// An out-of-order group's state machine: a block volume or a key-value store (see the
+/// module documentation).
 #[derive(Debug)]
-pub struct DemoState {
+pub struct GroupStateMachine {
     dir: PathBuf,
     kind: Kind,
     /// Bytes of the key-value image last written (0 for the volume): what the next
@@ -123,9 +126,9 @@ enum Kind {
     Kv(Mutex<HashMap<u64, Vec<u8>>>),
 }
 
-impl DemoState {
+impl GroupStateMachine {
     /// Opens (creating if needed) the block volume in `dir`.
-    pub fn volume(dir: &Path) -> io::Result<Self> {
+    pub fn block_volume(dir: &Path) -> io::Result<Self> {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -140,7 +143,7 @@ impl DemoState {
     }
 
     /// Opens the key-value store in `dir` from its last checkpoint (empty if none).
-    pub fn kv(dir: &Path) -> io::Result<Self> {
+    pub fn key_value(dir: &Path) -> io::Result<Self> {
         let path = dir.join("kv.image");
         let (map, len) = match std::fs::read(&path) {
             Ok(b) => (
@@ -214,7 +217,7 @@ impl DemoState {
     }
 }
 
-impl OooStateMachine for DemoState {
+impl OooStateMachine for GroupStateMachine {
     fn apply(&self, slot: u64, records: &[(u32, Record)]) -> io::Result<()> {
         for (i, rec) in records {
             match (&self.kind, &rec.declared) {
@@ -603,7 +606,7 @@ mod tests {
     #[test]
     fn the_volume_reads_back_what_was_applied_and_zeros_elsewhere() {
         let dir = tempfile::tempdir().unwrap();
-        let v = DemoState::volume(dir.path()).unwrap();
+        let v = GroupStateMachine::block_volume(dir.path()).unwrap();
         v.apply(0, &blocks(&[(3, 1), (1, 2)])).unwrap();
         let b = v.read_blocks(0, 5).unwrap();
         assert!(b[..4096].iter().all(|&x| x == 0));
@@ -617,13 +620,13 @@ mod tests {
     #[test]
     fn a_volume_image_carries_the_written_blocks_and_installs_elsewhere() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let va = DemoState::volume(a.path()).unwrap();
+        let va = GroupStateMachine::block_volume(a.path()).unwrap();
         // Far apart: the scan must skip the hole between them.
         va.apply(0, &blocks(&[(2, 7), (1 << 20, 9)])).unwrap();
         va.apply(1, &blocks(&[(5, 0)])).unwrap(); // an all-zero block is not carried
         let img = va.image().unwrap();
         assert_eq!(img.len(), 16 + 2 * (8 + 4096) + 4);
-        let vb = DemoState::volume(b.path()).unwrap();
+        let vb = GroupStateMachine::block_volume(b.path()).unwrap();
         vb.apply(0, &blocks(&[(9, 3)])).unwrap(); // replaced by the image
         vb.restore(&img).unwrap();
         assert_eq!(vb.read_blocks(2, 1).unwrap(), vec![7; 4096]);
@@ -631,7 +634,7 @@ mod tests {
         assert_eq!(vb.read_blocks(9, 1).unwrap(), vec![0; 4096]);
         // It survives a reopen (it was renamed into place and synced).
         drop(vb);
-        let vb = DemoState::volume(b.path()).unwrap();
+        let vb = GroupStateMachine::block_volume(b.path()).unwrap();
         assert_eq!(vb.read_blocks(2, 1).unwrap(), vec![7; 4096]);
         // A damaged image is refused by name and the state kept.
         let mut d = img.clone();
@@ -645,8 +648,8 @@ mod tests {
     fn a_partial_volume_image_overwrites_its_blocks_only() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (va, vb) = (
-            DemoState::volume(a.path()).unwrap(),
-            DemoState::volume(b.path()).unwrap(),
+            GroupStateMachine::block_volume(a.path()).unwrap(),
+            GroupStateMachine::block_volume(b.path()).unwrap(),
         );
         va.apply(0, &blocks(&[(2, 7), (3, 8), (9, 1)])).unwrap();
         vb.apply(0, &blocks(&[(2, 5), (4, 6), (9, 2), (20, 3)]))
@@ -711,10 +714,10 @@ mod tests {
     #[test]
     fn the_kv_store_reports_its_image_as_the_checkpoint_cost_and_the_volume_none() {
         let d = tempfile::tempdir().unwrap();
-        let v = DemoState::volume(d.path()).unwrap();
+        let v = GroupStateMachine::block_volume(d.path()).unwrap();
         assert_eq!(v.checkpoint_cost(), 0);
         let d = tempfile::tempdir().unwrap();
-        let kv = DemoState::kv(d.path()).unwrap();
+        let kv = GroupStateMachine::key_value(d.path()).unwrap();
         assert_eq!(kv.checkpoint_cost(), 0, "nothing written yet");
         let rec = Record {
             declared: Declared::Txn {
@@ -730,15 +733,20 @@ mod tests {
         assert_eq!(kv.checkpoint_cost(), len);
         // Known again after a restart, from the file.
         drop(kv);
-        assert_eq!(DemoState::kv(d.path()).unwrap().checkpoint_cost(), len);
+        assert_eq!(
+            GroupStateMachine::key_value(d.path())
+                .unwrap()
+                .checkpoint_cost(),
+            len
+        );
     }
 
     #[test]
     fn a_partial_kv_image_sets_and_clears_its_keys_and_is_checkpointed() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (ka, kb) = (
-            DemoState::kv(a.path()).unwrap(),
-            DemoState::kv(b.path()).unwrap(),
+            GroupStateMachine::key_value(a.path()).unwrap(),
+            GroupStateMachine::key_value(b.path()).unwrap(),
         );
         let txn = |w: Vec<u64>, v: &[u8]| Record {
             declared: Declared::Txn {
@@ -764,7 +772,7 @@ mod tests {
         assert_eq!(kb.get_keys(&[1, 2, 3, 4]).unwrap(), want);
         // Durable: the whole map is in kv.image.
         drop(kb);
-        let kb = DemoState::kv(b.path()).unwrap();
+        let kb = GroupStateMachine::key_value(b.path()).unwrap();
         assert_eq!(kb.get_keys(&[1, 2, 3, 4]).unwrap(), want);
         let mut d = img.clone();
         d[20] ^= 4;
@@ -802,7 +810,7 @@ mod tests {
     #[test]
     fn the_kv_store_checkpoints_reopens_and_refuses_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = DemoState::kv(dir.path()).unwrap();
+        let kv = GroupStateMachine::key_value(dir.path()).unwrap();
         // A group of two records: the later one wins key 8.
         let txn = |w: Vec<u64>, v: &[u8]| Record {
             declared: Declared::Txn {
@@ -820,20 +828,22 @@ mod tests {
         let e = kv.apply(1, &blocks(&[(1, 1)])).unwrap_err().to_string();
         assert!(e.contains("slot 1 record 0"), "{e}");
         kv.checkpoint().unwrap();
-        let again = DemoState::kv(dir.path()).unwrap();
+        let again = GroupStateMachine::key_value(dir.path()).unwrap();
         assert_eq!(
             again.get_keys(&[4, 8, 9]).unwrap(),
             vec![Some(b"v1".to_vec()), Some(b"v1".to_vec()), None]
         );
         let other = tempfile::tempdir().unwrap();
-        let kv2 = DemoState::kv(other.path()).unwrap();
+        let kv2 = GroupStateMachine::key_value(other.path()).unwrap();
         kv2.restore(&kv.image().unwrap()).unwrap();
         assert_eq!(kv2.get_keys(&[8]).unwrap(), vec![Some(b"v1".to_vec())]);
         let mut d = std::fs::read(dir.path().join("kv.image")).unwrap();
         let n = d.len();
         d[n - 1] ^= 0xff;
         std::fs::write(dir.path().join("kv.image"), &d).unwrap();
-        let err = DemoState::kv(dir.path()).unwrap_err().to_string();
+        let err = GroupStateMachine::key_value(dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("kv.image") && err.contains("checksum"),
             "{err}"
