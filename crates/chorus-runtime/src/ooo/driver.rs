@@ -257,16 +257,6 @@ impl<H: Host> Driver<H> {
         self.failed
     }
 
-    /// The counters.
-    pub fn counters(&self) -> &OooCounters {
-        &self.c
-    }
-
-    /// The settings.
-    pub fn settings(&self) -> &DriverSettings {
-        &self.set
-    }
-
     /// Queues a message for a peer on the host, counted; only the group's replicas are
     /// sent to.
     fn send(&mut self, to: NodeId, msg: &Msg) {

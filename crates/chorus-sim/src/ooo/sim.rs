@@ -894,6 +894,12 @@ impl Sim {
         // A transaction of the group reads what the records before it in the group
         // wrote (the leader executes them in order).
         let mut own: HashMap<u64, u64> = HashMap::new();
+        // The leader's committed, unapplied writes, read once for the group (its state
+        // does not change while the group is drawn).
+        let unapplied = match self.o.mode {
+            Mode::Dependent => self.unapplied_writes(id),
+            Mode::Parallel { .. } => HashMap::new(),
+        };
         let mut recs = Vec::new();
         for _ in 0..size {
             recs.push(match self.o.mode {
@@ -913,7 +919,7 @@ impl Sim {
                     let wk = self.rng.below(space);
                     let rv = match own.get(&rk) {
                         Some(&v) => v,
-                        None => self.leader_reads(id, rk),
+                        None => self.leader_reads(id, rk, &unapplied),
                     };
                     let wv = mix(rv, self.rng.next_u64());
                     own.insert(wk, wv);
@@ -930,12 +936,31 @@ impl Sim {
         recs
     }
 
+    /// The writes of the entries the leader `id` holds committed from its applied head
+    /// on: each key with the latest slot among them that writes it, and the value.
+    fn unapplied_writes(&self, id: NodeId) -> HashMap<u64, (Seq, u64)> {
+        let mut out = HashMap::new();
+        let Some(r) = self.nodes[&id].replica() else {
+            return out;
+        };
+        for e in r
+            .read_committed(r.applied_head(), usize::MAX)
+            .unwrap_or_default()
+        {
+            for (k, x) in writes(&e) {
+                out.insert(k, (e.seq, x));
+            }
+        }
+        out
+    }
+
     /// What a transaction the serving leader `id` executes now reads at `key`: the write of
     /// the latest slot among those applied here, those committed here and not applied yet
-    /// (applies run on the job queue, after their commit), and those this leader admitted
-    /// in its term and not applied yet. Every slot it will append comes after all of
-    /// them: slots below its first are committed before it serves.
-    fn leader_reads(&self, id: NodeId, key: u64) -> u64 {
+    /// (`unapplied`, from [`Sim::unapplied_writes`]: applies run on the job queue, after
+    /// their commit), and those this leader admitted in its term and not applied yet.
+    /// Every slot it will append comes after all of them: slots below its first are
+    /// committed before it serves.
+    fn leader_reads(&self, id: NodeId, key: u64, unapplied: &HashMap<u64, (Seq, u64)>) -> u64 {
         let n = &self.nodes[&id];
         let (Some(r), Some(sm)) = (n.replica(), n.sm.as_ref()) else {
             return 0;
@@ -950,16 +975,9 @@ impl Sim {
                 best = (s, x);
             }
         }
-        drop(v);
-        for e in r
-            .read_committed(r.applied_head(), usize::MAX)
-            .unwrap_or_default()
-        {
-            if e.seq < best.0 {
-                continue;
-            }
-            if let Some(&(_, x)) = writes(&e).iter().rev().find(|(k, _)| *k == key) {
-                best = (e.seq, x);
+        if let Some(&(s, x)) = unapplied.get(&key) {
+            if s >= best.0 {
+                best = (s, x);
             }
         }
         best.1
