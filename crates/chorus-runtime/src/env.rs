@@ -279,6 +279,7 @@ impl Env {
             disk: Arc::new(crate::DiskSpace::new(&cfg.data_dir, cfg.min_free_bytes)),
             restarts: AtomicU64::new(0),
             fs: cfg.fs.clone(),
+            step: Default::default(),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),

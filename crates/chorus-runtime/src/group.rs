@@ -27,7 +27,7 @@ use chorus_core::format::entry::EntryIter;
 use chorus_core::format::group::{entry_lsn, GroupHeader};
 use chorus_core::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId};
 use chorus_core::replica::{
-    Action, MembershipChange, Message, Nanos, Outcome, ReadPurpose, Replica, ReplicaConfig, Role,
+    MembershipChange, Message, Nanos, Outcome, Replica, ReplicaConfig, Role,
 };
 use chorus_core::{Csn, Lsn};
 use chorus_storage::fs::FileSystem;
@@ -36,6 +36,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::error::Error;
 use crate::lane::{LaneBuf, MAX_LANE_ENTRIES};
+use crate::ordered::{self, Answer, Feedback, Note, StepError};
 use crate::pool::Pool;
 use arc_swap::ArcSwapOption;
 use chorus_core::format::entry;
@@ -43,6 +44,12 @@ use chorus_core::format::group::GROUP_HEADER_SIZE;
 
 /// An entry's result slot in a lane: its LSN, CSN and where its result goes.
 type Slot = (Lsn, Csn, Waiter);
+
+/// An appender's result, ready to send once the round's actions have run.
+type Answered = (
+    oneshot::Sender<Result<AppendResult, Error>>,
+    Result<AppendResult, Error>,
+);
 
 /// Where an append's result goes, and when it was appended (for
 /// [`GroupCounters::append_latency`]).
@@ -196,6 +203,8 @@ pub(crate) struct EnvShared {
     pub restarts: AtomicU64,
     /// The file system groups are on ([`crate::EnvConfig::fs`]).
     pub fs: Arc<dyn FileSystem>,
+    /// Settings of the ordered groups' driver step.
+    pub step: ordered::StepSettings,
 }
 
 impl EnvShared {
@@ -237,17 +246,6 @@ struct GroupInfo {
 #[derive(Default)]
 struct ReadIndex {
     blocks: HashMap<u64, Vec<GroupInfo>>,
-}
-
-enum Feedback {
-    MetaSaved(u64),
-    Flushed(Lsn),
-    Read(
-        ReadPurpose,
-        Lsn,
-        Result<(chorus_core::format::group::ChainPoint, Vec<u8>), String>,
-    ),
-    RepairRefused(NodeId),
 }
 
 pub(crate) struct Group {
@@ -394,7 +392,8 @@ impl Group {
         }
     }
 
-    /// The driver: executes the replica's actions until it has none, on a pool worker.
+    /// The driver: steps the replica ([`crate::ordered`]) until it has nothing to do, on
+    /// a pool worker.
     pub fn run(self: &Arc<Self>) {
         // Everything the driver logs carries the group, the node and the proposal id.
         let span = tracing::debug_span!(
@@ -420,56 +419,15 @@ impl Group {
                 // The group commit point: whatever appenders put in the lane while the
                 // last IO ran becomes one group now.
                 self.close_lane(&mut c, now);
-                for f in feedback.drain(..) {
-                    match f {
-                        Feedback::MetaSaved(seq) => c.replica.meta_saved(now, seq),
-                        Feedback::Flushed(lsn) => c.replica.log_flushed(now, lsn),
-                        Feedback::Read(p, from, r) => c.replica.log_read(now, p, from, r),
-                        Feedback::RepairRefused(peer) => c.replica.repair_refused(now, peer),
-                    }
-                }
                 span.record("pid", c.replica.proposal_id());
-                if self.tick_due.swap(false, Ordering::AcqRel) {
-                    c.replica.tick(now);
+                let tick = self.tick_due.swap(false, Ordering::AcqRel);
+                let round = ordered::take_round(&mut c.replica, now, &mut feedback, tick);
+                if tick {
                     self.last_tick.store(now, Ordering::Relaxed);
                 }
-                let all = c.replica.take_actions();
                 let answered = self.env.now();
-                let mut rest = Vec::with_capacity(all.len());
-                for a in all {
-                    match a {
-                        Action::Result {
-                            id,
-                            lsn,
-                            csn,
-                            outcome,
-                        } => {
-                            match outcome {
-                                Outcome::Committed => &self.counters.committed,
-                                Outcome::Failed => &self.counters.failed,
-                            }
-                            .fetch_add(1, Ordering::Relaxed);
-                            if let Some(w) = c.waiters.remove(&id) {
-                                self.counters
-                                    .append_latency
-                                    .record(answered.saturating_sub(w.since));
-                                results.push((w.tx, Ok(AppendResult { lsn, csn, outcome })));
-                            }
-                        }
-                        Action::Unknown { id, lsn } => {
-                            self.counters.unknown.fetch_add(1, Ordering::Relaxed);
-                            if let Some(w) = c.waiters.remove(&id) {
-                                results.push((
-                                    w.tx,
-                                    Err(Error::OutcomeUnknown {
-                                        group: self.id,
-                                        lsn,
-                                    }),
-                                ));
-                            }
-                        }
-                        other => rest.push(other),
-                    }
+                for answer in round.answers {
+                    self.answered(&mut c, answer, answered, &mut results);
                 }
                 self.busy
                     .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
@@ -481,33 +439,40 @@ impl Group {
                 if self.resend_at.swap(due, Ordering::SeqCst) != due {
                     self.env.wake_timer_by(due);
                 }
-                rest
+                round.actions
             };
             if actions.is_empty() && results.is_empty() {
                 return;
             }
-            let mut wrote = false;
-            let mut commit = None;
-            for a in coalesce_writes(actions) {
-                if let Action::Commit { end } = a {
-                    commit = Some(end);
-                }
-                if let Err(e) = self.execute(a, &mut wrote, &mut feedback) {
-                    self.storage_failed(e);
+            let done = match ordered::execute(actions, &mut GroupHost(self), &self.env.step) {
+                Ok(done) => done,
+                Err(e) => {
+                    self.storage_failed(match e {
+                        StepError::Storage(source) => Error::Storage {
+                            group: self.id,
+                            source,
+                        },
+                        StepError::Broken(reason) => Error::Stopped {
+                            group: self.id,
+                            reason,
+                        },
+                    });
                     return;
                 }
-            }
-            // The committed end is published after this batch's writes (a follower may
-            // learn that groups are committed in the same batch that writes them: readers
-            // must find them in the log) and before the results (whoever is told
-            // "Committed" must be able to read the record at once).
-            if let Some(end) = commit {
-                self.publish_commit(end);
-            }
+            };
+            feedback = done.feedback;
             for (tx, r) in results {
                 let _ = tx.send(r);
             }
-            if wrote {
+            if done.restart {
+                if let Err(e) = self.restart_replica() {
+                    self.storage_failed(e);
+                    return;
+                }
+                feedback.clear();
+                continue;
+            }
+            if done.wrote {
                 let t0 = Instant::now();
                 let point = self.io.read().expect("io").log.sync_point();
                 let r = point.and_then(|p| {
@@ -532,146 +497,41 @@ impl Group {
         }
     }
 
-    fn execute(
-        self: &Arc<Self>,
-        a: Action,
-        wrote: &mut bool,
-        feedback: &mut Vec<Feedback>,
-    ) -> Result<(), Error> {
-        let st = storage(self.id);
-        match a {
-            Action::Send { to, msg } => {
-                if let Some(t) = self.env.transport.get() {
-                    t.send(to, self.id, &msg);
-                }
-            }
-            Action::Write { lsn, bytes } => {
-                let mut io = self.io.write().expect("io");
-                if io.log.end_lsn() != lsn {
-                    return Err(Error::Stopped {
-                        group: self.id,
-                        reason: format!(
-                            "replica wrote at LSN {lsn} but the log ends at {}",
-                            io.log.end_lsn()
-                        ),
-                    });
-                }
-                io.log.append(&bytes).map_err(&st)?;
-                self.io_idle.store(false, Ordering::Relaxed);
-                self.counters
-                    .log_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                self.counters.log_writes.fetch_add(1, Ordering::Relaxed);
-                *wrote = true;
-            }
-            Action::Truncate { lsn } => {
-                self.io
-                    .write()
-                    .expect("io")
-                    .log
-                    .truncate(lsn)
-                    .map_err(&st)?;
-                self.index.lock().expect("index").blocks.clear();
-            }
-            Action::SaveMeta { seq, record } => {
-                self.io
-                    .write()
-                    .expect("io")
-                    .meta
-                    .save(&record)
-                    .map_err(&st)?;
-                self.counters.meta_saves.fetch_add(1, Ordering::Relaxed);
-                feedback.push(Feedback::MetaSaved(seq));
-            }
-            Action::ReadLog {
-                purpose,
-                from,
-                max_bytes,
+    /// Routes an answer to its appender's waiter (under the core lock; the result is
+    /// sent once the round's actions have run).
+    fn answered(&self, c: &mut Core, answer: Answer, now: Nanos, results: &mut Vec<Answered>) {
+        match answer {
+            Answer::Result {
+                id,
+                lsn,
+                csn,
+                outcome,
             } => {
-                let r = self
-                    .io
-                    .read()
-                    .expect("io")
-                    .log
-                    .read_range(from, max_bytes)
-                    .map_err(|e| e.to_string());
-                feedback.push(Feedback::Read(purpose, from, r));
-            }
-            Action::Role { role, pid, leader } => {
-                tracing::info!(
-                    group = self.id,
-                    node = self.env.node,
-                    ?role,
-                    pid,
-                    ?leader,
-                    "role"
-                );
-                self.role_tx.send_replace(RoleInfo {
-                    role,
-                    proposal_id: pid,
-                    leader,
-                });
-            }
-            Action::Commit { .. } => {} // published after the batch's writes (see `run`)
-            Action::ConfigCommitted { version } => {
-                tracing::info!(
-                    group = self.id,
-                    ?version,
-                    "membership accepted by a majority"
-                );
-            }
-            Action::Repair { lsn, bytes, peer } => {
-                let r = self.io.write().expect("io").log.repair(&bytes);
-                match r {
-                    Ok(()) => {
-                        tracing::warn!(group = self.id, lsn, peer, "repaired damaged log range");
-                        self.restart_replica()?;
-                    }
-                    Err(e) => {
-                        tracing::warn!(group = self.id, lsn, peer, error = %e, "peer's copy refused");
-                        feedback.push(Feedback::RepairRefused(peer));
-                    }
+                match outcome {
+                    Outcome::Committed => &self.counters.committed,
+                    Outcome::Failed => &self.counters.failed,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                if let Some(w) = c.waiters.remove(&id) {
+                    self.counters
+                        .append_latency
+                        .record(now.saturating_sub(w.since));
+                    results.push((w.tx, Ok(AppendResult { lsn, csn, outcome })));
                 }
             }
-            Action::DiscardDamaged { lsn } => {
-                self.io
-                    .write()
-                    .expect("io")
-                    .log
-                    .truncate(lsn)
-                    .map_err(&st)?;
-                tracing::warn!(
-                    group = self.id,
-                    lsn,
-                    "discarded uncommitted damaged log tail"
-                );
-                self.restart_replica()?;
-            }
-            Action::Dropped { from, reason } => {
-                self.counters.drops.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(group = self.id, ?from, reason, "input dropped");
-            }
-            Action::Halt { reason } => {
-                tracing::error!(group = self.id, %reason, "group halted");
-                let _ = self.stopped.set(reason);
-            }
-            Action::Rebase { base } => {
-                self.io.write().expect("io").log.rebase(base).map_err(&st)?;
-                self.index.lock().expect("index").blocks.clear();
-                self.counters.rebased.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    group = self.id,
-                    node = self.env.node,
-                    lsn = base.end_lsn,
-                    "this replica fell behind the leader's log start (trimmed): its log \
-                     starts again, empty, there; reads below it are refused as trimmed"
-                );
-            }
-            Action::Result { .. } | Action::Unknown { .. } => {
-                unreachable!("results are routed under the core lock")
+            Answer::Unknown { id, lsn } => {
+                self.counters.unknown.fetch_add(1, Ordering::Relaxed);
+                if let Some(w) = c.waiters.remove(&id) {
+                    results.push((
+                        w.tx,
+                        Err(Error::OutcomeUnknown {
+                            group: self.id,
+                            lsn,
+                        }),
+                    ));
+                }
             }
         }
-        Ok(())
     }
 
     fn publish_commit(&self, end: Lsn) {
@@ -1276,6 +1136,91 @@ impl crate::pool::Task for Group {
     }
 }
 
+/// The runtime's [`ordered::Host`]: the group's storage under its IO lock (the sync runs
+/// with no lock held, in [`Group::run`]), the node's transport, and the group's counters,
+/// watches and logs.
+struct GroupHost<'a>(&'a Arc<Group>);
+
+impl ordered::Host for GroupHost<'_> {
+    fn log<R>(&mut self, f: impl FnOnce(&mut LogStorage) -> R) -> R {
+        f(&mut self.0.io.write().expect("io").log)
+    }
+
+    fn read_log<R>(&mut self, f: impl FnOnce(&LogStorage) -> R) -> R {
+        f(&self.0.io.read().expect("io").log)
+    }
+
+    fn meta<R>(&mut self, f: impl FnOnce(&mut MetaStorage) -> R) -> R {
+        f(&mut self.0.io.write().expect("io").meta)
+    }
+
+    fn send(&mut self, to: NodeId, msg: Message) {
+        if let Some(t) = self.0.env.transport.get() {
+            t.send(to, self.0.id, &msg);
+        }
+    }
+
+    fn committed(&mut self, end: Lsn) {
+        self.0.publish_commit(end);
+    }
+
+    fn note(&mut self, note: Note<'_>) {
+        let g = self.0;
+        match note {
+            Note::Wrote(bytes) => {
+                g.io_idle.store(false, Ordering::Relaxed);
+                g.counters
+                    .log_bytes
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
+                g.counters.log_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            Note::Truncated(_) => g.index.lock().expect("index").blocks.clear(),
+            Note::MetaSaved => {
+                g.counters.meta_saves.fetch_add(1, Ordering::Relaxed);
+            }
+            Note::Role { role, pid, leader } => {
+                tracing::info!(group = g.id, node = g.env.node, ?role, pid, ?leader, "role");
+                g.role_tx.send_replace(RoleInfo {
+                    role,
+                    proposal_id: pid,
+                    leader,
+                });
+            }
+            Note::ConfigCommitted(version) => {
+                tracing::info!(group = g.id, ?version, "membership accepted by a majority");
+            }
+            Note::Dropped { from, reason } => {
+                g.counters.drops.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(group = g.id, ?from, reason, "input dropped");
+            }
+            Note::Halted(reason) => {
+                tracing::error!(group = g.id, %reason, "group halted");
+                let _ = g.stopped.set(reason.to_string());
+            }
+            Note::Rebased(base) => {
+                g.index.lock().expect("index").blocks.clear();
+                g.counters.rebased.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    group = g.id,
+                    node = g.env.node,
+                    lsn = base.end_lsn,
+                    "this replica fell behind the leader's log start (trimmed): its log \
+                     starts again, empty, there; reads below it are refused as trimmed"
+                );
+            }
+            Note::Repaired { lsn, peer } => {
+                tracing::warn!(group = g.id, lsn, peer, "repaired damaged log range");
+            }
+            Note::RepairRefused { lsn, peer, error } => {
+                tracing::warn!(group = g.id, lsn, peer, error = %error, "peer's copy refused");
+            }
+            Note::DiscardedDamaged(lsn) => {
+                tracing::warn!(group = g.id, lsn, "discarded uncommitted damaged log tail");
+            }
+        }
+    }
+}
+
 fn find(list: &[GroupInfo], lsn: Lsn) -> Option<GroupInfo> {
     let i = list.partition_point(|g| g.end <= lsn);
     list.get(i).copied().filter(|g| g.lsn <= lsn)
@@ -1350,95 +1295,5 @@ impl Future for AppendFuture {
                 })
             })
         })
-    }
-}
-
-/// Joins consecutive groups into one write. The replica asks for one write per group; one
-/// `pwrite` per batch instead (with direct IO one rewrite of the partial last page and one
-/// page of padding instead of one per group) took write amplification at 1,000 clients
-/// from 1.18 to 1.10: a follower that received several Append messages while its last
-/// fsync ran writes them at once (bench/results/2026-11-23-matrix-b/NOTES.md). Sends may
-/// overtake the pending write (the leader replicates in parallel with its own write;
-/// acknowledgements follow the fsync); anything else may read or change the log, so the
-/// writes before it go first, in order.
-fn coalesce_writes(actions: Vec<Action>) -> Vec<Action> {
-    let mut out = Vec::with_capacity(actions.len());
-    let mut pending: Option<(Lsn, Vec<u8>)> = None;
-    for a in actions {
-        match a {
-            Action::Write { lsn, bytes } => match &mut pending {
-                Some((start, buf)) if *start + buf.len() as u64 == lsn => {
-                    buf.extend_from_slice(&bytes)
-                }
-                _ => {
-                    if let Some((lsn, bytes)) = pending.replace((lsn, bytes)) {
-                        out.push(Action::Write { lsn, bytes });
-                    }
-                }
-            },
-            a @ Action::Send { .. } => out.push(a),
-            a => {
-                if let Some((lsn, bytes)) = pending.take() {
-                    out.push(Action::Write { lsn, bytes });
-                }
-                out.push(a);
-            }
-        }
-    }
-    if let Some((lsn, bytes)) = pending {
-        out.push(Action::Write { lsn, bytes });
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn w(lsn: Lsn, bytes: &[u8]) -> Action {
-        Action::Write {
-            lsn,
-            bytes: bytes.to_vec(),
-        }
-    }
-
-    fn send(to: NodeId) -> Action {
-        Action::Send {
-            to,
-            msg: Message::Ping {
-                prio: chorus_core::replica::Priority {
-                    config_version: Default::default(),
-                    priority: 0,
-                    id: to,
-                },
-                max_pid: 0,
-                leader: None,
-                voter: true,
-            },
-        }
-    }
-
-    #[test]
-    fn consecutive_writes_join_and_keep_their_order_around_other_actions() {
-        let out = coalesce_writes(vec![
-            w(0, b"ab"),
-            send(2),
-            w(2, b"cd"),
-            w(4, b"e"),
-            Action::Truncate { lsn: 3 },
-            w(3, b"x"),
-            w(9, b"y"), // not contiguous: a write of its own
-        ]);
-        assert_eq!(
-            out,
-            vec![
-                send(2),
-                w(0, b"abcde"),
-                Action::Truncate { lsn: 3 },
-                w(3, b"x"),
-                w(9, b"y"),
-            ]
-        );
-        assert_eq!(coalesce_writes(vec![]), vec![]);
     }
 }

@@ -46,6 +46,7 @@ pub mod group;
 pub mod lane;
 pub mod metrics;
 pub mod ooo;
+pub mod ordered;
 mod pool;
 pub mod sched;
 pub mod transport;

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use chorus_core::format::group::ChainPoint;
 use chorus_core::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId};
 use chorus_core::replica::{
-    Action, AppendError, ChangeError, CommitMode, MembershipChange, Message, MirrorError, Nanos,
-    Outcome, Replica, ReplicaConfig, Role, Ticket,
+    AppendError, ChangeError, CommitMode, MembershipChange, Message, MirrorError, Nanos, Outcome,
+    Replica, ReplicaConfig, Role, Ticket,
 };
 use chorus_core::rng::Rng;
+use chorus_runtime::ordered;
 use chorus_storage::fs::FileSystem;
 use chorus_storage::fs::{CrashMode, SimFs};
 use chorus_storage::{LogOptions, LogStorage, MetaStorage};
@@ -74,6 +75,8 @@ pub struct ClusterOptions {
     /// Deliberately broken variant (test builds only).
     #[cfg(feature = "broken")]
     pub broken: chorus_core::replica::Broken,
+    /// Settings of the driver step (its deliberately broken variants, in test builds).
+    pub step: ordered::StepSettings,
 }
 
 impl Default for ClusterOptions {
@@ -89,6 +92,7 @@ impl Default for ClusterOptions {
             access_mode: AccessMode::Append,
             #[cfg(feature = "broken")]
             broken: Default::default(),
+            step: Default::default(),
         }
     }
 }
@@ -169,6 +173,11 @@ struct Up {
     log: LogStorage,
     meta: MetaStorage,
     sync_busy: bool,
+    /// IO reports for the replica's next round ([`ordered::take_round`]).
+    feedback: Vec<ordered::Feedback>,
+    /// A tick is due: the next round ticks the replica after the IO reports, as the
+    /// runtime's does.
+    tick_due: bool,
     /// The timed resend a [`Event::ResendTick`] is scheduled for (local clock).
     resend_tick: Option<Nanos>,
 }
@@ -453,6 +462,8 @@ impl Cluster {
             log,
             meta,
             sync_busy: false,
+            feedback: Vec::new(),
+            tick_due: false,
             resend_tick: None,
         });
         let inc = node.inc;
@@ -877,19 +888,17 @@ impl Cluster {
                 self.pump(to);
             }
             Event::Tick { node, inc } => {
-                let local = self.local_now(node);
                 let n = self.nodes.get_mut(&node).expect("node");
                 if n.inc != inc {
                     return;
                 }
                 let Some(up) = &mut n.up else { return };
-                up.replica.tick(local);
+                up.tick_due = true;
                 let next = self.now + self.tick;
                 self.schedule(next, Event::Tick { node, inc });
                 self.pump(node);
             }
             Event::ResendTick { node, inc, due } => {
-                let local = self.local_now(node);
                 let n = self.nodes.get_mut(&node).expect("node");
                 if n.inc != inc {
                     return;
@@ -899,12 +908,11 @@ impl Cluster {
                     return; // superseded by a later due time
                 }
                 up.resend_tick = None;
-                up.replica.tick(local);
+                up.tick_due = true;
                 self.bump("resend_ticks");
                 self.pump(node);
             }
             Event::SyncDone { node, inc } => {
-                let local = self.local_now(node);
                 let n = self.nodes.get_mut(&node).expect("node");
                 if n.inc != inc {
                     return;
@@ -913,20 +921,19 @@ impl Cluster {
                 up.sync_busy = false;
                 match up.log.sync() {
                     Ok(flushed) => {
-                        up.replica.log_flushed(local, flushed);
+                        up.feedback.push(ordered::Feedback::Flushed(flushed));
                         self.pump(node);
                     }
                     Err(_) => self.storage_failure(node),
                 }
             }
             Event::MetaDone { node, inc, seq } => {
-                let local = self.local_now(node);
                 let n = self.nodes.get_mut(&node).expect("node");
                 if n.inc != inc {
                     return;
                 }
                 let Some(up) = &mut n.up else { return };
-                up.replica.meta_saved(local, seq);
+                up.feedback.push(ordered::Feedback::MetaSaved(seq));
                 self.pump(node);
             }
             Event::Restart { node } => self.restart(node),
@@ -989,7 +996,11 @@ impl Cluster {
         }
     }
 
-    /// Executes the actions a node's replica produced, in order, until none are left.
+    /// Steps a node's replica with the runtime's driver step ([`ordered::take_round`],
+    /// [`ordered::execute`]) until it has nothing to do. The step's storage is the
+    /// node's simulated disk; what it sends, commits and notes is played here, in order,
+    /// once the step returns; a sync is scheduled after a seeded disk delay (one in
+    /// flight at a time) and a hard-state save is reported after one.
     fn pump(&mut self, id: NodeId) {
         let mut rounds = 0u32;
         loop {
@@ -1010,8 +1021,9 @@ impl Cluster {
             let node = self.nodes.get_mut(&id).expect("node");
             let inc = node.inc;
             let Some(up) = &mut node.up else { return };
-            let actions = up.replica.take_actions();
-            if actions.is_empty() {
+            let tick = std::mem::take(&mut up.tick_due);
+            let round = ordered::take_round(&mut up.replica, local, &mut up.feedback, tick);
+            if round.is_empty() {
                 // Tick the leader when its next timed resend falls due, not on its next
                 // periodic tick (5 ms here, far above a simulated round trip).
                 let due = up.replica.resend_due();
@@ -1030,60 +1042,33 @@ impl Cluster {
                 }
                 return;
             }
-            for a in actions {
-                let node = self.nodes.get_mut(&id).expect("node");
-                let Some(up) = &mut node.up else { return };
-                match a {
-                    Action::Send { to, msg } => self.send(id, to, msg),
-                    Action::Write { lsn, bytes } => {
-                        if up.log.end_lsn() != lsn {
-                            let e = up.log.end_lsn();
-                            self.checker.report(
-                                now,
-                                format!(
-                                    "node {id}: replica wrote at {lsn} but the log ends at {e}"
-                                ),
-                            );
-                            return;
-                        }
-                        if up.log.append(&bytes).is_err() {
-                            self.storage_failure(id);
-                            return;
-                        }
-                        if !up.sync_busy {
-                            up.sync_busy = true;
-                            let (lo, hi) = node.disk;
-                            let at = now + self.rng.range(lo, hi.max(lo + 1));
-                            self.schedule(at, Event::SyncDone { node: id, inc });
-                        }
-                    }
-                    Action::Truncate { lsn } => {
-                        if up.log.truncate(lsn).is_err() {
-                            self.storage_failure(id);
-                            return;
-                        }
-                    }
-                    Action::SaveMeta { seq, record } => {
-                        if up.meta.save(&record).is_err() {
-                            self.storage_failure(id);
-                            return;
-                        }
-                        let (lo, hi) = node.disk;
-                        let at = now + self.rng.range(lo, hi.max(lo + 1));
-                        self.schedule(at, Event::MetaDone { node: id, inc, seq });
-                    }
-                    Action::ReadLog {
-                        purpose,
-                        from,
-                        max_bytes,
-                    } => {
-                        let r = up
-                            .log
-                            .read_range(from, max_bytes)
-                            .map_err(|e| e.to_string());
-                        up.replica.log_read(local, purpose, from, r);
-                    }
-                    Action::Result {
+            let mut host = StepHost {
+                log: &mut up.log,
+                meta: &mut up.meta,
+                out: Vec::new(),
+            };
+            let done = ordered::execute(round.actions, &mut host, &self.opts.step);
+            let out = host.out;
+            for o in out {
+                if !self.play(id, inc, o) {
+                    return;
+                }
+            }
+            let done = match done {
+                Ok(done) => done,
+                Err(ordered::StepError::Storage(_)) => {
+                    self.storage_failure(id);
+                    return;
+                }
+                Err(ordered::StepError::Broken(why)) => {
+                    self.checker.report(now, format!("node {id}: {why}"));
+                    return;
+                }
+            };
+            let node = self.nodes.get_mut(&id).expect("node");
+            for answer in round.answers {
+                match answer {
+                    ordered::Answer::Result {
                         id: tid,
                         lsn,
                         outcome,
@@ -1092,85 +1077,173 @@ impl Cluster {
                         node.results.push((inc, tid, lsn, outcome));
                         self.checker.on_result(now, id, inc, tid, lsn, outcome);
                     }
-                    Action::Role { role, pid, leader } => {
-                        self.checker.on_role(now, id, role, pid);
-                        if role == Role::Leader {
-                            self.bump("leader_elections");
-                        }
-                        self.note(format!(
-                            "node {id} is {role:?} (pid {pid}, leader {leader:?})"
-                        ));
-                    }
-                    Action::Commit { end } => {
-                        // The checker reads the node's own log: what it calls committed
-                        // must match the history.
-                        let Self { nodes, checker, .. } = self;
-                        let log = &nodes[&id].up.as_ref().expect("up").log;
-                        checker.on_commit(now, id, inc, end, log);
-                    }
-                    Action::ConfigCommitted { version } => {
-                        self.bump("config_changes");
-                        self.note(format!("node {id}: membership {version:?} accepted"));
-                    }
-                    Action::DiscardDamaged { lsn } => {
-                        if up.log.truncate(lsn).is_err() {
-                            self.storage_failure(id);
-                            return;
-                        }
-                        self.damaged.remove(&id);
-                        self.bump("damage_discarded");
-                        self.note(format!(
-                            "node {id} discarded its uncommitted damaged tail at {lsn}"
-                        ));
-                        self.restart_replica(id);
-                        return;
-                    }
-                    Action::Repair { lsn, bytes, peer } => {
-                        match up.log.repair(&bytes) {
-                            Ok(()) => {
-                                // Restart the replica from the repaired storage.
-                                self.damaged.remove(&id);
-                                self.bump("repairs");
-                                self.note(format!("node {id} repaired its log at {lsn}"));
-                                self.restart_replica(id);
-                                return;
-                            }
-                            Err(_) => {
-                                up.replica.repair_refused(local, peer);
-                                self.bump("repair_copies_refused");
-                            }
-                        }
-                    }
-                    Action::Dropped { from, reason } => {
-                        self.bump("inputs_dropped");
-                        if std::env::var_os("CHORUS_SIM_TRACE_DROPS").is_some() {
-                            self.note(format!("node {id} dropped input from {from:?}: {reason}"));
-                        }
-                    }
-                    Action::Halt { reason } => {
-                        self.checker
-                            .report(now, format!("node {id} halted: {reason}"));
-                    }
-                    Action::Rebase { base } => {
-                        if up.log.rebase(base).is_err() {
-                            self.storage_failure(id);
-                            return;
-                        }
-                        self.bump("rebases");
-                        self.note(format!(
-                            "node {id} rebased its log at {} (behind its peer's log start)",
-                            base.end_lsn
-                        ));
-                        self.checker.on_rebase(now, id, &base);
-                    }
-                    Action::Unknown { id: tid, lsn } => {
+                    ordered::Answer::Unknown { id: tid, lsn } => {
                         node.unknown.push((inc, tid, lsn));
-                        self.bump("outcomes_unknown");
+                        *self.stats.entry("outcomes_unknown").or_default() += 1;
                         self.checker.on_unknown(id, inc, tid);
                     }
                 }
             }
+            if done.restart {
+                self.restart_replica(id);
+                return;
+            }
+            let (lo, hi) = node.disk;
+            let Some(up) = &mut node.up else { return };
+            if done.wrote && !up.sync_busy {
+                up.sync_busy = true;
+                let at = now + self.rng.range(lo, hi.max(lo + 1));
+                self.schedule(at, Event::SyncDone { node: id, inc });
+            }
+            let up = self
+                .nodes
+                .get_mut(&id)
+                .expect("node")
+                .up
+                .as_mut()
+                .expect("up");
+            let mut saved = Vec::new();
+            for f in done.feedback {
+                match f {
+                    ordered::Feedback::MetaSaved(seq) => saved.push(seq),
+                    f => up.feedback.push(f),
+                }
+            }
+            for seq in saved {
+                let at = now + self.rng.range(lo, hi.max(lo + 1));
+                self.schedule(at, Event::MetaDone { node: id, inc, seq });
+            }
         }
+    }
+
+    /// Plays one thing the step did on node `id`; false if the node went down.
+    fn play(&mut self, id: NodeId, inc: u32, o: Out) -> bool {
+        let now = self.now;
+        match o {
+            Out::Send(to, msg) => self.send(id, to, msg),
+            Out::Committed(end) => {
+                // The checker reads the node's own log: what it calls committed must
+                // match the history.
+                let Self { nodes, checker, .. } = self;
+                let Some(up) = nodes[&id].up.as_ref() else {
+                    return false;
+                };
+                checker.on_commit(now, id, inc, end, &up.log);
+            }
+            Out::Role { role, pid, leader } => {
+                self.checker.on_role(now, id, role, pid);
+                if role == Role::Leader {
+                    self.bump("leader_elections");
+                }
+                self.note(format!(
+                    "node {id} is {role:?} (pid {pid}, leader {leader:?})"
+                ));
+            }
+            Out::ConfigCommitted(version) => {
+                self.bump("config_changes");
+                self.note(format!("node {id}: membership {version:?} accepted"));
+            }
+            Out::Dropped { from, reason } => {
+                self.bump("inputs_dropped");
+                if std::env::var_os("CHORUS_SIM_TRACE_DROPS").is_some() {
+                    self.note(format!("node {id} dropped input from {from:?}: {reason}"));
+                }
+            }
+            Out::Halted(reason) => {
+                self.checker
+                    .report(now, format!("node {id} halted: {reason}"));
+            }
+            Out::Rebased(base) => {
+                self.bump("rebases");
+                self.note(format!(
+                    "node {id} rebased its log at {} (behind its peer's log start)",
+                    base.end_lsn
+                ));
+                self.checker.on_rebase(now, id, &base);
+            }
+            Out::Repaired(lsn) => {
+                self.damaged.remove(&id);
+                self.bump("repairs");
+                self.note(format!("node {id} repaired its log at {lsn}"));
+            }
+            Out::RepairRefused => self.bump("repair_copies_refused"),
+            Out::DiscardedDamaged(lsn) => {
+                self.damaged.remove(&id);
+                self.bump("damage_discarded");
+                self.note(format!(
+                    "node {id} discarded its uncommitted damaged tail at {lsn}"
+                ));
+            }
+        }
+        true
+    }
+}
+
+/// What the driver step did on a simulated node, kept in order and played by
+/// [`Cluster::pump`] once the step returns (the step holds the node's storage while it
+/// runs).
+enum Out {
+    Send(NodeId, Message),
+    Committed(chorus_core::Lsn),
+    Role {
+        role: Role,
+        pid: u64,
+        leader: Option<NodeId>,
+    },
+    ConfigCommitted(chorus_core::format::meta::ConfigVersion),
+    Dropped {
+        from: Option<NodeId>,
+        reason: &'static str,
+    },
+    Halted(String),
+    Rebased(chorus_core::format::group::ChainPoint),
+    Repaired(chorus_core::Lsn),
+    RepairRefused,
+    DiscardedDamaged(chorus_core::Lsn),
+}
+
+/// The simulator's [`ordered::Host`]: a node's storage on its simulated disk, and a
+/// record of everything else for [`Cluster::pump`] to play.
+struct StepHost<'a> {
+    log: &'a mut LogStorage,
+    meta: &'a mut MetaStorage,
+    out: Vec<Out>,
+}
+
+impl ordered::Host for StepHost<'_> {
+    fn log<R>(&mut self, f: impl FnOnce(&mut LogStorage) -> R) -> R {
+        f(self.log)
+    }
+
+    fn read_log<R>(&mut self, f: impl FnOnce(&LogStorage) -> R) -> R {
+        f(self.log)
+    }
+
+    fn meta<R>(&mut self, f: impl FnOnce(&mut MetaStorage) -> R) -> R {
+        f(self.meta)
+    }
+
+    fn send(&mut self, to: NodeId, msg: Message) {
+        self.out.push(Out::Send(to, msg));
+    }
+
+    fn committed(&mut self, end: chorus_core::Lsn) {
+        self.out.push(Out::Committed(end));
+    }
+
+    fn note(&mut self, note: ordered::Note<'_>) {
+        use ordered::Note;
+        self.out.push(match note {
+            Note::Wrote(_) | Note::Truncated(_) | Note::MetaSaved => return,
+            Note::Role { role, pid, leader } => Out::Role { role, pid, leader },
+            Note::ConfigCommitted(v) => Out::ConfigCommitted(v),
+            Note::Dropped { from, reason } => Out::Dropped { from, reason },
+            Note::Halted(why) => Out::Halted(why.to_string()),
+            Note::Rebased(base) => Out::Rebased(*base),
+            Note::Repaired { lsn, .. } => Out::Repaired(lsn),
+            Note::RepairRefused { .. } => Out::RepairRefused,
+            Note::DiscardedDamaged(lsn) => Out::DiscardedDamaged(lsn),
+        });
     }
 }
 

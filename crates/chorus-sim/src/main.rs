@@ -90,7 +90,8 @@ struct Args {
     /// mode, PALF section 5.2), with access-mode switches in two seeds of three.
     #[arg(long)]
     mirror: bool,
-    /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase
+    /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase,
+    /// flushed-before-sync (the production driver step)
     /// or mirror-start-working (with --mirror); with --ooo: no-ghost-guard, no-lost-guard
     /// or ack-before-sync (the production driver) (needs the `broken` feature).
     #[arg(long)]
@@ -135,9 +136,14 @@ fn main() -> ExitCode {
                 "ack-before-fsync" => Broken::AckBeforeFsync,
                 "guess-on-rebase" => Broken::GuessOnRebase,
                 "mirror-start-working" => Broken::MirrorStartWorking,
+                // The driver step's own bug, not the replica's.
+                "flushed-before-sync" => {
+                    opts.cluster.step.broken_flushed_before_sync = true;
+                    Broken::None
+                }
                 _ => {
                     eprintln!(
-                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync, guess-on-rebase or mirror-start-working"
+                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync, guess-on-rebase, mirror-start-working or flushed-before-sync"
                     );
                     return ExitCode::from(2);
                 }

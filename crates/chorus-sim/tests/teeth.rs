@@ -40,6 +40,22 @@ fn acknowledging_before_fsync_is_caught() {
     assert!(found.is_some(), "no violation found with acks before fsync");
 }
 
+/// The production driver step ([`chorus_runtime::ordered::execute`]), broken to report a
+/// write durable as soon as it is written: the leader counts its own copy and followers
+/// acknowledge before any sync, so a crash that loses unsynced writes loses committed
+/// records. The simulator runs that very step, so it must catch it.
+#[test]
+fn a_driver_step_that_reports_writes_durable_before_their_sync_is_caught() {
+    let mut o = opts();
+    o.cluster.step.broken_flushed_before_sync = true;
+    o.disk = (2 * MS, 20 * MS);
+    let found = (0..400u64).find(|s| !run_seed(*s, &o).violations.is_empty());
+    assert!(
+        found.is_some(),
+        "no violation found with writes reported durable before their sync"
+    );
+}
+
 /// Without the ghost guard (NULL slots left unstamped, superseded versions kept), the
 /// out-of-order merge resurrects entries: the simulator must see it in both modes.
 #[test]
