@@ -5,6 +5,7 @@
 
 pub mod format;
 pub mod ooo;
+pub mod quorum;
 pub mod replica;
 pub mod rng;
 pub mod rtt;

@@ -31,8 +31,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
-use super::{CommitWindow, OooError, Quorum, Seq};
+use super::{CommitWindow, OooError, Seq};
 use crate::format::meta::NodeId;
+use crate::quorum::Quorum;
 
 /// How far below its first uncommitted entry a leader's window may start for a follower
 /// that is missing committed entries ([`DepLeader::set_floor`]): at most this many
@@ -774,7 +775,7 @@ mod tests {
         // write a; L4 reads b and c; L5 reads b, "last modified by L2", and writes d, last
         // written by L4; L3 touches nothing of theirs. For b to be last modified by L2, L2
         // writes b as well, so the value of b that L4 read is L2's too.
-        let mut l = DepLeader::<&str>::new(Quorum::Count(2), 64, 1);
+        let mut l = DepLeader::<&str>::new(Quorum::majority([1, 2, 3]), 64, 1);
         let e1 = l.admit(&[], &["a", "b"]).unwrap();
         let e2 = l.admit(&[], &["a", "c", "b"]).unwrap();
         let e3 = l.admit(&["x"], &["y"]).unwrap();
@@ -801,7 +802,7 @@ mod tests {
     /// trail; without a trail the base is the head, as in the paper.
     #[test]
     fn the_window_base_trails_the_head_for_a_follower_missing_committed_entries() {
-        let mut l = DepLeader::<u32>::with_trail(Quorum::Count(2), 64, 0, 4);
+        let mut l = DepLeader::<u32>::with_trail(Quorum::majority([1, 2, 3]), 64, 0, 4);
         let a = l.admit(&[], &[1]).unwrap();
         let b = l.admit(&[], &[2]).unwrap();
         commit_now(&mut l, a.seq);
@@ -841,7 +842,7 @@ mod tests {
         assert_eq!(f.base, head - 4);
         assert_eq!(f.deps.waw, (head - 4..head).collect::<Vec<_>>());
         // No trail: the paper's window, from the first uncommitted entry.
-        let mut p = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let mut p = DepLeader::<u32>::new(Quorum::majority([1, 2, 3]), 64, 0);
         let a = p.admit(&[], &[1]).unwrap();
         commit_now(&mut p, a.seq);
         p.set_floor(0);
@@ -853,7 +854,7 @@ mod tests {
     /// is uncommitted, or an uncommitted barrier; not a write (WAW does not order commits).
     #[test]
     fn would_wait_is_whether_admit_would_list_a_raw_predecessor() {
-        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::majority([1, 2, 3]), 64, 0);
         let w = l.admit(&[], &[7]).unwrap();
         assert!(l.would_wait(&[7]));
         assert!(l.would_wait(&[1, 7]));
@@ -875,7 +876,7 @@ mod tests {
 
     #[test]
     fn a_raw_dependent_waits_for_its_predecessor_to_commit() {
-        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::majority([1, 2, 3]), 64, 0);
         let w = l.admit(&[], &[7]).unwrap();
         let r = l.admit(&[7], &[8]).unwrap();
         assert_eq!(r.deps.raw, vec![w.seq]);
@@ -914,7 +915,7 @@ mod tests {
     /// window base; reads are not writes.
     #[test]
     fn would_order_looks_at_writers_from_since_and_the_base() {
-        let mut l = DepLeader::<u64>::new(Quorum::Count(2), 64, 0);
+        let mut l = DepLeader::<u64>::new(Quorum::majority([1, 2, 3]), 64, 0);
         l.admit(&[], &[5]).unwrap();
         l.admit(&[5], &[6]).unwrap();
         assert!(l.would_order(&[5], 0), "slot 0 writes 5");
@@ -935,7 +936,7 @@ mod tests {
     fn conflict_order_commits_overlapping_entries_in_order() {
         // Parallel mode's conflict order: blocks 1 and 2 overlap entry 0 through a chain
         // (0 writes 1, 1 writes 1 and 2, 2 writes 2), entry 3 is disjoint.
-        let mut l = DepLeader::<u64>::new(Quorum::Count(2), 64, 0);
+        let mut l = DepLeader::<u64>::new(Quorum::majority([1, 2, 3]), 64, 0);
         l.admit_conflicting(Some(&[1])).unwrap();
         l.admit_conflicting(Some(&[1, 2])).unwrap();
         l.admit_conflicting(Some(&[2])).unwrap();
@@ -953,7 +954,7 @@ mod tests {
 
     #[test]
     fn conflict_order_without_keys_is_a_barrier() {
-        let mut l = DepLeader::<u64>::new(Quorum::Count(1), 64, 0);
+        let mut l = DepLeader::<u64>::new(Quorum::majority([1]), 64, 0);
         l.admit_conflicting(Some(&[1])).unwrap();
         l.admit_conflicting(Some(&[2])).unwrap();
         let b = l.admit_conflicting(None).unwrap();
@@ -970,7 +971,7 @@ mod tests {
 
     #[test]
     fn independent_entries_commit_out_of_order() {
-        let mut l = DepLeader::<u32>::new(Quorum::Count(2), 64, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::majority([1, 2, 3]), 64, 0);
         for k in 0..3 {
             l.admit(&[k], &[k]).unwrap();
         }
@@ -982,7 +983,7 @@ mod tests {
 
     #[test]
     fn the_window_bounds_entries_in_flight() {
-        let mut l = DepLeader::<u32>::new(Quorum::Count(1), 2, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::majority([1]), 2, 0);
         l.admit(&[], &[1]).unwrap();
         l.admit(&[], &[1]).unwrap();
         assert!(matches!(
@@ -1067,7 +1068,7 @@ mod tests {
     fn a_broken_waw_chain_still_orders_writers() {
         // q and p write k, e writes k; p is merged away (never committed). e must still
         // apply after q.
-        let mut l = DepLeader::<u32>::new(Quorum::Count(1), 16, 0);
+        let mut l = DepLeader::<u32>::new(Quorum::majority([1]), 16, 0);
         let q = l.admit(&[], &[5]).unwrap();
         let p = l.admit(&[], &[5]).unwrap();
         let e = l.admit(&[], &[5]).unwrap();
@@ -1099,7 +1100,7 @@ mod tests {
             acks in proptest::collection::vec((any::<u16>(), 1u64..4), 0..150),
         ) {
             let n = txns.len();
-            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::majority([1, 2, 3]), 64, 0);
             let entries: Vec<DepEntry<u8>> =
                 txns.iter().map(|(r, w)| l.admit(r, w).unwrap()).collect();
             let mut held: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
@@ -1147,7 +1148,7 @@ mod tests {
             let n = txns.len();
             // Admit with some commits in between, so bases move and some writers fall
             // below later entries' bases.
-            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::majority([1, 2, 3]), 64, 0);
             let mut acks = acks.into_iter();
             let mut entries = Vec::new();
             for (r, w) in &txns {
@@ -1200,7 +1201,7 @@ mod tests {
             picks in proptest::collection::vec(any::<u16>(), 300),
         ) {
             let n = txns.len();
-            let mut l = DepLeader::<u8>::new(Quorum::Count(2), 64, 0);
+            let mut l = DepLeader::<u8>::new(Quorum::majority([1, 2, 3]), 64, 0);
             let entries: Vec<DepEntry<u8>> = txns
                 .iter()
                 .map(|(r, w)| l.admit(r, w).unwrap())

@@ -89,34 +89,6 @@ impl OooError {
     }
 }
 
-/// Who must hold something for it to count as decided (a vote won, a slot committed, a
-/// membership change accepted).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Quorum {
-    /// Any `n` distinct nodes (the rules' own tests, where only the count matters).
-    Count(usize),
-    /// A majority of each set: one set normally, the voters after and before a membership
-    /// change during its joint stage (Raft's joint consensus; PALF section 5.3 changes
-    /// the membership outside the log, which is where [`replica::Membership`] lives).
-    /// Nodes outside every set count for nothing.
-    Majorities(Vec<Vec<crate::format::meta::NodeId>>),
-}
-
-impl Quorum {
-    /// Whether `nodes` form a quorum.
-    pub fn reached_by(
-        &self,
-        nodes: &std::collections::BTreeSet<crate::format::meta::NodeId>,
-    ) -> bool {
-        match self {
-            Self::Count(n) => nodes.len() >= *n,
-            Self::Majorities(sets) => sets
-                .iter()
-                .all(|set| set.iter().filter(|n| nodes.contains(n)).count() > set.len() / 2),
-        }
-    }
-}
-
 /// The entries from `head` up to the highest of `top` that `held` does not hold: the
 /// holes catch-up must fill.
 fn holes<V>(head: Seq, top: Option<Seq>, held: &std::collections::BTreeMap<Seq, V>) -> Vec<Seq> {

@@ -9,9 +9,10 @@
 use std::collections::BTreeSet;
 
 use crate::format::meta::{AccessMode, NodeId};
+use crate::quorum::Quorum;
 use crate::Lsn;
 
-use super::{majority, Action, CommitMode, MembershipChange, Outcome, Replica, Role};
+use super::{Action, CommitMode, MembershipChange, Outcome, Replica, Role};
 
 impl Replica {
     pub(super) fn try_commit(&mut self) {
@@ -26,36 +27,26 @@ impl Replica {
             }
         };
         let cur = &self.meta_want.membership;
-        let mut point = {
-            let mut m: Vec<Lsn> = cur.voters.iter().map(matched_of).collect();
-            self.policy.commit_point(&mut m, majority(cur.voters.len()))
+        // A majority of the new voters and, until the change is accepted, of the previous
+        // ones too (PALF section 5.3, Fig. 8a: a prefix committed by the old voters alone
+        // could be missing from a majority of the new).
+        let quorum = match (&l.prev_config, l.config_committed) {
+            (Some(prev), false) => Quorum::joint(cur.voters.clone(), prev.voters.clone()),
+            _ => Quorum::majority(cur.voters.clone()),
         };
-        if !l.config_committed {
-            if let Some(prev) = &l.prev_config {
-                let mut m: Vec<Lsn> = prev.voters.iter().map(matched_of).collect();
-                point = point.min(
-                    self.policy
-                        .commit_point(&mut m, majority(prev.voters.len())),
-                );
-            }
-        }
+        let point = quorum.commit_point(|n| matched_of(&n)).unwrap_or(0);
         // Only a quorum on a group of our own proposal id commits (Raft's rule; here the
         // StartWorking group), so older groups commit with it, never by counting alone.
         let sw_end = l.start_working_end;
-        let config_acked = cur
-            .voters
-            .iter()
-            .filter(|n| {
-                if **n == me {
-                    self.meta.membership.version >= cur.version && flushed >= cur.barrier_lsn
-                } else {
-                    l.progress
-                        .get(n)
-                        .is_some_and(|p| p.config_version >= cur.version)
-                }
-            })
-            .count()
-            >= majority(cur.voters.len());
+        let config_acked = Quorum::majority(cur.voters.clone()).is_reached(|n| {
+            if n == me {
+                self.meta.membership.version >= cur.version && flushed >= cur.barrier_lsn
+            } else {
+                l.progress
+                    .get(&n)
+                    .is_some_and(|p| p.config_version >= cur.version)
+            }
+        });
         let version = cur.version;
         if point >= sw_end && point > self.log.committed {
             self.advance_committed(point);

@@ -12,9 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::format::meta::{NodeId, Vote};
 use crate::Lsn;
 
-use super::{
-    majority, Action, Deferred, MergeCandidate, Message, Nanos, Outcome, Priority, Replica, Role,
-};
+use super::reconfirm::MergeCandidate;
+use super::{Action, Deferred, Message, Nanos, Outcome, Priority, Replica, Role};
 
 /// The steps of a campaign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,16 +68,17 @@ impl Replica {
             }
             let mine = self.prio();
             let voters = self.meta_want.membership.voters.clone();
-            let mut alive = 1;
             for v in voters.iter().filter(|v| **v != me) {
-                if self.alive(*v) {
-                    alive += 1;
-                    if self.peers[v].prio.is_some_and(|p| p > mine) {
-                        return;
-                    }
+                if self.alive(*v) && self.peers[v].prio.is_some_and(|p| p > mine) {
+                    return;
                 }
             }
-            if alive < majority(voters.len()) {
+            // Only the highest priority alive in a majority it can hear (itself included)
+            // campaigns: with fewer, no election could succeed.
+            if !self
+                .voters_quorum()
+                .is_reached(|v| v == me || self.alive(v))
+            {
                 return;
             }
         }

@@ -15,7 +15,7 @@ use crate::rtt::RttWindow;
 use crate::Lsn;
 
 use super::append::{OpenGroup, PendingGroup};
-use super::{majority, Action, CommitMode, LogPos, Message, Nanos, ReadPurpose, Replica};
+use super::{Action, CommitMode, LogPos, Message, Nanos, ReadPurpose, Replica};
 
 /// What a leader knows of one follower's log.
 #[derive(Clone, Debug)]
@@ -254,23 +254,17 @@ impl Replica {
     fn lease_valid(&self) -> bool {
         let Some(l) = &self.leading else { return false };
         let me = self.cfg.id;
-        let voters = &self.meta_want.membership.voters;
-        let mut ts: Vec<Nanos> = voters
-            .iter()
-            .map(|v| {
-                if *v == me {
-                    self.now
-                } else {
-                    l.lease_acks.get(v).copied().unwrap_or(0)
-                }
-            })
-            .collect();
-        let k = majority(ts.len());
-        if ts.len() < k {
+        // The latest time a majority of voters had acknowledged us by: the commit point
+        // of their acknowledgement times (our own is now).
+        let Some(t) = self.voters_quorum().commit_point(|v| {
+            if v == me {
+                self.now
+            } else {
+                l.lease_acks.get(&v).copied().unwrap_or(0)
+            }
+        }) else {
             return false;
-        }
-        ts.sort_unstable_by(|a, b| b.cmp(a));
-        let t = ts[k - 1];
+        };
         let margin = self.cfg.lease / 1_000_000 * 2 * self.cfg.max_clock_drift_ppm as u64;
         t + self.cfg.lease.saturating_sub(margin) > self.now
     }

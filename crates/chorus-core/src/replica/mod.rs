@@ -62,8 +62,9 @@
 //! `commit` (the commit point and explicit results), `append` (appends and lanes),
 //! `mirror` (access modes and mirrored groups), `membership`, `transfer` (leader transfer
 //! and fail-back) and `repair` (protocol-aware recovery of a damaged range). The log
-//! index (`log`), the messages ([`message`]) and the commit/merge policy ([`policy`]) are
-//! modules of their own.
+//! index (`log`) and the messages ([`message`]) are modules of their own; quorum
+//! arithmetic (majorities, the joint commit point of a change) is [`crate::quorum`],
+//! shared with the out-of-order replica.
 //!
 //! [`AccessMode::RawWrite`]: crate::format::meta::AccessMode::RawWrite
 
@@ -77,7 +78,6 @@ mod log;
 mod membership;
 pub mod message;
 mod mirror;
-pub mod policy;
 mod reconfirm;
 mod repair;
 mod storage;
@@ -87,6 +87,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::format::group::ChainPoint;
 use crate::format::meta::{Membership, MetaRecord, NodeId};
+use crate::quorum::Quorum;
 use crate::rng::Rng;
 use crate::{Csn, Lsn};
 
@@ -103,7 +104,6 @@ pub use log::{GroupMeta, RecoveredLog};
 pub use membership::{ChangeError, MembershipChange};
 pub use message::{LogPos, Message, Priority};
 pub use mirror::MirrorError;
-pub use policy::{MergeCandidate, Ordered, Policy};
 
 /// Time in nanoseconds on the replica's monotonic clock, supplied by the driver.
 pub type Nanos = u64;
@@ -294,8 +294,6 @@ struct PeerInfo {
 pub struct Replica {
     /// Settings (only the priority changes, by [`Replica::set_priority`]).
     cfg: ReplicaConfig,
-    /// How commit points are counted and which log a candidate adopts.
-    policy: Box<dyn Policy>,
     /// The latest time any input carried: never goes back.
     now: Nanos,
     /// The election back-off's randomness.
@@ -396,34 +394,18 @@ pub struct Replica {
     actions: Vec<Action>,
 }
 
-fn majority(n: usize) -> usize {
-    n / 2 + 1
-}
-
 impl Replica {
     /// Builds a replica from its durable meta and its recovered log at time `now`.
     ///
     /// Follower recovery (piggyback paper section 5.2): the log below `log.committed` is
     /// known committed; the rest is undecided until a leader confirms or overrides it.
     pub fn new(cfg: ReplicaConfig, meta: MetaRecord, log: RecoveredLog, now: Nanos) -> Self {
-        Self::with_policy(cfg, Box::new(Ordered), meta, log, now)
-    }
-
-    /// As [`Replica::new`] with an explicit commit/merge policy.
-    pub fn with_policy(
-        cfg: ReplicaConfig,
-        policy: Box<dyn Policy>,
-        meta: MetaRecord,
-        log: RecoveredLog,
-        now: Nanos,
-    ) -> Self {
         let log = LogView::new(log, cfg.cache_bytes);
         let last_csn = log.chain.max_csn;
         let max_seen_pid = meta.vote.promised_proposal_id;
         let rng = Rng::new(cfg.seed ^ cfg.id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ now);
         let committed = log.committed;
         let mut r = Self {
-            policy,
             now,
             rng,
             role: Role::Follower,
@@ -602,11 +584,6 @@ impl Replica {
         &self.drops
     }
 
-    /// The commit/merge policy.
-    pub fn policy(&self) -> &dyn Policy {
-        self.policy.as_ref()
-    }
-
     /// Each follower's matched end as the leader sees it (empty when not leading).
     pub fn follower_progress(&self) -> Vec<(NodeId, Lsn)> {
         self.leading.as_ref().map_or_else(Vec::new, |l| {
@@ -634,6 +611,13 @@ impl Replica {
 
     fn is_voter(&self, id: NodeId) -> bool {
         self.meta_want.membership.voters.contains(&id)
+    }
+
+    /// A majority of the voters of the membership as it should be (`meta_want`): who must
+    /// agree for a vote, a prepare, a lease or a config to count. Only the commit point
+    /// also counts the previous voters during a change (`commit`).
+    fn voters_quorum(&self) -> Quorum {
+        Quorum::majority(self.meta_want.membership.voters.clone())
     }
 
     fn members(&self) -> BTreeSet<NodeId> {

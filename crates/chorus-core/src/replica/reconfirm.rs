@@ -16,7 +16,30 @@ use super::leader::{Leading, Progress};
 use super::storage::cut_groups;
 #[cfg(feature = "broken")]
 use super::Broken;
-use super::{majority, Action, LogPos, MergeCandidate, Message, Nanos, ReadPurpose, Replica, Role};
+use super::{Action, LogPos, Message, Nanos, ReadPurpose, Replica, Role};
+
+/// One replica's answer to a reconfirmation prepare, as the merge sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MergeCandidate {
+    /// The replica.
+    pub(super) node: NodeId,
+    /// Its flushed end LSN.
+    pub(super) end: Lsn,
+    /// Proposal id of its last flushed group: the one ending at `end` (0 for none).
+    pub(super) last_pid: u64,
+}
+
+/// Whose log a new leader adopts, given the answers of a majority: the highest (last
+/// proposal id, end) (PALF Alg. 1 line 4, "the replica with the longest logs"; comparing
+/// the last proposal id first is Raft's up-to-date rule, since a log may be longer only
+/// with groups of a deposed leader). Ties prefer `me`, which saves a fetch. `None` only
+/// when nobody answered.
+fn merge_source(answers: &[MergeCandidate], me: NodeId) -> Option<MergeCandidate> {
+    answers
+        .iter()
+        .max_by(|a, b| (a.last_pid, a.end, a.node == me).cmp(&(b.last_pid, b.end, b.node == me)))
+        .copied()
+}
 
 impl Replica {
     pub(super) fn begin_prepare(&mut self, pid: u64) {
@@ -65,17 +88,16 @@ impl Replica {
         ts: Nanos,
     ) {
         self.max_seen_pid = self.max_seen_pid.max(promised);
+        let quorum = self.voters_quorum();
         let Some(c) = &mut self.campaign else { return };
         if c.pid != pid || c.phase != CampaignPhase::Preparing {
             return;
         }
         if !granted {
             c.rejected.insert(from);
-            let voters = &self.meta_want.membership.voters;
-            let refusing = voters.iter().filter(|v| c.rejected.contains(v)).count();
             // Outbid, or refused by enough voters that no majority is left: back off
             // rather than wait out the campaign timeout.
-            if promised >= pid || voters.len() - refusing < majority(voters.len()) {
+            if promised >= pid || !quorum.is_reached(|v| !c.rejected.contains(&v)) {
                 self.abandon_campaign();
             }
             return;
@@ -94,17 +116,21 @@ impl Replica {
 
     fn check_prepare_quorum(&mut self) {
         let me = self.cfg.id;
-        let voters = self.meta_want.membership.voters.clone();
+        let quorum = self.voters_quorum();
         let Some(c) = &mut self.campaign else { return };
-        let answers: Vec<MergeCandidate> = voters
+        if !quorum.is_reached(|v| c.acks.contains_key(&v)) {
+            return;
+        }
+        // The merge weighs the answers the quorum counted: the voters'.
+        let answers: Vec<MergeCandidate> = quorum
+            .voters()
             .iter()
             .filter_map(|v| c.acks.get(v).copied())
             .collect();
-        if answers.len() < majority(voters.len()) {
-            return;
-        }
         #[allow(unused_mut)]
-        let mut best = self.policy.merge_source(&answers, me);
+        let Some(mut best) = merge_source(&answers, me) else {
+            return;
+        };
         #[cfg(feature = "broken")]
         if self.cfg.broken == Broken::SkipReconfirmation {
             best = c.acks[&me];
@@ -305,5 +331,37 @@ impl Replica {
         self.save_meta();
         self.broadcast(true);
         self.try_commit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(node: NodeId, end: Lsn, last_pid: u64) -> MergeCandidate {
+        MergeCandidate {
+            node,
+            end,
+            last_pid,
+        }
+    }
+
+    #[test]
+    fn the_merge_prefers_the_last_proposal_id_over_length() {
+        // A longer log ending in a deposed leader's groups loses to a shorter one that
+        // holds the later leader's.
+        let (a, b) = (answer(1, 500, 3), answer(2, 100, 4));
+        assert_eq!(merge_source(&[a, b], 1), Some(b));
+        // Same last proposal id: the longer log.
+        let c = answer(3, 200, 4);
+        assert_eq!(merge_source(&[a, b, c], 1), Some(c));
+    }
+
+    #[test]
+    fn the_merge_prefers_itself_on_a_tie() {
+        let (b, c) = (answer(2, 100, 4), answer(3, 100, 4));
+        assert_eq!(merge_source(&[b, c], 3), Some(c));
+        assert_eq!(merge_source(&[c, b], 2), Some(b));
+        assert_eq!(merge_source(&[], 2), None);
     }
 }

@@ -8,10 +8,11 @@
 use std::collections::BTreeSet;
 
 use crate::format::meta::NodeId;
+use crate::quorum::Quorum;
 use crate::Lsn;
 
 use super::{
-    majority, Action, Message, MetaRecord, Nanos, ReadPurpose, RecoveredLog, Replica, ReplicaConfig,
+    Action, Message, MetaRecord, Nanos, ReadPurpose, RecoveredLog, Replica, ReplicaConfig,
 };
 
 /// A damaged range being repaired from peers (protocol-aware recovery).
@@ -128,8 +129,7 @@ impl Replica {
         let Some(rep) = &mut self.repairing else {
             return;
         };
-        let clean = voters.iter().filter(|v| rep.no_copy.contains(v)).count();
-        if clean >= majority(voters.len()) {
+        if Quorum::majority(voters.clone()).is_reached(|v| rep.no_copy.contains(&v)) {
             rep.decided = true;
             let lsn = rep.from;
             self.actions.push(Action::DiscardDamaged { lsn });

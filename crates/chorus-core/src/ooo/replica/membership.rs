@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use super::leader::Peer;
 use super::{Action, Msg, OooReplica};
 use crate::format::meta::NodeId;
-use crate::ooo::Quorum;
 use crate::ooo::Seq;
+use crate::quorum::Quorum;
 use crate::replica::{Nanos, Role};
 
 /// The voters of an out-of-order group, kept beside the hard state rather than in the log
@@ -53,9 +53,10 @@ impl Membership {
 
     /// Who must agree to a decision under this membership.
     pub fn quorum(&self) -> Quorum {
-        let mut sets = vec![self.voters.clone()];
-        sets.extend(self.prev.clone());
-        Quorum::Majorities(sets)
+        match &self.prev {
+            Some(prev) => Quorum::joint(self.voters.clone(), prev.clone()),
+            None => Quorum::majority(self.voters.clone()),
+        }
     }
 
     /// Whether `id` votes under this membership (in either stage's set).

@@ -124,8 +124,9 @@ mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{CommitWindow, Quorum, Seq};
+use super::{CommitWindow, Seq};
 use crate::format::meta::NodeId;
+use crate::quorum::Quorum;
 use crate::replica::{Nanos, Role};
 use crate::rng::Rng;
 
