@@ -13,7 +13,7 @@
 //!
 //! | command | effect |
 //! |---|---|
-//! | `create nodes=N mode=parallel[:SPAN]\|dependent [voters=1,2,..] [hole-resend=K] [timed-resend=K] [max-batch=K] [partial-images=K] [conflict-order] [no-prevote]` | new group (hole and timed resends off unless set) |
+//! | `create nodes=N mode=parallel[:SPAN]\|dependent [voters=1,2,..] [hole-resend=K] [timed-resend=K] [max-batch=K] [partial-images=K] [piece-bytes=K] [catchup-rate=B] [conflict-order] [no-prevote]` | new group (hole and timed resends off unless set) |
 //! | `tick [MS]` | advance the clock (default 10 ms) and tick every node; nothing is delivered |
 //! | `run MS` | advance the clock 10 ms at a time, ticking every node and delivering what is not held, until MS passed; heartbeats and empty acknowledgements are left out of the trace |
 //! | `campaign N` | two election timeouts pass for N only: it starts a (pre-)campaign |
@@ -27,7 +27,7 @@
 //! | `compact N [UPTO]` | N checkpoints its state machine and compacts below UPTO (default: its applied head) |
 //! | `transfer N TO` | leader N hands leadership to TO |
 //! | `member N add\|remove X` | leader N changes the membership |
-//! | `status [N]` · `log N` · `messages` · `state N` · `stats N` | print |
+//! | `status [N]` · `log N` · `messages [A->B]` · `state N` · `stats N` | print |
 //! | `merge-table N` | what N merged in its latest campaign: each voter's versions, the merge rules' decision (DP-Raft Fig. 4's cases, `chorus_core::ooo::merge`) and what N wrote |
 
 mod merges;
@@ -161,6 +161,8 @@ fn create(words: std::str::SplitWhitespace) -> Result<World, String> {
                 "timed-resend" => c.timed_resend = num(v)? as u32,
                 "max-batch" => c.max_batch = num(v)? as usize,
                 "partial-images" => c.partial_image_items = num(v)?,
+                "piece-bytes" => c.max_batch_bytes = num(v)? as usize,
+                "catchup-rate" => c.catchup_rate = num(v)?,
                 "conflict-order" => c.conflict_order = true,
                 "no-prevote" => c.pre_vote = false,
                 _ => return Err(format!("unknown option {k}")),
@@ -198,10 +200,13 @@ fn exec(world: &mut Option<World>, line: &str) -> Result<String, String> {
         }
         "campaign" => {
             let id = node(w, words.next())?;
-            let n = &w.nodes[&id];
-            let r = n.r.as_ref().ok_or(format!("n{id} is down"))?;
-            let _ = r;
-            w.now += 2 * n.cfg.election_timeout;
+            let timeout = w.nodes[&id].cfg.election_timeout;
+            if w.nodes[&id].r.is_none() {
+                return Err(format!("n{id} is down"));
+            }
+            // Past any election deadline (they are drawn below twice the timeout); only
+            // this node is ticked, so only it acts on it.
+            w.now += 2 * timeout;
             let now = w.now;
             w.nodes.get_mut(&id).unwrap().r.as_mut().unwrap().tick(now);
             w.drain(id);
@@ -431,10 +436,19 @@ fn exec(world: &mut Option<World>, line: &str) -> Result<String, String> {
             out.push_str(&log(w, id));
         }
         "messages" => {
-            if w.queue.is_empty() {
+            let (a, b) = match words.next() {
+                Some(l) => link(Some(l))?,
+                None => (None, None),
+            };
+            let shown: Vec<&world::Queued> = w
+                .queue
+                .iter()
+                .filter(|q| a.is_none_or(|a| a == q.from) && b.is_none_or(|b| b == q.to))
+                .collect();
+            if shown.is_empty() {
                 out.push_str("no messages");
             }
-            for q in &w.queue {
+            for q in shown {
                 let mark = if w.cut.contains(&(q.from, q.to)) {
                     " (link cut)"
                 } else if w.held.contains(&(q.from, q.to)) {
@@ -526,7 +540,11 @@ fn status(w: &World, id: NodeId) -> String {
         r.role(),
         r.term(),
         r.leader().map_or("-".into(), |l| l.to_string()),
-        render::list(&holes).replace('-', ""),
+        holes
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         plus(&above),
         plus(&a_above),
     );

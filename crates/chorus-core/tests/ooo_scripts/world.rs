@@ -80,8 +80,15 @@ pub struct World {
     pub stamp: bool,
     /// Each node's latest campaign, for `merge-table`.
     pub campaigns: BTreeMap<NodeId, Campaign>,
-    out: Vec<(Option<(NodeId, &'static str)>, String)>,
+    out: Vec<TraceLine>,
 }
+
+/// A line of the trace, with the node and kind of action it lists (lines of one node's
+/// consecutive actions of a kind are joined).
+type TraceLine = (Option<(NodeId, &'static str)>, String);
+
+/// A granted vote as the candidate got it: voter, versions, leader start.
+pub type Reply = (NodeId, Vec<(Entry, bool)>, (u64, Seq));
 
 /// What a candidate merges: its own versions from its first uncommitted slot on and the
 /// granted votes that reached it before it merged (seen on the wire).
@@ -93,7 +100,7 @@ pub struct Campaign {
     pub own_start: (u64, Seq),
     /// Granted votes: voter, versions (with whether the voter knows each committed), its
     /// leader start.
-    pub replies: Vec<(NodeId, Vec<(Entry, bool)>, (u64, Seq))>,
+    pub replies: Vec<Reply>,
     /// It merged (sent its first append of the term): later votes are not merged.
     pub merged: bool,
 }
@@ -243,11 +250,8 @@ impl World {
                 let text = match &a {
                     Action::SaveHard(h) => Some(("save", hard(h))),
                     Action::SaveMembership(m) => Some((
-                        "save",
-                        format!(
-                            "membership v{}.{} voters={:?}",
-                            m.version.0, m.version.1, m.voters
-                        ),
+                        "save membership",
+                        format!("v{}.{} voters={:?}", m.version.0, m.version.1, m.voters),
                     )),
                     Action::Compact { base, .. } => Some(("compact", format!("below {base}"))),
                     _ => None,
@@ -262,7 +266,7 @@ impl World {
                     disk_op(n, a, written);
                 }
                 if let Some((what, s)) = text {
-                    if !(self.quiet && what == "save") {
+                    if !(self.quiet && what.starts_with("save")) {
                         self.item(id, what, s);
                     }
                 }
@@ -452,8 +456,8 @@ impl World {
         self.drain(id);
     }
 
-    /// Whether the message at `i` may go now: `Some(false)` if its link is cut (it is
-    /// lost), `None` if held.
+    /// Whether a queued message may go now: `Some(false)` if its link is cut (it is
+    /// lost), `None` if its link is held and the delivery is not `explicit`.
     fn fate(&self, q: &Queued, explicit: bool) -> Option<bool> {
         if self.cut.contains(&(q.from, q.to)) {
             return Some(false);
@@ -524,8 +528,7 @@ impl World {
         }
     }
 
-    /// Delivers every message not held until none is left: returns how many rounds it
-    /// took.
+    /// Delivers every message not held, round after round, until none is left.
     pub fn stabilize(&mut self) -> Result<(), String> {
         for _ in 0..1000 {
             self.drain_all();
