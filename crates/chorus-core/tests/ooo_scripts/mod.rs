@@ -7,7 +7,10 @@
 //! commands and returns the script with the actual output filled in; a test compares it
 //! with the file. The replicas are driven directly at the message level (see
 //! [`world`]): nothing moves unless a command moves it, so a script decides which message
-//! reaches whom, when a disk syncs and when a node crashes.
+//! reaches whom, when a disk syncs and when a node crashes. A command prints what the
+//! replicas did in consequence ([`render`] describes the notation); an `error:` line
+//! means the script itself is wrong (the test fails on it), while a refused append or
+//! transfer is an outcome and prints as such.
 //!
 //! Commands (`N` a node, `A->B` a link where either side may be `*`):
 //!
@@ -19,7 +22,7 @@
 //! | `campaign N` | two election timeouts pass for N only: it starts a (pre-)campaign |
 //! | `append N [blocks=S+LEN,..] [read=K,..] [write=K,..]` | an append through N: blocks in parallel mode, read and write sets in dependent mode |
 //! | `stabilize` | deliver every message not held, and what they cause, until none is left |
-//! | `deliver A->B [FILTER]` · `drop A->B [FILTER]` | deliver (held or not) or lose the queued messages of a link; FILTER: `slot=S,..` (messages about these slots), `kind=K` (`Append`, `Ack`, `Vote`, ...), `n=K` (the first K that match) |
+//! | `deliver A->B [FILTER]` · `drop A->B [FILTER]` | deliver (held or not; a cut link or a crashed receiver still loses them) or lose the queued messages of a link, in queue order, and run what the receivers do (their own messages stay queued); FILTER: `slot=S,..` (messages about these slots), `kind=K` (`Append`, `Ack`, `Vote`, ...), `n=K` (the first K that match) |
 //! | `hold A->B` · `release A->B` | messages of the link wait for an explicit `deliver` |
 //! | `partition 1 2 \| 3` · `isolate N` · `heal` | links between the groups (or N and everyone) lose every message, until `heal` |
 //! | `sync N manual\|auto` · `persist [N]` | N's disk syncs only on `persist` (and what follows its writes waits) |
@@ -27,7 +30,7 @@
 //! | `compact N [UPTO]` | N checkpoints its state machine and compacts below UPTO (default: its applied head) |
 //! | `transfer N TO` | leader N hands leadership to TO |
 //! | `member N add\|remove X` | leader N changes the membership |
-//! | `status [N]` · `log N` · `messages [A->B]` · `state N` · `stats N` | print |
+//! | `status [N]` · `log N` · `messages [A->B]` · `state N` · `stats N` | print: roles, terms, holes, committed and applied slots; a node's slots; the queue; a state machine; counters |
 //! | `merge-table N` | what N merged in its latest campaign: each voter's versions, the merge rules' decision (DP-Raft Fig. 4's cases, `chorus_core::ooo::merge`) and what N wrote |
 
 mod merges;
