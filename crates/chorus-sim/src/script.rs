@@ -57,6 +57,14 @@ pub fn run_script(script: &str) -> String {
         seen_results: BTreeMap::new(),
         tags: BTreeMap::new(),
     };
+    run_commands(script, |command| exec(&mut st, command))
+}
+
+/// The golden-file loop every scenario script shares (ordered here, out-of-order in
+/// [`crate::ooo::script`]): `#` lines are copied through; each other non-blank line is a
+/// command, followed in the file by `----` and its expected output up to a blank line,
+/// which is dropped and replaced by what `exec` returns for the command.
+pub fn run_commands(script: &str, mut exec: impl FnMut(&str) -> String) -> String {
     let mut out = String::new();
     let mut lines = script.lines().peekable();
     while let Some(line) = lines.next() {
@@ -78,7 +86,7 @@ pub fn run_script(script: &str) -> String {
                 }
             }
         }
-        let result = exec(&mut st, t);
+        let result = exec(t);
         let _ = writeln!(out, "{line}\n----");
         out.push_str(&result);
         if !result.ends_with('\n') {

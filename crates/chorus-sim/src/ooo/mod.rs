@@ -64,6 +64,7 @@
 
 mod checks;
 mod host;
+pub mod script;
 mod sim;
 mod sm;
 

@@ -6,9 +6,9 @@
 //! to a blank line; `#` lines are comments, copied through. [`run_script`] executes the
 //! commands and returns the script with the actual output filled in; a test compares it
 //! with the file. The replicas are driven directly at the message level (see
-//! [`world`]): nothing moves unless a command moves it, so a script decides which message
+//! `world`): nothing moves unless a command moves it, so a script decides which message
 //! reaches whom, when a disk syncs and when a node crashes. A command prints what the
-//! replicas did in consequence ([`render`] describes the notation); an `error:` line
+//! replicas did in consequence (`render` describes the notation); an `error:` line
 //! means the script itself is wrong (the test fails on it), while a refused append or
 //! transfer is an outcome and prints as such.
 //!
@@ -34,8 +34,8 @@
 //! | `merge-table N` | what N merged in its latest campaign: each voter's versions, the merge rules' decision (DP-Raft Fig. 4's cases, `chorus_core::ooo::merge`) and what N wrote |
 
 mod merges;
-pub mod render;
-pub mod world;
+mod render;
+mod world;
 
 use std::fmt::Write as _;
 
@@ -50,44 +50,15 @@ const MS: u64 = 1_000_000;
 /// Runs `script` and returns it with each command's actual output.
 pub fn run_script(script: &str) -> String {
     let mut world: Option<World> = None;
-    let mut out = String::new();
-    let mut lines = script.lines().peekable();
-    while let Some(line) = lines.next() {
-        let t = line.trim();
-        if t.is_empty() {
-            continue;
+    crate::script::run_commands(script, |command| match exec(&mut world, command) {
+        Ok(s) if s.trim().is_empty() => "ok".to_string(),
+        Ok(s) => s.trim_end().to_string(),
+        Err(e) => {
+            // What the command printed before it failed, then the error.
+            let trace = world.as_mut().map(World::take_trace).unwrap_or_default();
+            format!("{trace}error: {e}").trim_end().to_string()
         }
-        if t.starts_with('#') {
-            out.push_str(line);
-            out.push('\n');
-            continue;
-        }
-        // Skip the old expected output.
-        if lines.peek().is_some_and(|l| l.trim() == "----") {
-            lines.next();
-            for l in lines.by_ref() {
-                if l.trim().is_empty() {
-                    break;
-                }
-            }
-        }
-        let result = match exec(&mut world, t) {
-            Ok(s) if s.trim().is_empty() => "ok".to_string(),
-            Ok(s) => s,
-            Err(e) => {
-                // What the command printed before it failed, then the error.
-                let trace = world.as_mut().map(World::take_trace).unwrap_or_default();
-                format!("{trace}error: {e}")
-            }
-        };
-        let _ = writeln!(out, "{line}\n----");
-        out.push_str(result.trim_end());
-        out.push_str("\n\n");
-    }
-    while out.ends_with("\n\n") {
-        out.pop();
-    }
-    out
+    })
 }
 
 fn num(s: &str) -> Result<u64, String> {
