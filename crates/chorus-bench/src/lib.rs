@@ -7,4 +7,5 @@ pub mod ceiling;
 pub mod floor;
 pub mod groups;
 pub mod ooo;
+pub mod spread;
 pub use chorus_workload::procstat;

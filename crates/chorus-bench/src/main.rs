@@ -61,6 +61,38 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The same closed-loop load spread over more and more ordered groups: three nodes
+    /// (Envs in this process) host N groups each; appends/s per point, and its ratio to
+    /// the first point's.
+    Spread {
+        /// Group counts, comma-separated, one point each (the first is the baseline).
+        #[arg(long, default_value = "1,10,100,1000", value_delimiter = ',')]
+        groups: Vec<u64>,
+        /// Closed-loop clients.
+        #[arg(long, default_value_t = 1000)]
+        clients: u64,
+        /// Bytes per record.
+        #[arg(long, default_value_t = 512)]
+        size: usize,
+        /// Seconds measured per point.
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+        /// Seconds of load before each measurement.
+        #[arg(long, default_value_t = 2)]
+        warmup: u64,
+        /// Seconds allowed for every group to elect a leader.
+        #[arg(long, default_value_t = 120)]
+        settle_secs: u64,
+        /// Scratch directory.
+        #[arg(long, default_value = "/tmp/chorus-bench-spread")]
+        dir: PathBuf,
+        /// IO workers per node (default: the environment's).
+        #[arg(long)]
+        io_workers: Option<usize>,
+        /// Also write the points as JSON lines here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Internal: one replica process of `chorus-bench ooo` (line protocol on stdin/stdout).
     #[command(hide = true)]
     Replica {
@@ -575,6 +607,47 @@ fn main() -> AnyResult<()> {
                 }
                 Err(e) => {
                     eprintln!("chorus-bench groups: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Cmd::Spread {
+            groups,
+            clients,
+            size,
+            secs,
+            warmup,
+            settle_secs,
+            dir,
+            io_workers,
+            json,
+        } => {
+            let o = chorus_bench::spread::SpreadOpts {
+                groups,
+                clients,
+                size,
+                secs,
+                warmup,
+                settle_secs,
+                dir,
+                io_workers,
+            };
+            match chorus_bench::spread::run(&o) {
+                Ok(points) => {
+                    let mut text = String::new();
+                    for p in &points {
+                        text.push_str(&serde_json::to_string(p).expect("a point serializes"));
+                        text.push('\n');
+                    }
+                    print!("{text}");
+                    if let Some(p) = json {
+                        std::fs::write(&p, text)
+                            .map_err(|e| format!("write {}: {e}", p.display()))?;
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("chorus-bench spread: {e}");
                     std::process::exit(1);
                 }
             }

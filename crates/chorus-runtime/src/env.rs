@@ -606,6 +606,12 @@ impl Env {
         restart_group(&self.inner, id).map(|g| LogHandle { g })
     }
 
+    /// Log `fdatasync`s the node's ordered groups have run since it opened (each may
+    /// make several groups' writes durable: [`crate::group`]).
+    pub fn log_fsyncs(&self) -> u64 {
+        self.inner.shared.fsync_hist.count()
+    }
+
     /// Transport counters.
     pub fn transport_stats(&self) -> TransportStats {
         self.inner.transport.stats()

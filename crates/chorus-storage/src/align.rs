@@ -147,7 +147,9 @@ impl DirectAppend {
     pub fn new(page: Vec<u8>) -> Self {
         Self {
             page,
-            buf: AlignedBuf::with_capacity(1 << 20),
+            // Grown to the largest write seen (one page for a small record): a node with
+            // a thousand logs does not hold a megabyte for each.
+            buf: AlignedBuf::with_capacity(2 * DIRECT_IO_ALIGN),
         }
     }
 
@@ -177,16 +179,28 @@ impl DirectAppend {
     }
 }
 
-/// `n` zeros from `buf`, an aligned buffer allocated (or grown) on first need; both logs
-/// write their zeros ahead from one.
-pub fn zeros(buf: &mut Option<AlignedBuf>, n: usize) -> &[u8] {
-    let zeros = buf.get_or_insert_with(|| AlignedBuf::with_capacity(n));
-    if zeros.capacity() < n {
-        *zeros = AlignedBuf::with_capacity(n);
+/// Bytes of the process's one buffer of zeros ([`write_zeros`]).
+pub const ZEROS_LEN: usize = 1 << 20;
+
+/// Writes zeros over `from..from + len` of `file`, in pieces of at most [`ZEROS_LEN`]
+/// from one aligned, read-only buffer of zeros that every log of the process shares
+/// (allocated on first use): a node hosting a thousand groups keeps one such buffer,
+/// not one per log, and clears its pages once. `from` and `len` are multiples of
+/// [`DIRECT_IO_ALIGN`] when `file` is open for direct IO.
+pub fn write_zeros(file: &dyn FsFile, from: u64, len: usize) -> std::io::Result<()> {
+    static ZEROS: std::sync::OnceLock<AlignedBuf> = std::sync::OnceLock::new();
+    let zeros = ZEROS.get_or_init(|| {
+        let mut b = AlignedBuf::with_capacity(ZEROS_LEN);
+        b.resize(ZEROS_LEN);
+        b
+    });
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(ZEROS_LEN);
+        file.write_all_at(&zeros[..n], from + done as u64)?;
+        done += n;
     }
-    // Nothing but `resize` ever touches these buffers, so they hold only zeros.
-    zeros.resize(n);
-    &zeros[..n]
+    Ok(())
 }
 
 /// `n` rounded up to a multiple of `align` (a power of two).
@@ -204,6 +218,33 @@ pub fn round_down(n: u64, align: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Zeros longer than the shared buffer go out in pieces and cover exactly the range
+    /// asked for, over whatever the file held.
+    #[test]
+    fn zeros_of_any_length_cover_exactly_their_range() {
+        use crate::fs::{FileSystem, OpenOptions, SimFs};
+        let fs = SimFs::new(1);
+        let dir = std::path::Path::new("/z");
+        fs.create_dir_all(dir).expect("dir");
+        let f = fs
+            .open(&dir.join("f"), OpenOptions::create())
+            .expect("open");
+        let len = 2 * ZEROS_LEN + 3 * DIRECT_IO_ALIGN;
+        let from = DIRECT_IO_ALIGN as u64;
+        f.write_all_at(&vec![0xee; len + 2 * DIRECT_IO_ALIGN], 0)
+            .expect("fill");
+        write_zeros(f.as_ref(), from, len).expect("zeros");
+        let mut back = vec![0u8; len + 2 * DIRECT_IO_ALIGN];
+        f.read_exact_at(&mut back, 0).expect("read");
+        let from = from as usize;
+        assert!(back[..from].iter().all(|&b| b == 0xee), "before the range");
+        assert!(back[from..from + len].iter().all(|&b| b == 0), "the range");
+        assert!(
+            back[from + len..].iter().all(|&b| b == 0xee),
+            "after the range"
+        );
+    }
 
     #[test]
     fn aligned_and_zeroed() {

@@ -67,7 +67,7 @@ use chorus_core::format::FormatError;
 use chorus_core::replica::{GroupMeta, RecoveredLog};
 use chorus_core::Lsn;
 
-use crate::align::{round_down, AlignedBuf, DirectAppend};
+use crate::align::{round_down, DirectAppend};
 use crate::error::{IoContext, Result, StorageError};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 
@@ -201,8 +201,6 @@ pub struct LogStorage {
     /// File offset in the tail block below which the file holds log bytes or zeros
     /// written by this log (never stale bytes). Invariant: at least the written end.
     zeroed: u64,
-    /// Zeros to write ahead with, allocated at first use (aligned for direct IO).
-    zeros: Option<AlignedBuf>,
     /// Bytes per sync, averaged ([`sync_bytes_average`]).
     sync_bytes: u64,
     /// Bumped by every [`LogStorage::rebase`] and [`LogStorage::truncate`]: a
@@ -266,7 +264,6 @@ impl LogStorage {
             direct: None,
             preallocate: opts.preallocate,
             zeroed: BLOCK_HEADER_SIZE as u64,
-            zeros: None,
             sync_bytes: 0,
             generation: 0,
         }
@@ -709,12 +706,11 @@ impl LogStorage {
         if from >= to {
             return Ok(());
         }
-        let zeros = crate::align::zeros(&mut self.zeros, (to - from) as usize);
         let file: &dyn FsFile = match &self.direct {
             Some(d) if self.want_direct && d.id == id => d.file.as_ref(),
             _ => self.blocks[&id].as_ref(),
         };
-        file.write_all_at(zeros, from)
+        crate::align::write_zeros(file, from, (to - from) as usize)
             .ctx(&self.dir.join(block_file_name(id)), "write zeros ahead")?;
         self.zeroed = to;
         Ok(())

@@ -53,7 +53,7 @@ use chorus_core::format::FormatError;
 use chorus_core::ooo::replica::{Entry, Hard, Membership};
 use chorus_core::ooo::Seq;
 
-use crate::align::{round_down, AlignedBuf, DirectAppend};
+use crate::align::{round_down, DirectAppend};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
 use crate::{Result, StorageError};
 
@@ -124,8 +124,6 @@ pub struct OooStore {
     /// Below this offset the file holds records or zeros this store wrote. Invariant:
     /// `zeroed >= end`.
     zeroed: u64,
-    /// Zeros to write ahead with, allocated at first use (aligned for direct IO).
-    zeros: Option<AlignedBuf>,
     /// Bytes per sync, averaged ([`crate::log::sync_bytes_average`]).
     sync_bytes: u64,
     /// Append with direct IO (asked for, and the file system takes it).
@@ -247,7 +245,6 @@ impl OooStore {
             failed: None,
             preallocate: DEFAULT_PREALLOCATE,
             zeroed: at as u64,
-            zeros: None,
             sync_bytes: 0,
             want_direct,
             direct: None,
@@ -382,9 +379,8 @@ impl OooStore {
 
     /// Writes zeros over `from..to` (whole pages).
     fn write_zeros(&mut self, path: &Path, from: u64, to: u64) -> Result<()> {
-        let zeros = crate::align::zeros(&mut self.zeros, (to - from) as usize);
         let file = self.direct.as_ref().map_or(&self.file, |d| &d.file);
-        file.write_all_at(zeros, from)
+        crate::align::write_zeros(file.as_ref(), from, (to - from) as usize)
             .map_err(io(path, "write zeros ahead"))
     }
 
