@@ -520,7 +520,10 @@ impl Env {
     /// node's transport — one connection per peer, with its bounds and TLS — keyed by the
     /// group id, and the replicas it sends to are reached at this node's peer addresses.
     /// `sm` applies its committed entries. The group runs until the returned node is
-    /// dropped. A group id in use on this node, in any mode, is refused.
+    /// dropped. A group id in use on this node, in any mode, is refused. The caller owns
+    /// the group's directory and lifecycle (benchmarks, tests): the environment neither
+    /// reopens such a group at its next start nor deletes or restarts it — a group made
+    /// with [`Env::create_ooo_group`] it does.
     pub fn start_ooo_group(
         &self,
         cfg: OooNodeConfig,

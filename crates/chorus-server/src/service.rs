@@ -787,7 +787,13 @@ impl pb::chorus_server::Chorus for Service {
                 });
                 continue;
             }
-            let served = self.served(id)?;
+            let served = match self.served(id) {
+                Ok(s) => s,
+                // Listed a moment ago and gone since (deleted, or between the stop and
+                // the start of a restart): not an error of the listing.
+                Err(_) if g == 0 => continue,
+                Err(e) => return Err(e),
+            };
             let mode = served.mode_name();
             match served {
                 Served::Ordered(log) => groups.push(group_status(log.status())),
