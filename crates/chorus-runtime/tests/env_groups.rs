@@ -393,11 +393,11 @@ fn a_group_a_full_disk_stopped_is_restarted_once_there_is_room() {
     guard.set_min_free(0);
     let end = Instant::now() + Duration::from_secs(30);
     let h = loop {
-        // Between its stop and its start the group is not found: retried.
-        if let Ok(h) = env.ooo_group(5) {
-            if h.node().stopped_reason().is_none() {
-                break h;
-            }
+        // Between its stop and its start, requests are not taken: ask again (or elsewhere).
+        match env.ooo_group(5) {
+            Ok(h) if h.node().stopped_reason().is_none() => break h,
+            Ok(_) | Err(Error::NotRunning { group: 5, .. }) => {}
+            Err(e) => panic!("while it restarts: {e}"),
         }
         assert!(Instant::now() < end, "not restarted");
         std::thread::sleep(Duration::from_millis(20));
@@ -407,5 +407,25 @@ fn a_group_a_full_disk_stopped_is_restarted_once_there_is_room() {
     assert!(!env
         .render_metrics()
         .contains("chorus_group_restarts_total{node=\"1\"} 0"));
+    env.shutdown();
+}
+
+/// A delete waits for the requests holding the group (here a handle kept) and, still
+/// held after `RELEASE_WAIT`, refuses with `GroupBusy`, the group still running and its
+/// files in place; let go, it is deleted.
+#[test]
+fn a_group_still_held_is_not_deleted_under_its_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::open(config(dir.path())).unwrap();
+    let held = env.create_ooo_group(spec(6, Mode::Dependent)).unwrap();
+    ooo_put(&held, 1, b"kept");
+    let t = Instant::now();
+    assert!(matches!(env.remove_group(6), Err(Error::GroupBusy(6))));
+    assert!(t.elapsed() >= chorus_runtime::env::RELEASE_WAIT);
+    assert!(group_dir(dir.path(), 6).join(SPEC_FILE).exists());
+    ooo_put(&env.ooo_group(6).unwrap(), 2, b"still served");
+    drop(held);
+    env.remove_group(6).unwrap();
+    assert!(!group_dir(dir.path(), 6).exists());
     env.shutdown();
 }

@@ -224,6 +224,23 @@ impl HostedGroup {
 #[derive(Default)]
 pub(super) struct Registry {
     groups: Mutex<BTreeMap<GroupId, Hosted>>,
+    /// Groups being deleted or restarted: out of `groups` (so no new request takes
+    /// them) until they are gone or started again. A lookup meanwhile is
+    /// [`Error::NotRunning`] — not taken, ask another replica — as for an ordered group's
+    /// stopped incarnation, rather than "no such group".
+    closing: Mutex<std::collections::BTreeSet<GroupId>>,
+}
+
+/// Marks a group as being deleted or restarted ([`Registry::closing`]) while it lives.
+struct Closing<'a> {
+    registry: &'a Registry,
+    id: GroupId,
+}
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.registry.closing_set().remove(&self.id);
+    }
 }
 
 struct Hosted {
@@ -240,6 +257,16 @@ impl Registry {
 
     pub(super) fn contains(&self, id: GroupId) -> bool {
         self.lock().contains_key(&id)
+    }
+
+    fn closing_set(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<GroupId>> {
+        self.closing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks group `id` as being deleted or restarted until the returned guard drops.
+    fn closing(&self, id: GroupId) -> Closing<'_> {
+        self.closing_set().insert(id);
+        Closing { registry: self, id }
     }
 
     /// Lets every group go (their drivers finish; the environment is stopping).
@@ -326,13 +353,21 @@ impl Env {
     }
 
     /// The out-of-order group `id`: [`Error::GroupDamaged`] if it did not start here,
+    /// [`Error::NotRunning`] while it is being restarted or deleted,
     /// [`Error::NoSuchGroup`] if this node has no such out-of-order group.
     pub fn ooo_group(&self, id: GroupId) -> Result<OooHandle, Error> {
         self.check_damaged(id)?;
-        let g = self.inner.ooo.lock();
-        g.get(&id)
-            .map(|h| h.handle.clone())
-            .ok_or(Error::NoSuchGroup(id))
+        let registry = &self.inner.ooo;
+        if let Some(h) = registry.lock().get(&id) {
+            return Ok(h.handle.clone());
+        }
+        if registry.closing_set().contains(&id) {
+            return Err(Error::NotRunning {
+                group: id,
+                reason: "it is being restarted or deleted on this node".into(),
+            });
+        }
+        Err(Error::NoSuchGroup(id))
     }
 
     /// Group `id` of any mode: the one lookup a caller dispatches on.
@@ -541,6 +576,7 @@ fn take(inner: &Inner, id: GroupId, wait: Duration) -> Result<OooGroupSpec, Erro
 /// [`Env::remove_group`] of a running (or stopped) out-of-order group: stops it once no
 /// request holds it (waiting up to `wait`) and deletes its directory, spec included.
 pub(super) fn remove(inner: &Inner, id: GroupId, wait: Duration) -> Result<(), Error> {
+    let _closing = inner.ooo.closing(id);
     take(inner, id, wait)?;
     let dir = group_dir(&inner.cfg.data_dir, id);
     std::fs::remove_dir_all(&dir).map_err(|e| Error::Io {
@@ -560,22 +596,26 @@ pub(super) fn remove(inner: &Inner, id: GroupId, wait: Duration) -> Result<(), E
 pub(super) fn restart(inner: &Arc<Inner>, id: GroupId, wait: Duration) -> Result<OooHandle, Error> {
     let _guard = inner.create_lock.lock().expect("create");
     let dir = group_dir(&inner.cfg.data_dir, id);
-    let was_damaged = inner.damaged.lock().expect("damaged").remove(&id);
-    let spec = match &was_damaged {
-        Some(_) => None,
-        None => {
-            let reason = {
-                let g = inner.ooo.lock();
-                let h = g.get(&id).ok_or(Error::NoSuchGroup(id))?;
-                h.handle
-                    .node
-                    .stopped_reason()
-                    .ok_or(Error::GroupRunning(id))?
-            };
-            let spec = take(inner, id, wait)?;
-            tracing::warn!(group = id, stopped = %reason, "restarting a stopped out-of-order group");
-            Some(spec)
-        }
+    let damaged = inner.damaged.lock().expect("damaged").contains_key(&id);
+    let _closing;
+    let mut was_damaged = None;
+    let spec = if damaged {
+        _closing = inner.ooo.closing(id);
+        was_damaged = inner.damaged.lock().expect("damaged").remove(&id);
+        None
+    } else {
+        let reason = {
+            let g = inner.ooo.lock();
+            let h = g.get(&id).ok_or(Error::NoSuchGroup(id))?;
+            h.handle
+                .node
+                .stopped_reason()
+                .ok_or(Error::GroupRunning(id))?
+        };
+        _closing = inner.ooo.closing(id);
+        let spec = take(inner, id, wait)?;
+        tracing::warn!(group = id, stopped = %reason, "restarting a stopped out-of-order group");
+        Some(spec)
     };
     // Read again for a group that did not start: the operator may have replaced what
     // was damaged.
