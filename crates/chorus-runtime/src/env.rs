@@ -23,7 +23,14 @@ use crate::pool::Pool;
 use crate::transport::{Handler, TcpConfig, TcpTransport, TlsFiles, Transport, TransportStats};
 use chorus_core::ooo::replica::Msg as OooMsg;
 
+mod ooo_groups;
+mod ooo_spec;
 mod render;
+pub use ooo_groups::{
+    GroupMode, HostedGroup, ListedGroup, NotStarted, OooGroupSettings, OooHandle, StateMachines,
+    RELEASE_WAIT,
+};
+pub use ooo_spec::{OooGroupSpec, SpecError, MAX_REPLICAS, MAX_SPAN, SPEC_FILE};
 pub use render::mode_label;
 
 /// Settings of an [`Env`].
@@ -31,7 +38,9 @@ pub use render::mode_label;
 pub struct EnvConfig {
     /// This node's id (unique in the cluster, never 0).
     pub node: NodeId,
-    /// Directory holding every group's log and meta (`groups/<id>/`).
+    /// Directory holding every group of every mode, each in `groups/{id:020}/`: an
+    /// ordered group's log and meta, or an out-of-order group's spec (`ooo.spec`),
+    /// replica store and state machine files.
     pub data_dir: PathBuf,
     /// Cluster identity checked in every connection handshake.
     pub cluster_id: u64,
@@ -62,6 +71,11 @@ pub struct EnvConfig {
     /// The file system the groups' logs and meta records are on: the real one by
     /// default. Tests put a full disk here ([`chorus_storage::fs::Fillable`]).
     pub fs: Arc<dyn chorus_storage::fs::FileSystem>,
+    /// Settings every out-of-order group of this node shares.
+    pub ooo: OooGroupSettings,
+    /// Opens the state machines of out-of-order groups. None: this node hosts none (a
+    /// data directory holding one is refused, [`Error::NoStateMachines`]).
+    pub state_machines: Option<Arc<dyn StateMachines>>,
 }
 
 /// Default of [`EnvConfig::min_free_bytes`]: 128 MiB, room for the appends in flight
@@ -96,6 +110,8 @@ impl EnvConfig {
             tls: None,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
             fs: Arc::new(chorus_storage::fs::RealFs),
+            ooo: OooGroupSettings::default(),
+            state_machines: None,
         }
     }
 
@@ -115,6 +131,20 @@ impl EnvConfig {
         }
         if self.apply_threads == 0 || self.apply_threads > 256 {
             return bad("apply_threads", self.apply_threads.to_string(), "1 to 256");
+        }
+        if self.ooo.apply_threads > 64 {
+            return bad(
+                "ooo.apply_threads",
+                self.ooo.apply_threads.to_string(),
+                "0 to 64",
+            );
+        }
+        if self.ooo.election_timeout < Duration::from_millis(10) {
+            return bad(
+                "ooo.election_timeout",
+                format!("{:?}", self.ooo.election_timeout),
+                "at least 10 ms",
+            );
         }
         if let Some(a) = &self.advertise {
             let max = chorus_core::format::wire::MAX_LISTEN_ADDR_BYTES;
@@ -223,8 +253,13 @@ struct Inner {
     timer: Mutex<Option<JoinHandle<()>>>,
     create_lock: Mutex<()>,
     stopped: std::sync::atomic::AtomicBool,
-    /// Groups found damaged at open ([`Error::GroupDamaged`]), with why; not started.
-    damaged: Mutex<BTreeMap<GroupId, String>>,
+    /// Groups of any mode that did not start: found damaged at open
+    /// ([`Error::GroupDamaged`]), or an out-of-order group that did not start again when
+    /// restarted. None of them is routed or registered.
+    damaged: Mutex<BTreeMap<GroupId, NotStarted>>,
+    /// The out-of-order groups started from their specs, the only strong holders of
+    /// their nodes besides the handles lent out.
+    ooo: ooo_groups::Registry,
 }
 
 /// Whether a group failed to open because its files are damaged — as opposed to an IO
@@ -239,7 +274,7 @@ fn is_damage(e: &Error) -> bool {
                 | StorageError::Layout { .. }
                 | StorageError::NotFound { .. },
             ..
-        }
+        } | Error::Spec { .. }
     )
 }
 
@@ -253,8 +288,9 @@ impl std::fmt::Debug for Env {
 }
 
 impl Env {
-    /// Opens (or initialises) the data directory, opens every group found in it, and
-    /// starts the transport, the worker pool and the timer.
+    /// Opens (or initialises) the data directory, opens every group of every mode found
+    /// in it, and starts the transport, the worker pool and the timer. A group whose files
+    /// are damaged does not start ([`Env::not_started`]); the others do.
     pub fn open(cfg: EnvConfig) -> Result<Env, Error> {
         cfg.check()?;
         let groups_dir = cfg.data_dir.join("groups");
@@ -306,11 +342,30 @@ impl Env {
             found.push((id, e.path()));
         }
         found.sort();
+        // An out-of-order group's directory has its spec; it starts once the transport
+        // it sends on runs (below).
+        let mut ooo_found = Vec::new();
+        let mut ordered_found = Vec::new();
+        for (id, path) in found {
+            let spec = ooo_spec::spec_path(&path);
+            let is_ooo = cfg.fs.exists(&spec).map_err(|e| Error::Io {
+                what: format!("look for {}", spec.display()),
+                source: e,
+            })?;
+            if is_ooo {
+                ooo_found.push((id, path));
+            } else {
+                ordered_found.push((id, path));
+            }
+        }
+        if let (Some((id, _)), None) = (ooo_found.first(), &cfg.state_machines) {
+            return Err(Error::NoStateMachines(*id));
+        }
         // A group damaged beyond what its replica repairs alone stays on disk, not
         // started: the node serves its other groups, and the operator replaces the
         // replica (docs/operations.md, "A damaged replica").
         let mut damaged = BTreeMap::new();
-        for (id, path) in found {
+        for (id, path) in ordered_found {
             match Group::open(shared.clone(), id, &path) {
                 Ok(g) => {
                     router.groups.write().expect("groups").insert(id, g);
@@ -322,7 +377,14 @@ impl Env {
                         "log group not started: its files are damaged; the node serves \
                          its other groups (docs/operations.md: a damaged replica)"
                     );
-                    damaged.insert(id, e.to_string());
+                    damaged.insert(
+                        id,
+                        NotStarted {
+                            reason: e.to_string(),
+                            mode: Some(GroupMode::Ordered),
+                            spec: None,
+                        },
+                    );
                 }
                 Err(e) => return Err(e),
             }
@@ -353,6 +415,7 @@ impl Env {
                 create_lock: Mutex::new(()),
                 stopped: Default::default(),
                 damaged: Mutex::new(damaged),
+                ooo: Default::default(),
             }),
         };
         let weak = Arc::downgrade(&env.inner);
@@ -368,6 +431,7 @@ impl Env {
         for g in env.inner.router.groups.read().expect("groups").values() {
             env.inner.shared.pool.schedule(g);
         }
+        ooo_groups::open_all(&env.inner, ooo_found)?;
         Ok(env)
     }
 
@@ -456,7 +520,10 @@ impl Env {
     /// node's transport — one connection per peer, with its bounds and TLS — keyed by the
     /// group id, and the replicas it sends to are reached at this node's peer addresses.
     /// `sm` applies its committed entries. The group runs until the returned node is
-    /// dropped. A group id in use on this node, in any mode, is refused.
+    /// dropped. A group id in use on this node, in any mode, is refused. The caller owns
+    /// the group's directory and lifecycle (benchmarks, tests): the environment neither
+    /// reopens such a group at its next start nor deletes or restarts it — a group made
+    /// with [`Env::create_ooo_group`] it does.
     pub fn start_ooo_group(
         &self,
         cfg: OooNodeConfig,
@@ -477,25 +544,7 @@ impl Env {
         {
             return Err(OooNodeError::Exists(id));
         }
-        let node = Arc::new(OooNode::start(cfg, self.inner.shared.clone(), sm)?);
-        let router = &self.inner.router;
-        let incarnation = router.ooo_started.fetch_add(1, Ordering::Relaxed) + 1;
-        router
-            .ooo
-            .write()
-            .expect("ooo groups")
-            .insert(id, (incarnation, Arc::downgrade(&node), node.task()));
-        let weak = Arc::downgrade(router);
-        node.on_drop(Box::new(move || {
-            if let Some(r) = weak.upgrade() {
-                let mut ooo = r.ooo.write().expect("ooo groups");
-                if ooo.get(&id).is_some_and(|(i, _, _)| *i == incarnation) {
-                    ooo.remove(&id);
-                }
-            }
-        }));
-        tracing::info!(group = id, "out-of-order group started");
-        Ok(node)
+        launch(&self.inner, cfg, sm)
     }
 
     /// Ids of the out-of-order groups running on this node, ascending.
@@ -513,29 +562,32 @@ impl Env {
     /// [`Error::GroupDamaged`] for a group that did not start because it is damaged.
     fn check_damaged(&self, id: GroupId) -> Result<(), Error> {
         match self.inner.damaged.lock().expect("damaged").get(&id) {
-            Some(reason) => Err(Error::GroupDamaged {
+            Some(n) => Err(Error::GroupDamaged {
                 group: id,
-                reason: reason.clone(),
+                reason: n.reason.clone(),
             }),
             None => Ok(()),
         }
     }
 
-    /// Groups whose files were found damaged when this node started, with why: they did
-    /// not start ([`Error::GroupDamaged`]) until [`Env::remove_group`] deletes them.
+    /// Groups of any mode that did not start here — their files were found damaged when
+    /// this node started, or an out-of-order group did not start again when restarted —
+    /// with why ([`Error::GroupDamaged`]; [`Env::not_started`] has their modes), until
+    /// [`Env::restart_group`] starts or [`Env::remove_group`] deletes them.
     pub fn damaged_groups(&self) -> Vec<(GroupId, String)> {
         let d = self.inner.damaged.lock().expect("damaged");
-        d.iter().map(|(&id, why)| (id, why.clone())).collect()
+        d.iter().map(|(&id, n)| (id, n.reason.clone())).collect()
     }
 
-    /// The group `id`, if this node hosts it; [`Error::GroupDamaged`] if its files were
-    /// found damaged at start.
+    /// The ordered group `id`, if this node hosts it; [`Error::GroupDamaged`] if a group
+    /// `id` did not start here ([`Env::hosted`] resolves an id of any mode).
     pub fn group(&self, id: GroupId) -> Result<LogHandle, Error> {
         self.check_damaged(id)?;
         routed(&self.inner, id).map(|g| LogHandle { g })
     }
 
-    /// Ids of the groups this node hosts, ascending.
+    /// Ids of the ordered groups this node runs (or that stopped), ascending
+    /// ([`Env::list_groups`] lists every group of every mode).
     pub fn groups(&self) -> Vec<GroupId> {
         let mut v: Vec<_> = self
             .inner
@@ -550,9 +602,11 @@ impl Env {
         v
     }
 
-    /// Stops hosting group `id` and deletes its data. Its pending appends resolve as
-    /// stopped. (Remove the node from the group's membership first, or the group loses a
-    /// replica.)
+    /// Stops hosting group `id`, of any mode, and deletes its directory. Its pending
+    /// appends resolve as stopped. An out-of-order group is stopped once no one else
+    /// holds its handle, waiting up to [`RELEASE_WAIT`] ([`Error::GroupBusy`] if still
+    /// held; it keeps running). A group that did not start is deleted as found. (Remove
+    /// the node from the group's membership first, or the group loses a replica.)
     pub fn remove_group(&self, id: GroupId) -> Result<(), Error> {
         let mut damaged = self.inner.damaged.lock().expect("damaged");
         if damaged.contains_key(&id) {
@@ -568,6 +622,9 @@ impl Env {
             return Ok(());
         }
         drop(damaged);
+        if self.inner.ooo.contains(id) {
+            return ooo_groups::remove(&self.inner, id, RELEASE_WAIT);
+        }
         let g = self
             .inner
             .router
@@ -590,7 +647,8 @@ impl Env {
         Ok(())
     }
 
-    /// Starts group `id` again on this node, from its files, as a node restart would:
+    /// Starts group `id`, of any mode, again on this node, from its files, as a node
+    /// restart would:
     /// for a group that stopped while running (its storage failed — a full disk, an IO
     /// error — or its replica halted) once the cause is fixed, and for one that did not
     /// start because its files were damaged. Its log is recovered as after a crash (a torn
@@ -601,9 +659,26 @@ impl Env {
     /// is returned.
     ///
     /// Handles taken before the restart keep answering for the stopped incarnation
-    /// ([`Error::NotRunning`]): take a new one with [`Env::group`].
-    pub fn restart_group(&self, id: GroupId) -> Result<LogHandle, Error> {
-        restart_group(&self.inner, id).map(|g| LogHandle { g })
+    /// ([`Error::NotRunning`]): take a new one with [`Env::group`] or [`Env::hosted`]. An
+    /// out-of-order group is restarted once no one else holds its handle, waiting up to
+    /// [`RELEASE_WAIT`] ([`Error::GroupBusy`]); one that does not start again is kept
+    /// among those that did not start ([`Env::not_started`]).
+    pub fn restart_group(&self, id: GroupId) -> Result<HostedGroup, Error> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        let damaged = self
+            .inner
+            .damaged
+            .lock()
+            .expect("damaged")
+            .contains_key(&id);
+        if self.inner.ooo.contains(id)
+            || (damaged && ooo_groups::is_ooo_dir(&self.inner, &self.group_dir(id))?)
+        {
+            return ooo_groups::restart(&self.inner, id, RELEASE_WAIT).map(HostedGroup::OutOfOrder);
+        }
+        restart_group(&self.inner, id).map(|g| HostedGroup::Ordered(LogHandle { g }))
     }
 
     /// Log `fdatasync`s the node's ordered groups have run since it opened (each may
@@ -626,6 +701,8 @@ impl Env {
         if let Some(t) = self.inner.timer.lock().expect("timer").take() {
             let _ = t.join();
         }
+        // The out-of-order groups finish their work while the workers still run it.
+        self.inner.ooo.clear();
         self.inner.transport.shutdown();
         self.inner.shared.pool.shutdown();
         self.inner.shared.apply.shutdown();
@@ -660,8 +737,38 @@ pub fn group_dir(data_dir: &Path, id: GroupId) -> PathBuf {
     data_dir.join("groups").join(format!("{id:020}"))
 }
 
-/// [`Env::restart_group`], for the environment's own threads too (the timer restarts
-/// groups a full disk stopped).
+/// Starts an out-of-order group's replica on the environment's workers and transport and
+/// routes its messages to it (weakly: the group stops when the returned node is
+/// dropped). The caller holds `create_lock` and has checked that the id is free.
+fn launch(
+    inner: &Inner,
+    cfg: OooNodeConfig,
+    sm: Arc<dyn OooStateMachine>,
+) -> Result<Arc<OooNode>, OooNodeError> {
+    let id = cfg.group;
+    let node = Arc::new(OooNode::start(cfg, inner.shared.clone(), sm)?);
+    let router = &inner.router;
+    let incarnation = router.ooo_started.fetch_add(1, Ordering::Relaxed) + 1;
+    router
+        .ooo
+        .write()
+        .expect("ooo groups")
+        .insert(id, (incarnation, Arc::downgrade(&node), node.task()));
+    let weak = Arc::downgrade(router);
+    node.on_drop(Box::new(move || {
+        if let Some(r) = weak.upgrade() {
+            let mut ooo = r.ooo.write().expect("ooo groups");
+            if ooo.get(&id).is_some_and(|(i, _, _)| *i == incarnation) {
+                ooo.remove(&id);
+            }
+        }
+    }));
+    tracing::info!(group = id, "out-of-order group started");
+    Ok(node)
+}
+
+/// [`Env::restart_group`] of an ordered group, for the environment's own threads too
+/// (the timer restarts groups a full disk stopped).
 fn restart_group(inner: &Arc<Inner>, id: GroupId) -> Result<Arc<Group>, Error> {
     if inner.stopped.load(Ordering::SeqCst) {
         return Err(Error::Shutdown);
@@ -677,7 +784,14 @@ fn restart_group(inner: &Arc<Inner>, id: GroupId) -> Result<Arc<Group>, Error> {
             Err(e) => {
                 if is_damage(&e) {
                     let mut d = inner.damaged.lock().expect("damaged");
-                    d.insert(id, e.to_string());
+                    d.insert(
+                        id,
+                        NotStarted {
+                            reason: e.to_string(),
+                            mode: Some(GroupMode::Ordered),
+                            spec: None,
+                        },
+                    );
                 }
                 Err(e)
             }
@@ -741,6 +855,7 @@ fn restart_groups_stopped_by_a_full_disk(inner: &Arc<Inner>) {
     if !inner.shared.disk.has_room(inner.shared.log.block_size) {
         return;
     }
+    ooo_groups::restart_stopped_by_full_disk(inner);
     let backoff = crate::disk::FULL_DISK_RESTART_BACKOFF.as_nanos() as Nanos;
     let now = inner.shared.now();
     let due: Vec<GroupId> = inner
@@ -880,6 +995,7 @@ fn timer_loop(env: std::sync::Weak<Inner>) {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stopped.store(true, Ordering::SeqCst);
+        self.ooo.clear();
         self.transport.shutdown();
         self.shared.pool.shutdown();
         self.shared.apply.shutdown();

@@ -162,6 +162,39 @@ pub enum Error {
     /// (or did not start) is restarted.
     #[error("group {0} is running on this node; only a stopped group is restarted")]
     GroupRunning(u64),
+    /// An out-of-order group's spec is not accepted: given to
+    /// [`crate::Env::create_ooo_group`], or found damaged in the group's directory (the
+    /// group then does not start, [`Error::GroupDamaged`]).
+    #[error("group {group}: {what}: {source}")]
+    Spec {
+        /// The group.
+        group: u64,
+        /// Where the spec came from: its file, or the request.
+        what: String,
+        /// What is wrong.
+        #[source]
+        source: crate::env::SpecError,
+    },
+    /// The data directory holds an out-of-order group, or one is being created, and the
+    /// environment has no state machines for such groups
+    /// ([`crate::EnvConfig::state_machines`]).
+    #[error(
+        "group {0} is an out-of-order group, and this environment was opened without state          machines for them (EnvConfig::state_machines)"
+    )]
+    NoStateMachines(u64),
+    /// An out-of-order group's replica did not start.
+    #[error("group {group}: {source}")]
+    OooStart {
+        /// The group.
+        group: u64,
+        /// Why.
+        #[source]
+        source: crate::ooo::OooNodeError,
+    },
+    /// An out-of-order group to delete or restart is still held by other users (requests
+    /// in flight) after a bounded wait; it was left as it was.
+    #[error("group {0}: still in use by requests; try again")]
+    GroupBusy(u64),
     /// The environment was shut down.
     #[error("the environment is shut down")]
     Shutdown,

@@ -3,7 +3,10 @@
 //!
 //! An [`Env`] is one process's environment: it owns a data directory, a bounded pool of
 //! IO workers shared by every group, the replication transport and a timer, and hosts
-//! any number of log groups. A [`LogHandle`] is one group: append records (each gets its
+//! any number of log groups of every mode — ordered (PALF) groups and out-of-order
+//! (parallel or dependent) ones ([`Env::create_ooo_group`], [`env::OooHandle`]) — whose
+//! lifecycle it owns: it creates them, opens them all at start, deletes and restarts them.
+//! A [`LogHandle`] is one ordered group: append records (each gets its
 //! LSN — a byte offset — and CSN at once, and a future that resolves exactly once to
 //! Committed or Failed), read them back, follow the committed tail, locate by CSN,
 //! subscribe to the tail and the role, trim, change membership and move leadership.

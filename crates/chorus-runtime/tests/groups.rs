@@ -225,7 +225,7 @@ fn a_stopped_group_restarts_in_place_and_keeps_its_log() {
     std::fs::rename(&away, &log_dir).unwrap();
 
     let old = g2;
-    let g2 = env.restart_group(2).unwrap();
+    let g2 = env.restart_group(2).unwrap().ordered().unwrap();
     assert!(g2.status().stopped.is_none());
     assert!(env.group(2).unwrap().status().stopped.is_none());
     // A handle taken before the restart still names the stopped incarnation.

@@ -582,6 +582,21 @@ impl ServerConfig {
             preallocate: self.log.preallocate,
         };
         env.min_free_bytes = self.log.min_free_bytes;
+        // The node's out-of-order groups: hosted, opened and restarted by its
+        // environment, with the server's state machines.
+        let o = &self.out_of_order;
+        env.ooo = chorus_runtime::env::OooGroupSettings {
+            election_timeout: std::time::Duration::from_millis(o.election_timeout_ms.max(10)),
+            apply_threads: o.apply_threads.min(64),
+            catchup_rate: o.catchup_bytes_per_sec,
+            compact_bytes: o.compact_bytes,
+            hole_resend: chorus_core::ooo::replica::HOLE_RESEND,
+            timed_resend: o.timed_resend,
+            freeze_interval: std::time::Duration::from_micros(o.freeze_us),
+            preallocate: self.log.preallocate,
+            direct_io: self.log.direct_io,
+        };
+        env.state_machines = Some(std::sync::Arc::new(crate::ooo::Machines));
         env.max_frame_bytes = (r.max_message_bytes as u32).saturating_add(1 << 20);
         env.tls = self.tls.as_ref().map(|t| TlsFiles {
             ca: t.ca.clone(),

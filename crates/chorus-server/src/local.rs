@@ -404,7 +404,8 @@ pub fn inspect(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `chorus inspect` of an out-of-order group replica (`DATA_DIR/ooo/<id>`).
+/// `chorus inspect` of an out-of-order group replica (`DATA_DIR/groups/<id>`, the one
+/// holding `entries.log` and `hard`).
 #[derive(Serialize)]
 struct OooInspectReport {
     dir: String,

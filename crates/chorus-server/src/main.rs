@@ -115,7 +115,8 @@ enum Cmd {
     },
     /// List and check the blocks and groups in a replica directory (a group's directory,
     /// `DATA_DIR/groups/<id>`, the one holding `log/`), or an out-of-order group's
-    /// (`DATA_DIR/ooo/<id>`: hard state, membership and every entry record). Reads only.
+    /// (also in `DATA_DIR/groups/<id>`, holding `entries.log`: hard state, membership and
+    /// every entry record). Reads only.
     Inspect {
         /// The replica directory.
         dir: PathBuf,

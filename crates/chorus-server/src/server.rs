@@ -3,14 +3,12 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use chorus_client::pb::chorus_server::ChorusServer;
 use chorus_runtime::{Env, Error};
 use clap::Args;
 
 use crate::config::{parse_group, parse_peer, ServerConfig};
-use crate::ooo::{OooGroups, OooSettings};
 use crate::service::{serve_metrics, Service};
 use crate::{AnyResult, EXIT_USAGE};
 
@@ -98,29 +96,9 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let ooo_dir = cfg.data_dir.join("ooo");
     let env = Env::open(env_cfg)?;
-    let ooo = Arc::new(OooGroups::open(OooSettings {
-        // One guard for the node: the out-of-order groups' files share its disk.
-        disk: Some(env.disk_space()),
-        node: cfg.node,
-        dir: ooo_dir,
-        election_timeout: std::time::Duration::from_millis(
-            cfg.out_of_order.election_timeout_ms.max(10),
-        ),
-        apply_threads: cfg.out_of_order.apply_threads.min(64),
-        catchup_rate: cfg.out_of_order.catchup_bytes_per_sec,
-        compact_bytes: cfg.out_of_order.compact_bytes,
-        freeze_interval: std::time::Duration::from_micros(cfg.out_of_order.freeze_us),
-        timed_resend: cfg.out_of_order.timed_resend,
-        preallocate: cfg.log.preallocate,
-        direct_io: cfg.log.direct_io,
-        // Groups of every mode share the environment's connections (and `[tls]`).
-        env: env.clone(),
-        fs: None,
-    })?);
     for g in &cfg.groups {
-        if !g.is_ordered() {
+        if let Some(spec) = crate::ooo::parse_spec(g, cfg.node)? {
             if env.group(g.id).is_ok() {
                 return Err(format!(
                     "group {} is configured as {} {MODE_MISMATCH} an ordered group",
@@ -128,10 +106,17 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
                 )
                 .into());
             }
-            ooo.create(g.clone())?;
+            match env.create_ooo_group(spec) {
+                // A damaged group stays as found (logged when the node opened it).
+                Ok(_) | Err(Error::GroupDamaged { .. }) => {}
+                Err(Error::GroupExists(id)) => {
+                    return Err(format!("group {id} already exists (with a different spec)").into())
+                }
+                Err(e) => return Err(e.into()),
+            }
             continue;
         }
-        if ooo.get(g.id).is_some() {
+        if env.ooo_group(g.id).is_ok() {
             return Err(format!(
                 "group {} is configured as ordered {MODE_MISMATCH} an out-of-order group",
                 g.id
@@ -150,8 +135,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         node = cfg.node,
         replication = %env.replication_addr(),
         api = %api,
-        groups = ?env.groups(),
-        out_of_order_groups = ?ooo.ids(),
+        groups = ?env.list_groups().iter().map(|g| g.id).collect::<Vec<_>>(),
         "chorus server started"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -161,23 +145,9 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
     let code = rt.block_on(async move {
         if let Some(m) = metrics {
             let l = tokio::net::TcpListener::bind(m).await?;
-            tokio::spawn(serve_metrics(env.clone(), ooo.clone(), l));
+            tokio::spawn(serve_metrics(env.clone(), l));
         }
-        // Out-of-order groups a full disk stopped start again once there is room (the
-        // environment does the same for ordered groups on its timer).
-        {
-            let ooo = ooo.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-                loop {
-                    tick.tick().await;
-                    let o = ooo.clone();
-                    let _ =
-                        tokio::task::spawn_blocking(move || o.restart_stopped_by_full_disk()).await;
-                }
-            });
-        }
-        let svc = ChorusServer::new(Service::new(env.clone(), ooo.clone()))
+        let svc = ChorusServer::new(Service::new(env.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let listener = tokio::net::TcpListener::bind(api).await.map_err(|e| {
@@ -211,11 +181,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
         let e2 = env.clone();
-        tokio::task::spawn_blocking(move || {
-            ooo.shutdown();
-            e2.shutdown()
-        })
-        .await?;
+        tokio::task::spawn_blocking(move || e2.shutdown()).await?;
         Ok::<_, Box<dyn std::error::Error>>(ExitCode::SUCCESS)
     });
     match code {

@@ -11,12 +11,13 @@ use chorus_core::ooo::group;
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Mode, OooAppendError};
 use chorus_core::replica::{AppendError, ChangeError, MirrorError, Role};
-use chorus_runtime::{Env, Error, MembershipChange, Outcome};
+use chorus_runtime::env::{GroupMode, HostedGroup, OooHandle};
+use chorus_runtime::{Env, Error, LogHandle, MembershipChange, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::ooo::{check_record, OooGroup, OooGroups};
+use crate::ooo::{check_record, GroupStateMachine};
 
 /// Largest batch of records in one `Append` call.
 pub const MAX_APPEND_BATCH: usize = 10_000;
@@ -85,24 +86,98 @@ fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> Result<pb::OutOfOrderEntry,
 #[derive(Clone, Debug)]
 pub struct Service {
     env: Env,
-    ooo: Arc<OooGroups>,
+}
+
+/// A group a request names, resolved once per request: each handler matches on its mode.
+enum Served {
+    /// An ordered group.
+    Ordered(LogHandle),
+    /// An out-of-order group and its state machine (the server's own type).
+    OutOfOrder(OooHandle, Arc<GroupStateMachine>),
+}
+
+impl Served {
+    /// The mode's name, as `Status` reports it.
+    fn mode_name(&self) -> &'static str {
+        match self {
+            Served::Ordered(_) => "ordered",
+            Served::OutOfOrder(h, _) => mode_name(h.mode()),
+        }
+    }
 }
 
 impl Service {
-    /// Serves `env` (ordered groups) and `ooo` (out-of-order groups).
-    pub fn new(env: Env, ooo: Arc<OooGroups>) -> Self {
-        Self { env, ooo }
+    /// Serves the groups of every mode `env` hosts.
+    pub fn new(env: Env) -> Self {
+        Self { env }
+    }
+
+    /// Group `id` of any mode: the one place a request's group is looked up, and where
+    /// "no such group" and "not started here" are answered. A group whose damaged files
+    /// kept it from starting is UNAVAILABLE by name, marked as nothing done (clients go
+    /// on to another endpoint), not "no such group".
+    fn served(&self, id: u64) -> Result<Served, Status> {
+        match self.env.hosted(id) {
+            Ok(HostedGroup::Ordered(log)) => Ok(Served::Ordered(log)),
+            Ok(HostedGroup::OutOfOrder(h)) => {
+                let sm = h.state::<GroupStateMachine>().ok_or_else(|| {
+                    Status::internal(format!("group {id}: not the server's state machine"))
+                })?;
+                Ok(Served::OutOfOrder(h, sm))
+            }
+            Err(e @ Error::GroupDamaged { .. }) => match self.env.not_started(id) {
+                Some(n) if n.mode != Some(GroupMode::Ordered) => Err(not_started(id, &n.reason)),
+                _ => Err(status(e)),
+            },
+            Err(e) => Err(status(e)),
+        }
+    }
+
+    /// The ordered group `id`; an out-of-order group is refused by name and mode
+    /// (instead of "no such group"), saying what to use.
+    fn ordered(&self, group: u64, op: &str) -> Result<LogHandle, Status> {
+        match self.served(group)? {
+            Served::Ordered(log) => Ok(log),
+            Served::OutOfOrder(h, _) => Err(Status::unimplemented(format!(
+                "group {group} is a {}-mode group: {op} is for ordered groups{}",
+                mode_name(h.mode()),
+                match op {
+                    "Append" => " (use AppendOutOfOrder, `chorus append --blocks` or `--writes`)",
+                    "Read" | "Tail" => {
+                        " (read its log with ReadOutOfOrder or TailOutOfOrder, `chorus read` or `chorus tail`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
+                    }
+                    "Trim" => {
+                        " (an out-of-order group compacts its entries file itself, past `[out_of_order] compact_bytes`)"
+                    }
+                    _ => " (not built for out-of-order groups yet)",
+                }
+            ))),
+        }
+    }
+
+    /// The out-of-order group `id` and its state machine; an ordered group is refused by
+    /// name.
+    fn out_of_order(
+        &self,
+        group: u64,
+        op: &str,
+    ) -> Result<(OooHandle, Arc<GroupStateMachine>), Status> {
+        match self.served(group)? {
+            Served::OutOfOrder(h, sm) => Ok((h, sm)),
+            Served::Ordered(_) => Err(Status::unimplemented(format!(
+                "group {group} is an ordered group: {op} is for out-of-order groups"
+            ))),
+        }
     }
 
     /// `ChangeMembership` on an out-of-order group: adds, removes or replaces a voter
     /// (joint consensus in the replica). A node to add must be a voter or one of the
     /// group's `replicas`; these groups have no learners.
     async fn change_ooo_membership(
-        &self,
+        g: OooHandle,
         r: pb::ChangeMembershipRequest,
     ) -> Result<Response<pb::Empty>, Status> {
         use chorus_core::ooo::replica::{OooChangeError as E, OooMembershipChange as C};
-        let g = self.ooo_group(r.group, "ChangeMembership")?;
         let group = r.group;
         let change = match pb::ChangeKind::try_from(r.kind) {
             Ok(pb::ChangeKind::AddVoter) => C::AddVoter(r.node),
@@ -123,13 +198,13 @@ impl Service {
             )));
         }
         if let C::AddVoter(n) | C::Replace { add: n, .. } = change {
-            if !g.knows(n) {
+            if !g.spec().knows(n) {
                 return Err(Status::invalid_argument(format!(
                     "group {group}: node {n} is not one of the group's voters or `replicas`"
                 )));
             }
         }
-        tokio::task::spawn_blocking(move || match g.node.change_membership(change) {
+        tokio::task::spawn_blocking(move || match g.node().change_membership(change) {
             None => Err(Status::unavailable(format!("group {group} stopped"))),
             Some(Ok(())) => Ok(Response::new(pb::Empty {})),
             Some(Err(e @ E::NotLeader { leader })) => {
@@ -148,49 +223,6 @@ impl Service {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
-    }
-
-    /// The ordered group `id`; an out-of-order group whose damaged replica did not start
-    /// here is UNAVAILABLE by name (clients go on to another endpoint), not "no such
-    /// group".
-    fn log_group(&self, id: u64) -> Result<chorus_runtime::LogHandle, Status> {
-        if let Some((_, why)) = self.ooo.failed(id) {
-            return Err(not_started(id, &why));
-        }
-        self.env.group(id).map_err(status)
-    }
-
-    /// Refuses an ordered-group operation on an out-of-order group by name (instead of
-    /// "no such group").
-    fn ordered_only(&self, group: u64, op: &str) -> Result<(), Status> {
-        match self.ooo.get(group) {
-            Some(g) => Err(Status::unimplemented(format!(
-                "group {group} is a {}-mode group: {op} is for ordered groups{}",
-                mode_name(g.mode),
-                match op {
-                    "Append" => " (use AppendOutOfOrder, `chorus append --blocks` or `--writes`)",
-                    "Read" | "Tail" => {
-                        " (read its log with ReadOutOfOrder or TailOutOfOrder, `chorus read` or `chorus tail`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
-                    }
-                    _ => " (not built for out-of-order groups yet)",
-                }
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    fn ooo_group(&self, group: u64, op: &str) -> Result<Arc<OooGroup>, Status> {
-        self.ooo.get(group).ok_or_else(|| {
-            if let Some((_, why)) = self.ooo.failed(group) {
-                not_started(group, &why)
-            } else if self.env.group(group).is_ok() {
-                Status::unimplemented(format!(
-                    "group {group} is an ordered group: {op} is for out-of-order groups"
-                ))
-            } else {
-                Status::not_found(format!("no group {group} on this node"))
-            }
-        })
     }
 }
 
@@ -370,19 +402,6 @@ fn ooo_batch_response(
     Ok(pb::AppendOutOfOrderResponse { results })
 }
 
-/// The status for an out-of-order group that could not be deleted or restarted.
-fn ooo_refusal(e: crate::ooo::OooGroupError) -> Status {
-    use crate::ooo::OooGroupError as E;
-    let msg = e.to_string();
-    match e {
-        E::NoSuchGroup(_) => Status::not_found(msg),
-        E::Running(_) => Status::failed_precondition(msg),
-        // Still held by requests: try again.
-        E::Busy(_) => Status::unavailable(msg),
-        _ => Status::internal(msg),
-    }
-}
-
 /// Maps a runtime error to a gRPC status (see the codes in `proto/chorus.proto`).
 pub fn status(e: Error) -> Status {
     let msg = e.to_string();
@@ -390,6 +409,9 @@ pub fn status(e: Error) -> Status {
         Error::NoSuchGroup(_) | Error::NotARecord { .. } => Status::not_found(msg),
         Error::GroupExists(_) => Status::already_exists(msg),
         Error::GroupRunning(_) => Status::failed_precondition(msg),
+        // Still held by requests: try again.
+        Error::GroupBusy(_) => Status::unavailable(msg),
+        Error::Spec { .. } => Status::invalid_argument(msg),
         Error::GroupDamaged { group, .. } => nothing_done(Status::unavailable(msg), *group),
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
         Error::Append { source, group } => match source {
@@ -427,7 +449,10 @@ pub fn status(e: Error) -> Status {
         Error::Stopped { .. } | Error::Shutdown | Error::OutcomeUnknown { .. } => {
             Status::unavailable(msg)
         }
-        Error::Io { .. } | Error::Storage { .. } => Status::internal(msg),
+        Error::Io { .. }
+        | Error::Storage { .. }
+        | Error::NoStateMachines(_)
+        | Error::OooStart { .. } => Status::internal(msg),
     }
 }
 
@@ -618,7 +643,7 @@ where
 /// (0: 1000; at most 10,000) and about [`READ_OOO_BYTES`] of record bytes (always one
 /// entry at least): what ReadOutOfOrder answers and TailOutOfOrder streams.
 async fn read_ooo_batch(
-    g: Arc<OooGroup>,
+    g: OooHandle,
     id: u64,
     from: u64,
     max: u32,
@@ -629,7 +654,7 @@ async fn read_ooo_batch(
     } as usize;
     tokio::task::spawn_blocking(move || {
         let read = g
-            .node
+            .node()
             .read(from, max)
             .ok_or_else(|| Status::unavailable(format!("group {id} stopped")))?
             .map_err(|e| Status::out_of_range(format!("group {id}: {e}")))?;
@@ -666,8 +691,7 @@ impl pb::chorus_server::Chorus for Service {
                 req.records.len()
             )));
         }
-        self.ordered_only(req.group, "Append")?;
-        let log = self.log_group(req.group)?;
+        let log = self.ordered(req.group, "Append")?;
         let ref_csn = req.ref_csn;
         write_batch(&req.records, |r| log.append(r, ref_csn)).await
     }
@@ -677,7 +701,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "Read")?;
+        self.ordered(r.group, "Read")?;
         let env = self.env.clone();
         let resp = tokio::task::spawn_blocking(move || {
             read_batch(&env, r.group, r.from_lsn, r.max_records)
@@ -694,8 +718,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::TailRequest>,
     ) -> Result<Response<Self::TailStream>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "Tail")?;
-        let log = self.log_group(r.group)?;
+        let log = self.ordered(r.group, "Tail")?;
         let env = self.env.clone();
         Ok(Response::new(follow(
             r.group,
@@ -721,8 +744,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::LocateRequest>,
     ) -> Result<Response<pb::LocateResponse>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "Locate")?;
-        let log = self.log_group(r.group)?;
+        let log = self.ordered(r.group, "Locate")?;
         let found = tokio::task::spawn_blocking(move || log.locate(r.csn))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -738,72 +760,79 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let g = req.into_inner().group;
-        let mut ids = if g == 0 { self.env.groups() } else { vec![g] };
-        let damaged: std::collections::BTreeMap<u64, String> =
-            self.env.damaged_groups().into_iter().collect();
-        if g == 0 {
-            ids.extend(self.ooo.ids());
-            ids.extend(self.ooo.failed_ids());
-            ids.extend(damaged.keys());
-            ids.sort_unstable();
-        }
+        let ids: Vec<u64> = if g == 0 {
+            self.env.list_groups().into_iter().map(|l| l.id).collect()
+        } else {
+            vec![g]
+        };
+        let node = self.env.node();
         let mut groups = Vec::new();
         for id in ids {
-            if let Some(why) = damaged.get(&id) {
+            if let Some(n) = self.env.not_started(id) {
+                let what = match n.mode {
+                    Some(GroupMode::Ordered) => "its files are damaged",
+                    _ => "its replica is damaged",
+                };
                 groups.push(pb::GroupStatus {
                     group: id,
-                    node: self.env.node(),
-                    mode: "ordered".into(),
-                    stopped: format!("not started, its files are damaged: {why}"),
+                    node,
+                    voters: n
+                        .spec
+                        .as_ref()
+                        .map(|s| s.voters.clone())
+                        .unwrap_or_default(),
+                    mode: n.mode_label().into(),
+                    stopped: format!("not started, {what}: {}", n.reason),
                     ..Default::default()
                 });
                 continue;
             }
-            if let Some((voters, why)) = self.ooo.failed(id) {
-                groups.push(pb::GroupStatus {
-                    group: id,
-                    node: self.env.node(),
-                    voters,
-                    mode: self.ooo.failed_mode(id).unwrap_or_default(),
-                    stopped: format!("not started, its replica is damaged: {why}"),
-                    ..Default::default()
-                });
-                continue;
-            }
-            if let Some(og) = self.ooo.get(id) {
-                let (node, mode, voters) = (self.env.node(), og.mode, og.voters());
-                let why = og.node.stopped_reason();
-                let (s, m) =
-                    tokio::task::spawn_blocking(move || (og.status(), og.node.membership()))
-                        .await
-                        .map_err(|e| Status::internal(e.to_string()))?;
-                groups.push(match s {
-                    Some(s) => pb::GroupStatus {
-                        voters: m.as_ref().map_or(voters, |m| m.voters.clone()),
-                        prev_voters: m.as_ref().and_then(|m| m.prev.clone()).unwrap_or_default(),
-                        config_proposal_id: m.as_ref().map_or(0, |m| m.version.0),
-                        config_seq: m.as_ref().map_or(0, |m| m.version.1),
-                        ..ooo_group_status(id, node, s)
-                    },
-                    None => pb::GroupStatus {
-                        group: id,
-                        node,
-                        mode: mode_name(mode).into(),
-                        stopped: match why {
-                            Some(why) => format!("the out-of-order replica stopped: {why}"),
-                            None => "the out-of-order replica stopped".into(),
+            let served = match self.served(id) {
+                Ok(s) => s,
+                // Listed a moment ago and gone since (deleted, or between the stop and
+                // the start of a restart): not an error of the listing.
+                Err(_) if g == 0 => continue,
+                Err(e) => return Err(e),
+            };
+            let mode = served.mode_name();
+            match served {
+                Served::Ordered(log) => groups.push(group_status(log.status())),
+                Served::OutOfOrder(h, _) => {
+                    let voters = h.spec().voters.clone();
+                    let why = h.node().stopped_reason();
+                    let (s, m) = tokio::task::spawn_blocking(move || {
+                        (h.node().status(), h.node().membership())
+                    })
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                    groups.push(match s {
+                        Some(s) => pb::GroupStatus {
+                            voters: m.as_ref().map_or(voters, |m| m.voters.clone()),
+                            prev_voters: m
+                                .as_ref()
+                                .and_then(|m| m.prev.clone())
+                                .unwrap_or_default(),
+                            config_proposal_id: m.as_ref().map_or(0, |m| m.version.0),
+                            config_seq: m.as_ref().map_or(0, |m| m.version.1),
+                            ..ooo_group_status(id, node, s)
                         },
-                        ..Default::default()
-                    },
-                });
-                continue;
+                        None => pb::GroupStatus {
+                            group: id,
+                            node,
+                            mode: mode.into(),
+                            stopped: match why {
+                                Some(why) => format!("the out-of-order replica stopped: {why}"),
+                                None => "the out-of-order replica stopped".into(),
+                            },
+                            ..Default::default()
+                        },
+                    });
+                }
             }
-            let log = self.log_group(id)?;
-            groups.push(group_status(log.status()));
         }
         let disk = self.env.disk_space();
         Ok(Response::new(pb::StatusResponse {
-            node: self.env.node(),
+            node,
             replication_addr: self.env.replication_addr().to_string(),
             groups,
             disk_free_bytes: disk.free_bytes().unwrap_or(0),
@@ -834,22 +863,22 @@ impl pb::chorus_server::Chorus for Service {
             g.commit_order = r.commit_order;
             g.access_mode = r.access_mode;
             g.replicas = r.replicas;
-            let ooo = self.ooo.clone();
-            return match tokio::task::spawn_blocking(move || ooo.create(g))
+            let spec = crate::ooo::parse_spec(&g, self.env.node())
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+                .ok_or_else(|| Status::invalid_argument("not an out-of-order mode"))?;
+            let env = self.env.clone();
+            return match tokio::task::spawn_blocking(move || env.create_ooo_group(spec))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
             {
-                Ok(()) => Ok(Response::new(pb::Empty {})),
-                Err(e @ crate::ooo::OooGroupError::Exists(_)) => {
-                    Err(Status::failed_precondition(e.to_string()))
-                }
-                Err(e @ crate::ooo::OooGroupError::BadSpec { .. }) => {
-                    Err(Status::invalid_argument(e.to_string()))
-                }
-                Err(e) => Err(Status::internal(e.to_string())),
+                Ok(_) => Ok(Response::new(pb::Empty {})),
+                Err(Error::GroupExists(id)) => Err(Status::failed_precondition(format!(
+                    "group {id} already exists (with a different spec)"
+                ))),
+                Err(e) => Err(status(e)),
             };
         }
-        if self.ooo.get(r.group).is_some() {
+        if self.env.ooo_group(r.group).is_ok() {
             return Err(Status::failed_precondition(format!(
                 "group {} already exists as an out-of-order group",
                 r.group
@@ -886,51 +915,38 @@ impl pb::chorus_server::Chorus for Service {
             }
             Ok(())
         };
-        if let Err(Error::GroupDamaged { .. }) = self.env.group(group) {
-            // A damaged ordered group that did not start: its membership here is unknown
-            // (its meta record may be what is damaged), so deleting it takes force.
-            if !r.force {
-                return Err(Status::failed_precondition(format!(
-                    "group {group}: its files on this node are damaged, so whether this node \
-                     ({me}) is still one of its voters is unknown here; remove it from the \
-                     membership at the leader, then pass force"
-                )));
+        if let Some(n) = self.env.not_started(group) {
+            match &n.spec {
+                // An out-of-order group whose replica did not start: its saved membership
+                // is not trusted, so the voters it was created with decide whether force
+                // is needed.
+                Some(spec) => voter(&spec.voters)?,
+                // Its membership here is unknown (its meta record or spec may be what is
+                // damaged), so deleting it takes force.
+                None if !r.force => {
+                    return Err(Status::failed_precondition(format!(
+                        "group {group}: its files on this node are damaged, so whether this node \
+                         ({me}) is still one of its voters is unknown here; remove it from the \
+                         membership at the leader, then pass force"
+                    )))
+                }
+                None => {}
             }
-            let env = self.env.clone();
-            return tokio::task::spawn_blocking(move || env.remove_group(group))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .map(|()| Response::new(pb::Empty {}))
-                .map_err(status);
-        }
-        if let Some((voters, _)) = self.ooo.failed(group) {
-            // A damaged replica that did not start: its saved membership is not trusted,
-            // so the configured voters decide whether force is needed.
-            voter(&voters)?;
-            let ooo = self.ooo.clone();
-            return tokio::task::spawn_blocking(move || ooo.remove(group, Duration::ZERO))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .map(|()| Response::new(pb::Empty {}))
-                .map_err(|e| Status::internal(e.to_string()));
-        }
-        if let Some(g) = self.ooo.get(group) {
-            let m = tokio::task::spawn_blocking(move || g.node.membership())
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            if let Some(m) = m {
-                voter(&m.voters)?;
-                voter(m.prev.as_deref().unwrap_or_default())?;
+        } else {
+            match self.served(group)? {
+                Served::Ordered(log) => voter(&log.status().membership.voters)?,
+                Served::OutOfOrder(h, _) => {
+                    // The handle goes with the closure: the delete waits for every holder.
+                    let m = tokio::task::spawn_blocking(move || h.node().membership())
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                    if let Some(m) = m {
+                        voter(&m.voters)?;
+                        voter(m.prev.as_deref().unwrap_or_default())?;
+                    }
+                }
             }
-            let ooo = self.ooo.clone();
-            return tokio::task::spawn_blocking(move || ooo.remove(group, Duration::from_secs(10)))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .map(|()| Response::new(pb::Empty {}))
-                .map_err(ooo_refusal);
         }
-        let log = self.log_group(group)?;
-        voter(&log.status().membership.voters)?;
         let env = self.env.clone();
         tokio::task::spawn_blocking(move || env.remove_group(group))
             .await
@@ -944,18 +960,8 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::RestartGroupRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let group = req.into_inner().group;
-        if self.ooo.get(group).is_some() || self.ooo.failed(group).is_some() {
-            let ooo = self.ooo.clone();
-            return tokio::task::spawn_blocking(move || {
-                ooo.restart(group, Duration::from_secs(10))
-            })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map(|()| Response::new(pb::Empty {}))
-            .map_err(ooo_refusal);
-        }
         let env = self.env.clone();
-        tokio::task::spawn_blocking(move || env.restart_group(group))
+        tokio::task::spawn_blocking(move || env.restart_group(group).map(drop))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(|e| match e {
@@ -993,14 +999,13 @@ impl pb::chorus_server::Chorus for Service {
         if r.node == 0 {
             return Err(Status::invalid_argument("node id 0 is not valid"));
         }
-        if self.ooo.get(r.group).is_some() {
-            return self.change_ooo_membership(r).await;
-        }
+        let log = match self.served(r.group)? {
+            Served::OutOfOrder(h, _) => return Self::change_ooo_membership(h, r).await,
+            Served::Ordered(log) => log,
+        };
         if !r.node_addr.is_empty() {
             self.env.set_peer_addr(r.node, r.node_addr.clone());
         }
-        self.ordered_only(r.group, "ChangeMembership")?;
-        let log = self.log_group(r.group)?;
         log.change_membership(change).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -1010,29 +1015,31 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        if self.ooo.get(r.group).is_some() {
-            let g = self.ooo_group(r.group, "TransferLeader")?;
-            return tokio::task::spawn_blocking(move || {
-                use chorus_core::ooo::replica::OooTransferError as E;
-                match g.node.transfer_leader(r.to) {
-                    None => Err(Status::unavailable(format!("group {} stopped", r.group))),
-                    Some(Ok(())) => Ok(Response::new(pb::Empty {})),
-                    Some(Err(e @ E::NotLeader { leader })) => {
-                        let mut s = Status::failed_precondition(format!("group {}: {e}", r.group));
-                        if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
-                            s.metadata_mut().insert("chorus-leader", v);
+        let log = match self.served(r.group)? {
+            Served::Ordered(log) => log,
+            Served::OutOfOrder(g, _) => {
+                return tokio::task::spawn_blocking(move || {
+                    use chorus_core::ooo::replica::OooTransferError as E;
+                    match g.node().transfer_leader(r.to) {
+                        None => Err(Status::unavailable(format!("group {} stopped", r.group))),
+                        Some(Ok(())) => Ok(Response::new(pb::Empty {})),
+                        Some(Err(e @ E::NotLeader { leader })) => {
+                            let mut s =
+                                Status::failed_precondition(format!("group {}: {e}", r.group));
+                            if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
+                                s.metadata_mut().insert("chorus-leader", v);
+                            }
+                            Err(s)
                         }
-                        Err(s)
+                        Some(Err(e @ E::NotVoter { .. })) => {
+                            Err(Status::invalid_argument(format!("group {}: {e}", r.group)))
+                        }
                     }
-                    Some(Err(e @ E::NotVoter { .. })) => {
-                        Err(Status::invalid_argument(format!("group {}: {e}", r.group)))
-                    }
-                }
-            })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-        }
-        let log = self.log_group(r.group)?;
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+            }
+        };
         log.transfer_leader(r.to).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -1042,16 +1049,14 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::SetPriorityRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "SetPriority")?;
-        let log = self.log_group(r.group)?;
+        let log = self.ordered(r.group, "SetPriority")?;
         log.set_priority(r.priority);
         Ok(Response::new(pb::Empty {}))
     }
 
     async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "Trim")?;
-        let log = self.log_group(r.group)?;
+        let log = self.ordered(r.group, "Trim")?;
         tokio::task::spawn_blocking(move || log.trim(r.lsn))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -1070,8 +1075,7 @@ impl pb::chorus_server::Chorus for Service {
                 req.groups.len()
             )));
         }
-        self.ordered_only(req.group, "Mirror")?;
-        let log = self.log_group(req.group)?;
+        let log = self.ordered(req.group, "Mirror")?;
         write_batch(&req.groups, |g| log.mirror(g)).await
     }
 
@@ -1080,14 +1084,13 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::SetAccessModeRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "SetAccessMode")?;
+        let log = self.ordered(r.group, "SetAccessMode")?;
         let mode = AccessMode::from_name(&r.mode).ok_or_else(|| {
             Status::invalid_argument(format!(
                 "access mode `{}` is not one of append, raw-write",
                 r.mode
             ))
         })?;
-        let log = self.log_group(r.group)?;
         log.change_access_mode(mode).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -1097,8 +1100,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::ReadGroupsRequest>,
     ) -> Result<Response<pb::ReadGroupsResponse>, Status> {
         let r = req.into_inner();
-        self.ordered_only(r.group, "ReadGroups")?;
-        let log = self.log_group(r.group)?;
+        let log = self.ordered(r.group, "ReadGroups")?;
         let max = if r.max_bytes == 0 {
             1 << 20
         } else {
@@ -1130,19 +1132,19 @@ impl pb::chorus_server::Chorus for Service {
                 req.records.len()
             )));
         }
-        let g = self.ooo_group(req.group, "AppendOutOfOrder")?;
+        let (g, _) = self.out_of_order(req.group, "AppendOutOfOrder")?;
         // Every record is checked before any is appended, so a bad one refuses the whole
         // request and none of it has an outcome.
         let mut checked = Vec::with_capacity(req.records.len());
         for (i, r) in req.records.into_iter().enumerate() {
-            let d = declared(g.mode, &r)
-                .and_then(|d| check_record(g.mode, &d, r.data.len()).map(|()| d))
+            let d = declared(g.mode(), &r)
+                .and_then(|d| check_record(g.mode(), &d, r.data.len()).map(|()| d))
                 .map_err(|e| Status::invalid_argument(format!("record {i}: {e}")))?;
             checked.push((d, r.data));
         }
         let pending: Vec<_> = checked
             .into_iter()
-            .map(|(d, data)| g.node.submit(d, data))
+            .map(|(d, data)| g.node().submit(d, data))
             .collect();
         let mut results = Vec::with_capacity(pending.len());
         for p in pending {
@@ -1156,11 +1158,10 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::ReadBlocksRequest>,
     ) -> Result<Response<pb::ReadBlocksResponse>, Status> {
         let r = req.into_inner();
-        let g = self.ooo_group(r.group, "ReadBlocks")?;
+        let (g, sm) = self.out_of_order(r.group, "ReadBlocks")?;
         tokio::task::spawn_blocking(move || {
-            let applied = g.status().map(|s| s.applied_head).unwrap_or(0);
-            let data = g
-                .state
+            let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
+            let data = sm
                 .read_blocks(r.start, r.count)
                 .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?;
             Ok(Response::new(pb::ReadBlocksResponse {
@@ -1177,7 +1178,7 @@ impl pb::chorus_server::Chorus for Service {
         req: Request<pb::ReadOutOfOrderRequest>,
     ) -> Result<Response<pb::ReadOutOfOrderResponse>, Status> {
         let r = req.into_inner();
-        let g = self.ooo_group(r.group, "ReadOutOfOrder")?;
+        let (g, _) = self.out_of_order(r.group, "ReadOutOfOrder")?;
         read_ooo_batch(g, r.group, r.from_seq, r.max_records)
             .await
             .map(Response::new)
@@ -1191,10 +1192,11 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<Self::TailOutOfOrderStream>, Status> {
         let r = req.into_inner();
         let head = self
-            .ooo_group(r.group, "TailOutOfOrder")?
-            .node
+            .out_of_order(r.group, "TailOutOfOrder")?
+            .0
+            .node()
             .subscribe_committed();
-        let ooo = self.ooo.clone();
+        let env = self.env.clone();
         Ok(Response::new(follow(
             r.group,
             r.from_seq,
@@ -1202,7 +1204,7 @@ impl pb::chorus_server::Chorus for Service {
             move |from| {
                 // The group is looked up again for every read and not held while the stream
                 // waits, so DeleteGroup is not kept waiting by a follower of it.
-                let g = ooo.get(r.group);
+                let g = env.ooo_group(r.group).ok();
                 async move {
                     let g = g.ok_or_else(|| {
                         Status::unavailable(format!("group {} is no longer hosted here", r.group))
@@ -1226,11 +1228,10 @@ impl pb::chorus_server::Chorus for Service {
                 r.keys.len()
             )));
         }
-        let g = self.ooo_group(r.group, "GetKeys")?;
+        let (g, sm) = self.out_of_order(r.group, "GetKeys")?;
         tokio::task::spawn_blocking(move || {
-            let applied = g.status().map(|s| s.applied_head).unwrap_or(0);
-            let vals = g
-                .state
+            let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
+            let vals = sm
                 .get_keys(&r.keys)
                 .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?;
             Ok(Response::new(pb::GetKeysResponse {
@@ -1254,12 +1255,12 @@ impl pb::chorus_server::Chorus for Service {
 
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until the process ends.
 /// A deliberately small HTTP/1.1 responder: one request per connection, bounded reads.
-pub async fn serve_metrics(env: Env, ooo: Arc<OooGroups>, listener: tokio::net::TcpListener) {
+pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
-        let (env, ooo) = (env.clone(), ooo.clone());
+        let env = env.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
@@ -1284,13 +1285,9 @@ pub async fn serve_metrics(env: Env, ooo: Arc<OooGroups>, listener: tokio::net::
             let (code, body, ctype) = if req.starts_with("GET /metrics ") {
                 // Every group of every mode, in one exposition; out-of-order groups answer
                 // through their drivers, so not on this runtime's threads.
-                let body = tokio::task::spawn_blocking(move || {
-                    let mut e = env.metrics();
-                    ooo.add_metrics(&mut e, env.node());
-                    e.render()
-                })
-                .await
-                .unwrap_or_default();
+                let body = tokio::task::spawn_blocking(move || env.render_metrics())
+                    .await
+                    .unwrap_or_default();
                 ("200 OK", body, "text/plain; version=0.0.4")
             } else {
                 (

@@ -1062,8 +1062,8 @@ async fn eight_committed_then_a_follower_killed(
         ._dir
         .path()
         .join(format!("n{gone}"))
-        .join("ooo")
-        .join(group.to_string());
+        .join("groups")
+        .join(format!("{group:020}"));
     (leader, gone, head, dir)
 }
 
@@ -1303,8 +1303,8 @@ async fn a_replica_whose_storage_failed_sends_clients_on() {
         ._dir
         .path()
         .join(format!("n{f}"))
-        .join("ooo")
-        .join(PAR.to_string());
+        .join("groups")
+        .join(format!("{PAR:020}"));
     // The directory goes away (its open files stay writable) and comes back later.
     let away = cl._dir.path().join(format!("n{f}-ooo-away"));
     std::fs::rename(&dir, &away).unwrap();

@@ -394,7 +394,7 @@ const OOO_HISTOGRAMS: [(&str, &str, fn(&OooLatency) -> &crate::metrics::Histogra
 
 impl Env {
     /// Every metric of this node (see the module docs), for its host to add its own to
-    /// (the server's out-of-order groups that did not start, for one) and render.
+    /// and render.
     /// Reading an out-of-order group's status asks its driver, so this may wait on a busy
     /// group (at most a few seconds): call it off an async runtime's threads.
     pub fn metrics(&self) -> Exposition {
@@ -532,12 +532,16 @@ impl Env {
             Kind::Gauge,
             "1 for a group whose files were found damaged when this node started (or that did not start again when restarted), so it does not run here.",
         );
-        for (id, _) in self.damaged_groups() {
+        let not_started: Vec<_> = {
+            let d = self.inner.damaged.lock().expect("damaged");
+            d.iter().map(|(&id, n)| (id, n.mode_label())).collect()
+        };
+        for (id, mode) in not_started {
             e.sample(
                 "chorus_group_not_started",
                 Kind::Gauge,
                 "",
-                &format!("node=\"{node}\",group=\"{id}\",mode=\"ordered\""),
+                &format!("node=\"{node}\",group=\"{id}\",mode=\"{mode}\""),
                 1,
             );
         }
@@ -575,13 +579,6 @@ impl Env {
         }
         self.node_metrics(&mut e);
         e
-    }
-
-    /// Counts a group restarted in place by this node's host (the server restarts the
-    /// out-of-order groups it manages itself), so that `chorus_group_restarts_total`
-    /// covers groups of every mode.
-    pub fn count_group_restart(&self) {
-        self.inner.shared.restarts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`Env::metrics`], rendered.

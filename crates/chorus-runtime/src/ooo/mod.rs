@@ -144,7 +144,10 @@ pub struct OooNodeConfig {
 /// checkpoint that caught entries applied out of order past the replica's base, entries
 /// from the base on are applied again over an image that may already hold them; blind
 /// writes, replayed in an order the apply rules allow, end in the same state.
-pub trait OooStateMachine: Send + Sync + 'static {
+///
+/// It is [`std::any::Any`], so that its embedder gets its own type back from a hosted
+/// group ([`crate::env::OooHandle::state`]) for reads of the applied state.
+pub trait OooStateMachine: std::any::Any + Send + Sync + 'static {
     /// Applies records of the committed entry at `slot` (the group of records the driver
     /// packed into it; [`chorus_core::ooo::group`]), each with its place in the group, in
     /// group order, once the apply rules released the entry. Called on several threads
