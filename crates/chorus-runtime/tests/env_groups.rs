@@ -31,9 +31,9 @@ impl Kv {
     }
 }
 
-impl OooStateMachine for Kv {
-    fn apply(&self, _slot: u64, records: &[(u32, Record)]) -> std::io::Result<()> {
-        let mut m = self.map.lock().unwrap();
+impl Kv {
+    /// Each record's bytes under its first block or written key.
+    fn apply_to(m: &mut BTreeMap<u64, Vec<u8>>, _slot: u64, records: &[(u32, Record)]) {
         for (_, r) in records {
             let k = match &r.declared {
                 Declared::Blocks(b) => b[0].start,
@@ -41,6 +41,12 @@ impl OooStateMachine for Kv {
             };
             m.insert(k, r.data.clone());
         }
+    }
+}
+
+impl OooStateMachine for Kv {
+    fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()> {
+        Kv::apply_to(&mut self.map.lock().unwrap(), slot, records);
         Ok(())
     }
     fn checkpoint(&self) -> std::io::Result<()> {
@@ -427,5 +433,146 @@ fn a_group_still_held_is_not_deleted_under_its_holder() {
     drop(held);
     env.remove_group(6).unwrap();
     assert!(!group_dir(dir.path(), 6).exists());
+    env.shutdown();
+}
+
+/// A key-value state machine whose checkpoint is durable: its map, written to `kv` in
+/// the group's directory (write, fsync, rename) and read back when the group opens.
+struct DurableKv {
+    file: std::path::PathBuf,
+    map: Mutex<BTreeMap<u64, Vec<u8>>>,
+    checkpoints: std::sync::atomic::AtomicU64,
+}
+
+impl DurableKv {
+    fn open(dir: &Path) -> std::io::Result<Self> {
+        let file = dir.join("kv");
+        let mut map = BTreeMap::new();
+        if let Ok(bytes) = std::fs::read(&file) {
+            let mut rest = &bytes[..];
+            while rest.len() >= 12 {
+                let k = u64::from_le_bytes(rest[..8].try_into().unwrap());
+                let n = u32::from_le_bytes(rest[8..12].try_into().unwrap()) as usize;
+                map.insert(k, rest[12..12 + n].to_vec());
+                rest = &rest[12 + n..];
+            }
+        }
+        Ok(Self {
+            file,
+            map: Mutex::new(map),
+            checkpoints: Default::default(),
+        })
+    }
+}
+
+impl OooStateMachine for DurableKv {
+    fn apply(&self, slot: u64, records: &[(u32, Record)]) -> std::io::Result<()> {
+        Kv::apply_to(&mut self.map.lock().unwrap(), slot, records);
+        Ok(())
+    }
+    fn checkpoint(&self) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut out = Vec::new();
+        for (k, v) in self.map.lock().unwrap().iter() {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+        let tmp = self.file.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.file)?;
+        std::fs::File::open(self.file.parent().unwrap())?.sync_all()?;
+        self.checkpoints
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn image(&self) -> std::io::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn restore(&self, _: &[u8]) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct DurableMachines;
+
+impl StateMachines for DurableMachines {
+    fn open(
+        &self,
+        _group: u64,
+        _mode: Mode,
+        dir: &Path,
+    ) -> std::io::Result<Arc<dyn OooStateMachine>> {
+        Ok(Arc::new(DurableKv::open(dir)?))
+    }
+}
+
+/// The operator's trim of an out-of-order group (`OooNode::compact`, the Trim RPC):
+/// the state machine checkpoints, the entries below the slot asked (capped at the applied
+/// head) are compacted, and a restart rebuilds the state from the checkpoint and the
+/// entries kept.
+#[test]
+fn an_out_of_order_group_compacts_on_request_and_restarts_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || {
+        let mut c = config(dir.path());
+        c.state_machines = Some(Arc::new(DurableMachines));
+        c
+    };
+    let env = Env::open(cfg()).unwrap();
+    let h = env.create_ooo_group(spec(5, PAR)).unwrap();
+    for k in 0..20 {
+        ooo_put(&h, k, format!("v{k}").as_bytes());
+    }
+    let kv = h
+        .state::<DurableKv>()
+        .expect("the state machine's own type");
+    let end = Instant::now() + Duration::from_secs(20);
+    while kv.map.lock().unwrap().len() < 20 {
+        assert!(Instant::now() < end, "not applied");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = h.node().status().unwrap();
+    assert_eq!(before.base, 0);
+    // Below slot 5 first, then everything applied.
+    assert_eq!(h.node().compact(5), Some(5));
+    let applied = h.node().status().unwrap().applied_head;
+    assert!(applied >= 20, "applied head {applied}");
+    assert_eq!(h.node().compact(u64::MAX), Some(applied));
+    assert_eq!(h.node().status().unwrap().base, applied);
+    // Nothing more to compact: answered at once, no checkpoint.
+    let checkpoints = kv.checkpoints.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(h.node().compact(3), Some(applied));
+    assert_eq!(
+        kv.checkpoints.load(std::sync::atomic::Ordering::Relaxed),
+        checkpoints
+    );
+    ooo_put(&h, 20, b"after");
+    drop((kv, h));
+    env.shutdown();
+    drop(env);
+
+    let env = Env::open(cfg()).unwrap();
+    let h = env.ooo_group(5).unwrap();
+    assert_eq!(h.node().status().unwrap().base, applied);
+    let kv = h.state::<DurableKv>().unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while kv.map.lock().unwrap().get(&20).map(Vec::as_slice) != Some(&b"after"[..]) {
+        assert!(
+            Instant::now() < end,
+            "the entry above the base not replayed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for k in 0..20 {
+        assert_eq!(
+            kv.map.lock().unwrap().get(&k).cloned(),
+            Some(format!("v{k}").into_bytes()),
+            "key {k} lost with the compacted entries"
+        );
+    }
     env.shutdown();
 }

@@ -122,10 +122,12 @@ pub struct StatusArgs {
 pub struct TrimArgs {
     #[command(flatten)]
     ep: Endpoints,
-    /// Trim below this LSN: the first record the database still needs (after its
-    /// checkpoint), at most the committed end of every node named (a node whose committed
-    /// end is below it refuses, OUT_OF_RANGE, naming its committed end). Records from the
-    /// start of its block on are kept.
+    /// Ordered groups: trim below this LSN, the first record the database still needs
+    /// (after its checkpoint), at most the committed end of every node named (a node
+    /// whose committed end is below it refuses, OUT_OF_RANGE, naming its committed end);
+    /// records from the start of its block on are kept. Out-of-order groups: the slot
+    /// below which each node checkpoints its state machine and compacts its entries (at
+    /// most what it applied).
     #[arg(long)]
     lsn: u64,
 }

@@ -146,9 +146,6 @@ impl Service {
                     "Read" | "Tail" => {
                         " (read its log with ReadOutOfOrder or TailOutOfOrder, `chorus read` or `chorus tail`; its applied state with ReadBlocks or GetKeys, `chorus state`)"
                     }
-                    "Trim" => {
-                        " (an out-of-order group compacts its entries file itself, past `[out_of_order] compact_bytes`)"
-                    }
                     _ => " (not built for out-of-order groups yet)",
                 }
             ))),
@@ -531,6 +528,7 @@ fn ooo_group_status(group: u64, node: u64, s: chorus_runtime::ooo::OooStatus) ->
         mode: mode_name(s.mode).into(),
         committed_seq: s.committed_head,
         applied_seq: s.applied_head,
+        base_seq: s.base,
         serving: s.serving,
         recovering_lost: s.recovering_lost,
         ..Default::default()
@@ -1056,11 +1054,29 @@ impl pb::chorus_server::Chorus for Service {
 
     async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        let log = self.ordered(r.group, "Trim")?;
-        tokio::task::spawn_blocking(move || log.trim(r.lsn))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
+        match self.served(r.group)? {
+            Served::Ordered(log) => {
+                tokio::task::spawn_blocking(move || log.trim(r.lsn))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(status)?;
+            }
+            Served::OutOfOrder(h, _) => {
+                let node = h.node().clone();
+                let group = r.group;
+                match tokio::task::spawn_blocking(move || node.compact(r.lsn))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                {
+                    Some(_) => {}
+                    None => {
+                        return Err(Status::unavailable(format!(
+                            "group {group}: stopped, or its checkpoint did not finish within 30 s"
+                        )))
+                    }
+                }
+            }
+        }
         Ok(Response::new(pb::Empty {}))
     }
 

@@ -81,9 +81,11 @@ struct Args {
     /// found before zeros were written ahead).
     #[arg(long)]
     preallocate: Option<u64>,
-    /// Ordered groups: no log trims during the faulty phase (by default replicas trim their
-    /// committed log at a rate drawn per seed, so followers fall behind the leader's log
-    /// start and are rebased; `--no-trims` gives the trajectories of seeds found before).
+    /// No operator trims during the faulty phase (the trajectories of seeds found before
+    /// them). Ordered groups: by default replicas trim their committed log at a rate drawn
+    /// per seed, so followers fall behind the leader's log start and are rebased.
+    /// Out-of-order groups: by default an operator asks a node at random to checkpoint and
+    /// compact below a slot every 300–900 ms.
     #[arg(long)]
     no_trims: bool,
     /// Ordered groups: the group is a mirror of a simulated primary (raw-write access
@@ -256,7 +258,6 @@ fn ordered_only_flag(a: &Args) -> Option<&'static str> {
     [
         (a.mode.is_some(), "--mode"),
         (a.gap_resend.is_some(), "--gap-resend"),
-        (a.no_trims, "--no-trims"),
         (a.mirror, "--mirror"),
     ]
     .into_iter()
@@ -279,6 +280,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         fault_time: args.fault_secs * 1_000 * MS,
         transfers: !args.no_transfers,
         changes: !args.no_changes,
+        trims: !args.no_trims,
         pre_vote: !args.no_pre_vote,
         partial_images: !args.full_images,
         conflict_order: !args.no_conflict_order,
@@ -356,7 +358,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     let (bad, totals) = (sum.failed, &sum.totals);
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} trims_asked={} trims_done={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -377,6 +379,8 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("transfers_not_completed"),
         t("changes_asked"),
         t("membership_changes"),
+        t("trims_asked"),
+        t("trims_done"),
         t("pre_votes_live"),
         t("pre_votes_refused_by_lease_live"),
         t("campaigns_live"),

@@ -29,6 +29,7 @@ fn clean_seed_with(mode: Mode, seed: u64) -> OooReport {
             mode,
             transfers: false,
             changes: false,
+            trims: false,
             pre_vote: false,
             partial_images: false,
             conflict_order: false,

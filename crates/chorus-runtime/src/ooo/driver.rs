@@ -153,6 +153,12 @@ pub struct Driver<H: Host> {
     c: OooCounters,
     /// A checkpoint is under way (at most one at a time).
     checkpointing: bool,
+    /// Operators waiting for a compaction ([`Ev::Compact`]), answered with the base once
+    /// the checkpoints cover `compact_asked`; empty unless `checkpointing`.
+    compact_waiters: Vec<std::sync::mpsc::Sender<u64>>,
+    /// The highest slot operators asked to compact below and no checkpoint has covered
+    /// yet (0: none).
+    compact_asked: u64,
     /// Batches whose actions wait for their writes (and every earlier batch's).
     pending: VecDeque<Pending>,
     next_id: u64,
@@ -217,6 +223,8 @@ impl<H: Host> Driver<H> {
             failed: false,
             c,
             checkpointing: false,
+            compact_waiters: Vec::new(),
+            compact_asked: 0,
             pending: VecDeque::new(),
             next_id: 0,
             synced_upto: 0,
@@ -374,6 +382,19 @@ impl<H: Host> Driver<H> {
             Ev::Status(reply) => {
                 let _ = reply.send(self.status());
             }
+            Ev::Compact(upto, reply) => {
+                let upto = upto.min(self.replica.applied_head());
+                if self.checkpointing {
+                    // The checkpoint under way may not cover it: another follows it.
+                    self.compact_asked = self.compact_asked.max(upto);
+                    self.compact_waiters.push(reply);
+                } else if upto <= self.replica.base() {
+                    let _ = reply.send(self.replica.base());
+                } else {
+                    self.compact_waiters.push(reply);
+                    self.checkpoint(upto);
+                }
+            }
             Ev::Transfer(to, reply) => {
                 let _ = reply.send(self.replica.transfer_leader(now, to));
             }
@@ -411,6 +432,18 @@ impl<H: Host> Driver<H> {
                     // The file is rewritten next; its size is known again when the IO task
                     // reports. Until then, no second checkpoint on the old size.
                     self.log_bytes = 0;
+                }
+                // Operators who asked for more while it ran get a checkpoint of their
+                // own; the others (all, once no more is asked) get the base.
+                let asked =
+                    std::mem::take(&mut self.compact_asked).min(self.replica.applied_head());
+                if asked > upto && asked > self.replica.base() {
+                    self.checkpoint(asked);
+                } else {
+                    let base = self.replica.base();
+                    for w in self.compact_waiters.drain(..) {
+                        let _ = w.send(base);
+                    }
                 }
             }
             Ev::Image {
@@ -458,6 +491,7 @@ impl<H: Host> Driver<H> {
             serving: self.replica.is_serving(),
             committed_head: self.replica.committed_head(),
             applied_head: self.replica.applied_head(),
+            base: self.replica.base(),
             recovering_lost: self.replica.is_recovering_lost(),
             stats: self.replica.stats(),
             counters: self.c,
@@ -487,15 +521,21 @@ impl<H: Host> Driver<H> {
             && log_bytes >= bound
             && upto > self.replica.base()
         {
-            self.checkpointing = true;
-            let sm = self.sm.clone();
-            self.host
-                .jobs()
-                .job(move || match guarded(|| sm.checkpoint()) {
-                    Ok(()) => Ev::Checkpointed(upto),
-                    Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
-                });
+            self.checkpoint(upto);
         }
+    }
+
+    /// Starts a checkpoint on the apply workers; once the state machine reports its
+    /// state durable, the entries below `upto` are compacted ([`Ev::Checkpointed`]).
+    fn checkpoint(&mut self, upto: u64) {
+        self.checkpointing = true;
+        let sm = self.sm.clone();
+        self.host
+            .jobs()
+            .job(move || match guarded(|| sm.checkpoint()) {
+                Ok(()) => Ev::Checkpointed(upto),
+                Err(e) => Ev::SmFailed(format!("checkpoint: {e}")),
+            });
     }
 
     /// Runs the replica's actions until it has none: batches now durable release their

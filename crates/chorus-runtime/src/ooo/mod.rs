@@ -266,6 +266,8 @@ pub struct OooStatus {
     pub committed_head: u64,
     /// First slot not applied.
     pub applied_head: u64,
+    /// Every slot below this one is compacted ([`chorus_core::ooo::replica::Hard::base`]).
+    pub base: u64,
     /// Recovering entries it lost on disk: following and acknowledging, but neither
     /// voting nor campaigning until it holds them again
     /// ([`chorus_core::ooo::replica::Hard::after_loss`]).
@@ -456,6 +458,10 @@ pub enum Ev {
     Applied(u64),
     /// The replica's status.
     Status(Sender<OooStatus>),
+    /// Checkpoint the state machine and compact the entries below this slot (capped at
+    /// the applied head); the answer is the replica's base after it
+    /// ([`OooNode::compact`]).
+    Compact(u64, Sender<u64>),
     /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
     Transfer(NodeId, Sender<Result<(), OooTransferError>>),
     /// Change the voters ([`OooReplica::change_membership`]).
@@ -659,12 +665,17 @@ impl OooNode {
     /// Asks the driver something; `None` if the node is down or does not answer within
     /// 5 s.
     fn ask<T>(&self, ev: impl FnOnce(mpsc::Sender<T>) -> Ev) -> Option<T> {
+        self.ask_within(Duration::from_secs(5), ev)
+    }
+
+    /// [`Self::ask`] with another bound on the wait.
+    fn ask_within<T>(&self, wait: Duration, ev: impl FnOnce(mpsc::Sender<T>) -> Ev) -> Option<T> {
         if self.down() {
             return None;
         }
         let (tx, rx) = mpsc::channel();
         self.task.push(ev(tx));
-        rx.recv_timeout(Duration::from_secs(5)).ok()
+        rx.recv_timeout(wait).ok()
     }
 
     /// The driver task (the environment's timer polls it).
@@ -762,6 +773,18 @@ impl OooNode {
     /// [`OooNode::status`]. `None` if the node stopped.
     pub fn transfer_leader(&self, to: NodeId) -> Option<Result<(), OooTransferError>> {
         self.ask(|tx| Ev::Transfer(to, tx))
+    }
+
+    /// Checkpoints the state machine and compacts the entries below `upto` (capped at
+    /// what this replica applied), as the driver does by itself once the entries file
+    /// passes `compact_bytes`: the operator's trim of an out-of-order group. A follower
+    /// that has not got what is compacted catches up by image. Returns the replica's
+    /// base after it (every slot below is compacted): below `upto` when an image is
+    /// coming in (the replica does not compact then) or when little was applied. Asked
+    /// while a checkpoint runs, it waits for that one and, if that does not cover it, for
+    /// one more. `None` if the node stopped or did not answer within 30 s.
+    pub fn compact(&self, upto: u64) -> Option<u64> {
+        self.ask_within(Duration::from_secs(30), |tx| Ev::Compact(upto, tx))
     }
 
     /// Changes the group's voters (PALF section 5.3; joint consensus, see

@@ -30,13 +30,17 @@ async fn log_range(c: &mut Client, i: usize, group: u64) -> Option<(u64, u64)> {
         .groups
         .into_iter()
         .find(|g| g.group == group)
-        .map(|g| (g.start_lsn, g.committed_lsn))
+        .map(|g| match g.mode.as_str() {
+            // Slots: the first not compacted, the first not known committed.
+            "parallel" | "dependent" => (g.base_seq, g.committed_seq),
+            _ => (g.start_lsn, g.committed_lsn),
+        })
 }
 
 /// A failed trim at one node, named: its connection could not be made ("unreachable"),
 /// it answered UNAVAILABLE (the group stopped there, or the node is shutting down:
 /// "unavailable"), or it refused the request ("refused": OUT_OF_RANGE past its committed
-/// end, NOT_FOUND without the group, UNIMPLEMENTED for an out-of-order group). The detail
+/// end, NOT_FOUND without the group). The detail
 /// leaves out the endpoint, which the row names.
 fn trim_failure(e: &ClientError) -> (&'static str, Option<Code>, String) {
     match e {

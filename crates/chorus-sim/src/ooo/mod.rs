@@ -36,6 +36,11 @@
 //! the spare starts knowing no voters and catches up from the leader. Nodes outside the
 //! final membership are left out of the final checks of caught-up state.
 //!
+//! An operator **trims** a node at random every 300–900 ms of the fault time
+//! (`OooOptions::trims`): it asks the node's driver to checkpoint and compact below a slot
+//! drawn up to just past its applied head (`Ev::Compact`, what the Trim RPC sends), and
+//! checks each answer (the node's base, never past what it applied or was asked).
+//!
 //! Applies are run in a random order within each batch the replica releases, as a driver
 //! with several apply threads would; an entry may be cut into pieces of independent
 //! records applied apart (one seed in four applies inline, one to three pieces on the
@@ -114,6 +119,12 @@ pub struct OooOptions {
     /// from a random stream of its own; off, there is no spare node and the trajectories
     /// of the seeds found before membership changes existed replay exactly.
     pub changes: bool,
+    /// An operator asks a node at random to checkpoint and compact below a slot every
+    /// 300–900 ms of the fault time (the Trim RPC of an out-of-order group,
+    /// [`chorus_runtime::ooo::OooNode::compact`]), drawn from a random stream of its own;
+    /// off, the trajectories of the seeds found before operator trims existed replay
+    /// exactly.
+    pub trims: bool,
     /// Replicas pre-vote before campaigning ([`OooConfig::pre_vote`]); off, the
     /// trajectories of the seeds found before pre-vote existed replay exactly.
     pub pre_vote: bool,
@@ -174,6 +185,7 @@ impl Default for OooOptions {
             compact: true,
             transfers: true,
             changes: true,
+            trims: true,
             pre_vote: true,
             partial_images: true,
             conflict_order: true,

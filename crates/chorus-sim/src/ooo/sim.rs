@@ -56,6 +56,9 @@ pub(super) enum Ev {
     Transfer,
     /// An operator's membership change.
     Change,
+    /// An operator's trim: one node checkpoints and compacts below a slot
+    /// ([`chorus_runtime::ooo::OooNode::compact`], the Trim RPC of an out-of-order group).
+    Compact,
 }
 
 /// One simulated node.
@@ -128,6 +131,10 @@ pub(super) struct Sim {
     crng: Rng,
     /// Draws of the storage faults at rest, apart from `rng`.
     drng: Rng,
+    /// Draws of the operators' trims, apart from `rng`.
+    krng: Rng,
+    /// Trims asked and not answered yet: the node, the slot asked, the answer's channel.
+    trims: Vec<(NodeId, Seq, std::sync::mpsc::Receiver<u64>)>,
     /// Nodes given damage not yet seen recovered (at most one at a time: a second
     /// damaged copy could be the majority of some committed slot's copies, and then
     /// halting is the right answer, not a finding).
@@ -165,6 +172,8 @@ impl Sim {
             last_transfer: None,
             crng: Rng::new(seed ^ 0x4348_414e_4745_5321),
             drng: Rng::new(seed ^ 0x4441_4d41_4745_4421),
+            krng: Rng::new(seed ^ 0x5452_494d_5452_494d),
+            trims: Vec::new(),
             lost: BTreeSet::new(),
             trace: std::env::var_os("CHORUS_SIM_TRACE").is_some(),
             o,
@@ -198,6 +207,13 @@ impl Sim {
             while t < s.o.fault_time {
                 s.at(t, Ev::Transfer);
                 t += 200 * MS + s.trng.below(500 * MS);
+            }
+        }
+        if s.o.trims {
+            let mut t = 250 * MS;
+            while t < s.o.fault_time {
+                s.at(t, Ev::Compact);
+                t += 300 * MS + s.krng.below(600 * MS);
             }
         }
         if s.o.changes {
@@ -273,6 +289,55 @@ impl Sim {
             )),
         }
         self.round(id, Vec::new());
+    }
+
+    /// An operator asks a node drawn at random (any role) to checkpoint and compact
+    /// below a slot drawn between its base and just past its applied head; the answers
+    /// of earlier asks are checked first. An answer is the node's base after the
+    /// compaction: never past what it applied or was asked. The checkers then see the
+    /// node go on from its checkpoint (its later restarts, the images it sends).
+    fn trim(&mut self) {
+        let asked = std::mem::take(&mut self.trims);
+        for (id, upto, rx) in asked {
+            match rx.try_recv() {
+                Ok(base) => {
+                    self.bump("trims_done", 1);
+                    let applied = self.nodes[&id]
+                        .replica()
+                        .map_or(u64::MAX, |r| r.applied_head());
+                    if base > applied.max(upto) {
+                        self.violation(format!(
+                            "node {id}: a trim below {upto} answered base {base}, past its applied head {applied}"
+                        ));
+                    }
+                }
+                // Not answered yet (the checkpoint runs).
+                Err(std::sync::mpsc::TryRecvError::Empty) => self.trims.push((id, upto, rx)),
+                // The node went down first.
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => self.bump("trims_lost", 1),
+            }
+        }
+        let up: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.driver.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        if up.is_empty() {
+            return;
+        }
+        let id = up[self.krng.below(up.len() as u64) as usize];
+        let Some((base, applied)) = self.nodes[&id]
+            .replica()
+            .map(|r| (r.base(), r.applied_head()))
+        else {
+            return;
+        };
+        let upto = base + self.krng.below(applied.saturating_sub(base) + 2);
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.trims.push((id, upto, rx));
+        self.bump("trims_asked", 1);
+        self.round(id, vec![DriverEv::Compact(upto, tx)]);
     }
 
     /// An operator asks the serving leader, if there is one, to hand over to another
@@ -1082,6 +1147,7 @@ impl Sim {
             }
             Ev::Transfer => self.transfer(),
             Ev::Change => self.change(),
+            Ev::Compact => self.trim(),
         }
         true
     }
