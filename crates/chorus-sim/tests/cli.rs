@@ -49,7 +49,6 @@ fn flags_of_the_other_kind_of_run_are_refused_by_name() {
             &["--ooo", "dependent", "--gap-resend", "1"][..],
             "--gap-resend",
         ),
-        (&["--ooo", "dependent", "--no-trims"][..], "--no-trims"),
         (&["--no-transfers"][..], "--no-transfers"),
         (&["--mode", "sync", "--full-images"][..], "--full-images"),
     ] {
