@@ -251,8 +251,15 @@ fn compaction_and_images_seeds() {
             r.stats
         );
     }
-    // Seeds divisible by 3 do not compact: the paths without a base stay covered.
-    let r = run_seed(999, &OooOptions::default());
+    // Seeds divisible by 3 do not compact by size, and without operators' trims nothing
+    // compacts: the paths without a base stay covered.
+    let r = run_seed(
+        999,
+        &OooOptions {
+            trims: false,
+            ..OooOptions::default()
+        },
+    );
     assert_eq!(r.stats.get("checkpoints"), None, "{:?}", r.stats);
 }
 
@@ -425,4 +432,26 @@ fn damage_at_rest_regression_seeds() {
             r.stats
         );
     }
+}
+
+/// Known open liveness gap, kept as its seed: with operators' trims on any node up to its
+/// applied head, parallel seed 50045 (no zeros ahead, no timed resends) ends with no
+/// leader. A follower that compacted past another's first uncommitted slot refuses it its
+/// vote (`chorus_core::ooo::dependent::grants_vote`, first rule), the three live voters'
+/// refusals form a cycle, and the fourth abstains while it recovers entries it lost. The
+/// simulator's default trims go to the serving leader only, up to what every live
+/// follower holds (`OooOptions::trim_followers`); docs/reliability.md lists the gap.
+#[test]
+#[ignore = "open liveness gap of the out-of-order vote rule under compaction (docs/reliability.md)"]
+fn followers_compacted_past_each_other_still_elect_a_leader() {
+    check(
+        50045,
+        &OooOptions {
+            mode: Mode::Parallel { span: 2 },
+            preallocate: Some(0),
+            timed_resend: Some(0),
+            trim_followers: true,
+            ..OooOptions::default()
+        },
+    );
 }

@@ -36,10 +36,12 @@
 //! the spare starts knowing no voters and catches up from the leader. Nodes outside the
 //! final membership are left out of the final checks of caught-up state.
 //!
-//! An operator **trims** a node at random every 300–900 ms of the fault time
-//! (`OooOptions::trims`): it asks the node's driver to checkpoint and compact below a slot
-//! drawn up to just past its applied head (`Ev::Compact`, what the Trim RPC sends), and
-//! checks each answer (the node's base, never past what it applied or was asked).
+//! An operator **trims** the serving leader every 300–900 ms of the fault time
+//! (`OooOptions::trims`): it asks its driver to checkpoint and compact below a slot drawn
+//! up to just past what every live follower holds (`Ev::Compact`, what the Trim RPC
+//! sends), and checks each answer (the base, never past what it applied or was asked).
+//! `OooOptions::trim_followers` trims any node up to its applied head instead, which
+//! meets an open liveness gap (docs/reliability.md).
 //!
 //! Applies are run in a random order within each batch the replica releases, as a driver
 //! with several apply threads would; an entry may be cut into pieces of independent
@@ -125,6 +127,14 @@ pub struct OooOptions {
     /// off, the trajectories of the seeds found before operator trims existed replay
     /// exactly.
     pub trims: bool,
+    /// Operators' trims go to any node, up to its applied head; off (the default), only
+    /// to the serving leader, up to what every live follower holds
+    /// ([`chorus_core::ooo::replica::OooReplica::compactable`]). On, seed 50045 (parallel,
+    /// no zeros ahead, no timed resends) ends with no leader: a follower that compacted
+    /// past another's first uncommitted slot refuses it its vote (`grants_vote` rule 1),
+    /// the three live voters' refusals form a cycle and the fourth abstains while it
+    /// recovers entries it lost — a liveness gap of the vote rule under compaction, open.
+    pub trim_followers: bool,
     /// Replicas pre-vote before campaigning ([`OooConfig::pre_vote`]); off, the
     /// trajectories of the seeds found before pre-vote existed replay exactly.
     pub pre_vote: bool,
@@ -186,6 +196,7 @@ impl Default for OooOptions {
             transfers: true,
             changes: true,
             trims: true,
+            trim_followers: false,
             pre_vote: true,
             partial_images: true,
             conflict_order: true,

@@ -291,9 +291,10 @@ impl Sim {
         self.round(id, Vec::new());
     }
 
-    /// An operator asks a node drawn at random (any role) to checkpoint and compact
-    /// below a slot drawn between its base and just past its applied head; the answers
-    /// of earlier asks are checked first. An answer is the node's base after the
+    /// An operator asks the serving leader (or, with `trim_followers`, a node drawn at
+    /// random, up to its applied head) to checkpoint and compact below a slot drawn
+    /// between its base and just past what every live follower holds; the answers of
+    /// earlier asks are checked first. An answer is the node's base after the
     /// compaction: never past what it applied or was asked. The checkers then see the
     /// node go on from its checkpoint (its later restarts, the images it sends).
     fn trim(&mut self) {
@@ -326,11 +327,22 @@ impl Sim {
         if up.is_empty() {
             return;
         }
-        let id = up[self.krng.below(up.len() as u64) as usize];
-        let Some((base, applied)) = self.nodes[&id]
-            .replica()
-            .map(|r| (r.base(), r.applied_head()))
-        else {
+        let id = if self.o.trim_followers {
+            up[self.krng.below(up.len() as u64) as usize]
+        } else {
+            match self.serving() {
+                Some((id, _)) => id,
+                None => return,
+            }
+        };
+        let Some((base, applied)) = self.nodes[&id].replica().map(|r| {
+            let top = if self.o.trim_followers {
+                r.applied_head()
+            } else {
+                r.compactable()
+            };
+            (r.base(), top)
+        }) else {
             return;
         };
         let upto = base + self.krng.below(applied.saturating_sub(base) + 2);
