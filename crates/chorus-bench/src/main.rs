@@ -89,6 +89,10 @@ enum Cmd {
         /// IO workers per node (default: the environment's).
         #[arg(long)]
         io_workers: Option<usize>,
+        /// Ordered groups one IO worker steps together (default: the environment's;
+        /// 1 steps each group on its own).
+        #[arg(long)]
+        pass_groups: Option<usize>,
         /// Also write the points as JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -620,6 +624,7 @@ fn main() -> AnyResult<()> {
             settle_secs,
             dir,
             io_workers,
+            pass_groups,
             json,
         } => {
             let o = chorus_bench::spread::SpreadOpts {
@@ -631,6 +636,7 @@ fn main() -> AnyResult<()> {
                 settle_secs,
                 dir,
                 io_workers,
+                pass_groups,
             };
             match chorus_bench::spread::run(&o) {
                 Ok(points) => {

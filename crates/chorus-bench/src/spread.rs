@@ -42,6 +42,8 @@ pub struct SpreadOpts {
     pub dir: PathBuf,
     /// IO workers per node (`None`: [`EnvConfig`]'s default).
     pub io_workers: Option<usize>,
+    /// Ordered groups one IO worker steps together (`None`: [`EnvConfig`]'s default).
+    pub pass_groups: Option<usize>,
 }
 
 /// One point.
@@ -83,10 +85,13 @@ fn peak_rss_mib() -> u64 {
 }
 
 /// One node: its environment.
-fn open_node(id: u64, dir: &Path, io_workers: Option<usize>) -> Result<Env, String> {
+fn open_node(id: u64, dir: &Path, o: &SpreadOpts) -> Result<Env, String> {
     let mut cfg = EnvConfig::new(id, dir, "127.0.0.1:0".parse().expect("address"));
-    if let Some(n) = io_workers {
+    if let Some(n) = o.io_workers {
         cfg.io_workers = n;
+    }
+    if let Some(n) = o.pass_groups {
+        cfg.pass_groups = n;
     }
     Env::open(cfg).map_err(|e| format!("node {id}: open: {e}"))
 }
@@ -112,7 +117,7 @@ fn point(o: &SpreadOpts, groups: u64) -> Result<SpreadPoint, String> {
     let result = (|| {
         let mut envs = Vec::new();
         for i in 1..=3u64 {
-            envs.push(open_node(i, &root.join(format!("n{i}")), o.io_workers)?);
+            envs.push(open_node(i, &root.join(format!("n{i}")), o)?);
         }
         for (i, a) in envs.iter().enumerate() {
             for (j, b) in envs.iter().enumerate() {

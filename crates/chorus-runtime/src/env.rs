@@ -52,6 +52,10 @@ pub struct EnvConfig {
     pub peers: HashMap<NodeId, String>,
     /// Worker threads shared by all groups (they also run the fsyncs).
     pub io_workers: usize,
+    /// How many ordered groups with work one IO worker steps together, sharing its
+    /// wake-up, one `send` per peer and the wait for their syncs (docs/architecture.md, "Passes");
+    /// 1 steps each group on its own. Default [`DEFAULT_PASS_GROUPS`].
+    pub pass_groups: usize,
     /// Threads shared by every out-of-order group's state machine: applying released
     /// entries, checkpoints, images ([`crate::ooo`]).
     pub apply_threads: usize,
@@ -78,6 +82,9 @@ pub struct EnvConfig {
     pub state_machines: Option<Arc<dyn StateMachines>>,
 }
 
+/// Default of [`EnvConfig::pass_groups`].
+pub const DEFAULT_PASS_GROUPS: usize = 32;
+
 /// Default of [`EnvConfig::min_free_bytes`]: 128 MiB, room for the appends in flight
 /// (a leader's window is 64 MiB by default) and a new block file after the refusals
 /// start.
@@ -94,6 +101,7 @@ impl EnvConfig {
             advertise: None,
             peers: HashMap::new(),
             io_workers: 4,
+            pass_groups: DEFAULT_PASS_GROUPS,
             apply_threads: 2,
             replica: ReplicaConfig {
                 // Adaptive group replication (PALF section 6): with the log IO idle, a group
@@ -128,6 +136,9 @@ impl EnvConfig {
         }
         if self.io_workers == 0 || self.io_workers > 256 {
             return bad("io_workers", self.io_workers.to_string(), "1 to 256");
+        }
+        if self.pass_groups == 0 || self.pass_groups > 4096 {
+            return bad("pass_groups", self.pass_groups.to_string(), "1 to 4096");
         }
         if self.apply_threads == 0 || self.apply_threads > 256 {
             return bad("apply_threads", self.apply_threads.to_string(), "1 to 256");
@@ -302,7 +313,7 @@ impl Env {
             node: cfg.node,
             start: Instant::now(),
             transport: std::sync::OnceLock::new(),
-            pool: Pool::new(),
+            pool: Pool::new(cfg.pass_groups),
             apply: crate::pool::ApplyPool::start(cfg.apply_threads).map_err(|e| Error::Io {
                 what: "start apply workers".into(),
                 source: e,
@@ -588,7 +599,7 @@ impl Env {
 
     /// Ids of the ordered groups this node runs (or that stopped), ascending
     /// ([`Env::list_groups`] lists every group of every mode).
-    pub fn groups(&self) -> Vec<GroupId> {
+    pub fn ordered_groups(&self) -> Vec<GroupId> {
         let mut v: Vec<_> = self
             .inner
             .router

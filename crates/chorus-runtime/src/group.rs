@@ -42,6 +42,19 @@ use arc_swap::ArcSwapOption;
 use chorus_core::format::entry;
 use chorus_core::format::group::GROUP_HEADER_SIZE;
 
+/// What one [`Group::round`] left to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stepped {
+    /// Nothing: the replica had no actions and no answers (its IO reports, if any,
+    /// were taken in this round).
+    Idle,
+    /// The round wrote the log: [`Group::sync_log`] comes next, before the replica is
+    /// told anything of it.
+    Wrote,
+    /// The round ran without writing; the next round may have work.
+    Again,
+}
+
 /// An entry's result slot in a lane: its LSN, CSN and where its result goes.
 type Slot = (Lsn, Csn, Waiter);
 
@@ -226,6 +239,10 @@ impl EnvShared {
 struct Core {
     replica: Replica,
     waiters: HashMap<u64, Waiter>,
+    /// Reports of IO the replica has not been told yet ([`ordered::take_round`] drains
+    /// them). Kept here, not on the driver's stack, so that a group can leave a worker
+    /// between its sync and the round that reports it ([`crate::pass`]).
+    feedback: Vec<Feedback>,
 }
 
 struct Io {
@@ -353,6 +370,7 @@ impl Group {
             core: Mutex::new(Core {
                 replica,
                 waiters: HashMap::new(),
+                feedback: Vec::new(),
             }),
             io: RwLock::new(Io { log, meta }),
             index: Mutex::new(ReadIndex::default()),
@@ -393,17 +411,9 @@ impl Group {
     }
 
     /// The driver: steps the replica ([`crate::ordered`]) until it has nothing to do, on
-    /// a pool worker.
+    /// a pool worker, syncing after each round that wrote. A worker that took several
+    /// groups at once steps them together instead ([`crate::pass`]).
     pub fn run(self: &Arc<Self>) {
-        // Everything the driver logs carries the group, the node and the proposal id.
-        let span = tracing::debug_span!(
-            "group",
-            group = self.id,
-            node = self.env.node,
-            pid = tracing::field::Empty
-        );
-        let _entered = span.enter();
-        let mut feedback: Vec<Feedback> = Vec::new();
         let mut rounds = 0u32;
         loop {
             rounds += 1;
@@ -412,87 +422,137 @@ impl Group {
                 self.schedule();
                 return;
             }
-            let now = self.env.now();
-            let mut results = Vec::new();
-            let actions = {
-                let mut c = self.core.lock().expect("core");
-                // The group commit point: whatever appenders put in the lane while the
-                // last IO ran becomes one group now.
-                self.close_lane(&mut c, now);
-                span.record("pid", c.replica.proposal_id());
-                let tick = self.tick_due.swap(false, Ordering::AcqRel);
-                let round = ordered::take_round(&mut c.replica, now, &mut feedback, tick);
-                if tick {
-                    self.last_tick.store(now, Ordering::Relaxed);
-                }
-                let answered = self.env.now();
-                for answer in round.answers {
-                    self.answered(&mut c, answer, answered, &mut results);
-                }
-                self.busy
-                    .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
-                self.io_idle.store(
-                    c.replica.flushed_end() == c.replica.end_lsn(),
-                    Ordering::Relaxed,
-                );
-                let due = c.replica.resend_due().unwrap_or(u64::MAX);
-                if self.resend_at.swap(due, Ordering::SeqCst) != due {
-                    self.env.wake_timer_by(due);
-                }
-                round.actions
-            };
-            if actions.is_empty() && results.is_empty() {
-                return;
-            }
-            let done = match ordered::execute(actions, &mut GroupHost(self), &self.env.step) {
-                Ok(done) => done,
-                Err(e) => {
-                    self.storage_failed(match e {
-                        StepError::Storage(source) => Error::Storage {
-                            group: self.id,
-                            source,
-                        },
-                        StepError::Broken(reason) => Error::Stopped {
-                            group: self.id,
-                            reason,
-                        },
-                    });
-                    return;
-                }
-            };
-            feedback = done.feedback;
-            for (tx, r) in results {
-                let _ = tx.send(r);
-            }
-            if done.restart {
-                if let Err(e) = self.restart_replica() {
-                    self.storage_failed(e);
-                    return;
-                }
-                feedback.clear();
-                continue;
-            }
-            if done.wrote {
-                let t0 = Instant::now();
-                let point = self.io.read().expect("io").log.sync_point();
-                let r = point.and_then(|p| {
-                    let r = p.sync();
-                    self.io.write().expect("io").log.synced(&p, r)
-                });
-                let took = t0.elapsed().as_nanos() as u64;
-                self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
-                self.counters.fsync_nanos.fetch_add(took, Ordering::Relaxed);
-                self.env.fsync_hist.record(took);
-                match r {
-                    Ok(end) => feedback.push(Feedback::Flushed(end)),
-                    Err(e) => {
-                        self.storage_failed(Error::Storage {
-                            group: self.id,
-                            source: e,
-                        });
+            match self.round() {
+                Stepped::Idle => return,
+                Stepped::Again => {}
+                Stepped::Wrote => {
+                    if !self.sync_log() {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// One round of the driver: the IO reports since the last round and a tick if due
+    /// go to the replica, and its actions run ([`ordered::take_round`],
+    /// [`ordered::execute`]). Appenders whose outcome the round decided are answered
+    /// after its actions. A round that wrote returns [`Stepped::Wrote`]: what it wrote
+    /// is not durable, and the replica is told nothing of it, until [`Group::sync_log`].
+    pub(crate) fn round(self: &Arc<Self>) -> Stepped {
+        // Everything the driver logs carries the group, the node and the proposal id.
+        let span = tracing::debug_span!(
+            "group",
+            group = self.id,
+            node = self.env.node,
+            pid = tracing::field::Empty
+        );
+        let _entered = span.enter();
+        let now = self.env.now();
+        let mut results = Vec::new();
+        let actions = {
+            let mut c = self.core.lock().expect("core");
+            // The group commit point: whatever appenders put in the lane while the last
+            // IO ran becomes one group now.
+            self.close_lane(&mut c, now);
+            span.record("pid", c.replica.proposal_id());
+            let tick = self.tick_due.swap(false, Ordering::AcqRel);
+            let mut feedback = std::mem::take(&mut c.feedback);
+            let round = ordered::take_round(&mut c.replica, now, &mut feedback, tick);
+            // Keep the (now empty) allocation for the next reports.
+            c.feedback = feedback;
+            if tick {
+                self.last_tick.store(now, Ordering::Relaxed);
+            }
+            let answered = self.env.now();
+            for answer in round.answers {
+                self.answered(&mut c, answer, answered, &mut results);
+            }
+            self.busy
+                .store(c.replica.pending_appends() > 0, Ordering::Relaxed);
+            self.io_idle.store(
+                c.replica.flushed_end() == c.replica.end_lsn(),
+                Ordering::Relaxed,
+            );
+            let due = c.replica.resend_due().unwrap_or(u64::MAX);
+            if self.resend_at.swap(due, Ordering::SeqCst) != due {
+                self.env.wake_timer_by(due);
+            }
+            round.actions
+        };
+        if actions.is_empty() && results.is_empty() {
+            return Stepped::Idle;
+        }
+        let done = match ordered::execute(actions, &mut GroupHost(self), &self.env.step) {
+            Ok(done) => done,
+            Err(e) => {
+                self.storage_failed(match e {
+                    StepError::Storage(source) => Error::Storage {
+                        group: self.id,
+                        source,
+                    },
+                    StepError::Broken(reason) => Error::Stopped {
+                        group: self.id,
+                        reason,
+                    },
+                });
+                return Stepped::Idle;
+            }
+        };
+        if !done.feedback.is_empty() {
+            self.core
+                .lock()
+                .expect("core")
+                .feedback
+                .extend(done.feedback);
+        }
+        for (tx, r) in results {
+            let _ = tx.send(r);
+        }
+        if done.restart {
+            if let Err(e) = self.restart_replica() {
+                self.storage_failed(e);
+                return Stepped::Idle;
+            }
+            self.core.lock().expect("core").feedback.clear();
+            return Stepped::Again;
+        }
+        if done.wrote {
+            Stepped::Wrote
+        } else {
+            Stepped::Again
+        }
+    }
+
+    /// Makes what the last rounds wrote durable (one `fdatasync`, with no lock held) and
+    /// queues [`Feedback::Flushed`] for the next round. Returns false when the sync
+    /// failed: the group has stopped ([`Group::storage_failed`]).
+    pub(crate) fn sync_log(&self) -> bool {
+        let t0 = Instant::now();
+        let point = self.io.read().expect("io").log.sync_point();
+        let r = point.and_then(|p| {
+            let r = p.sync();
+            self.io.write().expect("io").log.synced(&p, r)
+        });
+        let took = t0.elapsed().as_nanos() as u64;
+        self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.counters.fsync_nanos.fetch_add(took, Ordering::Relaxed);
+        self.env.fsync_hist.record(took);
+        match r {
+            Ok(end) => {
+                self.core
+                    .lock()
+                    .expect("core")
+                    .feedback
+                    .push(Feedback::Flushed(end));
+                true
+            }
+            Err(e) => {
+                self.storage_failed(Error::Storage {
+                    group: self.id,
+                    source: e,
+                });
+                false
             }
         }
     }
@@ -1123,6 +1183,10 @@ impl Group {
 }
 
 impl crate::pool::Task for Group {
+    fn queued(self: Arc<Self>) -> crate::pool::Queued {
+        crate::pool::Queued::Ordered(self)
+    }
+
     fn sched(&self) -> &crate::sched::SchedState {
         &self.sched
     }

@@ -50,6 +50,7 @@ pub mod lane;
 pub mod metrics;
 pub mod ooo;
 pub mod ordered;
+mod pass;
 mod pool;
 pub mod sched;
 pub mod transport;

@@ -22,10 +22,27 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::applyq::WorkQueue;
+use crate::group::Group;
 use crate::sched::SchedState;
+
+/// A task on the run queue. Ordered groups are kept apart so that a worker can take
+/// several at once and step them together ([`crate::pass`]).
+pub(crate) enum Queued {
+    /// An ordered group's driver.
+    Ordered(Arc<Group>),
+    /// Any other task (an out-of-order group's driver or IO).
+    Other(Arc<dyn Task>),
+}
 
 /// Work the IO workers run: scheduled at most once at a time ([`Task::sched`]).
 pub(crate) trait Task: Send + Sync + 'static {
+    /// How the task waits on the run queue.
+    fn queued(self: Arc<Self>) -> Queued
+    where
+        Self: Sized,
+    {
+        Queued::Other(self)
+    }
     /// The task's scheduling state.
     fn sched(&self) -> &SchedState;
     /// Whether the task is gone (a removed group): it is not run any more.
@@ -35,16 +52,25 @@ pub(crate) trait Task: Send + Sync + 'static {
 }
 
 pub(crate) struct Pool {
-    queue: Mutex<VecDeque<Arc<dyn Task>>>,
+    /// Tasks with work, each at most once (its [`SchedState`] is `QUEUED`).
+    queue: Mutex<VecDeque<Queued>>,
+    /// How many ordered groups a worker takes from the front of the queue at once
+    /// (at least 1; [`crate::pass`]).
+    pass_groups: usize,
+    /// Workers started: a pass takes at most its share of the queue, so that a few
+    /// groups with work spread over the workers (and their syncs run side by side).
+    workers: std::sync::atomic::AtomicUsize,
     ready: Condvar,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Pool {
-    pub fn new() -> Self {
+    pub fn new(pass_groups: usize) -> Self {
         Self {
             queue: Mutex::new(VecDeque::new()),
+            pass_groups: pass_groups.max(1),
+            workers: std::sync::atomic::AtomicUsize::new(1),
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -53,6 +79,7 @@ impl Pool {
 
     /// Starts `n` workers. `me` is the pool itself, shared with the workers.
     pub fn start(me: &Arc<crate::group::EnvShared>, n: usize) -> std::io::Result<()> {
+        me.pool.workers.store(n.max(1), Ordering::Relaxed);
         for i in 0..n {
             let env = me.clone();
             let h = std::thread::Builder::new()
@@ -67,52 +94,74 @@ impl Pool {
     /// running task runs again before it lets go).
     pub fn schedule<T: Task>(&self, t: &Arc<T>) {
         if t.sched().schedule() {
-            let t: Arc<dyn Task> = t.clone();
-            let mut q = self.queue.lock().expect("queue");
-            let was_empty = q.is_empty();
-            q.push_back(t);
-            drop(q);
-            // Into an empty queue: wake a worker. Behind other work: a worker is already
-            // awake for the queue, and each worker that takes a task while more wait
-            // wakes the next (below), so a burst of N tasks (the groups at rest ticking
-            // together) costs at most one wake-up per worker, not N.
-            if was_empty {
-                self.ready.notify_one();
-            }
+            self.push(t.clone().queued());
+        }
+    }
+
+    /// Puts a group that a worker is running back on the queue, behind the others:
+    /// a pass ran out of rounds while the group still had work ([`crate::pass`]).
+    pub fn requeue(&self, g: Arc<Group>) {
+        g.sched.requeue();
+        self.push(Queued::Ordered(g));
+    }
+
+    fn push(&self, t: Queued) {
+        let mut q = self.queue.lock().expect("queue");
+        let was_empty = q.is_empty();
+        q.push_back(t);
+        drop(q);
+        // Into an empty queue: wake a worker. Behind other work: a worker is already
+        // awake for the queue, and each worker that takes a task while more wait wakes
+        // the next (below), so a burst of N tasks (the groups at rest ticking together)
+        // costs at most one wake-up per worker, not N.
+        if was_empty {
+            self.ready.notify_one();
         }
     }
 
     fn work(&self) {
+        let mut groups: Vec<Arc<Group>> = Vec::with_capacity(self.pass_groups);
         loop {
-            let t = {
+            let other = {
                 let mut q = self.queue.lock().expect("queue");
-                loop {
+                let first = loop {
                     if self.stop.load(Ordering::SeqCst) {
                         return;
                     }
                     if let Some(t) = q.pop_front() {
-                        if !q.is_empty() {
-                            self.ready.notify_one();
-                        }
                         break t;
                     }
                     q = self.ready.wait(q).expect("queue");
-                }
-            };
-            loop {
-                t.sched().begin();
-                if !t.removed() {
-                    // A panic (a bug, or a state machine's own) ends the task's run, not
-                    // the worker every other group shares.
-                    let run = std::panic::AssertUnwindSafe(|| t.clone().run());
-                    if std::panic::catch_unwind(run).is_err() {
-                        tracing::error!("a task panicked on an IO worker; the worker goes on");
+                };
+                let other = match first {
+                    Queued::Other(t) => Some(t),
+                    Queued::Ordered(g) => {
+                        // Ordered groups waiting right behind it join the pass, up to
+                        // this worker's share of the queue.
+                        let workers = self.workers.load(Ordering::Relaxed);
+                        let share = (q.len() + 1).div_ceil(workers).min(self.pass_groups);
+                        groups.push(g);
+                        while groups.len() < share {
+                            match q.pop_front() {
+                                Some(Queued::Ordered(g)) => groups.push(g),
+                                Some(t) => {
+                                    q.push_front(t);
+                                    break;
+                                }
+                                None => break,
+                            }
+                        }
+                        None
                     }
+                };
+                if !q.is_empty() {
+                    self.ready.notify_one();
                 }
-                if t.sched().finish() {
-                    break;
-                }
-                // More work arrived while running: run again.
+                other
+            };
+            match other {
+                Some(t) => run_task(&t),
+                None => crate::pass::run(self, &mut groups),
             }
         }
     }
@@ -130,6 +179,25 @@ impl Pool {
             let _ = t.join();
         }
         self.queue.lock().expect("queue").clear();
+    }
+}
+
+/// Runs one task until it has nothing left to do, again if work arrived meanwhile.
+fn run_task(t: &Arc<dyn Task>) {
+    loop {
+        t.sched().begin();
+        if !t.removed() {
+            // A panic (a bug, or a state machine's own) ends the task's run, not the
+            // worker every other group shares.
+            let run = std::panic::AssertUnwindSafe(|| t.clone().run());
+            if std::panic::catch_unwind(run).is_err() {
+                tracing::error!("a task panicked on an IO worker; the worker goes on");
+            }
+        }
+        if t.sched().finish() {
+            break;
+        }
+        // More work arrived while running: run again.
     }
 }
 

@@ -5,7 +5,8 @@
 //! Scheduling a `RUNNING` group marks it `DIRTY`; the worker then runs it again before
 //! letting go. Guarantees: work announced before `schedule` is seen by a run that starts
 //! after it (no lost wake-up), a group is queued at most once, and it never runs on two
-//! workers at once.
+//! workers at once. A worker may also hand a running group back to the queue
+//! ([`SchedState::requeue`]) rather than run it again.
 
 #[cfg(feature = "loom")]
 use loom::sync::atomic::{AtomicU8, Ordering};
@@ -69,6 +70,18 @@ impl SchedState {
         self.0
             .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    /// The worker running the group puts it back on the run queue instead of running it
+    /// again or letting it go (a pass ended with the group still busy,
+    /// `chorus_runtime::pass`). The caller pushes it on the queue after this call: a
+    /// `schedule` from now on sees it queued, and one before it (which found it running
+    /// and marked it dirty) is covered by the queued run. A swap, not a plain store:
+    /// the loom model of a plain store here found an interleaving that left a group
+    /// marked running with no worker (`tests/loom.rs`,
+    /// `a_requeued_group_loses_no_work_and_is_queued_once`).
+    pub fn requeue(&self) {
+        self.0.swap(QUEUED, Ordering::AcqRel);
     }
 
     /// Whether a worker is running the group now.

@@ -36,6 +36,7 @@
 //! Loss is fine: the protocol retransmits, so a full output buffer (a peer that does not
 //! read) drops the newest frames and counts them instead of growing without bound.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -342,8 +343,73 @@ impl TcpTransport {
             .fetch_add(1, Ordering::Relaxed);
         drop(out);
         // A non-empty buffer already has a wake-up (or an inline write) coming.
-        if was_empty && !self.shared.write_inline(&peer) {
+        if was_empty && !corked(&self.shared, &peer) && !self.shared.write_inline(&peer) {
             peer.ready.notify_one();
+        }
+    }
+}
+
+/// Peers that frames were queued for while this thread was corked: written when the
+/// cork ends.
+type CorkedPeers = Vec<(Arc<Shared>, Arc<Peer>)>;
+
+thread_local! {
+    /// `Some` while this thread holds a [`Cork`].
+    static CORKED: RefCell<Option<CorkedPeers>> = const { RefCell::new(None) };
+}
+
+/// Records `peer` for the thread's cork, if it holds one: the caller does not write.
+fn corked(shared: &Arc<Shared>, peer: &Arc<Peer>) -> bool {
+    CORKED.with(|c| match c.borrow_mut().as_mut() {
+        Some(peers) => {
+            if !peers.iter().any(|(_, p)| Arc::ptr_eq(p, peer)) {
+                peers.push((shared.clone(), peer.clone()));
+            }
+            true
+        }
+        None => false,
+    })
+}
+
+/// While a cork is held, the frames its thread queues for a peer wait in the peer's
+/// buffer instead of being written at once; when the cork is dropped, each peer that got
+/// frames is written once, everything queued for it in one `send`. A worker stepping
+/// many groups in one pass holds one ([`crate::pass`]), so that the frames of tens of
+/// groups to one peer cost one system call, not one each. Frames other threads queue
+/// meanwhile join the same buffer (they find it non-empty and leave the write to the
+/// cork's owner). Holding a cork while blocking on IO would delay every frame queued
+/// for those peers: the pass drops it before it syncs.
+pub(crate) struct Cork {
+    /// Whether this cork began the thread's corking (a nested one does nothing).
+    outer: bool,
+}
+
+impl Cork {
+    /// Corks this thread.
+    pub(crate) fn new() -> Self {
+        let outer = CORKED.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.is_some() {
+                false
+            } else {
+                *c = Some(Vec::new());
+                true
+            }
+        });
+        Self { outer }
+    }
+}
+
+impl Drop for Cork {
+    fn drop(&mut self) {
+        if !self.outer {
+            return;
+        }
+        let peers = CORKED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+        for (shared, peer) in peers {
+            if !shared.write_inline(&peer) {
+                peer.ready.notify_one();
+            }
         }
     }
 }

@@ -33,7 +33,7 @@ fn many_groups_in_one_env_and_removal() {
         env.create_group(2, &[1], &[]),
         Err(Error::GroupExists(2))
     ));
-    assert_eq!(env.groups(), vec![1, 2, 3]);
+    assert_eq!(env.ordered_groups(), vec![1, 2, 3]);
     for g in 1..=3 {
         let lsn = leader_append(&env, g, format!("in {g}").as_bytes());
         assert_eq!(
@@ -46,7 +46,7 @@ fn many_groups_in_one_env_and_removal() {
     assert!(!chorus_runtime::env::group_dir(dir.path(), 2).exists());
     assert!(matches!(env.group(2), Err(Error::NoSuchGroup(2))));
     assert!(matches!(env.remove_group(2), Err(Error::NoSuchGroup(2))));
-    assert_eq!(env.groups(), vec![1, 3]);
+    assert_eq!(env.ordered_groups(), vec![1, 3]);
     let _ = old.append(b"after removal", 0); // refused or unresolved, never a panic
     leader_append(&env, 1, b"group 1 still serves");
     // Created again from nothing.
@@ -54,7 +54,7 @@ fn many_groups_in_one_env_and_removal() {
     leader_append(&env, 2, b"new 2");
     env.shutdown();
     let env = Env::open(cfg()).unwrap();
-    assert_eq!(env.groups(), vec![1, 2, 3]);
+    assert_eq!(env.ordered_groups(), vec![1, 2, 3]);
     // After a restart the log's tail past the last piggybacked commit point is decided by
     // reconfirmation (piggyback paper section 5): once the replica serves again, it is
     // committed and readable.
@@ -90,7 +90,7 @@ fn a_damaged_group_stops_only_itself() {
     std::fs::write(&meta, vec![0x5A; len]).unwrap();
 
     let env = Env::open(cfg()).unwrap();
-    assert_eq!(env.groups(), vec![1]);
+    assert_eq!(env.ordered_groups(), vec![1]);
     let damaged = env.damaged_groups();
     assert_eq!(damaged.len(), 1);
     assert_eq!(damaged[0].0, 2);
@@ -122,7 +122,7 @@ fn a_damaged_group_stops_only_itself() {
     env.shutdown();
     drop(env);
     let env = Env::open(cfg()).unwrap();
-    assert_eq!(env.groups(), vec![1, 2]);
+    assert_eq!(env.ordered_groups(), vec![1, 2]);
     assert!(env.damaged_groups().is_empty());
     env.shutdown();
 }

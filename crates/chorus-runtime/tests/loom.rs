@@ -97,6 +97,65 @@ fn no_lost_wakeup_no_double_run() {
     });
 }
 
+/// A worker that runs the group once and hands it back to the queue instead of letting
+/// it go (a pass that ran out of rounds, `chorus_runtime::pass`).
+fn requeuing_worker(g: &Group, queue: &Mutex<Vec<()>>) -> bool {
+    let popped = queue.lock().unwrap().pop().is_some();
+    if !popped {
+        return false;
+    }
+    g.sched.begin();
+    run_once(g);
+    g.sched.requeue();
+    let mut q = queue.lock().unwrap();
+    q.push(());
+    assert!(q.len() <= 1, "queued twice");
+    true
+}
+
+#[test]
+fn a_requeued_group_loses_no_work_and_is_queued_once() {
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        let g = Arc::new(Group {
+            sched: SchedState::default(),
+            work: AtomicUsize::new(0),
+            running: AtomicBool::new(false),
+            taken: AtomicUsize::new(0),
+        });
+        let queue = Arc::new(Mutex::new(Vec::new()));
+        let mut producers = Vec::new();
+        for _ in 0..2 {
+            let (g, queue) = (g.clone(), queue.clone());
+            producers.push(thread::spawn(move || {
+                g.work.fetch_add(1, Ordering::SeqCst);
+                if g.sched.schedule() {
+                    let mut q = queue.lock().unwrap();
+                    q.push(());
+                    assert!(q.len() <= 1, "queued twice");
+                }
+            }));
+        }
+        let (g2, q2) = (g.clone(), queue.clone());
+        let other = thread::spawn(move || {
+            worker(&g2, &q2);
+        });
+        requeuing_worker(&g, &queue);
+        for p in producers {
+            p.join().unwrap();
+        }
+        other.join().unwrap();
+        while worker(&g, &queue) {}
+        assert_eq!(
+            g.taken.load(Ordering::SeqCst),
+            2,
+            "announced work was never run"
+        );
+        assert!(!g.sched.is_running());
+    });
+}
+
 /// The lane: two appenders reserve and copy while a closer seals and waits for the
 /// copies. In every interleaving the closer sees every reserved entry's bytes, ranges do
 /// not overlap, and CSN grows with the offset.

@@ -1026,7 +1026,7 @@ fn groups_of_every_mode_share_a_node() {
         }
     }
     assert_eq!(envs[0].ooo_groups(), vec![7, 8]);
-    assert_eq!(envs[0].groups(), vec![1]);
+    assert_eq!(envs[0].ordered_groups(), vec![1]);
     // Ids in use are refused across modes.
     let taken = envs[0].start_ooo_group(dependent_cfg(1, &c.dirs[0]), Arc::new(Sm::default()));
     assert!(

@@ -281,6 +281,8 @@ pub struct ServerConfig {
     pub metrics_listen: String,
     /// IO worker threads shared by all groups.
     pub io_workers: usize,
+    /// Ordered groups one IO worker steps together in a pass (1–4096; 1: each on its own).
+    pub pass_groups: usize,
     /// Replication addresses of the other nodes, by node id.
     pub peers: BTreeMap<String, String>,
     /// Groups to create at start if missing.
@@ -308,6 +310,7 @@ impl Default for ServerConfig {
             api_listen: "127.0.0.1:7000".into(),
             metrics_listen: String::new(),
             io_workers: 4,
+            pass_groups: chorus_runtime::env::DEFAULT_PASS_GROUPS,
             peers: BTreeMap::new(),
             groups: Vec::new(),
             replica: ReplicaSection::default(),
@@ -381,6 +384,7 @@ impl ServerConfig {
                 "API_LISTEN" => self.api_listen = v,
                 "METRICS_LISTEN" => self.metrics_listen = v,
                 "IO_WORKERS" => self.io_workers = num("CHORUS_IO_WORKERS")? as usize,
+                "PASS_GROUPS" => self.pass_groups = num("CHORUS_PASS_GROUPS")? as usize,
                 "LOG" => self.log_filter = v,
                 "PEERS" => {
                     for p in v.split(',').filter(|s| !s.is_empty()) {
@@ -572,6 +576,7 @@ impl ServerConfig {
         env.advertise = self.advertise.clone();
         env.peers = peers;
         env.io_workers = self.io_workers;
+        env.pass_groups = self.pass_groups;
         // The node's apply workers, shared by its out-of-order groups: as many as a
         // group may cut an entry into, and at least one.
         env.apply_threads = self.out_of_order.apply_threads.clamp(1, 64);

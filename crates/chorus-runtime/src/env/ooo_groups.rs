@@ -401,7 +401,7 @@ impl Env {
             mode,
             not_started,
         };
-        for id in self.groups() {
+        for id in self.ordered_groups() {
             all.insert(id, listed(id, Some(GroupMode::Ordered), None));
         }
         for (&id, h) in self.inner.ooo.lock().iter() {
