@@ -1,0 +1,144 @@
+//! Chunk replicas for the PolarFS storage layer (PolarFS sections 3.2 and 4).
+//!
+//! A volume is split into chunks; each chunk is one parallel-mode group replicated on
+//! three chunk servers, and each replica keeps the chunk's blocks here:
+//! [`ChunkStore`] allocates blocks on first write (thin provisioning, 64 KiB by default
+//! as in the paper), reads blocks never written as zeros, and keeps a durable block map
+//! that a checkpoint writes and a restart reads back. [`image`] is the chunk's image
+//! format, for a replica that must be rebuilt from another's, and
+//! [`ChunkStateMachine`] applies a chunk's group log to its store.
+//!
+//! Units: writes arrive in whole *sectors* of [`SECTOR`] bytes (the unit a parallel
+//! group's records declare their block ranges in, `chorus_core::ooo::parallel`);
+//! space is allocated in *blocks* of [`Geometry::block_bytes`].
+
+pub mod image;
+pub mod map;
+pub mod sm;
+pub mod store;
+
+use std::path::PathBuf;
+
+pub use sm::ChunkStateMachine;
+pub use store::ChunkStore;
+
+/// Bytes per sector: the unit of a write, and of a parallel group's declared blocks.
+pub const SECTOR: u64 = 4096;
+
+/// Default chunk size: 10 GiB, as in PolarFS section 3.2.
+pub const DEFAULT_CHUNK_BYTES: u64 = 10 << 30;
+
+/// Default allocation unit: 64 KiB, as in PolarFS section 4.
+pub const DEFAULT_BLOCK_BYTES: u32 = 64 << 10;
+
+/// A chunk's size and allocation unit. Invariants ([`Geometry::check`]): `block_bytes`
+/// is a power of two from [`SECTOR`] to 16 MiB; `chunk_bytes` is a positive multiple of
+/// it, of at most 2^32 − 1 blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Bytes in the chunk.
+    pub chunk_bytes: u64,
+    /// Bytes per allocated block.
+    pub block_bytes: u32,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Self {
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            block_bytes: DEFAULT_BLOCK_BYTES,
+        }
+    }
+}
+
+impl Geometry {
+    /// Checks the invariants.
+    pub fn check(&self) -> Result<(), ChunkError> {
+        let bad = |detail: String| Err(ChunkError::BadGeometry { detail });
+        let bb = self.block_bytes as u64;
+        if !self.block_bytes.is_power_of_two() || !(SECTOR..=16 << 20).contains(&bb) {
+            return bad(format!(
+                "block_bytes {} is not a power of two from {SECTOR} to 16 MiB",
+                self.block_bytes
+            ));
+        }
+        if self.chunk_bytes == 0 || !self.chunk_bytes.is_multiple_of(bb) {
+            return bad(format!(
+                "chunk_bytes {} is not a positive multiple of block_bytes {}",
+                self.chunk_bytes, self.block_bytes
+            ));
+        }
+        if self.chunk_bytes / bb >= u32::MAX as u64 {
+            return bad(format!(
+                "chunk_bytes {} holds {} blocks, more than 2^32 - 1",
+                self.chunk_bytes,
+                self.chunk_bytes / bb
+            ));
+        }
+        Ok(())
+    }
+
+    /// Blocks in the chunk.
+    pub fn blocks(&self) -> u32 {
+        (self.chunk_bytes / self.block_bytes as u64) as u32
+    }
+}
+
+/// What went wrong with a chunk replica.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    /// A file operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// The operation.
+        what: String,
+        /// The file or directory.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// A file or image is damaged or not of this format.
+    #[error("{what} is damaged: {detail}")]
+    Corrupt {
+        /// Which file or image.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A geometry breaks its invariants.
+    #[error("bad chunk geometry: {detail}")]
+    BadGeometry {
+        /// Which invariant.
+        detail: String,
+    },
+    /// The chunk on disk was made with another geometry.
+    #[error("the chunk in {dir} has {stored:?}, not the {asked:?} asked for")]
+    GeometryMismatch {
+        /// The chunk's directory.
+        dir: PathBuf,
+        /// What its block map says.
+        stored: Geometry,
+        /// What the caller asked for.
+        asked: Geometry,
+    },
+    /// A range past the chunk's end.
+    #[error("{len} bytes at offset {offset} run past the chunk's {chunk_bytes} bytes")]
+    OutOfRange {
+        /// Start.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// The chunk's size.
+        chunk_bytes: u64,
+    },
+    /// A write not in whole sectors.
+    #[error("a write of {len} bytes at offset {offset} is not in whole {sector}-byte sectors")]
+    Unaligned {
+        /// Start.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// The sector size.
+        sector: u64,
+    },
+}
