@@ -16,10 +16,12 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use chorus_core::ooo::group::Record;
 use chorus_core::ooo::replica::{Declared, Footprint};
 use chorus_runtime::ooo::OooStateMachine;
+use chorus_storage::fs::FileSystem;
 
 use crate::image::{self, Part};
 use crate::{ChunkError, ChunkStore, Geometry, SECTOR};
@@ -40,9 +42,13 @@ fn to_io(e: ChunkError) -> io::Error {
 
 impl ChunkStateMachine {
     /// Opens (or creates) the chunk replica in `dir`.
-    pub fn open(dir: &Path, geometry: Geometry) -> Result<Self, ChunkError> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        geometry: Geometry,
+    ) -> Result<Self, ChunkError> {
         Ok(Self {
-            store: ChunkStore::open(dir, geometry)?,
+            store: ChunkStore::open(fs, dir, geometry)?,
         })
     }
 

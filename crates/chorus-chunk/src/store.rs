@@ -20,12 +20,18 @@
 //! again by that replay, to a slot at or past the map's count, and its first write
 //! writes the whole block (zeros around the sectors written), so no stale bytes of a
 //! slot used before the crash are ever read.
+//!
+//! The store works through `chorus_storage`'s [`FileSystem`] seam, so its tests run it
+//! on the simulator's file system, whose power loss keeps only what was synced (and of
+//! the rest, any subset of writes, whole or torn): `tests/store.rs` checks against a
+//! model that a crash and the replay of the writes since the last checkpoint always
+//! give back exactly what was written (and fails when the checkpoint skips its data
+//! sync).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+
+use chorus_storage::fs::{FileSystem, FsFile, OpenOptions};
 
 use crate::map::MapFile;
 use crate::{ChunkError, Geometry, SECTOR};
@@ -42,13 +48,16 @@ const NONE: u32 = u32::MAX;
 pub struct ChunkStore {
     dir: PathBuf,
     geometry: Geometry,
+    /// Where the files are: the real file system, or the simulator's (which loses what
+    /// was not synced when it crashes).
+    fs: Arc<dyn FileSystem>,
     inner: RwLock<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
     /// The data file of generation `generation`.
-    data: Arc<File>,
+    data: Arc<dyn FsFile>,
     /// Invariant: the generation `chunk.map` names, or the one a restore is writing.
     generation: u64,
     /// Block → slot, [`NONE`] for a block never written. Invariant: the slots in use are
@@ -71,31 +80,48 @@ fn data_name(generation: u64) -> String {
 
 /// Writes `bytes` to `dir/name` crash-atomically: a temporary file, synced, renamed
 /// over `name`, the directory synced.
-fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ChunkError> {
+fn write_atomically(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), ChunkError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    f.write_all(bytes).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err("rename into place", &path))?;
-    sync_dir(dir)
+    let f = fs
+        .open(&tmp, OpenOptions::create())
+        .map_err(io_err("create", &tmp))?;
+    f.set_len(0)
+        .and_then(|_| f.write_all_at(bytes, 0))
+        .map_err(io_err("write", &tmp))?;
+    f.sync_data().map_err(io_err("fdatasync", &tmp))?;
+    fs.rename(&tmp, &path)
+        .map_err(io_err("rename into place", &path))?;
+    fs.sync_dir(dir).map_err(io_err("fsync the directory", dir))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), ChunkError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync the directory", dir))
+/// Reads the whole file `path`.
+fn read_file(fs: &dyn FileSystem, path: &Path) -> std::io::Result<Vec<u8>> {
+    let f = fs.open(path, OpenOptions::read_only())?;
+    let mut buf = vec![0u8; f.len()? as usize];
+    f.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
 }
 
 impl ChunkStore {
     /// Opens the chunk replica in `dir`, or creates it (empty: every block reads as
     /// zeros) when `dir` holds no block map. An existing chunk must have `geometry`
     /// ([`ChunkError::GeometryMismatch`] otherwise).
-    pub fn open(dir: &Path, geometry: Geometry) -> Result<Self, ChunkError> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        geometry: Geometry,
+    ) -> Result<Self, ChunkError> {
         geometry.check()?;
-        std::fs::create_dir_all(dir).map_err(io_err("create the directory", dir))?;
+        fs.create_dir_all(dir)
+            .map_err(io_err("create the directory", dir))?;
         let map_path = dir.join(MAP_FILE);
-        let map = match std::fs::read(&map_path) {
+        let map = match read_file(&*fs, &map_path) {
             Ok(bytes) => MapFile::decode(&map_path.display().to_string(), &bytes)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let fresh = MapFile {
@@ -104,10 +130,10 @@ impl ChunkStore {
                     entries: Vec::new(),
                 };
                 let data = dir.join(data_name(0));
-                File::create(&data)
-                    .and_then(|f| f.sync_all())
+                fs.open(&data, OpenOptions::create())
+                    .and_then(|f| f.set_len(0).and_then(|_| f.sync_data()))
                     .map_err(io_err("create", &data))?;
-                write_atomically(dir, MAP_FILE, &fresh.encode())?;
+                write_atomically(&*fs, dir, MAP_FILE, &fresh.encode())?;
                 fresh
             }
             Err(e) => return Err(io_err("read", &map_path)(e)),
@@ -120,22 +146,22 @@ impl ChunkStore {
             });
         }
         let data_path = dir.join(data_name(map.generation));
-        let data = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&data_path)
-            .map_err(io_err("open", &data_path))?;
+        let data: Arc<dyn FsFile> = fs
+            .open(&data_path, OpenOptions::read_write())
+            .map_err(io_err("open", &data_path))?
+            .into();
         let mut slots = vec![NONE; geometry.blocks() as usize];
         for &(b, s) in &map.entries {
             slots[b as usize] = s;
         }
         // Leftovers of an interrupted restore or of older generations.
-        remove_other_data_files(dir, map.generation);
+        remove_other_data_files(&*fs, dir, map.generation);
         Ok(Self {
             dir: dir.to_path_buf(),
             geometry,
+            fs,
             inner: RwLock::new(Inner {
-                data: Arc::new(data),
+                data,
                 generation: map.generation,
                 slots,
                 allocated: map.entries.len() as u32,
@@ -163,17 +189,9 @@ impl ChunkStore {
             .is_some_and(|s| *s != NONE)
     }
 
-    /// Bytes of disk the data file takes (its allocated 512-byte units): what thin
-    /// provisioning saves shows here.
-    pub fn disk_bytes(&self) -> Result<u64, ChunkError> {
-        let data = self.inner.read().expect("chunk").data.clone();
-        let path = self.data_path();
-        data.metadata()
-            .map(|m| m.blocks() * 512)
-            .map_err(io_err("stat", &path))
-    }
-
-    fn data_path(&self) -> PathBuf {
+    /// The path of the data file in use: its length and the disk it takes show what
+    /// thin provisioning saves.
+    pub fn data_path(&self) -> PathBuf {
         let g = self.inner.read().expect("chunk").generation;
         self.dir.join(data_name(g))
     }
@@ -310,7 +328,7 @@ impl ChunkStore {
         // Data first: the map must never name a slot whose bytes are not durable.
         let path = self.dir.join(data_name(map.generation));
         data.sync_data().map_err(io_err("fdatasync", &path))?;
-        write_atomically(&self.dir, MAP_FILE, &map.encode())
+        write_atomically(&*self.fs, &self.dir, MAP_FILE, &map.encode())
     }
 
     /// Bytes a checkpoint writes beyond the data's sync: the block map.
@@ -357,13 +375,12 @@ impl ChunkStore {
         let mut inner = self.inner.write().expect("chunk");
         let generation = inner.generation + 1;
         let path = self.dir.join(data_name(generation));
-        let data = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io_err("create", &path))?;
+        let data: Arc<dyn FsFile> = self
+            .fs
+            .open(&path, OpenOptions::create())
+            .and_then(|f| f.set_len(0).map(|_| f))
+            .map_err(io_err("create", &path))?
+            .into();
         let mut sorted: Vec<&(u32, Vec<u8>)> = blocks.iter().collect();
         sorted.sort_by_key(|(b, _)| *b);
         let mut slots = vec![NONE; nblocks as usize];
@@ -372,7 +389,7 @@ impl ChunkStore {
                 .map_err(io_err(format!("write block {b}"), &path))?;
             slots[*b as usize] = slot as u32;
         }
-        data.sync_all().map_err(io_err("fsync", &path))?;
+        data.sync_data().map_err(io_err("fdatasync", &path))?;
         let map = MapFile {
             geometry: self.geometry,
             generation,
@@ -382,31 +399,33 @@ impl ChunkStore {
                 .map(|(s, (b, _))| (*b, s as u32))
                 .collect(),
         };
-        write_atomically(&self.dir, MAP_FILE, &map.encode())?;
+        write_atomically(&*self.fs, &self.dir, MAP_FILE, &map.encode())?;
         *inner = Inner {
-            data: Arc::new(data),
+            data,
             generation,
             slots,
             allocated: sorted.len() as u32,
         };
         drop(inner);
-        remove_other_data_files(&self.dir, generation);
+        remove_other_data_files(&*self.fs, &self.dir, generation);
         Ok(())
     }
 }
 
 /// Removes data files of other generations than `keep` (best effort: a leftover costs
 /// space, not correctness, and is removed at the next open).
-fn remove_other_data_files(dir: &Path, keep: u64) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+fn remove_other_data_files(fs: &dyn FileSystem, dir: &Path, keep: u64) {
+    let Ok(names) = fs.list_dir(dir) else {
         return;
     };
     let keep = data_name(keep);
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
+    let mut removed = false;
+    for name in names {
         if name.starts_with("chunk.") && name.ends_with(".data") && name != keep {
-            let _ = std::fs::remove_file(e.path());
+            removed |= fs.remove_file(&dir.join(&name)).is_ok();
         }
+    }
+    if removed {
+        let _ = fs.sync_dir(dir);
     }
 }

@@ -16,6 +16,7 @@ use chorus_core::ooo::replica::{Declared, Mode};
 use chorus_runtime::env::{OooGroupSpec, OooHandle, StateMachines};
 use chorus_runtime::ooo::OooStateMachine;
 use chorus_runtime::{Env, EnvConfig, Outcome};
+use chorus_storage::fs::RealFs;
 
 const GEO: Geometry = Geometry {
     chunk_bytes: 4 << 20,
@@ -34,7 +35,7 @@ impl StateMachines for Chunks {
         dir: &Path,
     ) -> std::io::Result<Arc<dyn OooStateMachine>> {
         assert!(matches!(mode, Mode::Parallel { .. }));
-        ChunkStateMachine::open(&dir.join("chunk"), GEO)
+        ChunkStateMachine::open(Arc::new(RealFs), &dir.join("chunk"), GEO)
             .map(|c| Arc::new(c) as Arc<dyn OooStateMachine>)
             .map_err(|e| std::io::Error::other(e.to_string()))
     }

@@ -5,9 +5,23 @@
 //! against a model.
 
 use chorus_chunk::{image, ChunkError, ChunkStore, Geometry, SECTOR};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use chorus_storage::fs::{CrashMode, FileSystem, RealFs, SimFs};
 use proptest::prelude::*;
 
 const KIB: u64 = 1024;
+
+fn real() -> Arc<dyn FileSystem> {
+    Arc::new(RealFs)
+}
+
+/// Bytes of disk the store's data file takes.
+fn disk_bytes(s: &ChunkStore) -> u64 {
+    std::fs::metadata(s.data_path()).unwrap().blocks() * 512
+}
 
 fn geo(chunk_bytes: u64, block_bytes: u32) -> Geometry {
     Geometry {
@@ -24,19 +38,15 @@ fn sectors(n: u64, byte: u8) -> Vec<u8> {
 fn blocks_never_written_read_as_zeros_and_take_no_space() {
     let dir = tempfile::tempdir().unwrap();
     let g = geo(1 << 30, 64 << 10);
-    let s = ChunkStore::open(dir.path(), g).unwrap();
+    let s = ChunkStore::open(real(), dir.path(), g).unwrap();
     assert_eq!(s.read(0, 8192).unwrap(), vec![0; 8192]);
     assert_eq!(s.read((1 << 30) - 100, 100).unwrap(), vec![0; 100]);
     assert_eq!(s.allocated_blocks(), 0);
-    assert_eq!(s.disk_bytes().unwrap(), 0);
+    assert_eq!(disk_bytes(&s), 0);
     // One sector deep in the chunk allocates one block, not the chunk up to it.
     s.write(700 << 20, &sectors(1, 7)).unwrap();
     assert_eq!(s.allocated_blocks(), 1);
-    assert!(
-        s.disk_bytes().unwrap() <= 64 * KIB,
-        "{}",
-        s.disk_bytes().unwrap()
-    );
+    assert!(disk_bytes(&s) <= 64 * KIB, "{}", disk_bytes(&s));
     let got = s.read((700 << 20) - 10, 4096 + 20).unwrap();
     assert_eq!(&got[..10], &[0; 10]);
     assert_eq!(&got[10..4106], &[7; 4096][..]);
@@ -53,12 +63,12 @@ fn the_block_map_survives_a_restart_at_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let g = geo(16 << 20, 64 << 10);
     {
-        let s = ChunkStore::open(dir.path(), g).unwrap();
+        let s = ChunkStore::open(real(), dir.path(), g).unwrap();
         s.write(0, &sectors(3, 1)).unwrap();
         s.write(5 << 20, &sectors(20, 2)).unwrap(); // straddles a block boundary
         s.checkpoint().unwrap();
     }
-    let s = ChunkStore::open(dir.path(), g).unwrap();
+    let s = ChunkStore::open(real(), dir.path(), g).unwrap();
     assert_eq!(s.allocated_blocks(), 3);
     assert_eq!(s.read(0, 3 * 4096).unwrap(), sectors(3, 1));
     assert_eq!(s.read(5 << 20, 20 * 4096).unwrap(), sectors(20, 2));
@@ -70,14 +80,14 @@ fn a_slot_lost_in_a_crash_is_reused_without_its_old_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let g = geo(16 << 20, 64 << 10);
     {
-        let s = ChunkStore::open(dir.path(), g).unwrap();
+        let s = ChunkStore::open(real(), dir.path(), g).unwrap();
         s.write(0, &sectors(1, 1)).unwrap(); // block 0, slot 0
         s.checkpoint().unwrap();
         // Block 7 takes slot 1 after the checkpoint; its whole block is on disk (in the
         // page cache here), but the map does not know it: as after a crash.
         s.write(7 * 65536, &sectors(16, 0xAA)).unwrap();
     }
-    let s = ChunkStore::open(dir.path(), g).unwrap();
+    let s = ChunkStore::open(real(), dir.path(), g).unwrap();
     assert_eq!(s.allocated_blocks(), 1);
     assert_eq!(
         s.read(7 * 65536, 4096).unwrap(),
@@ -96,7 +106,7 @@ fn a_slot_lost_in_a_crash_is_reused_without_its_old_bytes() {
 fn bad_input_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let g = geo(1 << 20, 64 << 10);
-    let s = ChunkStore::open(dir.path(), g).unwrap();
+    let s = ChunkStore::open(real(), dir.path(), g).unwrap();
     assert!(matches!(
         s.write(100, &sectors(1, 1)),
         Err(ChunkError::Unaligned { offset: 100, .. })
@@ -125,11 +135,11 @@ fn bad_input_is_refused_by_name() {
         geo(1 << 20, 32 << 20),
     ] {
         assert!(matches!(
-            ChunkStore::open(dir.path(), bad),
+            ChunkStore::open(real(), dir.path(), bad),
             Err(ChunkError::BadGeometry { .. })
         ));
     }
-    match ChunkStore::open(dir.path(), geo(2 << 20, 64 << 10)) {
+    match ChunkStore::open(real(), dir.path(), geo(2 << 20, 64 << 10)) {
         Err(e @ ChunkError::GeometryMismatch { .. }) => {
             assert!(e.to_string().contains("chunk_bytes: 1048576"), "{e}")
         }
@@ -140,7 +150,7 @@ fn bad_input_is_refused_by_name() {
     let mut bytes = std::fs::read(&map).unwrap();
     bytes[9] ^= 1;
     std::fs::write(&map, &bytes).unwrap();
-    match ChunkStore::open(dir.path(), g) {
+    match ChunkStore::open(real(), dir.path(), g) {
         Err(e @ ChunkError::Corrupt { .. }) => assert!(e.to_string().contains("checksum"), "{e}"),
         other => panic!("a damaged map opened: {other:?}"),
     }
@@ -150,11 +160,11 @@ fn bad_input_is_refused_by_name() {
 fn an_image_rebuilds_another_replica_and_a_damaged_one_is_refused() {
     let g = geo(8 << 20, 64 << 10);
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let src = ChunkStore::open(a.path(), g).unwrap();
+    let src = ChunkStore::open(real(), a.path(), g).unwrap();
     src.write(65536 * 3, &sectors(2, 3)).unwrap();
     src.write(65536 * 100, &sectors(16, 4)).unwrap();
     let img = image::encode(g, &src.blocks().unwrap());
-    let dst = ChunkStore::open(b.path(), g).unwrap();
+    let dst = ChunkStore::open(real(), b.path(), g).unwrap();
     dst.write(65536 * 50, &sectors(1, 9)).unwrap(); // replaced: not in the image
     dst.replace(&image::decode(g, &img).unwrap()).unwrap();
     for off in [0, 65536 * 3, 65536 * 50, 65536 * 100] {
@@ -162,7 +172,7 @@ fn an_image_rebuilds_another_replica_and_a_damaged_one_is_refused() {
     }
     drop(dst);
     // Durable: the new generation opens, and only its data file is left.
-    let dst = ChunkStore::open(b.path(), g).unwrap();
+    let dst = ChunkStore::open(real(), b.path(), g).unwrap();
     assert_eq!(dst.allocated_blocks(), 2);
     assert_eq!(dst.read(65536 * 100, 65536).unwrap(), sectors(16, 4));
     let data_files = std::fs::read_dir(b.path())
@@ -193,14 +203,14 @@ fn a_restore_interrupted_before_its_map_leaves_the_old_chunk() {
     let dir = tempfile::tempdir().unwrap();
     let g = geo(4 << 20, 64 << 10);
     {
-        let s = ChunkStore::open(dir.path(), g).unwrap();
+        let s = ChunkStore::open(real(), dir.path(), g).unwrap();
         s.write(0, &sectors(1, 5)).unwrap();
         s.checkpoint().unwrap();
     }
     // The next generation's data file, written before a crash, with no map naming it.
     let leftover = dir.path().join("chunk.0000000000000001.data");
     std::fs::write(&leftover, vec![0xEE; 65536]).unwrap();
-    let s = ChunkStore::open(dir.path(), g).unwrap();
+    let s = ChunkStore::open(real(), dir.path(), g).unwrap();
     assert_eq!(s.read(0, 4096).unwrap(), sectors(1, 5));
     assert!(!leftover.exists());
 }
@@ -217,9 +227,13 @@ enum Op {
         len: usize,
     },
     Checkpoint,
-    /// Reopen without a checkpoint, then replay every write since the last one, as the
-    /// chunk's replica replays its log above its base.
-    Restart,
+    /// A power loss (the simulated file system keeps what was synced, and of the rest
+    /// what `arbitrary` or in-order write-back kept, torn or whole), then the store
+    /// reopens and every write since the last checkpoint is replayed, as the chunk's
+    /// replica replays its log above its base.
+    Crash {
+        arbitrary: bool,
+    },
 }
 
 fn op(chunk_bytes: u64) -> impl Strategy<Value = Op> {
@@ -235,20 +249,23 @@ fn op(chunk_bytes: u64) -> impl Strategy<Value = Op> {
             len: len.min((chunk_bytes - offset) as usize),
         }),
         1 => Just(Op::Checkpoint),
-        1 => Just(Op::Restart),
+        1 => any::<bool>().prop_map(|arbitrary| Op::Crash { arbitrary }),
     ]
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
-    fn the_store_reads_what_a_byte_array_would(
+    fn the_store_reads_what_a_byte_array_would_through_crashes(
         small in any::<bool>(),
+        seed in any::<u64>(),
         ops in proptest::collection::vec(op(4 << 20), 1..60),
     ) {
         let g = geo(4 << 20, if small { 4096 } else { 64 << 10 });
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = ChunkStore::open(dir.path(), g).unwrap();
+        let sim = Arc::new(SimFs::new(seed));
+        let fs: Arc<dyn FileSystem> = sim.clone();
+        let dir = Path::new("/chunk");
+        let mut s = ChunkStore::open(fs.clone(), dir, g).unwrap();
         let mut model = vec![0u8; g.chunk_bytes as usize];
         let mut since_checkpoint: Vec<(u64, Vec<u8>)> = Vec::new();
         for op in ops {
@@ -268,9 +285,10 @@ proptest! {
                     s.checkpoint().unwrap();
                     since_checkpoint.clear();
                 }
-                Op::Restart => {
+                Op::Crash { arbitrary } => {
                     drop(s);
-                    s = ChunkStore::open(dir.path(), g).unwrap();
+                    sim.crash(if arbitrary { CrashMode::Arbitrary } else { CrashMode::Prefix });
+                    s = ChunkStore::open(fs.clone(), dir, g).unwrap();
                     for (at, data) in &since_checkpoint {
                         s.write(*at, data).unwrap();
                     }
