@@ -95,7 +95,8 @@ struct Args {
     /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase,
     /// flushed-before-sync (the production driver step)
     /// or mirror-start-working (with --mirror); with --ooo: no-ghost-guard, no-lost-guard
-    /// or ack-before-sync (the production driver) (needs the `broken` feature).
+    /// ack-before-sync or ack-before-apply (the production driver) (needs the `broken`
+    /// feature).
     #[arg(long)]
     broken: Option<String>,
     /// Simulate an out-of-order group instead: parallel or dependent.
@@ -315,9 +316,16 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         broken_flag.push_str(&format!(" --timed-resend {t}"));
     }
     if let Some(b) = &args.broken {
-        if !["no-ghost-guard", "no-lost-guard", "ack-before-sync"].contains(&b.as_str()) {
+        if ![
+            "no-ghost-guard",
+            "no-lost-guard",
+            "ack-before-sync",
+            "ack-before-apply",
+        ]
+        .contains(&b.as_str())
+        {
             eprintln!(
-                "chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard, no-lost-guard or ack-before-sync"
+                "chorus-sim: --broken {b:?} with --ooo must be no-ghost-guard, no-lost-guard, ack-before-sync or ack-before-apply"
             );
             return ExitCode::from(2);
         }
@@ -328,6 +336,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         match b.as_str() {
             "no-ghost-guard" => o.ghost_guard = false,
             "no-lost-guard" => o.broken_lost_guard = true,
+            "ack-before-apply" => o.broken_ack_before_apply = true,
             _ => o.broken_ack_before_sync = true,
         }
         broken_flag += &format!(" --broken {b}");
@@ -358,7 +367,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     let (bad, totals) = (sum.failed, &sum.totals);
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} trims_asked={} trims_done={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} trims_asked={} trims_done={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={} results_checked_applied={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -392,6 +401,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("corruptions"),
         t("damaged_opens"),
         t("votes_refused_lost_live"),
+        t("results_checked_applied"),
     );
     if bad > 0 {
         ExitCode::from(1)

@@ -211,3 +211,27 @@ fn a_mirror_leader_writing_its_own_group_is_caught() {
         "no violation found with a mirror's own StartWorking"
     );
 }
+
+/// The production out-of-order driver, broken to tell a writer its append committed as
+/// soon as the slot commits, before it is applied on the node that tells it (as the
+/// driver once did): a read served there right after could miss the write. The
+/// applied-before-told check must bite, in both modes.
+#[test]
+fn a_driver_that_tells_a_commit_before_applying_it_is_caught() {
+    for mode in [
+        chorus_core::ooo::replica::Mode::Parallel { span: 2 },
+        chorus_core::ooo::replica::Mode::Dependent,
+    ] {
+        let o = chorus_sim::ooo::OooOptions {
+            mode,
+            broken_ack_before_apply: true,
+            ..Default::default()
+        };
+        let found = (0..60u64).find(|s| !chorus_sim::ooo::run_seed(*s, &o).violations.is_empty());
+        eprintln!("{mode:?}: first caught on seed {found:?}");
+        assert!(
+            found.is_some(),
+            "{mode:?}: no commit told before its apply caught"
+        );
+    }
+}

@@ -15,7 +15,7 @@
 //! outcome rests on durable copies only), and an apply waits for its own entry's write
 //! only, not for the other writes of its batch.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,11 @@ pub struct DriverSettings {
     /// count of its own copies included. The simulator must catch it.
     #[cfg(feature = "broken")]
     pub broken_ack_before_sync: bool,
+    /// Broken on purpose (test-only `broken` build): a committed outcome is told at once,
+    /// before its slot is applied here, as the driver once did. The simulator must catch
+    /// it.
+    #[cfg(feature = "broken")]
+    pub broken_ack_before_apply: bool,
 }
 
 /// The driver's state between rounds.
@@ -169,6 +174,16 @@ pub struct Driver<H: Host> {
     clock: AckClock,
     /// Bytes of the entries file (as last reported by the IO side).
     log_bytes: u64,
+    /// Committed outcomes not told yet because their slot is not applied on this node,
+    /// by slot: the entry ids whose writers wait. A writer told "committed" finds its
+    /// write in this node's state machine, so a read served here after that sees it
+    /// (PolarFS section 4's IoScheduler guarantee). Invariant, at the end of a round:
+    /// no slot here is applied (below the replica's apply head or in `applied_above`),
+    /// and every id here is a key of `waiters`.
+    parked: BTreeMap<u64, Vec<u64>>,
+    /// Slots applied at or above the replica's apply head (the apply rules release
+    /// entries out of order); pruned as the head passes them.
+    applied_above: BTreeSet<u64>,
 }
 
 /// What a driver publishes to the node that hosts it.
@@ -231,6 +246,69 @@ impl<H: Host> Driver<H> {
             unsynced: HashMap::new(),
             clock: AckClock::default(),
             log_bytes,
+            parked: BTreeMap::new(),
+            applied_above: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `seq` is applied on this node.
+    fn applied_here(&self, seq: u64) -> bool {
+        seq < self.replica.applied_head() || self.applied_above.contains(&seq)
+    }
+
+    /// The replica took the report that `seq` is applied.
+    fn note_applied(&mut self, seq: u64) {
+        self.applied_above.insert(seq);
+        let head = self.replica.applied_head();
+        self.applied_above = self.applied_above.split_off(&head);
+    }
+
+    /// Tells the writers of every parked slot that is applied now.
+    fn release_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let head = self.replica.applied_head();
+        self.applied_above = self.applied_above.split_off(&head);
+        let mut ready: Vec<u64> = self.parked.range(..head).map(|(s, _)| *s).collect();
+        ready.extend(
+            self.applied_above
+                .iter()
+                .filter(|s| self.parked.contains_key(s)),
+        );
+        for seq in ready {
+            for eid in self.parked.remove(&seq).unwrap_or_default() {
+                let outcome = Outcome::Committed;
+                self.host
+                    .observe(&self.replica, &Action::Result { eid, seq, outcome });
+                self.answer(eid, seq, outcome);
+            }
+        }
+    }
+
+    /// Every record of entry `eid` gets the entry's outcome, in its order.
+    fn answer(&mut self, eid: u64, seq: u64, outcome: Outcome) {
+        let answered = Instant::now();
+        for (index, w) in self
+            .waiters
+            .remove(&eid)
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
+            match outcome {
+                Outcome::Committed => self.c.committed += 1,
+                Outcome::Failed => self.c.failed += 1,
+            }
+            let index = index as u32;
+            self.lat
+                .append
+                .record(answered.duration_since(w.since).as_nanos() as u64);
+            w.send(Ok(OooResult {
+                seq,
+                index,
+                outcome,
+            }));
         }
     }
 
@@ -328,6 +406,7 @@ impl<H: Host> Driver<H> {
         self.replica.tick(self.host.now());
         self.maybe_checkpoint();
         self.drain();
+        self.release_parked();
         // Readers following the log (tail) wake only when the head moves.
         let head = self.replica.committed_head();
         self.committed
@@ -374,9 +453,12 @@ impl<H: Host> Driver<H> {
             },
             Ev::Applied(seq) => {
                 self.c.applied += 1;
-                if let Err(e) = self.replica.applied(seq) {
-                    tracing::error!(error = %e, "apply report refused; stopping");
-                    self.stop(format!("apply report refused: {e}"));
+                match self.replica.applied(seq) {
+                    Ok(()) => self.note_applied(seq),
+                    Err(e) => {
+                        tracing::error!(error = %e, "apply report refused; stopping");
+                        self.stop(format!("apply report refused: {e}"));
+                    }
                 }
             }
             Ev::Status(reply) => {
@@ -649,6 +731,22 @@ impl<H: Host> Driver<H> {
     fn run_actions(&mut self, actions: Vec<Action>) {
         let mut applied = Vec::new();
         for a in actions {
+            if let Action::Result {
+                eid,
+                seq,
+                outcome: Outcome::Committed,
+            } = a
+            {
+                #[cfg(feature = "broken")]
+                let wait = !self.set.broken_ack_before_apply;
+                #[cfg(not(feature = "broken"))]
+                let wait = true;
+                if wait && !self.applied_here(seq) {
+                    // Told once the slot is applied here (`parked`).
+                    self.parked.entry(seq).or_default().push(eid);
+                    continue;
+                }
+            }
             self.host.observe(&self.replica, &a);
             match a {
                 Action::Send { to, msg } => self.send(to, &msg),
@@ -716,31 +814,7 @@ impl<H: Host> Driver<H> {
                         w.send(Err(OooNodeError::Unknown { seq }));
                     }
                 }
-                Action::Result { eid, seq, outcome } => {
-                    // Every record of the group gets the entry's outcome, in its order.
-                    let answered = Instant::now();
-                    for (index, w) in self
-                        .waiters
-                        .remove(&eid)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .enumerate()
-                    {
-                        match outcome {
-                            Outcome::Committed => self.c.committed += 1,
-                            Outcome::Failed => self.c.failed += 1,
-                        }
-                        let index = index as u32;
-                        self.lat
-                            .append
-                            .record(answered.duration_since(w.since).as_nanos() as u64);
-                        w.send(Ok(OooResult {
-                            seq,
-                            index,
-                            outcome,
-                        }));
-                    }
-                }
+                Action::Result { eid, seq, outcome } => self.answer(eid, seq, outcome),
                 Action::Write(_)
                 | Action::SaveHard(_)
                 | Action::SaveMembership(_)
@@ -751,7 +825,9 @@ impl<H: Host> Driver<H> {
             }
         }
         for s in applied {
-            let _ = self.replica.applied(s);
+            if self.replica.applied(s).is_ok() {
+                self.note_applied(s);
+            }
         }
     }
 

@@ -608,6 +608,8 @@ impl OooNode {
                     idle_tick: driver::idle_tick(cfg.election_timeout / 6),
                     #[cfg(feature = "broken")]
                     broken_ack_before_sync: false,
+                    #[cfg(feature = "broken")]
+                    broken_ack_before_apply: false,
                 },
                 EnvHost {
                     env: env.clone(),

@@ -40,6 +40,35 @@ impl Sim {
         }
     }
 
+    /// A node tells a writer its append committed only once the slot is applied in its
+    /// state machine, so that a read served there afterwards sees it (PolarFS section
+    /// 4, the IoScheduler's guarantee): every key the slot writes has it, or a later
+    /// slot, as its last writer there. Slots below the node's last restart or image
+    /// base are not judged (their writers may be forgotten).
+    pub(super) fn check_applied_before_told(&mut self, id: NodeId, eid: u64, seq: Seq) {
+        let Some(keys) = self.written.remove(&(seq, eid)) else {
+            return;
+        };
+        let Some(sm) = self.nodes.get(&id).and_then(|n| n.sm.clone()) else {
+            return;
+        };
+        let bad = {
+            let v = sm.vol();
+            if seq < v.forgot_below {
+                return;
+            }
+            keys.into_iter()
+                .find(|k| v.last_writer.get(k).is_none_or(|w| *w < seq))
+                .map(|k| (k, v.last_writer.get(&k).copied()))
+        };
+        self.bump("results_checked_applied", 1);
+        if let Some((k, w)) = bad {
+            self.violation(format!(
+                "node {id} told slot {seq} committed before applying it (key {k}: last applied writer {w:?})"
+            ));
+        }
+    }
+
     pub(super) fn observe_result(
         &mut self,
         id: NodeId,

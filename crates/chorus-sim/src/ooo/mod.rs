@@ -157,6 +157,10 @@ pub struct OooOptions {
     /// durable (takes effect only in the test-only `broken` build: the checks must bite
     /// on the driver, not only on the replica).
     pub broken_ack_before_sync: bool,
+    /// The production driver tells a committed outcome before its slot is applied on the
+    /// node that tells it (takes effect only in the test-only `broken` build: the
+    /// applied-before-told check must bite).
+    pub broken_ack_before_apply: bool,
     /// Dependent leaders list only uncommitted WAW writers below a trailing base (takes
     /// effect only in the test-only `broken` build: the apply-order checks must bite).
     pub broken_trail: bool,
@@ -204,6 +208,7 @@ impl Default for OooOptions {
             broken_cascade: false,
             broken_trail: false,
             broken_ack_before_sync: false,
+            broken_ack_before_apply: false,
             corrupt: true,
             broken_lost_guard: false,
             preallocate: None,

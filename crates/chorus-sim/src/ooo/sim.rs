@@ -115,6 +115,9 @@ pub(super) struct Sim {
     pub committed: BTreeMap<Seq, Entry>,
     /// Appends: eid -> (node, incarnation, slot, result, ended Unknown).
     pub appends: HashMap<u64, (NodeId, u64, Seq, Option<Outcome>, bool)>,
+    /// The keys (blocks or keys) each entry written by some node writes, by slot and
+    /// entry id, until its result is checked (`check_applied_before_told`).
+    pub written: HashMap<(Seq, u64), Vec<u64>>,
     /// Conflict order: appends without a result yet, by (term, slot): (eid, blocks).
     pub open: BTreeMap<(u64, Seq), (u64, Vec<BlockRange>)>,
     /// Conflict order: every append admitted, by (term, slot): (eid, blocks), for the
@@ -164,6 +167,7 @@ impl Sim {
             faults_on: o.faults,
             committed: BTreeMap::new(),
             appends: HashMap::new(),
+            written: HashMap::new(),
             open: BTreeMap::new(),
             admitted: BTreeMap::new(),
             violations: Vec::new(),
@@ -462,6 +466,8 @@ impl Sim {
             idle_tick: driver::idle_tick(Duration::from_millis(30)),
             #[cfg(feature = "broken")]
             broken_ack_before_sync: self.o.broken_ack_before_sync,
+            #[cfg(feature = "broken")]
+            broken_ack_before_apply: self.o.broken_ack_before_apply,
         }
     }
 
@@ -557,7 +563,14 @@ impl Sim {
         for (_, ops) in &io {
             for op in ops {
                 match op {
-                    IoOp::Write(_) => self.bump("writes", 1),
+                    IoOp::Write(e) => {
+                        self.bump("writes", 1);
+                        if !e.is_null() {
+                            self.written
+                                .entry((e.seq, e.eid))
+                                .or_insert_with(|| writes(e).into_iter().map(|(k, _)| k).collect());
+                        }
+                    }
                     IoOp::Hard(_) => self.bump("hard_saves", 1),
                     IoOp::Members(_) => self.bump("memberships_saved", 1),
                     IoOp::Compact(_) => self.bump("compactions", 1),
@@ -710,7 +723,12 @@ impl Sim {
                 seq,
                 outcome,
                 term,
-            } => self.observe_result(id, eid, seq, outcome, term),
+            } => {
+                if outcome == Outcome::Committed {
+                    self.check_applied_before_told(id, eid, seq);
+                }
+                self.observe_result(id, eid, seq, outcome, term)
+            }
             Seen::Unknown { eid, seq } => {
                 self.open.remove(&(eid >> 32, seq));
                 self.bump("unknown_results", 1);

@@ -159,6 +159,10 @@ pub(super) struct Vol {
     pub spec: HashMap<u64, (Seq, u64, u64)>,
     /// Apply-order violations found (check 3), for the simulator to report.
     pub violations: Vec<String>,
+    /// The writers of slots below this one may be forgotten (the state came from an
+    /// image or a restart with this base): the applied-before-told check does not judge
+    /// them.
+    pub forgot_below: Seq,
 }
 
 /// One node's state machine. The checkpointed image lives on the node's simulated disk
@@ -202,12 +206,15 @@ impl SimSm {
             .filter(|(_, &(_, w))| w < base)
             .map(|(&k, &(_, w))| (k, w))
             .collect();
+        v.forgot_below = v.forgot_below.max(base);
     }
 
     /// After an image covering every slot below `base` is installed: writers at or past
     /// the base are forgotten, as at a restart.
     pub fn installed(&self, base: Seq) {
-        self.vol().last_writer.retain(|_, w| *w < base);
+        let mut v = self.vol();
+        v.last_writer.retain(|_, w| *w < base);
+        v.forgot_below = v.forgot_below.max(base);
     }
 
     fn image_of(v: &Vol) -> Image {
