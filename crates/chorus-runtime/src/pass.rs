@@ -20,9 +20,11 @@
 //!    the sync only in the group's next round.
 //!
 //! Then again, with the groups that still have work, for at most [`PASS_ROUNDS`]
-//! times; a group still busy after that goes back to the end of the run queue with its
-//! reports kept ([`crate::pool::Pool::requeue`]), so a pass never holds a group from
-//! the other workers for long. A group that ran out of work lets go of the worker
+//! times while other tasks wait; a group still busy after that goes back to the end of
+//! the run queue with its reports kept ([`crate::pool::Pool::requeue`]), so a pass never
+//! holds a group from the other workers for long. With nothing else waiting the pass
+//! goes on (up to 10,000 cycles): requeueing would only wake another worker to take the
+//! same groups. A group that ran out of work lets go of the worker
 //! (`SchedState::finish`), or stays in the pass when work arrived meanwhile.
 //!
 //! The syncs of a pass run one after another on the worker; the node's other workers
@@ -38,6 +40,11 @@ use crate::transport::Cork;
 /// them goes back to the run queue.
 pub const PASS_ROUNDS: usize = 8;
 
+/// At most this many cycles per pass even when no other task waits (then a pass goes
+/// on past [`PASS_ROUNDS`]: handing its groups to the queue would only wake another
+/// worker for them).
+const MAX_CYCLES: usize = 10_000;
+
 /// Rounds that do not write, in a row, that one group may run in one step.
 const ROUNDS_WITHOUT_WRITE: usize = 64;
 
@@ -49,10 +56,15 @@ pub(crate) fn run(pool: &Pool, groups: &mut Vec<Arc<Group>>) {
     }
     let mut wrote: Vec<Arc<Group>> = Vec::with_capacity(groups.len());
     let mut next: Vec<Arc<Group>> = Vec::with_capacity(groups.len());
-    for _ in 0..PASS_ROUNDS {
+    let mut cycles = 0;
+    loop {
         if groups.is_empty() {
             return;
         }
+        if cycles >= MAX_CYCLES || (cycles >= PASS_ROUNDS && pool.has_waiting()) {
+            break;
+        }
+        cycles += 1;
         {
             // One group alone has nobody to share a send with: its frames leave as it
             // queues them, so a follower gets a record before the leader's own write.

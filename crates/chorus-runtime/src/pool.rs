@@ -105,6 +105,11 @@ impl Pool {
         self.push(Queued::Ordered(g));
     }
 
+    /// Whether tasks wait on the run queue.
+    pub fn has_waiting(&self) -> bool {
+        !self.queue.lock().expect("queue").is_empty()
+    }
+
     fn push(&self, t: Queued) {
         let mut q = self.queue.lock().expect("queue");
         let was_empty = q.is_empty();
