@@ -15,7 +15,7 @@
 //! All integers little-endian. A partial image (the blocks a few lost slots wrote) has
 //! the same layout: installing it replaces only the blocks it carries.
 
-use crate::{ChunkError, Geometry, SECTOR};
+use crate::{le_u32, le_u64, seal, unseal, ChunkError, Geometry, SECTOR};
 
 /// "CHKI".
 pub const IMAGE_MAGIC: [u8; 4] = *b"CHKI";
@@ -36,8 +36,7 @@ pub fn encode(geometry: Geometry, blocks: &[(u32, Vec<u8>)]) -> Vec<u8> {
         out.extend_from_slice(&b.to_le_bytes());
         out.extend_from_slice(bytes);
     }
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    seal(&mut out);
     out
 }
 
@@ -47,29 +46,10 @@ pub fn decode(geometry: Geometry, b: &[u8]) -> Result<Vec<(u32, Vec<u8>)>, Chunk
         what: "chunk image".into(),
         detail,
     };
-    if b.len() < HEADER + 4 {
-        return Err(corrupt(format!("{} bytes, shorter than a header", b.len())));
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-    let have = crc32c::crc32c(body);
-    if want != have {
-        return Err(corrupt(format!(
-            "checksum {have:#010x} does not match the stored {want:#010x}"
-        )));
-    }
-    if body[0..4] != IMAGE_MAGIC {
-        return Err(corrupt(format!("magic {:02x?} is not CHKI", &body[0..4])));
-    }
-    let u32_at = |o: usize| u32::from_le_bytes(body[o..o + 4].try_into().expect("4"));
-    let version = u32_at(4);
-    if version != IMAGE_VERSION {
-        return Err(corrupt(format!(
-            "version {version}; this build reads {IMAGE_VERSION}"
-        )));
-    }
+    let body = unseal("chunk image", IMAGE_MAGIC, IMAGE_VERSION, HEADER, b)?;
+    let u32_at = |o: usize| le_u32(body, o);
     let theirs = Geometry {
-        chunk_bytes: u64::from_le_bytes(body[8..16].try_into().expect("8")),
+        chunk_bytes: le_u64(body, 8),
         block_bytes: u32_at(16),
     };
     if theirs != geometry {
@@ -145,8 +125,7 @@ pub fn encode_part(geometry: Geometry, part: &Part) -> Vec<u8> {
         out.extend_from_slice(&e.to_le_bytes());
     }
     out.extend_from_slice(&part.data);
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    seal(&mut out);
     out
 }
 
@@ -156,28 +135,9 @@ pub fn decode_part(geometry: Geometry, b: &[u8]) -> Result<Part, ChunkError> {
         what: "partial chunk image".into(),
         detail,
     };
-    if b.len() < HEADER + 4 {
-        return Err(corrupt(format!("{} bytes, shorter than a header", b.len())));
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-    let have = crc32c::crc32c(body);
-    if want != have {
-        return Err(corrupt(format!(
-            "checksum {have:#010x} does not match the stored {want:#010x}"
-        )));
-    }
-    if body[0..4] != PART_MAGIC {
-        return Err(corrupt(format!("magic {:02x?} is not CHKP", &body[0..4])));
-    }
-    let u32_at = |o: usize| u32::from_le_bytes(body[o..o + 4].try_into().expect("4"));
-    let u64_at = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().expect("8"));
-    let version = u32_at(4);
-    if version != IMAGE_VERSION {
-        return Err(corrupt(format!(
-            "version {version}; this build reads {IMAGE_VERSION}"
-        )));
-    }
+    let body = unseal("partial chunk image", PART_MAGIC, IMAGE_VERSION, HEADER, b)?;
+    let u32_at = |o: usize| le_u32(body, o);
+    let u64_at = |o: usize| le_u64(body, o);
     let theirs = Geometry {
         chunk_bytes: u64_at(8),
         block_bytes: u32_at(16),

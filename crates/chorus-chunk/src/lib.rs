@@ -142,3 +142,60 @@ pub enum ChunkError {
         sector: u64,
     },
 }
+
+/// Appends the CRC32C of every byte of `out` to it (the chunk's formats end so).
+pub(crate) fn seal(out: &mut Vec<u8>) {
+    let crc = crc32c::crc32c(out);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// Checks a structure of the chunk's formats — at least `header` bytes before its
+/// CRC32C, the checksum over every byte before it, then `magic` at 0 and `version` at 4
+/// — and returns the bytes before the checksum. `what` names it in errors.
+pub(crate) fn unseal<'a>(
+    what: &str,
+    magic: [u8; 4],
+    version: u32,
+    header: usize,
+    b: &'a [u8],
+) -> Result<&'a [u8], ChunkError> {
+    let corrupt = |detail: String| ChunkError::Corrupt {
+        what: what.to_string(),
+        detail,
+    };
+    if b.len() < header + 4 {
+        return Err(corrupt(format!("{} bytes, shorter than a header", b.len())));
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    let want = le_u32(crc, 0);
+    let have = crc32c::crc32c(body);
+    if want != have {
+        return Err(corrupt(format!(
+            "checksum {have:#010x} does not match the stored {want:#010x}"
+        )));
+    }
+    if body[0..4] != magic {
+        return Err(corrupt(format!(
+            "magic {:02x?} is not {}",
+            &body[0..4],
+            String::from_utf8_lossy(&magic)
+        )));
+    }
+    let found = le_u32(body, 4);
+    if found != version {
+        return Err(corrupt(format!(
+            "version {found}; this build reads {version}"
+        )));
+    }
+    Ok(body)
+}
+
+/// The little-endian `u32` at `at` (the caller checked the length).
+pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The little-endian `u64` at `at` (the caller checked the length).
+pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}

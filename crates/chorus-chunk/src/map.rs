@@ -17,7 +17,7 @@
 //! ```
 //! All integers little-endian.
 
-use crate::{ChunkError, Geometry};
+use crate::{le_u32, le_u64, seal, unseal, ChunkError, Geometry};
 
 /// "CHKM".
 pub const MAP_MAGIC: [u8; 4] = *b"CHKM";
@@ -52,8 +52,7 @@ impl MapFile {
             out.extend_from_slice(&b.to_le_bytes());
             out.extend_from_slice(&s.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
+        seal(&mut out);
         out
     }
 
@@ -63,28 +62,9 @@ impl MapFile {
             what: what.to_string(),
             detail,
         };
-        if b.len() < MAP_HEADER + 4 {
-            return Err(corrupt(format!("{} bytes, shorter than a header", b.len())));
-        }
-        let (body, crc) = b.split_at(b.len() - 4);
-        let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-        let have = crc32c::crc32c(body);
-        if want != have {
-            return Err(corrupt(format!(
-                "checksum {have:#010x} does not match the stored {want:#010x}"
-            )));
-        }
-        if body[0..4] != MAP_MAGIC {
-            return Err(corrupt(format!("magic {:02x?} is not CHKM", &body[0..4])));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(body[o..o + 4].try_into().expect("4"));
-        let u64_at = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().expect("8"));
-        let version = u32_at(4);
-        if version != MAP_VERSION {
-            return Err(corrupt(format!(
-                "version {version}; this build reads {MAP_VERSION}"
-            )));
-        }
+        let body = unseal(what, MAP_MAGIC, MAP_VERSION, MAP_HEADER, b)?;
+        let u32_at = |o: usize| le_u32(body, o);
+        let u64_at = |o: usize| le_u64(body, o);
         let geometry = Geometry {
             chunk_bytes: u64_at(8),
             block_bytes: u32_at(16),
