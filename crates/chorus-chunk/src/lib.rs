@@ -84,6 +84,40 @@ impl Geometry {
     pub fn blocks(&self) -> u32 {
         (self.chunk_bytes / self.block_bytes as u64) as u32
     }
+
+    /// Sectors in the chunk: a write's sector ranges must end at or before this.
+    pub fn sectors(&self) -> u64 {
+        self.chunk_bytes / SECTOR
+    }
+
+    /// The geometry as a chunk group's state machine parameters
+    /// (`chorus_runtime::env::OooGroupSpec::params`), 12 bytes:
+    /// `u64 chunk_bytes | u32 block_bytes`, little-endian.
+    pub fn to_params(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(12);
+        b.extend_from_slice(&self.chunk_bytes.to_le_bytes());
+        b.extend_from_slice(&self.block_bytes.to_le_bytes());
+        b
+    }
+
+    /// Reads [`Geometry::to_params`]'s bytes, checked; no bytes at all is the default
+    /// geometry (a group created before chunks had parameters).
+    pub fn from_params(b: &[u8]) -> Result<Self, ChunkError> {
+        if b.is_empty() {
+            return Ok(Self::default());
+        }
+        if b.len() != 12 {
+            return Err(ChunkError::BadGeometry {
+                detail: format!("{} bytes of parameters, expected 12", b.len()),
+            });
+        }
+        let g = Self {
+            chunk_bytes: le_u64(b, 0),
+            block_bytes: le_u32(b, 8),
+        };
+        g.check()?;
+        Ok(g)
+    }
 }
 
 /// What went wrong with a chunk replica.

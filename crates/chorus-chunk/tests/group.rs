@@ -28,14 +28,12 @@ const GROUP: u64 = 7;
 struct Chunks;
 
 impl StateMachines for Chunks {
-    fn open(
-        &self,
-        _group: u64,
-        mode: Mode,
-        dir: &Path,
-    ) -> std::io::Result<Arc<dyn OooStateMachine>> {
-        assert!(matches!(mode, Mode::Parallel { .. }));
-        ChunkStateMachine::open(Arc::new(RealFs), &dir.join("chunk"), GEO)
+    fn open(&self, spec: &OooGroupSpec, dir: &Path) -> std::io::Result<Arc<dyn OooStateMachine>> {
+        assert!(matches!(spec.mode, Mode::Parallel { .. }));
+        let geometry = Geometry::from_params(&spec.params)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        assert_eq!(geometry, GEO, "the spec carries the geometry");
+        ChunkStateMachine::open(Arc::new(RealFs), &dir.join("chunk"), geometry)
             .map(|c| Arc::new(c) as Arc<dyn OooStateMachine>)
             .map_err(|e| std::io::Error::other(e.to_string()))
     }
@@ -135,6 +133,7 @@ fn a_chunk_replicated_by_its_group_reads_what_was_written_through_compaction_cat
             conflict_order: false,
             voters: vec![1, 2, 3],
             others: vec![],
+            params: GEO.to_params(),
         })
         .unwrap();
     }

@@ -64,12 +64,7 @@ impl OooStateMachine for Kv {
 struct Machines;
 
 impl StateMachines for Machines {
-    fn open(
-        &self,
-        _group: u64,
-        _mode: Mode,
-        _dir: &Path,
-    ) -> std::io::Result<Arc<dyn OooStateMachine>> {
+    fn open(&self, _spec: &OooGroupSpec, _dir: &Path) -> std::io::Result<Arc<dyn OooStateMachine>> {
         Ok(Arc::new(Kv::default()))
     }
 }
@@ -89,6 +84,7 @@ fn spec(id: u64, mode: Mode) -> OooGroupSpec {
         conflict_order: false,
         voters: vec![1],
         others: vec![],
+        params: vec![],
     }
 }
 
@@ -503,12 +499,7 @@ impl OooStateMachine for DurableKv {
 struct DurableMachines;
 
 impl StateMachines for DurableMachines {
-    fn open(
-        &self,
-        _group: u64,
-        _mode: Mode,
-        dir: &Path,
-    ) -> std::io::Result<Arc<dyn OooStateMachine>> {
+    fn open(&self, _spec: &OooGroupSpec, dir: &Path) -> std::io::Result<Arc<dyn OooStateMachine>> {
         Ok(Arc::new(DurableKv::open(dir)?))
     }
 }

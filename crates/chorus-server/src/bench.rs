@@ -44,7 +44,10 @@ use serde_json::{json, Value};
 
 use crate::config::{GroupSpec, ServerConfig};
 use crate::dev::DevMode;
-use crate::ooo::{BLOCK, MAX_BLOCKS};
+use crate::ooo::BLOCK;
+
+/// Sectors in a chunk of the default geometry (the groups the bench creates).
+const CHUNK_SECTORS: u64 = chorus_chunk::DEFAULT_CHUNK_BYTES / BLOCK;
 use crate::{AnyResult, Endpoints, Output, EXIT_UNREACHABLE};
 
 /// Where the benchmark clients run.
@@ -96,9 +99,10 @@ pub struct BenchArgs {
     /// used (from its status), and a different `--mode` is refused.
     #[arg(long, value_enum)]
     mode: Option<DevMode>,
-    /// Parallel groups: the volume's length in 4 KiB blocks; each record writes
-    /// `--size` rounded up to whole blocks at a uniformly random block of it.
-    #[arg(long, default_value_t = 1 << 18, value_parser = clap::value_parser!(u64).range(1..=MAX_BLOCKS))]
+    /// Parallel groups: the volume's length in 4 KiB blocks, at most a default chunk's
+    /// (10 GiB); each record writes `--size` rounded up to whole blocks at a uniformly
+    /// random block of it.
+    #[arg(long, default_value_t = 1 << 18, value_parser = clap::value_parser!(u64).range(1..=CHUNK_SECTORS))]
     volume_blocks: u64,
     /// Dependent groups: each record is a transaction that read one key and wrote one,
     /// drawn from this many keys (at most 100 million: the Zipf constants take a pass

@@ -74,6 +74,15 @@ pub struct GroupSpec {
     /// afterwards is the group's own (`chorus status`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub access_mode: String,
+    /// Parallel groups: the chunk's size in bytes (a group is one chunk of a volume,
+    /// PolarFS section 3.2; 0 means 10 GiB, the paper's). A positive multiple of
+    /// `block_bytes`, at most 1 TiB.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub chunk_bytes: u64,
+    /// Parallel groups: the chunk's allocation unit in bytes (PolarFS section 4; 0 means
+    /// 64 KiB, the paper's). A power of two from 4 KiB to 16 MiB.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub block_bytes: u32,
 }
 
 /// The access mode a group spec or request names (`""` is append).
@@ -97,6 +106,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 impl GroupSpec {
     /// An ordered group.
     pub fn ordered(id: u64, voters: Vec<u64>, learners: Vec<u64>) -> Self {
@@ -109,6 +122,8 @@ impl GroupSpec {
             look_behind: 0,
             commit_order: String::new(),
             access_mode: String::new(),
+            chunk_bytes: 0,
+            block_bytes: 0,
         }
     }
 

@@ -6,9 +6,10 @@
 //! ([`parse_spec`]), supplies the state machines ([`Machines`]) and checks what
 //! appenders declare ([`check_record`]).
 //!
-//! - **parallel** groups drive a block volume: a record declares the 4 KiB blocks it
-//!   writes and carries their new contents; applying it writes them into the file
-//!   `volume` (`ReadBlocks` reads it back).
+//! - **parallel** groups are chunk replicas (PolarFS section 4): a record declares the
+//!   4 KiB blocks (sectors) of the chunk it writes and carries their new contents;
+//!   applying it writes them into the chunk's thin-provisioned store under `chunk/`
+//!   (`ReadBlocks` reads it back). The chunk's geometry is in the group's spec.
 //! - **dependent** groups drive a key-value store in the WAL model: the database (the
 //!   appender) executed a transaction that read and wrote some keys and logs its redo;
 //!   replicas replay it by setting every written key to the record's bytes (`GetKeys`).
@@ -21,6 +22,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use chorus_chunk::Geometry;
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Declared, Mode};
 use chorus_runtime::env::{OooGroupSpec, StateMachines};
@@ -103,6 +105,15 @@ pub fn parse_spec(g: &GroupSpec, me: u64) -> Result<Option<OooGroupSpec>, BadSpe
             chorus_runtime::env::MAX_SPAN
         )));
     }
+    let params = match mode {
+        Mode::Parallel { .. } => geometry(g).map_err(|e| bad(e.to_string()))?.to_params(),
+        Mode::Dependent if g.chunk_bytes != 0 || g.block_bytes != 0 => {
+            return Err(bad(
+                "chunk_bytes and block_bytes apply to parallel groups only".into(),
+            ))
+        }
+        Mode::Dependent => Vec::new(),
+    };
     let mut voters = g.voters.clone();
     if voters.is_empty() {
         return Err(bad("no voters".into()));
@@ -141,32 +152,66 @@ pub fn parse_spec(g: &GroupSpec, me: u64) -> Result<Option<OooGroupSpec>, BadSpe
         conflict_order,
         voters,
         others,
+        params,
     }))
 }
 
+/// A parallel group spec's chunk geometry: its `chunk_bytes` and `block_bytes`, 0 for
+/// the defaults (10 GiB, 64 KiB), checked, and at most [`MAX_BLOCKS`] sectors.
+pub fn geometry(g: &GroupSpec) -> Result<Geometry, chorus_chunk::ChunkError> {
+    let d = Geometry::default();
+    let geo = Geometry {
+        chunk_bytes: if g.chunk_bytes == 0 {
+            d.chunk_bytes
+        } else {
+            g.chunk_bytes
+        },
+        block_bytes: if g.block_bytes == 0 {
+            d.block_bytes
+        } else {
+            g.block_bytes
+        },
+    };
+    geo.check()?;
+    if geo.chunk_bytes > MAX_BLOCKS * BLOCK {
+        return Err(chorus_chunk::ChunkError::BadGeometry {
+            detail: format!(
+                "chunk_bytes {} is above the limit of {} (1 TiB)",
+                geo.chunk_bytes,
+                MAX_BLOCKS * BLOCK
+            ),
+        });
+    }
+    Ok(geo)
+}
+
 /// The server's state machines, one per out-of-order group, opened by the node's
-/// environment in the group's directory: a block volume for a parallel group, a
-/// key-value store for a dependent one ([`crate::state_machines`]).
+/// environment in the group's directory: a chunk replica of the geometry in the spec for
+/// a parallel group, a key-value store for a dependent one ([`crate::state_machines`]).
 #[derive(Debug)]
 pub struct Machines;
 
 impl StateMachines for Machines {
-    fn open(
-        &self,
-        _group: u64,
-        mode: Mode,
-        dir: &Path,
-    ) -> std::io::Result<Arc<dyn OooStateMachine>> {
-        Ok(match mode {
-            Mode::Parallel { .. } => Arc::new(GroupStateMachine::block_volume(dir)?),
+    fn open(&self, spec: &OooGroupSpec, dir: &Path) -> std::io::Result<Arc<dyn OooStateMachine>> {
+        Ok(match spec.mode {
+            Mode::Parallel { .. } => {
+                let geo = Geometry::from_params(&spec.params).map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("group {}: {e}", spec.id),
+                    )
+                })?;
+                Arc::new(GroupStateMachine::chunk(dir, geo)?)
+            }
             Mode::Dependent => Arc::new(GroupStateMachine::key_value(dir)?),
         })
     }
 }
 
-/// Checks what an appender declares against the group's mode and state machine,
-/// before the record reaches the replica.
-pub fn check_record(mode: Mode, d: &Declared, data_len: usize) -> Result<(), String> {
+/// Checks what an appender declares against the group's mode and state machine (a
+/// parallel group's chunk holds `sectors` blocks), before the record reaches the
+/// replica: a record the state machine could not apply is never appended.
+pub fn check_record(mode: Mode, sectors: u64, d: &Declared, data_len: usize) -> Result<(), String> {
     match (mode, d) {
         (Mode::Parallel { .. }, Declared::Blocks(ranges)) => {
             if ranges.is_empty() {
@@ -180,9 +225,9 @@ pub fn check_record(mode: Mode, d: &Declared, data_len: usize) -> Result<(), Str
                     w[0].start, w[0].end, w[1].start, w[1].end
                 ));
             }
-            if let Some(r) = ranges.iter().find(|r| r.end > MAX_BLOCKS) {
+            if let Some(r) = ranges.iter().find(|r| r.end > sectors) {
                 return Err(format!(
-                    "block range {}..{} is past the volume's {MAX_BLOCKS} blocks",
+                    "block range {}..{} is past the chunk's {sectors} blocks",
                     r.start, r.end
                 ));
             }
@@ -278,38 +323,57 @@ mod tests {
         let mut learners = ok.clone();
         learners.learners = vec![3];
         assert!(err(&learners, 1).contains("no learners"));
+        // A parallel group carries its chunk geometry; a dependent one has none.
+        assert_eq!(
+            Geometry::from_params(&p.params).unwrap(),
+            Geometry::default()
+        );
+        let mut small = ok.clone();
+        small.chunk_bytes = 1 << 20;
+        small.block_bytes = 4096;
+        let geo = Geometry::from_params(&parse_spec(&small, 1).unwrap().unwrap().params).unwrap();
+        assert_eq!((geo.chunk_bytes, geo.block_bytes), (1 << 20, 4096));
+        small.block_bytes = 3000;
+        assert!(err(&small, 1).contains("block_bytes 3000"));
+        small.block_bytes = 0;
+        small.chunk_bytes = 2 << 40;
+        assert!(err(&small, 1).contains("above the limit"));
+        let mut dep = spec("dependent", &[1], &[]);
+        dep.chunk_bytes = 1 << 20;
+        assert!(err(&dep, 1).contains("parallel groups only"));
     }
 
     #[test]
     fn records_are_checked_against_the_mode() {
+        const S: u64 = 1024;
         let par = Mode::Parallel { span: 2 };
         let r = |s, n| BlockRange::new(s, n).unwrap();
-        assert!(check_record(par, &Declared::Blocks(vec![r(0, 2)]), 8192).is_ok());
-        assert!(check_record(par, &Declared::Blocks(vec![r(0, 2)]), 4096)
+        assert!(check_record(par, S, &Declared::Blocks(vec![r(0, 2)]), 8192).is_ok());
+        assert!(check_record(par, S, &Declared::Blocks(vec![r(0, 2)]), 4096)
             .unwrap_err()
             .contains("declares 2 blocks"));
         assert!(
-            check_record(par, &Declared::Blocks(vec![r(0, 2), r(1, 1)]), 3 * 4096)
+            check_record(par, S, &Declared::Blocks(vec![r(0, 2), r(1, 1)]), 3 * 4096)
                 .unwrap_err()
                 .contains("overlap")
         );
-        assert!(check_record(par, &Declared::Blocks(vec![]), 0).is_err());
+        assert!(check_record(par, S, &Declared::Blocks(vec![]), 0).is_err());
         assert!(
-            check_record(par, &Declared::Blocks(vec![r(MAX_BLOCKS, 1)]), 4096)
+            check_record(par, S, &Declared::Blocks(vec![r(S - 1, 2)]), 8192)
                 .unwrap_err()
-                .contains("past the volume")
+                .contains("past the chunk's 1024 blocks")
         );
         let txn = |w: Vec<u64>| Declared::Txn {
             read_set: vec![1],
             write_set: w,
         };
-        assert!(check_record(Mode::Dependent, &txn(vec![2]), 3).is_ok());
-        assert!(check_record(Mode::Dependent, &txn(vec![]), 3).is_err());
-        assert!(check_record(par, &txn(vec![2]), 3)
+        assert!(check_record(Mode::Dependent, S, &txn(vec![2]), 3).is_ok());
+        assert!(check_record(Mode::Dependent, S, &txn(vec![]), 3).is_err());
+        assert!(check_record(par, S, &txn(vec![2]), 3)
             .unwrap_err()
             .contains("parallel-mode group"));
         assert!(
-            check_record(Mode::Dependent, &Declared::Blocks(vec![r(0, 1)]), 4096)
+            check_record(Mode::Dependent, S, &Declared::Blocks(vec![r(0, 1)]), 4096)
                 .unwrap_err()
                 .contains("dependent-mode group")
         );

@@ -236,6 +236,12 @@ enum GroupOp {
         /// switches it; PALF section 5.2).
         #[arg(long, default_value = "append", value_parser = ["append", "raw-write"])]
         access_mode: String,
+        /// Parallel groups: the chunk's size in bytes (0: 10 GiB).
+        #[arg(long, default_value_t = 0)]
+        chunk_bytes: u64,
+        /// Parallel groups: the chunk's allocation unit in bytes (0: 64 KiB).
+        #[arg(long, default_value_t = 0)]
+        block_bytes: u32,
     },
     /// Switch an ordered group's access mode at its leader: `append` (failover: a mirror
     /// becomes a primary) or `raw-write` (switchover: a primary becomes a mirror). In force
@@ -1150,6 +1156,8 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
             look_behind,
             commit_order,
             access_mode,
+            chunk_bytes,
+            block_bytes,
         } => {
             if mode != "ordered" && access_mode != "append" {
                 return Err(ClientError::Status {
@@ -1176,6 +1184,8 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 } else {
                     access_mode.clone()
                 },
+                chunk_bytes,
+                block_bytes,
             })
             .await?;
             let what = if access_mode == "append" {

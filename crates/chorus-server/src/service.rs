@@ -861,6 +861,8 @@ impl pb::chorus_server::Chorus for Service {
             g.commit_order = r.commit_order;
             g.access_mode = r.access_mode;
             g.replicas = r.replicas;
+            g.chunk_bytes = r.chunk_bytes;
+            g.block_bytes = r.block_bytes;
             let spec = crate::ooo::parse_spec(&g, self.env.node())
                 .map_err(|e| Status::invalid_argument(e.to_string()))?
                 .ok_or_else(|| Status::invalid_argument("not an out-of-order mode"))?;
@@ -1148,13 +1150,14 @@ impl pb::chorus_server::Chorus for Service {
                 req.records.len()
             )));
         }
-        let (g, _) = self.out_of_order(req.group, "AppendOutOfOrder")?;
+        let (g, sm) = self.out_of_order(req.group, "AppendOutOfOrder")?;
+        let sectors = sm.geometry().map_or(0, |g| g.sectors());
         // Every record is checked before any is appended, so a bad one refuses the whole
         // request and none of it has an outcome.
         let mut checked = Vec::with_capacity(req.records.len());
         for (i, r) in req.records.into_iter().enumerate() {
             let d = declared(g.mode(), &r)
-                .and_then(|d| check_record(g.mode(), &d, r.data.len()).map(|()| d))
+                .and_then(|d| check_record(g.mode(), sectors, &d, r.data.len()).map(|()| d))
                 .map_err(|e| Status::invalid_argument(format!("record {i}: {e}")))?;
             checked.push((d, r.data));
         }

@@ -82,16 +82,13 @@ impl Default for OooGroupSettings {
 /// The embedder's state machines for out-of-order groups: the environment opens one for
 /// every such group it creates, opens or restarts.
 pub trait StateMachines: Send + Sync + std::fmt::Debug + 'static {
-    /// Opens (or creates, in a new group's empty directory) the state machine of group
-    /// `group`, of `mode`, whose files lie in `dir` (the group's directory, shared with
-    /// its replica's store: names other than `entries.*`, `hard`, `membership*` and
-    /// `ooo.spec*` are the state machine's).
-    fn open(
-        &self,
-        group: GroupId,
-        mode: Mode,
-        dir: &Path,
-    ) -> std::io::Result<Arc<dyn OooStateMachine>>;
+    /// Opens (or creates, in a new group's empty directory) the state machine of the
+    /// group `spec` describes (its id, mode and the embedder's parameters,
+    /// [`OooGroupSpec::params`]), whose files lie in `dir` (the group's directory, shared
+    /// with its replica's store: names other than `entries.*`, `hard`, `membership*` and
+    /// `ooo.spec*` are the state machine's). Parameters it cannot use are an error of
+    /// kind `InvalidData` naming them: the group is then not opened.
+    fn open(&self, spec: &OooGroupSpec, dir: &Path) -> std::io::Result<Arc<dyn OooStateMachine>>;
 }
 
 /// A group's mode.
@@ -431,7 +428,7 @@ fn start(inner: &Arc<Inner>, spec: OooGroupSpec, dir: PathBuf) -> Result<OooHand
         .state_machines
         .clone()
         .ok_or(Error::NoStateMachines(id))?;
-    let state = factory.open(id, spec.mode, &dir).map_err(|e| Error::Io {
+    let state = factory.open(&spec, &dir).map_err(|e| Error::Io {
         what: format!("group {id}: open its state machine in {}", dir.display()),
         source: e,
     })?;

@@ -22,8 +22,11 @@ use crate::group::GroupId;
 pub const SPEC_FILE: &str = "ooo.spec";
 /// The first four bytes of a spec file.
 const MAGIC: [u8; 4] = *b"CHOS";
-/// The layout version this build writes and reads.
-const VERSION: u8 = 1;
+/// The layout version this build writes; it reads this one and version 1 (which has no
+/// state machine parameters).
+const VERSION: u8 = 2;
+/// The most bytes of state machine parameters a spec holds.
+pub const MAX_PARAMS: usize = 256;
 /// Bytes before the replica lists: magic, version, mode, flags, span, id, two counts.
 const HEADER: usize = 20;
 /// Bytes of the checksum after the lists.
@@ -48,6 +51,10 @@ pub struct OooGroupSpec {
     /// Replicas that were not voters at creation and a membership change may add:
     /// ascending, distinct, none of them a voter, no 0, at most [`MAX_REPLICAS`].
     pub others: Vec<NodeId>,
+    /// The state machine's parameters, as the embedder encoded them (the runtime only
+    /// keeps them and hands them to [`crate::env::StateMachines::open`]; a chunk group's
+    /// geometry, for instance): at most [`MAX_PARAMS`] bytes.
+    pub params: Vec<u8>,
 }
 
 /// Why a spec's bytes or fields are not accepted.
@@ -76,7 +83,7 @@ pub enum SpecError {
         found: [u8; 4],
     },
     /// A layout version this build does not read.
-    #[error("layout version {0}; this build reads version {VERSION}")]
+    #[error("layout version {0}; this build reads versions 1 to {VERSION}")]
     Version(u8),
     /// The checksum does not match the bytes.
     #[error("crc32c {stored:#010x} stored, {computed:#010x} computed over the contents")]
@@ -143,6 +150,12 @@ impl OooGroupSpec {
         }
         check_list("voters", &self.voters)?;
         check_list("others", &self.others)?;
+        if self.params.len() > MAX_PARAMS {
+            return Err(field(
+                "params",
+                format!("{} bytes, at most {MAX_PARAMS}", self.params.len()),
+            ));
+        }
         if let Some(n) = self.others.iter().find(|n| self.voters.contains(n)) {
             return Err(field("others", format!("node {n} is a voter too")));
         }
@@ -174,6 +187,8 @@ impl OooGroupSpec {
         for n in self.voters.iter().chain(&self.others) {
             b.extend_from_slice(&n.to_le_bytes());
         }
+        b.extend_from_slice(&(self.params.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.params);
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -191,8 +206,9 @@ impl OooGroupSpec {
         if found != MAGIC {
             return Err(SpecError::Magic { found });
         }
-        if b[4] != VERSION {
-            return Err(SpecError::Version(b[4]));
+        let version = b[4];
+        if version != 1 && version != VERSION {
+            return Err(SpecError::Version(version));
         }
         let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
         let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
@@ -204,7 +220,23 @@ impl OooGroupSpec {
                 format!("{nv} voters and {no} others, at most {MAX_REPLICAS} each"),
             ));
         }
-        let need = HEADER + 8 * (nv + no) + TRAILER;
+        let lists = HEADER + 8 * (nv + no);
+        // Version 2: `u16 params_len | params` after the lists.
+        let np = if version == 1 {
+            0
+        } else if b.len() < lists + 2 + TRAILER {
+            return Err(SpecError::Truncated {
+                len: b.len(),
+                need: lists + 2 + TRAILER,
+            });
+        } else {
+            u16_at(lists)
+        };
+        if np > MAX_PARAMS {
+            return Err(field("params", format!("{np} bytes, at most {MAX_PARAMS}")));
+        }
+        let params_at = lists + if version == 1 { 0 } else { 2 };
+        let need = params_at + np + TRAILER;
         if b.len() < need {
             return Err(SpecError::Truncated { len: b.len(), need });
         }
@@ -244,6 +276,7 @@ impl OooGroupSpec {
             conflict_order: flags == 1,
             voters: list(HEADER, nv),
             others: list(HEADER + 8 * nv, no),
+            params: b[params_at..params_at + np].to_vec(),
         };
         spec.check()?;
         Ok(spec)
@@ -296,7 +329,7 @@ pub fn read_spec(
     let f = fs.open(&path, OpenOptions::read_only())?;
     let len = f.len()?;
     // A spec is at most a few KiB; a larger file is refused by its length, not read.
-    let max = (HEADER + 16 * MAX_REPLICAS + TRAILER) as u64;
+    let max = (HEADER + 16 * MAX_REPLICAS + 2 + MAX_PARAMS + TRAILER) as u64;
     if len > max {
         return Ok(Some(Err(SpecError::Trailing {
             len: len as usize,
@@ -319,6 +352,7 @@ mod tests {
             conflict_order: true,
             voters: vec![1, 2, 3],
             others: vec![9],
+            params: vec![7, 0, 1],
         }
     }
 
@@ -332,10 +366,35 @@ mod tests {
                 conflict_order: false,
                 voters: vec![7],
                 others: vec![],
+                params: vec![],
             },
         ] {
             assert_eq!(OooGroupSpec::decode(&s.encode()).unwrap(), s);
         }
+    }
+
+    /// A version 1 spec (no parameters) written before parameters existed still reads.
+    #[test]
+    fn a_version_1_spec_reads_with_no_params() {
+        let mut s = spec();
+        s.params.clear();
+        let v2 = s.encode();
+        // Version 1 is version 2 without the params length.
+        let lists = v2.len() - 2 - TRAILER;
+        let mut v1 = v2[..lists].to_vec();
+        v1[4] = 1;
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(OooGroupSpec::decode(&v1).unwrap(), s);
+        let mut big = spec();
+        big.params = vec![0; MAX_PARAMS + 1];
+        assert!(matches!(
+            big.check(),
+            Err(SpecError::Field {
+                field: "params",
+                ..
+            })
+        ));
     }
 
     /// Every damaged byte, a short or long file and bad fields are typed errors: the
@@ -360,8 +419,8 @@ mod tests {
             Err(SpecError::Trailing { .. })
         ));
         let mut v = good.clone();
-        v[4] = 2;
-        assert_eq!(OooGroupSpec::decode(&v), Err(SpecError::Version(2)));
+        v[4] = 3;
+        assert_eq!(OooGroupSpec::decode(&v), Err(SpecError::Version(3)));
         // A well-formed, well-summed spec with a bad field: named.
         let mut s = spec();
         s.voters = vec![2, 1];
