@@ -6,8 +6,8 @@
 //! as in the paper), reads blocks never written as zeros, and keeps a durable block map
 //! that a checkpoint writes and a restart reads back. [`image`] is the chunk's image
 //! format, for a replica that must be rebuilt from another's, and
-//! [`ChunkStateMachine`] applies a chunk's group log to its store. [`split`] cuts a
-//! volume's I/O at chunk and block boundaries and puts it back together.
+//! [`ChunkStateMachine`] applies a chunk's group log to its store. A volume's I/O is
+//! cut at chunk and block boundaries by `chorus_client::split`.
 //!
 //! Units: writes arrive in whole *sectors* of [`SECTOR`] bytes (the unit a parallel
 //! group's records declare their block ranges in, `chorus_core::ooo::parallel`);
@@ -16,7 +16,6 @@
 pub mod image;
 pub mod map;
 pub mod sm;
-pub mod split;
 pub mod store;
 
 use std::path::PathBuf;

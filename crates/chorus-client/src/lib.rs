@@ -25,6 +25,11 @@ pub mod pb {
 
 use pb::chorus_client::ChorusClient;
 
+pub mod split;
+pub mod volume;
+
+pub use volume::{VolumeClient, VolumeError, VolumeMap};
+
 /// What went wrong talking to the cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -323,6 +328,7 @@ impl Client {
             group,
             start,
             count,
+            at_leader: false,
         })
         .await
         .map(|r| r.into_inner())

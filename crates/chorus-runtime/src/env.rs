@@ -30,7 +30,7 @@ pub use ooo_groups::{
     GroupMode, HostedGroup, ListedGroup, NotStarted, OooGroupSettings, OooHandle, StateMachines,
     RELEASE_WAIT,
 };
-pub use ooo_spec::{OooGroupSpec, SpecError, MAX_REPLICAS, MAX_SPAN, SPEC_FILE};
+pub use ooo_spec::{OooGroupSpec, SpecError, MAX_PARAMS, MAX_REPLICAS, MAX_SPAN, SPEC_FILE};
 pub use render::mode_label;
 
 /// Settings of an [`Env`].

@@ -133,6 +133,50 @@ impl GroupSpec {
     }
 }
 
+/// The storage layer's control plane (PolarFS section 3.2.3, PolarCtrl) and this node's
+/// part in it: a node hosting a replica of the control `group` serves the Control
+/// service (its leader does the control duties); a node given `endpoints` is a chunk
+/// server that heartbeats there and hosts the chunk groups the control plane places on
+/// it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlSection {
+    /// The ordered group holding the control plane's state (0: this node is no control
+    /// node). Configure it in `groups` on the control nodes, like any ordered group.
+    pub group: u64,
+    /// Client API addresses (`HOST:PORT`) of the control nodes, where this node sends
+    /// its heartbeats (empty: it is no chunk server).
+    pub endpoints: Vec<String>,
+    /// This node's rack or zone: a chunk's replicas go to distinct racks when there are
+    /// enough.
+    pub rack: String,
+    /// The client API address others reach this node at (default: `api_listen`).
+    pub advertise_api: Option<String>,
+    /// How often this node heartbeats.
+    pub heartbeat_ms: u64,
+    /// A node not heard from for this long is down: nothing new is placed on it.
+    pub down_after_ms: u64,
+    /// A node down for this long has its chunk replicas rebuilt elsewhere.
+    pub replace_after_ms: u64,
+    /// Chunk size of a volume created without one (the paper's 10 GiB).
+    pub chunk_bytes: u64,
+}
+
+impl Default for ControlSection {
+    fn default() -> Self {
+        Self {
+            group: 0,
+            endpoints: Vec::new(),
+            rack: String::new(),
+            advertise_api: None,
+            heartbeat_ms: 1000,
+            down_after_ms: 5000,
+            replace_after_ms: 60_000,
+            chunk_bytes: chorus_chunk::DEFAULT_CHUNK_BYTES,
+        }
+    }
+}
+
 /// Settings of out-of-order groups.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -310,6 +354,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsSection>,
     /// Settings of out-of-order (parallel and dependent mode) groups.
     pub out_of_order: OutOfOrderSection,
+    /// The storage layer's control plane, and this node's part in it.
+    pub control: ControlSection,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `chorus_runtime=debug`.
     pub log_filter: String,
 }
@@ -332,6 +378,7 @@ impl Default for ServerConfig {
             log: LogSection::default(),
             tls: None,
             out_of_order: OutOfOrderSection::default(),
+            control: ControlSection::default(),
             log_filter: "info".into(),
         }
     }

@@ -37,6 +37,11 @@ pub struct DevArgs {
     /// directory keeps the mode it was created with (use --fresh to change it).
     #[arg(long, value_enum, default_value_t = DevMode::Ordered)]
     pub mode: DevMode,
+    /// The storage layer: group 1 (ordered, on nodes 1–3) holds the control plane's state,
+    /// and every node is a chunk server in a rack of its own, heartbeating to it (chunks
+    /// of 64 MiB). Use with `--nodes 5` to have room to re-replicate.
+    #[arg(long, conflicts_with = "mode")]
+    pub storage: bool,
 }
 
 /// Group 1's mode in `chorus dev`.
@@ -73,13 +78,29 @@ fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
             .filter(|j| *j != i)
             .map(|j| (j.to_string(), p(100, j)))
             .collect(),
-        groups: vec![{
-            let mut g = GroupSpec::ordered(1, (1..=a.nodes).collect(), vec![]);
-            if a.mode != DevMode::Ordered {
-                g.mode = a.mode.name().into();
+        groups: if a.storage && i > 3 {
+            vec![]
+        } else {
+            let voters = if a.storage { a.nodes.min(3) } else { a.nodes };
+            vec![{
+                let mut g = GroupSpec::ordered(1, (1..=voters).collect(), vec![]);
+                if a.mode != DevMode::Ordered {
+                    g.mode = a.mode.name().into();
+                }
+                g
+            }]
+        },
+        control: if a.storage {
+            crate::config::ControlSection {
+                group: if i <= 3 { 1 } else { 0 },
+                endpoints: (1..=a.nodes.min(3)).map(|j| p(0, j)).collect(),
+                rack: format!("rack{i}"),
+                chunk_bytes: 64 << 20,
+                ..Default::default()
             }
-            g
-        }],
+        } else {
+            Default::default()
+        },
         ..ServerConfig::default()
     }
 }
@@ -149,7 +170,13 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         }
         let found = rt.block_on(async {
             let mut c = Client::new(endpoints.clone());
-            for (_, r) in c.status_all(1).await {
+            // In a storage cluster nodes past the third host no group 1.
+            for (_, r) in
+                c.status_all(1)
+                    .await
+                    .into_iter()
+                    .take(if a.storage { 3 } else { usize::MAX })
+            {
                 if let Ok(s) = r {
                     if s.groups.iter().any(|g| {
                         g.group == 1 && g.role == "leader" && (g.mode == "ordered" || g.serving)
@@ -204,6 +231,39 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         format!(" --endpoints {eps}")
     };
     println!("Try, in another terminal:");
+    if a.storage {
+        let ctl = if a.base_port == 7000 {
+            String::new()
+        } else {
+            format!(
+                " --control {}",
+                (1..=a.nodes.min(3))
+                    .map(|j| format!("127.0.0.1:{}", a.base_port as u64 + j))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        println!(
+            "  {me} node list{ctl}                        # chunk servers, racks, liveness, load"
+        );
+        println!(
+            "  {me} volume create{ctl} db --size 256M     # 4 chunks of 64 MiB, 3 replicas each"
+        );
+        println!("  {me} volume write{ctl} db --offset 1M hello");
+        println!("  {me} volume read{ctl} db --offset 1M --len 5");
+        println!("  {me} volume stat{ctl} db                   # the chunk map and its version");
+        println!("  {me} node drain{ctl} 4");
+        println!();
+        println!("Logs: {}/n*.log", dir.display());
+        if a.detach {
+            println!(
+                "Running in the background; stop with: kill $(cat {}/pids)",
+                dir.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        return wait_for_stop(&rt, &mut children, &dir);
+    }
     println!("  {me} status{flag}");
     match a.mode {
         DevMode::Ordered => {
@@ -245,6 +305,15 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    wait_for_stop(&rt, &mut children, &dir)
+}
+
+/// Waits for Ctrl-C or SIGTERM (reporting nodes that exit meanwhile), then stops them.
+fn wait_for_stop(
+    rt: &tokio::runtime::Runtime,
+    children: &mut [(u64, Child)],
+    dir: &Path,
+) -> AnyResult<ExitCode> {
     println!("Press Ctrl-C to stop the cluster.");
     let code = rt.block_on(async {
         let mut term =
@@ -263,7 +332,7 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
             }
         }
     });
-    stop_all(&mut children);
+    stop_all(children);
     println!("stopped");
     Ok(code)
 }

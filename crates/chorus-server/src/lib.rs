@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod ctrl;
 pub mod dev;
 pub mod local;
 pub mod ooo;
@@ -12,6 +13,7 @@ pub mod remote;
 pub mod server;
 pub mod service;
 pub mod state_machines;
+pub mod volume_cli;
 
 use clap::{Args, ValueEnum};
 

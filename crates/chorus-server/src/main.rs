@@ -96,6 +96,11 @@ enum Cmd {
     /// The applied state of an out-of-order group's state machine (parallel: blocks
     /// of its volume; dependent: keys of its key-value store) on every endpoint.
     State(remote::StateArgs),
+    /// Volumes of the storage layer: create, list, stat, grow, delete, read, write
+    /// (through the control plane, `--control`, and the routing client).
+    Volume(chorus_server::volume_cli::VolumeArgs),
+    /// Chunk servers as the control plane sees them: list, drain.
+    Node(chorus_server::volume_cli::NodeArgs),
     /// Closed-loop append benchmark: against a running cluster over gRPC, or `--local DIR`
     /// to start three replica processes and drive them from the leader's process.
     Bench(bench::BenchArgs),
@@ -180,6 +185,8 @@ fn main() -> ExitCode {
         Cmd::Mirror(a) => remote::run(remote::Remote::Mirror(a)),
         Cmd::State(a) => remote::run(remote::Remote::State(a)),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Volume(a) => chorus_server::volume_cli::volume(a),
+        Cmd::Node(a) => chorus_server::volume_cli::node(a),
     };
     match r {
         Ok(code) => code,

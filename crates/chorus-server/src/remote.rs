@@ -1186,6 +1186,7 @@ async fn group(a: GroupArgs) -> Result<ExitCode, ClientError> {
                 },
                 chunk_bytes,
                 block_bytes,
+                peer_addrs: Default::default(),
             })
             .await?;
             let what = if access_mode == "append" {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use chorus_client::pb::chorus_server::ChorusServer;
+use chorus_client::pb::control_server::ControlServer;
 use chorus_runtime::{Env, Error};
 use clap::Args;
 
@@ -150,6 +151,40 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         let svc = ChorusServer::new(Service::new(env.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
+        // The control plane: served here if this node hosts the control group.
+        let controller = if cfg.control.group != 0 {
+            let c = crate::ctrl::Controller::start(env.clone(), cfg.control.clone())?;
+            tokio::spawn(crate::ctrl::duties::run(std::sync::Arc::downgrade(&c)));
+            Some(c)
+        } else {
+            None
+        };
+        let control_svc = controller.clone().map(|c| {
+            ControlServer::new(crate::ctrl::service::ControlService::new(c))
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20)
+        });
+        if !cfg.control.endpoints.is_empty() {
+            let me = crate::ctrl::agent::Identity {
+                node: cfg.node,
+                repl_addr: cfg
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| env.replication_addr().to_string()),
+                client_addr: cfg
+                    .control
+                    .advertise_api
+                    .clone()
+                    .unwrap_or_else(|| api.to_string()),
+                rack: cfg.control.rack.clone(),
+            };
+            tokio::spawn(crate::ctrl::agent::run(
+                env.clone(),
+                me,
+                cfg.control.endpoints.clone(),
+                std::time::Duration::from_millis(cfg.control.heartbeat_ms.max(10)),
+            ));
+        }
         let listener = tokio::net::TcpListener::bind(api).await.map_err(|e| {
             Box::<dyn std::error::Error>::from(format!("bind api_listen {api}: {e}"))
         })?;
@@ -178,8 +213,12 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(svc)
+            .add_optional_service(control_svc)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
+        if let Some(c) = controller {
+            c.stop();
+        }
         let e2 = env.clone();
         tokio::task::spawn_blocking(move || e2.shutdown()).await?;
         Ok::<_, Box<dyn std::error::Error>>(ExitCode::SUCCESS)

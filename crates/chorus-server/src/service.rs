@@ -453,6 +453,54 @@ pub fn status(e: Error) -> Status {
     }
 }
 
+/// How long a leader read waits for its replica to apply what was committed when it
+/// arrived.
+const LEADER_READ_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until this replica, the serving leader of out-of-order group `group`, has
+/// applied every slot committed when the read arrived: then a read sees every write
+/// acknowledged before it began (a write is acknowledged only once a serving leader
+/// applied it, and a new leader serves only after deciding every slot an old one may
+/// have acknowledged). Elsewhere: FAILED_PRECONDITION with the leader hint.
+fn leader_read_barrier(g: &OooHandle, group: u64) -> Result<(), Status> {
+    let st = g
+        .node()
+        .status()
+        .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
+    if st.role != Role::Leader || !st.serving {
+        let mut s = Status::failed_precondition(format!(
+            "group {group}: not the serving leader (a leader read goes to it)"
+        ));
+        if let Some(v) = st.leader.and_then(|l| l.to_string().parse().ok()) {
+            s.metadata_mut().insert("chorus-leader", v);
+        }
+        return Err(s);
+    }
+    let want = st.committed_head;
+    let deadline = std::time::Instant::now() + LEADER_READ_WAIT;
+    loop {
+        let st = g
+            .node()
+            .status()
+            .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
+        if st.role != Role::Leader {
+            return Err(Status::failed_precondition(format!(
+                "group {group}: stepped down during a leader read"
+            )));
+        }
+        if st.applied_head >= want {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Status::unavailable(format!(
+                "group {group}: applied up to slot {} within {LEADER_READ_WAIT:?}, not the {want} committed when the read arrived",
+                st.applied_head
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// A refusal by a replica that does not lead: FAILED_PRECONDITION, naming the leader it
 /// knows in the `chorus-leader` trailer.
 fn not_leader(msg: String, leader: Option<u64>) -> Status {
@@ -847,6 +895,11 @@ impl pb::chorus_server::Chorus for Service {
         if r.group == 0 {
             return Err(Status::invalid_argument("group id 0 is reserved"));
         }
+        for (node, addr) in &r.peer_addrs {
+            if *node != self.env.node() {
+                self.env.set_peer_addr(*node, addr.clone());
+            }
+        }
         if !matches!(r.mode.as_str(), "" | "ordered") {
             // A group of another kind or spec is an error, not "already done".
             if self.env.group(r.group).is_ok() {
@@ -1179,6 +1232,9 @@ impl pb::chorus_server::Chorus for Service {
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ReadBlocks")?;
         tokio::task::spawn_blocking(move || {
+            if r.at_leader {
+                leader_read_barrier(&g, r.group)?;
+            }
             let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
             let data = sm
                 .read_blocks(r.start, r.count)

@@ -3,7 +3,7 @@
 //! chunk; reads assembled from the pieces equal the volume's bytes; writes through the
 //! pieces change exactly the bytes asked; bad ranges are refused by name.
 
-use chorus_chunk::split::{reassemble, sector_span, split, Piece, SplitError};
+use chorus_client::split::{reassemble, sector_span, split, Piece, SplitError};
 use proptest::prelude::*;
 
 #[test]

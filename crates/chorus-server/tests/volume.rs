@@ -1,0 +1,407 @@
+//! The storage layer through real processes: five `chorus server`s, a control plane on
+//! three of them (its state in ordered group 1), every node a chunk server in its own
+//! rack. A volume of several chunks is created (placed three to a chunk on distinct
+//! nodes, balanced), written and read through the routing client at byte offsets that
+//! straddle sectors, blocks and chunks, checked against a model; a chunk server that
+//! holds a chunk's leader is killed with SIGKILL and I/O goes on (nothing acknowledged is
+//! lost); the volume grows and is deleted; bad input is refused by name; the CLI writes
+//! and reads a volume.
+
+use std::io::Write;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use chorus_client::volume::on_control;
+use chorus_client::{pb, VolumeClient, VolumeError};
+use tonic::Code;
+
+mod common;
+use common::{free_port, Server};
+
+const CTRL: u64 = 1;
+const NODES: u64 = 5;
+const CHUNK: u64 = 1 << 20;
+
+struct Cluster {
+    nodes: Vec<Server>,
+    control: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Prints the end of every node's log (on a failure).
+    fn dump_logs(&self) {
+        for i in 1..=NODES {
+            let log = std::fs::read_to_string(self._dir.path().join(format!("n{i}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "--- node {i} ---\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<[u16; 2]> = (0..NODES).map(|_| [free_port(), free_port()]).collect();
+    let control: Vec<String> = (0..3)
+        .map(|i| format!("127.0.0.1:{}", ports[i][0]))
+        .collect();
+    let endpoints = control
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut nodes = Vec::new();
+    for i in 1..=NODES {
+        let [api, repl] = ports[(i - 1) as usize];
+        let peers: String = (1..=NODES)
+            .filter(|j| *j != i)
+            .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
+            .collect();
+        let groups = if i <= 3 {
+            format!("[[groups]]\nid = {CTRL}\nvoters = [1, 2, 3]\n\n")
+        } else {
+            String::new()
+        };
+        let cfg = dir.path().join(format!("n{i}.toml"));
+        let mut f = std::fs::File::create(&cfg).unwrap();
+        write!(
+            f,
+            "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\
+             [out_of_order]\nelection_timeout_ms = 300\ncompact_bytes = 262144\n\n\
+             [control]\ngroup = {}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\n\
+             heartbeat_ms = 200\ndown_after_ms = 1500\nchunk_bytes = {CHUNK}\n",
+            dir.path().join(format!("n{i}")).display(),
+            if i <= 3 { CTRL } else { 0 },
+        )
+        .unwrap();
+        let mut n = Server::new(cfg, dir.path().join(format!("n{i}.log")));
+        n.start();
+        nodes.push(n);
+    }
+    Cluster {
+        nodes,
+        control,
+        _dir: dir,
+    }
+}
+
+async fn list_nodes(control: &[String]) -> Option<pb::ListNodesResponse> {
+    match on_control(control, Duration::from_secs(2), |mut c| async move {
+        c.list_nodes(pb::Empty {}).await.map(|r| r.into_inner())
+    })
+    .await
+    {
+        Ok(Ok(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// Waits until every node has registered and is live.
+async fn all_registered(c: &Cluster) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = list_nodes(&c.control).await;
+        if let Some(r) = &r {
+            if r.nodes.len() as u64 == NODES && r.nodes.iter().all(|n| n.live) {
+                return;
+            }
+        }
+        if Instant::now() >= end {
+            c.dump_logs();
+            panic!("nodes did not all register: {r:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn create(
+    control: &[String],
+    name: &str,
+    size: u64,
+) -> Result<pb::VolumeInfo, tonic::Status> {
+    let req = pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes: size,
+        chunk_bytes: 0,
+        block_bytes: 0,
+    };
+    on_control(control, Duration::from_secs(30), |mut c| {
+        let req = req.clone();
+        async move { c.create_volume(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+    .expect("control plane reachable")
+}
+
+/// A deterministic byte pattern.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes until acknowledged: a write whose outcome is unknown (its leader was killed)
+/// is written again, which is safe for a blind write of the same bytes.
+async fn write_acked(v: &VolumeClient, model: &mut [u8], offset: u64, data: &[u8]) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        match v.write(offset, data).await {
+            Ok(()) => break,
+            Err(e @ (VolumeError::Unknown { .. } | VolumeError::Failed { .. })) => {
+                assert!(
+                    Instant::now() < end,
+                    "write at {offset} never acknowledged: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("write at {offset}: {e}"),
+        }
+    }
+    model[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+}
+
+async fn check_all(v: &VolumeClient, model: &[u8]) {
+    let got = v
+        .read(0, model.len() as u64)
+        .await
+        .expect("read the volume");
+    assert_eq!(got.len(), model.len());
+    if let Some(i) = (0..model.len()).find(|&i| got[i] != model[i]) {
+        panic!(
+            "byte {i} reads {} where {} was acknowledged",
+            got[i], model[i]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
+    let mut c = cluster();
+    all_registered(&c).await;
+    // 4 chunks of 1 MiB, the last one partly used.
+    let size = 3 * CHUNK + 100_000;
+    let info = match create(&c.control, "db", size).await {
+        Ok(i) => i,
+        Err(e) => {
+            c.dump_logs();
+            panic!("create: {e:?}");
+        }
+    };
+    if info.state != "ready" {
+        c.dump_logs();
+        panic!("state {}", info.state);
+    }
+    assert_eq!(info.chunks.len(), 4);
+    let mut load = std::collections::BTreeMap::<u64, usize>::new();
+    for ch in &info.chunks {
+        let mut r = ch.replicas.clone();
+        r.sort_unstable();
+        r.dedup();
+        assert_eq!(r.len(), 3, "three distinct replicas: {:?}", ch.replicas);
+        for n in r {
+            *load.entry(n).or_default() += 1;
+        }
+    }
+    // 12 replicas on 5 nodes: 2 or 3 each.
+    assert!(load.values().all(|&l| (2..=3).contains(&l)), "{load:?}");
+    // Bad input is refused by name.
+    let dup = create(&c.control, "db", CHUNK).await.unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists, "{dup:?}");
+    let bad = create(&c.control, "no/slash", CHUNK).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(matches!(
+        VolumeClient::open(c.control.clone(), "nope").await,
+        Err(VolumeError::NoSuchVolume(_))
+    ));
+
+    let v = VolumeClient::open(c.control.clone(), "db").await.unwrap();
+    let mut model = vec![0u8; size as usize];
+    // Never-written space reads as zeros.
+    check_all(&v, &model).await;
+    // Aligned, unaligned, across blocks and chunks, and up to the end.
+    let writes: Vec<(u64, usize)> = vec![
+        (0, 4096),
+        (4096 * 3 + 17, 10_000),
+        (CHUNK - 5000, 12_000),
+        (2 * CHUNK - 65536, 3 * 65536),
+        (size - 777, 777),
+        (CHUNK / 2, 300_000),
+    ];
+    for (i, (off, len)) in writes.iter().enumerate() {
+        write_acked(&v, &mut model, *off, &pattern(i as u64, *len)).await;
+    }
+    check_all(&v, &model).await;
+    let e = v.write(size - 10, &[1; 20]).await.unwrap_err();
+    assert!(e.to_string().contains("past the volume"), "{e}");
+    assert!(v.read(size, 1).await.is_err());
+
+    // Kill the node leading chunk 0 (known from the writes); I/O goes on.
+    let status = {
+        let mut cl = chorus_client::Client::new(
+            info.nodes
+                .iter()
+                .map(|n| format!("http://{}", n.client_addr))
+                .collect(),
+        );
+        cl.status_all(info.chunks[0].group).await
+    };
+    let leader = status
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .find(|s| s.groups.iter().any(|g| g.role == "leader"))
+        .map(|s| s.node)
+        .expect("chunk 0 has a leader");
+    c.nodes[(leader - 1) as usize].kill9();
+    for i in 0..20u64 {
+        let off = (i * 151_111) % (size - 70_000);
+        write_acked(&v, &mut model, off, &pattern(100 + i, 65_000)).await;
+    }
+    check_all(&v, &model).await;
+
+    // The control plane sees the killed node down (and places nothing new on it).
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = list_nodes(&c.control).await;
+        if r.is_some_and(|r| r.nodes.iter().any(|n| n.id == leader && !n.live)) {
+            break;
+        }
+        assert!(Instant::now() < end, "node {leader} is not seen down");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Grow: a new chunk, reading as zeros; then delete.
+    let req = pb::GrowVolumeRequest {
+        name: "db".into(),
+        size_bytes: size + CHUNK,
+    };
+    let grown = on_control(&c.control, Duration::from_secs(30), |mut cl| {
+        let req = req.clone();
+        async move { cl.grow_volume(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        c.dump_logs();
+        panic!("grow: {e}")
+    });
+    match grown {
+        Ok(g) => {
+            assert_eq!(g.chunks.len(), 5);
+            assert!(g.version > info.version);
+        }
+        // Placing needs three live nodes; with one killed there are four.
+        Err(s) => panic!("grow: {s:?}"),
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while v.map().chunks.len() != 5 {
+        assert!(Instant::now() < end, "the new map was not pushed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(v.refreshes() >= 1);
+    let tail = v.read(size, CHUNK).await.unwrap();
+    assert!(tail.iter().all(|&b| b == 0));
+
+    // The CLI writes and reads the volume too.
+    let bin = env!("CARGO_BIN_EXE_chorus");
+    let ctl = c.control.join(",");
+    let out = Command::new(bin)
+        .args([
+            "volume",
+            "write",
+            "db",
+            "--control",
+            &ctl,
+            "--offset",
+            "5000",
+            "hello volume",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(bin)
+        .args([
+            "volume",
+            "read",
+            "db",
+            "--control",
+            &ctl,
+            "--offset",
+            "5000",
+            "--len",
+            "12",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hello volume");
+    let out = Command::new(bin)
+        .args(["volume", "read", "missing", "--control", &ctl, "--len", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("volume `missing` does not exist"));
+    // `chorus node list` shows the killed node down (a new control leader presumes
+    // every node live for down_after_ms after it takes over: poll).
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(bin)
+            .args(["node", "list", "--control", &ctl, "-o", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let nodes = j["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len() as u64, NODES);
+        let down: Vec<u64> = nodes
+            .iter()
+            .filter(|n| n["live"] == false)
+            .map(|n| n["id"].as_u64().unwrap())
+            .collect();
+        if down == vec![leader] {
+            break;
+        }
+        assert!(Instant::now() < end, "down {down:?}, expected [{leader}]");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Delete: refused I/O, then gone.
+    let req = pb::VolumeName { name: "db".into() };
+    on_control(&c.control, Duration::from_secs(30), |mut cl| {
+        let req = req.clone();
+        async move { cl.delete_volume(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while v.map().state == "ready" {
+        assert!(Instant::now() < end, "the deletion was not pushed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        v.write(0, &[0; 4096]).await,
+        Err(VolumeError::NotReady { .. })
+    ));
+}
