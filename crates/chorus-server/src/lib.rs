@@ -13,6 +13,7 @@ pub mod remote;
 pub mod server;
 pub mod service;
 pub mod state_machines;
+pub mod volume_bench;
 pub mod volume_cli;
 
 use clap::{Args, ValueEnum};

@@ -171,6 +171,7 @@ impl Service {
     /// (joint consensus in the replica). A node to add must be a voter or one of the
     /// group's `replicas`; these groups have no learners.
     async fn change_ooo_membership(
+        env: &Env,
         g: OooHandle,
         r: pb::ChangeMembershipRequest,
     ) -> Result<Response<pb::Empty>, Status> {
@@ -189,17 +190,21 @@ impl Service {
                 )))
             }
         };
-        if !r.node_addr.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "group {group}: an out-of-order group's replicas are reached at their nodes' addresses (`[peers]`), not node_addr"
-            )));
-        }
         if let C::AddVoter(n) | C::Replace { add: n, .. } = change {
-            if !g.spec().knows(n) {
+            if !r.node_addr.is_empty() {
+                // A node the group was not created naming (a chunk re-replicated onto a
+                // new chunk server): its address taught to this node's transport; the
+                // driver hears and sends to it once the change puts it in the membership.
+                env.set_peer_addr(n, r.node_addr.clone());
+            } else if !g.spec().knows(n) {
                 return Err(Status::invalid_argument(format!(
-                    "group {group}: node {n} is not one of the group's voters or `replicas`"
+                    "group {group}: node {n} is not one of the group's voters or `replicas` (give its replication address, node_addr, to add a node the group was not created naming)"
                 )));
             }
+        } else if !r.node_addr.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "group {group}: node_addr names a joining node's address; a removal has none"
+            )));
         }
         tokio::task::spawn_blocking(move || match g.node().change_membership(change) {
             None => Err(Status::unavailable(format!("group {group} stopped"))),
@@ -1053,7 +1058,7 @@ impl pb::chorus_server::Chorus for Service {
             return Err(Status::invalid_argument("node id 0 is not valid"));
         }
         let log = match self.served(r.group)? {
-            Served::OutOfOrder(h, _) => return Self::change_ooo_membership(h, r).await,
+            Served::OutOfOrder(h, _) => return Self::change_ooo_membership(&self.env, h, r).await,
             Served::Ordered(log) => log,
         };
         if !r.node_addr.is_empty() {

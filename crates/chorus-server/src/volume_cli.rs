@@ -100,6 +100,9 @@ enum VolumeOp {
         /// The bytes, as text.
         data: Option<String>,
     },
+    /// A fio-like closed-loop workload through the routing client: random or sequential
+    /// reads or writes of --bs bytes, --depth I/Os in flight, per depth.
+    Bench(crate::volume_bench::BenchArgs),
     /// Read bytes at an offset to standard output (raw; `-o json` as hex).
     Read {
         #[command(flatten)]
@@ -265,6 +268,7 @@ fn run(
 
 async fn volume_op(op: VolumeOp) -> Result<ExitCode, (u8, String)> {
     match op {
+        VolumeOp::Bench(a) => crate::volume_bench::run(a).await?,
         VolumeOp::Create {
             c,
             name,

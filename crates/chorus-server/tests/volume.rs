@@ -74,7 +74,7 @@ fn cluster() -> Cluster {
              io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\
              [out_of_order]\nelection_timeout_ms = 300\ncompact_bytes = 262144\n\n\
              [control]\ngroup = {}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\n\
-             heartbeat_ms = 200\ndown_after_ms = 1500\nchunk_bytes = {CHUNK}\n",
+             heartbeat_ms = 200\ndown_after_ms = 1500\nreplace_after_ms = 3000\nchunk_bytes = {CHUNK}\n",
             dir.path().join(format!("n{i}")).display(),
             if i <= 3 { CTRL } else { 0 },
         )
@@ -311,6 +311,121 @@ async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
     let tail = v.read(size, CHUNK).await.unwrap();
     assert!(tail.iter().all(|&b| b == 0));
 
+    // The killed node is replaced automatically: every chunk it held gets a new replica
+    // on a live node (a membership change of its group), and the map says so.
+    let end = Instant::now() + Duration::from_secs(60);
+    let moved = loop {
+        let m = VolumeClient::open(c.control.clone(), "db")
+            .await
+            .unwrap()
+            .map();
+        let left = m
+            .chunks
+            .iter()
+            .filter(|ch| ch.replicas.contains(&leader) || ch.moving_to != 0)
+            .count();
+        if left == 0 {
+            break m;
+        }
+        if Instant::now() >= end {
+            c.dump_logs();
+            panic!(
+                "{left} chunks still on node {leader} or moving: {:?}",
+                m.chunks
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    for ch in &moved.chunks {
+        let mut r = ch.replicas.clone();
+        r.sort_unstable();
+        r.dedup();
+        assert_eq!(
+            r.len(),
+            3,
+            "three distinct replicas after the move: {:?}",
+            ch.replicas
+        );
+    }
+    // Nothing acknowledged was lost, and I/O goes on on the new replicas.
+    check_all(&v, &model).await;
+    write_acked(&v, &mut model, 0, &pattern(999, 3 * CHUNK as usize)).await;
+    check_all(&v, &model).await;
+    // Every replica of chunk 0, the new one included, applies the same bytes.
+    let ch0 = &moved.chunks[0];
+    let end = Instant::now() + Duration::from_secs(30);
+    for n in &ch0.replicas {
+        let addr = &moved.addrs[n];
+        loop {
+            let mut cl = chorus_client::Client::new(vec![format!("http://{addr}")]);
+            let r = cl.read_blocks_at(0, ch0.group, 0, 16).await;
+            if r.as_ref().is_ok_and(|r| r.data[..] == model[..16 * 4096]) {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "node {n} does not hold chunk 0's data: {r:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    // A drained node's chunks move off it too, and its old replicas are deleted.
+    let drained = (1..=NODES).rev().find(|n| *n != leader).unwrap();
+    let req = pb::DrainNodeRequest { node: drained };
+    on_control(&c.control, Duration::from_secs(30), |mut cl| async move {
+        cl.drain_node(req).await.map(|r| r.into_inner())
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let m = VolumeClient::open(c.control.clone(), "db")
+            .await
+            .unwrap()
+            .map();
+        if m.chunks
+            .iter()
+            .all(|ch| !ch.replicas.contains(&drained) && ch.moving_to == 0)
+        {
+            break m;
+        }
+        if Instant::now() >= end {
+            c.dump_logs();
+            panic!("chunks still on drained node {drained}: {:?}", m.chunks);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let drained_addr = format!("http://{}", moved.addrs[&drained]);
+    let end = Instant::now() + Duration::from_secs(20);
+    for ch in &moved.chunks {
+        if !ch.replicas.contains(&drained) {
+            continue;
+        }
+        loop {
+            let mut cl = chorus_client::Client::new(vec![drained_addr.clone()]);
+            let gone = matches!(
+                cl.read_blocks_at(0, ch.group, 0, 1).await,
+                Err(chorus_client::ClientError::Status {
+                    code: Code::NotFound,
+                    ..
+                })
+            );
+            if gone {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "group {} still on drained node {drained}",
+                ch.group
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(after.chunks.len(), 5);
+    check_all(&v, &model).await;
+
     // The CLI writes and reads the volume too.
     let bin = env!("CARGO_BIN_EXE_chorus");
     let ctl = c.control.join(",");
@@ -404,4 +519,11 @@ async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
         v.write(0, &[0; 4096]).await,
         Err(VolumeError::NotReady { .. })
     ));
+    // Its groups are removed from the live nodes (the dead one is past replace_after_ms
+    // and holds nothing up), then it is gone.
+    let end = Instant::now() + Duration::from_secs(30);
+    while VolumeClient::open(c.control.clone(), "db").await.is_ok() {
+        assert!(Instant::now() < end, "the volume was not removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

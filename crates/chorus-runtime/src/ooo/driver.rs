@@ -220,7 +220,7 @@ impl<H: Host> Driver<H> {
                 pieces: apply_pieces,
             })
         });
-        Self {
+        let mut d = Self {
             replica,
             set,
             host,
@@ -248,7 +248,10 @@ impl<H: Host> Driver<H> {
             log_bytes,
             parked: BTreeMap::new(),
             applied_above: BTreeSet::new(),
-        }
+        };
+        // A replica restarted after a change that added a node not named at creation.
+        d.widen_peers();
+        d
     }
 
     /// Whether `seq` is applied on this node.
@@ -343,6 +346,26 @@ impl<H: Host> Driver<H> {
         self.failed
     }
 
+    /// Adds every voter of the membership this replica knows to the peers: a membership
+    /// change may add a node the group was not created naming (a chunk re-replicated onto
+    /// a new chunk server), and the replica must then send to it and hear it. A leader
+    /// takes the joint membership (with the new voter) when the change starts, a follower
+    /// when the leader tells it; both before any message to or from the new voter
+    /// matters. Peers are never dropped: a removed voter is no longer sent to by the
+    /// replica itself.
+    fn widen_peers(&mut self) {
+        let m = self.replica.membership();
+        let me = self.replica.id();
+        let new: Vec<NodeId> = m
+            .voters
+            .iter()
+            .chain(m.prev.iter().flatten())
+            .copied()
+            .filter(|n| *n != me && !self.peers.contains(n))
+            .collect();
+        self.peers.extend(new);
+    }
+
     /// Queues a message for a peer on the host, counted; only the group's replicas are
     /// sent to.
     fn send(&mut self, to: NodeId, msg: &Msg) {
@@ -405,6 +428,7 @@ impl<H: Host> Driver<H> {
         }
         self.replica.tick(self.host.now());
         self.maybe_checkpoint();
+        self.widen_peers();
         self.drain();
         self.release_parked();
         // Readers following the log (tail) wake only when the head moves.

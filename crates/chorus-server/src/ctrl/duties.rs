@@ -1,5 +1,6 @@
 //! The control leader's duties (PolarFS section 3.2.3): creating the chunk groups of new
-//! volumes, removing those of deleted ones, and watching heartbeats. They run on every
+//! volumes, removing those of deleted ones, watching heartbeats, and re-replicating the
+//! chunks of a node that is drained or has been down for `replace_after_ms`. They run on every
 //! control node and act only while it leads the control group; each step is idempotent
 //! (creating a group that exists with the same spec, deleting one already gone), so a new
 //! leader finishes what a previous one began from the state alone.
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_client::{pb, Client, ClientError};
-use chorus_ctrl::{Command, VolumeState};
+use chorus_ctrl::{drain_moves, Command, NodeState, VolumeState};
 use tonic::{Code, Status};
 
 use super::Controller;
@@ -53,7 +54,171 @@ pub async fn run(c: std::sync::Weak<Controller>) {
                 tracing::debug!(volume = %name, error = %e, "control duty not done yet");
             }
         }
+        rereplicate(&c).await;
     }
+}
+
+/// Most chunk moves under way at once (each streams a chunk to its new replica at the
+/// group's catch-up rate).
+const MOVES_MAX: usize = 4;
+
+/// Re-replication: starts a move for every chunk with a replica on a drained node or on
+/// one down for `replace_after_ms` (to a live node in a rack the chunk does not use yet,
+/// the least loaded: `chorus_ctrl::drain_moves`), then drives every move under way.
+async fn rereplicate(c: &Arc<Controller>) {
+    let live = c.live_set();
+    let (leaving, moving) = c.with_meta(|m| {
+        let leaving: Vec<u64> = m
+            .nodes()
+            .values()
+            .filter(|n| {
+                n.state == NodeState::Draining
+                    || (n.state == NodeState::Up
+                        && c.down_for_ms(n.id)
+                            .is_some_and(|d| d >= c.cfg.replace_after_ms))
+            })
+            .map(|n| n.id)
+            .collect();
+        let moving = m.chunks().filter(|(_, ch)| ch.moving.is_some()).count();
+        (leaving, moving)
+    });
+    let mut room = MOVES_MAX.saturating_sub(moving);
+    for node in leaving {
+        let moves = c.with_meta(|m| drain_moves(m, &live, node));
+        for (group, from, to) in moves.into_iter().take(room) {
+            match c.propose(Command::StartMove { group, from, to }).await {
+                Ok(()) => {
+                    tracing::info!(group, from, to, "re-replicating a chunk");
+                    room -= 1;
+                }
+                Err(e) => tracing::debug!(group, error = %e, "move not started"),
+            }
+        }
+    }
+    let under_way: Vec<(u64, Vec<u64>, u64, u64, u64, u32)> = c.with_meta(|m| {
+        m.chunks()
+            .filter_map(|(v, ch)| {
+                ch.moving.map(|mv| {
+                    (
+                        ch.group,
+                        ch.replicas.clone(),
+                        mv.from,
+                        mv.to,
+                        v.chunk_bytes,
+                        v.block_bytes,
+                    )
+                })
+            })
+            .collect()
+    });
+    for (group, replicas, from, to, chunk_bytes, block_bytes) in under_way {
+        if let Err(e) = drive_move(c, group, &replicas, from, to, chunk_bytes, block_bytes).await {
+            tracing::debug!(group, from, to, error = %e, "move not done yet");
+        }
+    }
+}
+
+/// One step of moving chunk `group`'s replica from `from` to `to` (a membership change
+/// of its group: `to` created as a replica that follows whoever adds it, then
+/// `Replace{from → to}` at the chunk's leader, which `to` catches up from, by image when
+/// the log was compacted). Done once the leader's voters have `to` and not `from` and no
+/// change is under way: the move is finished in the state, and `from`'s replica deleted
+/// if it can be reached. Every step is idempotent.
+async fn drive_move(
+    c: &Arc<Controller>,
+    group: u64,
+    replicas: &[u64],
+    from: u64,
+    to: u64,
+    chunk_bytes: u64,
+    block_bytes: u32,
+) -> Result<(), Status> {
+    let nodes: std::collections::BTreeMap<u64, chorus_ctrl::Node> = c.with_meta(|m| {
+        replicas
+            .iter()
+            .chain([&to])
+            .filter_map(|n| m.node(*n).map(|x| (*n, x.clone())))
+            .collect()
+    });
+    let target = nodes
+        .get(&to)
+        .ok_or_else(|| Status::not_found(format!("node {to} is not registered")))?;
+    // a. The new replica.
+    let req = pb::CreateGroupRequest {
+        group,
+        voters: replicas.to_vec(),
+        replicas: vec![to],
+        mode: "parallel".into(),
+        chunk_bytes,
+        block_bytes,
+        peer_addrs: nodes
+            .values()
+            .map(|n| (n.id, n.repl_addr.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    let mut cl = Client::new(vec![target.client_addr.clone()]);
+    cl.call_timeout = Duration::from_secs(10);
+    cl.create_group_with(req).await.map_err(client_status)?;
+    // b. The chunk's leader, among its live replicas.
+    let eps: Vec<(u64, String)> = replicas
+        .iter()
+        .filter(|n| **n != from || c.is_live(from))
+        .filter_map(|n| nodes.get(n).map(|x| (*n, x.client_addr.clone())))
+        .collect();
+    let mut st = Client::new(eps.iter().map(|(_, a)| a.clone()).collect());
+    st.call_timeout = Duration::from_secs(5);
+    let leader = st
+        .status_all(group)
+        .await
+        .into_iter()
+        .filter_map(|(_, r)| r.ok())
+        .find_map(|s| {
+            s.groups
+                .iter()
+                .find(|g| g.group == group && g.role == "leader" && g.serving)
+                .map(|g| (s.node, g.voters.clone(), g.prev_voters.clone()))
+        });
+    let Some((lnode, voters, prev)) = leader else {
+        return Err(Status::unavailable(format!(
+            "chunk group {group} has no serving leader"
+        )));
+    };
+    // c. Done: finish it in the state, and drop the old replica if it is up.
+    if prev.is_empty() && voters.contains(&to) && !voters.contains(&from) {
+        c.propose(Command::FinishMove { group, from, to }).await?;
+        tracing::info!(group, from, to, "chunk re-replicated");
+        if c.is_live(from) {
+            let addr = c.with_meta(|m| m.node(from).map(|n| n.client_addr.clone()));
+            if let Some(addr) = addr {
+                let mut cl = Client::new(vec![addr]);
+                cl.call_timeout = Duration::from_secs(10);
+                if let Err(e) = cl.delete_group(0, group, true).await {
+                    tracing::warn!(group, node = from, error = %e, "old chunk replica not deleted");
+                }
+            }
+        }
+        return Ok(());
+    }
+    if !prev.is_empty() {
+        return Ok(()); // a change under way: the next round looks again
+    }
+    // d. Start the change at the leader.
+    let laddr = nodes
+        .get(&lnode)
+        .map(|n| n.client_addr.clone())
+        .ok_or_else(|| Status::not_found(format!("leader node {lnode} is not registered")))?;
+    let mut cl = Client::new(vec![laddr]);
+    cl.call_timeout = Duration::from_secs(10);
+    cl.change_membership(pb::ChangeMembershipRequest {
+        group,
+        kind: pb::ChangeKind::Replace as i32,
+        node: to,
+        old_node: from,
+        node_addr: target.repl_addr.clone(),
+    })
+    .await
+    .map_err(client_status)
 }
 
 fn client_status(e: ClientError) -> Status {

@@ -615,6 +615,11 @@ impl OooReplica {
         self.cfg.id
     }
 
+    /// This replica's node.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
     /// Every other voter of the membership (both sets during a change's joint stage).
     fn peers(&self) -> Vec<NodeId> {
         self.members
