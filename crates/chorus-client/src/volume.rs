@@ -424,6 +424,11 @@ impl VolumeClient {
             .get(&c.group)
             .copied();
         let mut nodes: Vec<u64> = c.replicas.clone();
+        // A replica being added may lead once its change is done, before the map that
+        // records the move is pushed.
+        if c.moving_to != 0 && !nodes.contains(&c.moving_to) {
+            nodes.push(c.moving_to);
+        }
         if let Some(l) = leader.filter(|l| nodes.contains(l)) {
             nodes.retain(|n| *n != l);
             nodes.insert(0, l);

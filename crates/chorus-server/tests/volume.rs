@@ -34,7 +34,7 @@ impl Cluster {
         for i in 1..=NODES {
             let log = std::fs::read_to_string(self._dir.path().join(format!("n{i}.log")))
                 .unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
             eprintln!(
                 "--- node {i} ---\n{}",
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n")
@@ -71,7 +71,7 @@ fn cluster() -> Cluster {
         write!(
             f,
             "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
-             io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\
+             io_workers = 2\nlog_filter = \"info,chorus_server::ctrl=debug\"\n\n[peers]\n{peers}\n{groups}\
              [out_of_order]\nelection_timeout_ms = 300\ncompact_bytes = 262144\n\n\
              [control]\ngroup = {}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\n\
              heartbeat_ms = 200\ndown_after_ms = 1500\nreplace_after_ms = 3000\nchunk_bytes = {CHUNK}\n",

@@ -160,9 +160,11 @@ async fn drive_move(
     let mut cl = Client::new(vec![target.client_addr.clone()]);
     cl.call_timeout = Duration::from_secs(10);
     cl.create_group_with(req).await.map_err(client_status)?;
-    // b. The chunk's leader, among its live replicas.
+    // b. The chunk's leader, among its live replicas and the new one (which may lead
+    //    once the change is done).
     let eps: Vec<(u64, String)> = replicas
         .iter()
+        .chain([&to])
         .filter(|n| **n != from || c.is_live(from))
         .filter_map(|n| nodes.get(n).map(|x| (*n, x.client_addr.clone())))
         .collect();
