@@ -1,6 +1,7 @@
 //! The control leader's duties (PolarFS section 3.2.3): creating the chunk groups of new
-//! volumes, removing those of deleted ones, watching heartbeats, and re-replicating the
-//! chunks of a node that is drained or has been down for `replace_after_ms`. They run on every
+//! volumes, removing those of deleted ones, watching heartbeats, re-replicating the
+//! chunks of a node that is drained or has been down for `replace_after_ms`, and
+//! rebalancing chunks onto new or returned nodes. They run on every
 //! control node and act only while it leads the control group; each step is idempotent
 //! (creating a group that exists with the same spec, deleting one already gone), so a new
 //! leader finishes what a previous one began from the state alone.
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_client::{pb, Client, ClientError};
-use chorus_ctrl::{drain_moves, Command, NodeState, VolumeState};
+use chorus_ctrl::{drain_moves, rebalance, Command, NodeState, VolumeState};
 use tonic::{Code, Status};
 
 use super::Controller;
@@ -71,6 +72,7 @@ async fn rereplicate(c: &Arc<Controller>) {
         let leaving: Vec<u64> = m
             .nodes()
             .values()
+            .filter(|n| m.load(n.id) > 0)
             .filter(|n| {
                 n.state == NodeState::Draining
                     || (n.state == NodeState::Up
@@ -83,6 +85,20 @@ async fn rereplicate(c: &Arc<Controller>) {
         (leaving, moving)
     });
     let mut room = MOVES_MAX.saturating_sub(moving);
+    // Rebalancing onto new (or returned) nodes, only while nothing else moves and no
+    // node is leaving: replacing lost replicas comes first.
+    if leaving.is_empty() && moving == 0 {
+        let moves = c.with_meta(|m| rebalance(m, &live, room));
+        for (group, from, to) in moves {
+            match c.propose(Command::StartMove { group, from, to }).await {
+                Ok(()) => {
+                    tracing::info!(group, from, to, "rebalancing a chunk");
+                    room = room.saturating_sub(1);
+                }
+                Err(e) => tracing::debug!(group, error = %e, "move not started"),
+            }
+        }
+    }
     for node in leaving {
         let moves = c.with_meta(|m| drain_moves(m, &live, node));
         for (group, from, to) in moves.into_iter().take(room) {
@@ -159,7 +175,28 @@ async fn drive_move(
     };
     let mut cl = Client::new(vec![target.client_addr.clone()]);
     cl.call_timeout = Duration::from_secs(10);
-    cl.create_group_with(req).await.map_err(client_status)?;
+    match cl.create_group_with(req.clone()).await {
+        Ok(()) => {}
+        // A stale replica from before this node lost the chunk (it was down and the chunk
+        // moved away): it is no voter of the chunk now, so it goes, and a fresh one is
+        // created that catches up from the leader.
+        Err(ClientError::Status {
+            code: Code::FailedPrecondition,
+            message,
+            ..
+        }) if message.contains("already exists") => {
+            tracing::info!(
+                group,
+                node = to,
+                "deleting a stale chunk replica before moving the chunk back"
+            );
+            cl.delete_group(0, group, true)
+                .await
+                .map_err(client_status)?;
+            cl.create_group_with(req).await.map_err(client_status)?;
+        }
+        Err(e) => return Err(client_status(e)),
+    }
     // b. The chunk's leader, among its live replicas and the new one (which may lead
     //    once the change is done).
     let eps: Vec<(u64, String)> = replicas
