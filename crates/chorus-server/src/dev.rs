@@ -253,16 +253,7 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         println!("  {me} volume read{ctl} db --offset 1M --len 5");
         println!("  {me} volume stat{ctl} db                   # the chunk map and its version");
         println!("  {me} node drain{ctl} 4");
-        println!();
-        println!("Logs: {}/n*.log", dir.display());
-        if a.detach {
-            println!(
-                "Running in the background; stop with: kill $(cat {}/pids)",
-                dir.display()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        return wait_for_stop(&rt, &mut children, &dir);
+        return detach_or_wait(&a, &rt, &mut children, &dir);
     }
     println!("  {me} status{flag}");
     match a.mode {
@@ -296,6 +287,17 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
             }
         );
     }
+    detach_or_wait(&a, &rt, &mut children, &dir)
+}
+
+/// Says where the logs are, then leaves the nodes running (`--detach`) or waits for a
+/// stop.
+fn detach_or_wait(
+    a: &DevArgs,
+    rt: &tokio::runtime::Runtime,
+    children: &mut [(u64, Child)],
+    dir: &Path,
+) -> AnyResult<ExitCode> {
     println!();
     println!("Logs: {}/n*.log", dir.display());
     if a.detach {
@@ -305,7 +307,7 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    wait_for_stop(&rt, &mut children, &dir)
+    wait_for_stop(rt, children, dir)
 }
 
 /// Waits for Ctrl-C or SIGTERM (reporting nodes that exit meanwhile), then stops them.

@@ -10,7 +10,7 @@ use chorus_runtime::{Env, Error};
 use clap::Args;
 
 use crate::config::{parse_group, parse_peer, ServerConfig};
-use crate::service::{serve_metrics, Service};
+use crate::service::{serve_metrics_with, Service};
 use crate::{AnyResult, EXIT_USAGE};
 
 /// What a node says when its configuration names a group's mode other than the one the
@@ -144,10 +144,6 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .enable_all()
         .build()?;
     let code = rt.block_on(async move {
-        if let Some(m) = metrics {
-            let l = tokio::net::TcpListener::bind(m).await?;
-            tokio::spawn(serve_metrics(env.clone(), l));
-        }
         let svc = ChorusServer::new(Service::new(env.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
@@ -159,6 +155,13 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         } else {
             None
         };
+        if let Some(m) = metrics {
+            let l = tokio::net::TcpListener::bind(m).await?;
+            let extra = controller.clone().map(|c| {
+                std::sync::Arc::new(move || c.render_metrics()) as crate::service::ExtraMetrics
+            });
+            tokio::spawn(serve_metrics_with(env.clone(), l, extra));
+        }
         let control_svc = controller.clone().map(|c| {
             ControlServer::new(crate::ctrl::service::ControlService::new(c))
                 .max_decoding_message_size(64 << 20)

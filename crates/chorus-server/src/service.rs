@@ -1336,11 +1336,25 @@ impl pb::chorus_server::Chorus for Service {
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until the process ends.
 /// A deliberately small HTTP/1.1 responder: one request per connection, bounded reads.
 pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
+    serve_metrics_with(env, listener, None).await
+}
+
+/// More metrics rendered after the environment's (the control plane's on a control
+/// node).
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// [`serve_metrics`], with `extra` appended to every exposition.
+pub async fn serve_metrics_with(
+    env: Env,
+    listener: tokio::net::TcpListener,
+    extra: Option<ExtraMetrics>,
+) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
         let env = env.clone();
+        let extra = extra.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
@@ -1365,9 +1379,15 @@ pub async fn serve_metrics(env: Env, listener: tokio::net::TcpListener) {
             let (code, body, ctype) = if req.starts_with("GET /metrics ") {
                 // Every group of every mode, in one exposition; out-of-order groups answer
                 // through their drivers, so not on this runtime's threads.
-                let body = tokio::task::spawn_blocking(move || env.render_metrics())
-                    .await
-                    .unwrap_or_default();
+                let body = tokio::task::spawn_blocking(move || {
+                    let mut b = env.render_metrics();
+                    if let Some(f) = extra {
+                        b.push_str(&f());
+                    }
+                    b
+                })
+                .await
+                .unwrap_or_default();
                 ("200 OK", body, "text/plain; version=0.0.4")
             } else {
                 (

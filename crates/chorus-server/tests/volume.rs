@@ -25,6 +25,8 @@ const CHUNK: u64 = 1 << 20;
 struct Cluster {
     nodes: Vec<Server>,
     control: Vec<String>,
+    /// Metrics addresses of the control nodes.
+    metrics: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -45,7 +47,9 @@ impl Cluster {
 
 fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<[u16; 2]> = (0..NODES).map(|_| [free_port(), free_port()]).collect();
+    let ports: Vec<[u16; 3]> = (0..NODES)
+        .map(|_| [free_port(), free_port(), free_port()])
+        .collect();
     let control: Vec<String> = (0..3)
         .map(|i| format!("127.0.0.1:{}", ports[i][0]))
         .collect();
@@ -56,7 +60,7 @@ fn cluster() -> Cluster {
         .join(", ");
     let mut nodes = Vec::new();
     for i in 1..=NODES {
-        let [api, repl] = ports[(i - 1) as usize];
+        let [api, repl, metrics] = ports[(i - 1) as usize];
         let peers: String = (1..=NODES)
             .filter(|j| *j != i)
             .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
@@ -71,6 +75,7 @@ fn cluster() -> Cluster {
         write!(
             f,
             "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
+             metrics_listen = \"127.0.0.1:{metrics}\"\n\
              io_workers = 2\nlog_filter = \"info,chorus_server::ctrl=debug\"\n\n[peers]\n{peers}\n{groups}\
              [out_of_order]\nelection_timeout_ms = 300\ncompact_bytes = 262144\n\n\
              [control]\ngroup = {}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\n\
@@ -86,8 +91,27 @@ fn cluster() -> Cluster {
     Cluster {
         nodes,
         control,
+        metrics: (0..3)
+            .map(|i| format!("127.0.0.1:{}", ports[i][2]))
+            .collect(),
         _dir: dir,
     }
+}
+
+/// The control-plane metrics of the control node that leads (the one rendering
+/// `chorus_control_leader 1`), if one does.
+fn leader_metrics(metrics: &[String]) -> Option<String> {
+    use std::io::Read;
+    metrics.iter().find_map(|addr| {
+        let mut s = std::net::TcpStream::connect(addr).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.lines()
+            .any(|l| l == "chorus_control_leader 1")
+            .then_some(text)
+    })
 }
 
 async fn list_nodes(control: &[String]) -> Option<pb::ListNodesResponse> {
@@ -543,6 +567,24 @@ async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
         assert!(Instant::now() < end, "node list: {nodes:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+
+    // The control leader's metrics count the moves and see every node live.
+    let text = leader_metrics(&c.metrics).expect("a control leader renders its metrics");
+    let finished: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("chorus_control_moves_total{event=\"finished\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // A control leader that took over after the moves counts none of them.
+    assert!(
+        text.contains("chorus_control_chunks{moving=\"false\"} 5"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("chorus_control_node_live{{node=\"{drained}\"}} 1")),
+        "{text}"
+    );
+    eprintln!("control leader finished {finished} moves");
 
     // Delete: refused I/O, then gone.
     let req = pb::VolumeName { name: "db".into() };

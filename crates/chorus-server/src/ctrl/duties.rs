@@ -92,6 +92,8 @@ async fn rereplicate(c: &Arc<Controller>) {
         for (group, from, to) in moves {
             match c.propose(Command::StartMove { group, from, to }).await {
                 Ok(()) => {
+                    c.moves_started
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(group, from, to, "rebalancing a chunk");
                     room = room.saturating_sub(1);
                 }
@@ -104,6 +106,8 @@ async fn rereplicate(c: &Arc<Controller>) {
         for (group, from, to) in moves.into_iter().take(room) {
             match c.propose(Command::StartMove { group, from, to }).await {
                 Ok(()) => {
+                    c.moves_started
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(group, from, to, "re-replicating a chunk");
                     room -= 1;
                 }
@@ -226,7 +230,9 @@ async fn drive_move(
     // c. Done: finish it in the state, and drop the old replica if it is up.
     if prev.is_empty() && voters.contains(&to) && !voters.contains(&from) {
         c.propose(Command::FinishMove { group, from, to }).await?;
-        tracing::info!(group, from, to, "chunk re-replicated");
+        c.moves_finished
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(group, from, to, "chunk moved");
         if c.is_live(from) {
             let addr = c.with_meta(|m| m.node(from).map(|n| n.client_addr.clone()));
             if let Some(addr) = addr {

@@ -64,6 +64,10 @@ pub struct Controller {
     ops: tokio::sync::Mutex<()>,
     /// Bumped whenever the replayed state changes (the pushes of `WatchVolume`).
     changed: watch::Sender<u64>,
+    /// Chunk moves this node started and finished while leading (the metrics).
+    pub moves_started: std::sync::atomic::AtomicU64,
+    /// See `moves_started`.
+    pub moves_finished: std::sync::atomic::AtomicU64,
     /// The replay thread and its stop flag.
     replayer: Mutex<
         Option<(
@@ -97,6 +101,8 @@ impl Controller {
             applied: watch::channel(0).0,
             ops: tokio::sync::Mutex::new(()),
             changed: watch::channel(0).0,
+            moves_started: 0.into(),
+            moves_finished: 0.into(),
             replayer: Mutex::new(None),
         });
         // The replay follows the reader's position, not only its records: the committed
@@ -320,6 +326,124 @@ impl Controller {
     /// The volume's info for clients, with the addresses of the nodes it names.
     pub fn volume_info(&self, name: &str) -> Option<pb::VolumeInfo> {
         self.with_meta(|m| m.volume(name).map(|v| volume_info(m, v)))
+    }
+}
+
+impl Controller {
+    /// The control plane's metrics in the Prometheus text format (docs/operations.md,
+    /// "Metrics"): from the replayed state on every control node; liveness only on the
+    /// leader, which hears the heartbeats.
+    pub fn render_metrics(&self) -> String {
+        use std::fmt::Write;
+        let leader = self.is_leader();
+        let mut o = String::new();
+        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(
+            &mut o,
+            "chorus_control_leader",
+            "gauge",
+            "1 on the node leading the control group",
+        );
+        let _ = writeln!(o, "chorus_control_leader {}", leader as u8);
+        family(
+            &mut o,
+            "chorus_control_applied_lsn",
+            "gauge",
+            "The control log applied here, up to this LSN",
+        );
+        let _ = writeln!(o, "chorus_control_applied_lsn {}", *self.applied.borrow());
+        self.with_meta(|m| {
+            family(
+                &mut o,
+                "chorus_control_volumes",
+                "gauge",
+                "Volumes by state",
+            );
+            for st in ["creating", "ready", "deleting"] {
+                let n = m
+                    .volumes()
+                    .values()
+                    .filter(|v| v.state.to_string() == st)
+                    .count();
+                let _ = writeln!(o, "chorus_control_volumes{{state=\"{st}\"}} {n}");
+            }
+            family(
+                &mut o,
+                "chorus_control_chunks",
+                "gauge",
+                "Chunks of every volume, and those being moved",
+            );
+            let total = m.chunks().count();
+            let moving = m.chunks().filter(|(_, c)| c.moving.is_some()).count();
+            let _ = writeln!(
+                o,
+                "chorus_control_chunks{{moving=\"false\"}} {}",
+                total - moving
+            );
+            let _ = writeln!(o, "chorus_control_chunks{{moving=\"true\"}} {moving}");
+            family(
+                &mut o,
+                "chorus_control_node_chunks",
+                "gauge",
+                "Chunk replicas on each node (a move's target counted)",
+            );
+            for n in m.nodes().values() {
+                let _ = writeln!(
+                    o,
+                    "chorus_control_node_chunks{{node=\"{}\",rack=\"{}\",state=\"{}\"}} {}",
+                    n.id,
+                    n.rack,
+                    n.state,
+                    m.load(n.id)
+                );
+            }
+            family(
+                &mut o,
+                "chorus_control_node_leaders",
+                "gauge",
+                "Chunks each node is the preferred leader of",
+            );
+            for n in m.nodes().values() {
+                let _ = writeln!(
+                    o,
+                    "chorus_control_node_leaders{{node=\"{}\"}} {}",
+                    n.id,
+                    m.leader_load(n.id)
+                );
+            }
+            if leader {
+                family(
+                    &mut o,
+                    "chorus_control_node_live",
+                    "gauge",
+                    "1 if the node was heard from within down_after_ms (the leader's view)",
+                );
+                for n in m.nodes().values() {
+                    let _ = writeln!(
+                        o,
+                        "chorus_control_node_live{{node=\"{}\"}} {}",
+                        n.id,
+                        self.is_live(n.id) as u8
+                    );
+                }
+            }
+        });
+        family(&mut o, "chorus_control_moves_total", "counter", "Chunk moves (re-replication, draining, rebalancing) this node started and finished while leading");
+        let _ = writeln!(
+            o,
+            "chorus_control_moves_total{{event=\"started\"}} {}",
+            self.moves_started
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "chorus_control_moves_total{{event=\"finished\"}} {}",
+            self.moves_finished
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        o
     }
 }
 
