@@ -12,14 +12,25 @@
 //! Units: writes arrive in whole *sectors* of [`SECTOR`] bytes (the unit a parallel
 //! group's records declare their block ranges in, `chorus_core::ooo::parallel`);
 //! space is allocated in *blocks* of [`Geometry::block_bytes`].
+//!
+//! **Snapshots** (PolarFS section 7.2, "disk outage consistent" snapshots): an
+//! operation record in the chunk's log ([`op`]) takes snapshot `id` of the chunk at one
+//! point of the log, on every replica alike. The store "makes a snapshot by copying
+//! block mapping meta information, which is fast, and handles the future requests which
+//! will modify those blocks in a Copy-on-Write way": a snapshot is a copy of the block
+//! map, and a block a snapshot shares is copied to a new slot before it is written
+//! ([`ChunkStore::snapshot`], [`store`]'s module docs for the crash argument).
 
 pub mod image;
 pub mod map;
+pub mod op;
+mod slots;
 pub mod sm;
 pub mod store;
 
 use std::path::PathBuf;
 
+pub use op::ChunkOp;
 pub use sm::ChunkStateMachine;
 pub use store::ChunkStore;
 
@@ -176,6 +187,18 @@ pub enum ChunkError {
         /// The sector size.
         sector: u64,
     },
+    /// The chunk holds no snapshot of this id (never taken, or deleted).
+    #[error("the chunk holds no snapshot {id} (never taken here, or deleted)")]
+    NoSnapshot {
+        /// The id asked for.
+        id: u64,
+    },
+    /// A snapshot id that cannot be taken: 0 (ids start at 1).
+    #[error("snapshot id {id} cannot be taken: ids start at 1")]
+    BadSnapshotId {
+        /// The id.
+        id: u64,
+    },
 }
 
 /// Appends the CRC32C of every byte of `out` to it (the chunk's formats end so).
@@ -185,20 +208,21 @@ pub(crate) fn seal(out: &mut Vec<u8>) {
 }
 
 /// Checks a structure of the chunk's formats — at least `header` bytes before its
-/// CRC32C, the checksum over every byte before it, then `magic` at 0 and `version` at 4
-/// — and returns the bytes before the checksum. `what` names it in errors.
+/// CRC32C, the checksum over every byte before it, then `magic` at 0 and one of
+/// `versions` at 4 — and returns the bytes before the checksum and the version. `what`
+/// names it in errors.
 pub(crate) fn unseal<'a>(
     what: &str,
     magic: [u8; 4],
-    version: u32,
+    versions: &[u32],
     header: usize,
     b: &'a [u8],
-) -> Result<&'a [u8], ChunkError> {
+) -> Result<(&'a [u8], u32), ChunkError> {
     let corrupt = |detail: String| ChunkError::Corrupt {
         what: what.to_string(),
         detail,
     };
-    if b.len() < header + 4 {
+    if b.len() < header.max(8) + 4 {
         return Err(corrupt(format!("{} bytes, shorter than a header", b.len())));
     }
     let (body, crc) = b.split_at(b.len() - 4);
@@ -217,12 +241,54 @@ pub(crate) fn unseal<'a>(
         )));
     }
     let found = le_u32(body, 4);
-    if found != version {
+    if !versions.contains(&found) {
         return Err(corrupt(format!(
-            "version {found}; this build reads {version}"
+            "version {found}; this build reads {versions:?}"
         )));
     }
-    Ok(body)
+    Ok((body, found))
+}
+
+/// Reads a format's fields in order, checking every length: running out of bytes is
+/// `None`, never a panic (the decoders turn it into [`ChunkError::Corrupt`]).
+pub(crate) struct Reader<'a> {
+    /// The bytes.
+    b: &'a [u8],
+    /// The next field's offset. Invariant: at most `b.len()`.
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Reads `b` from `at` (clamped to its length).
+    pub(crate) fn new(b: &'a [u8], at: usize) -> Self {
+        Self {
+            b,
+            at: at.min(b.len()),
+        }
+    }
+
+    /// The next `n` bytes.
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.b.len())?;
+        let out = &self.b[self.at..end];
+        self.at = end;
+        Some(out)
+    }
+
+    /// The next little-endian `u32`.
+    pub(crate) fn u32(&mut self) -> Option<u32> {
+        self.take(4).map(|b| le_u32(b, 0))
+    }
+
+    /// The next little-endian `u64`.
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        self.take(8).map(|b| le_u64(b, 0))
+    }
+
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.b.len() - self.at
+    }
 }
 
 /// The little-endian `u32` at `at` (the caller checked the length).

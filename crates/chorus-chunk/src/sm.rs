@@ -4,11 +4,31 @@
 //!
 //! - **Apply**: each record's declared sector ranges (`Declared::Blocks`, in 4 KiB
 //!   sectors) are written with the record's bytes, in order, into the [`ChunkStore`].
-//!   Writes are blind, whole sectors, as the replica's replay from its base requires.
-//! - **Checkpoint**: [`ChunkStore::checkpoint`] (the data synced, then the block map);
+//!   Writes are blind, whole sectors, as the replica's replay from its base requires. A
+//!   record whose data is an operation ([`crate::op`]) and that declares the whole chunk
+//!   takes or deletes a snapshot instead (PolarFS section 7.2); an operation declaring
+//!   anything else is refused (it would not be ordered against every write).
+//! - **Checkpoint**: [`ChunkStore::checkpoint`] (the data synced, then the block maps);
 //!   the group compacts its log below it, so the log stays bounded.
-//! - **Images**: every allocated block ([`crate::image`]); a follower that lacks only a
-//!   few compacted slots gets the sectors they wrote ([`crate::image::Part`]).
+//! - **Images**: the whole chunk, snapshots included ([`crate::image::Image`]); a
+//!   follower that lacks only a few compacted slots gets the sectors they wrote
+//!   ([`crate::image::Part`]).
+//!
+//! **Partial images and snapshots.** A partial image carries current sectors only, never
+//! a snapshot, so it must not stand in for an operation record:
+//! - An operation among the slots the follower lacks declares the whole chunk, so the
+//!   scope then covers every sector: [`OooStateMachine::image_part`] returns `None`
+//!   then, and the leader sends a whole image, which carries the snapshots.
+//! - An operation the leader applied *after* the image's base (between reading its
+//!   applied head and reading the sectors, which happen at different times) would be
+//!   applied by the follower after installing sectors that already hold later writes:
+//!   its snapshot would hold them too. So the partial image carries how many snapshot
+//!   ids the leader had seen ([`ChunkStore::snapshot_ids_seen`], read after the
+//!   sectors), and the follower refuses it when that is more than its own: at the base
+//!   the two agree (no operation lies between what the follower applied and the base,
+//!   by the first point), and only an operation taking a new id changes what the
+//!   follower would copy. Refused, the image is sent again, and the new scope, reaching
+//!   past that operation, gets a whole image.
 //!
 //! A write past the chunk's end cannot be applied, and an apply error stops the group's
 //! replica on this node: whoever appends to a chunk's group must split I/O at chunk
@@ -19,17 +39,37 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chorus_core::ooo::group::Record;
+use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Declared, Footprint};
 use chorus_runtime::ooo::OooStateMachine;
 use chorus_storage::fs::FileSystem;
 
 use crate::image::{self, Part};
+use crate::op::{decode_op, whole_chunk, ChunkOp};
 use crate::{ChunkError, ChunkStore, Geometry, SECTOR};
 
 /// A chunk replica applied from its group's log. See the module docs.
 #[derive(Debug)]
 pub struct ChunkStateMachine {
     store: ChunkStore,
+}
+
+fn invalid(detail: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, detail)
+}
+
+/// Whether `ranges` cover every sector of a chunk of `sectors` sectors.
+fn covers(ranges: &[BlockRange], sectors: u64) -> bool {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_by_key(|r| r.start);
+    let mut reach = 0u64;
+    for r in sorted {
+        if r.start > reach {
+            break;
+        }
+        reach = reach.max(r.end);
+    }
+    reach >= sectors
 }
 
 fn to_io(e: ChunkError) -> io::Error {
@@ -62,11 +102,26 @@ impl OooStateMachine for ChunkStateMachine {
     fn apply(&self, slot: u64, records: &[(u32, Record)]) -> io::Result<()> {
         for (i, rec) in records {
             let Declared::Blocks(ranges) = &rec.declared else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("chunk: slot {slot} record {i} declares keys, not sectors"),
-                ));
+                return Err(invalid(format!(
+                    "chunk: slot {slot} record {i} declares keys, not sectors"
+                )));
             };
+            if let Some(op) = decode_op(&rec.data) {
+                let op = op.map_err(to_io)?;
+                let whole = whole_chunk(self.store.geometry());
+                if ranges.as_slice() != [whole] {
+                    return Err(invalid(format!(
+                        "chunk: slot {slot} record {i}: {op:?} declares {ranges:?}, not the \
+                         whole chunk {whole:?} (it would not be ordered against every write)"
+                    )));
+                }
+                match op {
+                    ChunkOp::Snapshot(id) => self.store.snapshot(id),
+                    ChunkOp::DeleteSnapshot(id) => self.store.delete_snapshot(id),
+                }
+                .map_err(to_io)?;
+                continue;
+            }
             let mut at = 0usize;
             for r in ranges {
                 let n = r
@@ -104,15 +159,18 @@ impl OooStateMachine for ChunkStateMachine {
     }
 
     fn image(&self) -> io::Result<Vec<u8>> {
-        let blocks = self.store.blocks().map_err(to_io)?;
-        Ok(image::encode(self.store.geometry(), &blocks))
+        let image = self.store.image().map_err(to_io)?;
+        Ok(image::encode(self.store.geometry(), &image))
     }
 
     fn restore(&self, bytes: &[u8]) -> io::Result<()> {
-        let blocks = image::decode(self.store.geometry(), bytes).map_err(to_io)?;
-        self.store.replace(&blocks).map_err(to_io)
+        let image = image::decode(self.store.geometry(), bytes).map_err(to_io)?;
+        self.store.replace(&image).map_err(to_io)
     }
 
+    /// `None` (a whole image) when `scope` covers every sector of the chunk: an operation
+    /// record among the slots it stands for declares the whole chunk, and a partial image
+    /// would not carry its snapshot (see the module docs).
     fn image_part(&self, scope: &Footprint) -> io::Result<Option<Vec<u8>>> {
         if !scope.keys.is_empty() {
             return Err(io::Error::new(
@@ -120,21 +178,44 @@ impl OooStateMachine for ChunkStateMachine {
                 "partial chunk image: asked for keys",
             ));
         }
+        let sectors = self.store.geometry().sectors();
+        if covers(&scope.blocks, sectors) {
+            return Ok(None);
+        }
         let mut part = Part {
+            ids_seen: 0,
             ranges: Vec::with_capacity(scope.blocks.len()),
             data: Vec::new(),
         };
         for r in &scope.blocks {
+            if r.start >= r.end || r.end > sectors {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("partial chunk image: sectors {r:?} outside the chunk's {sectors}"),
+                ));
+            }
             let (offset, len) = (r.start * SECTOR, (r.end - r.start) * SECTOR);
             part.data
                 .extend(self.store.read(offset, len as usize).map_err(to_io)?);
             part.ranges.push((r.start, r.end));
         }
+        // Read after the sectors: an operation applied before any of them was read (and
+        // so before any later write they hold) is counted.
+        part.ids_seen = self.store.snapshot_ids_seen();
         Ok(Some(image::encode_part(self.store.geometry(), &part)))
     }
 
     fn restore_part(&self, bytes: &[u8]) -> io::Result<()> {
         let part = image::decode_part(self.store.geometry(), bytes).map_err(to_io)?;
+        let seen = self.store.snapshot_ids_seen();
+        if part.ids_seen > seen {
+            return Err(invalid(format!(
+                "partial chunk image: the leader had seen {} snapshot ids, this replica {seen}: \
+                 it took a snapshot past the image's base, and its sectors may hold writes \
+                 made after it; a whole image is needed",
+                part.ids_seen
+            )));
+        }
         let bb = self.store.geometry().block_bytes as u64;
         let mut at = 0usize;
         for (s, e) in &part.ranges {

@@ -4,53 +4,104 @@
 //! allocating them on demand (thin provisioning: a volume of 10 GiB chunks takes the
 //! space its writes used, 64 KiB at a time). Here a chunk replica is a directory:
 //!
-//! - `chunk.{generation:016x}.data`: the allocated blocks, one per *slot*, slot `s` at
-//!   byte `s × block_bytes`. Slots are handed out in order as blocks are first written,
-//!   so the file is as long as the blocks written need.
-//! - `chunk.map` ([`crate::map`]): block → slot as of the last checkpoint, and the data
-//!   file's generation.
+//! - `chunk.{generation:016x}.data`: the blocks, one per *slot*, slot `s` at byte
+//!   `s × block_bytes`. A block gets a slot on its first write.
+//! - `chunk.map` ([`crate::map`]): as of the last checkpoint, block → slot for the
+//!   chunk's current contents and for each of its snapshots, the slot count, and the
+//!   data file's generation.
 //!
 //! A block never written has no slot and reads as zeros. Writes go in place
 //! (`pwrite` at the block's slot), not synced: the chunk's group log (its WAL, PolarFS
 //! section 4) holds them until a checkpoint ([`ChunkStore::checkpoint`]: sync the data,
-//! then write the map crash-atomically) lets the log go. After a crash the store opens
-//! to its last checkpoint's map; the replica replays the log above its base, whose
-//! writes are blind (whole sectors), so anything written in place since (whole, torn or
-//! lost) is written again. A block first allocated after the checkpoint is allocated
-//! again by that replay, to a slot at or past the map's count, and its first write
-//! writes the whole block (zeros around the sectors written), so no stale bytes of a
-//! slot used before the crash are ever read.
+//! then write the map crash-atomically) lets the log go.
+//!
+//! **Snapshots** (PolarFS section 7.2: "ChunkServer makes a snapshot by copying block
+//! mapping meta information, which is fast, and handles the future requests which will
+//! modify those blocks in a Copy-on-Write way"). [`ChunkStore::snapshot`] copies the
+//! current map; from then on the slots it names are *frozen*: a write to a block whose
+//! slot is frozen takes a new slot, writes the whole block there (the old bytes with the
+//! new sectors over them) and points the current map at it. Writes to slots no snapshot
+//! names still go in place. Slots are no longer handed out in order: deleting a snapshot
+//! frees the slots no other map names, and new blocks take free slots first (lowest
+//! first), else the next one past the end.
+//!
+//! **Crash argument.** After a crash the store opens to its last checkpoint's maps
+//! (current and snapshots), and the replica replays the log above its base — every
+//! record above the checkpoint's point, some of them possibly in the maps already —
+//! re-applying writes (blind, whole sectors) and operations ([`crate::op`]) in order.
+//! That gives back exactly the state before the crash because:
+//!
+//! 1. *The slots the durable map names hold what it says, and stay so.* The data is
+//!    synced before the map is written. After that, a slot the durable map names is
+//!    changed only by in-place writes of records above the checkpoint (which the replay
+//!    writes again): frozen slots are never written in place, and a slot freed since is
+//!    not reused until a checkpoint has durably written a map that no longer names it
+//!    (freed slots wait in a pending list; a checkpoint takes that list when it copies
+//!    the maps, and frees those slots once its map is durable). Were one reused at once,
+//!    the older durable map would name a slot holding another block's bytes, and the
+//!    replay's copy-on-write would copy them (`tests/snapshots.rs` checks this).
+//! 2. *No slot's stale bytes are read.* A slot a block newly takes — a first write, a
+//!    copy-on-write, or during the replay — is written whole.
+//! 3. *Snapshots come back as they were taken.* One the durable map holds has its frozen
+//!    slots, unchanged by 1, and the replay's operation taking it again does nothing.
+//!    One taken after the maps were copied is taken again by the replay, from the
+//!    current map at that point of the log: there every sector a record above the base
+//!    wrote before it has been written again, and every other sector holds what the
+//!    durable map holds — unless a write after the checkpoint changed it in place. That
+//!    write comes later in the log, and could be in place only because no snapshot named
+//!    the slot any more; the slot was the block's current one all along (the current map
+//!    only ever moves off a slot), so the snapshot named it, and was deleted before the
+//!    write: the replay deletes it too. (Nothing copies from a snapshot, so a snapshot's
+//!    bytes never reach another map.)
+//! 4. *An id is taken at most once* ([`ChunkStore::snapshot`]): the maps remember deleted
+//!    ids. Otherwise a log running "delete X, take X, write" above the checkpoint, with
+//!    all three in the durable map, would replay "take X" after "delete X" onto a current
+//!    map that already holds the write.
+//! 5. The current map ends as written: each sector's last write in the log is replayed
+//!    last, and copies-on-write carry every sector along.
+//!
+//! Slots free after the restart are derived from the durable map: those below its slot
+//! count that it does not name (the pending ones whose delete it already holds among
+//! them).
 //!
 //! The store works through `chorus_storage`'s [`FileSystem`] seam, so its tests run it
 //! on the simulator's file system, whose power loss keeps only what was synced (and of
-//! the rest, any subset of writes, whole or torn): `tests/store.rs` checks against a
-//! model that a crash and the replay of the writes since the last checkpoint always
-//! give back exactly what was written (and fails when the checkpoint skips its data
-//! sync).
+//! the rest, any subset of writes, whole or torn): `tests/store.rs` and
+//! `tests/snapshots.rs` check against a model that a crash and the replay of the writes
+//! and operations since the last checkpoint always give back exactly what was written,
+//! current and snapshots (and fail when the checkpoint skips its data sync, or when a
+//! freed slot is reused before a checkpoint).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use chorus_storage::fs::{FileSystem, FsFile, OpenOptions};
 
-use crate::map::MapFile;
+use crate::image::Image;
+use crate::map::{MapFile, SnapshotMap};
+use crate::slots::Slots;
 use crate::{ChunkError, Geometry, SECTOR};
 
 /// The block map file's name.
 pub const MAP_FILE: &str = "chunk.map";
 
-/// No slot: the block was never written.
-const NONE: u32 = u32::MAX;
-
-/// One chunk replica's blocks and block map. Thread-safe: writes to different sectors
-/// run side by side (the apply rules never run two writes of one sector at once).
+/// One chunk replica's blocks, block maps and snapshots. Thread-safe: writes to
+/// different sectors run side by side (the apply rules never run two writes of one
+/// sector at once, nor a snapshot operation beside any write).
 #[derive(Debug)]
 pub struct ChunkStore {
+    /// The chunk's directory.
     dir: PathBuf,
+    /// Invariant: checked ([`Geometry::check`]), and the one `chunk.map` holds.
     geometry: Geometry,
     /// Where the files are: the real file system, or the simulator's (which loses what
     /// was not synced when it crashes).
     fs: Arc<dyn FileSystem>,
+    /// One checkpoint or install at a time: each writes `chunk.map` through the same
+    /// temporary file, and a checkpoint's map must never replace a newer one. Taken
+    /// before `inner`.
+    map_writer: Mutex<()>,
     inner: RwLock<Inner>,
 }
 
@@ -60,12 +111,9 @@ struct Inner {
     data: Arc<dyn FsFile>,
     /// Invariant: the generation `chunk.map` names, or the one a restore is writing.
     generation: u64,
-    /// Block → slot, [`NONE`] for a block never written. Invariant: the slots in use are
-    /// exactly `0..allocated`, each used by one block; `slots.len()` is the chunk's block
-    /// count.
-    slots: Vec<u32>,
-    /// Blocks with a slot.
-    allocated: u32,
+    /// The maps and the slots' states. Invariant: every slot a map names lies in the
+    /// data file and holds that block's bytes (whole: a new slot is written whole).
+    slots: Slots,
 }
 
 fn io_err(what: impl Into<String>, path: &Path) -> impl FnOnce(std::io::Error) -> ChunkError {
@@ -111,7 +159,7 @@ fn read_file(fs: &dyn FileSystem, path: &Path) -> std::io::Result<Vec<u8>> {
 impl ChunkStore {
     /// Opens the chunk replica in `dir`, or creates it (empty: every block reads as
     /// zeros) when `dir` holds no block map. An existing chunk must have `geometry`
-    /// ([`ChunkError::GeometryMismatch`] otherwise).
+    /// ([`ChunkError::GeometryMismatch`] otherwise); its map may be of version 1 or 2.
     pub fn open(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -127,7 +175,10 @@ impl ChunkStore {
                 let fresh = MapFile {
                     geometry,
                     generation: 0,
+                    slot_count: 0,
                     entries: Vec::new(),
+                    snapshots: Vec::new(),
+                    deleted: Vec::new(),
                 };
                 let data = dir.join(data_name(0));
                 fs.open(&data, OpenOptions::create())
@@ -150,21 +201,46 @@ impl ChunkStore {
             .open(&data_path, OpenOptions::read_write())
             .map_err(io_err("open", &data_path))?
             .into();
-        let mut slots = vec![NONE; geometry.blocks() as usize];
-        for &(b, s) in &map.entries {
-            slots[b as usize] = s;
+        let file_slots =
+            data.len().map_err(io_err("stat", &data_path))? / geometry.block_bytes as u64;
+        // Every slot a map names was synced before the map was written, so it lies in
+        // the file; slots counted past the file's end (none, unless it was cut) are as
+        // good as past the end, and counting them would only take memory.
+        let named = map
+            .entries
+            .iter()
+            .chain(map.snapshots.iter().flat_map(|s| s.entries.iter()))
+            .map(|(_, s)| *s)
+            .max();
+        if let Some(s) = named.filter(|s| *s as u64 >= file_slots) {
+            return Err(ChunkError::Corrupt {
+                what: data_path.display().to_string(),
+                detail: format!(
+                    "the block map names slot {s}, the data file holds {file_slots} slots"
+                ),
+            });
         }
+        let slot_count = map
+            .slot_count
+            .min(u32::try_from(file_slots).unwrap_or(u32::MAX));
+        let slots = Slots::from_maps(
+            geometry,
+            slot_count,
+            &map.entries,
+            &map.snapshots,
+            &map.deleted,
+        );
         // Leftovers of an interrupted restore or of older generations.
         remove_other_data_files(&*fs, dir, map.generation);
         Ok(Self {
             dir: dir.to_path_buf(),
             geometry,
             fs,
+            map_writer: Mutex::new(()),
             inner: RwLock::new(Inner {
                 data,
                 generation: map.generation,
                 slots,
-                allocated: map.entries.len() as u32,
             }),
         })
     }
@@ -174,19 +250,32 @@ impl ChunkStore {
         self.geometry
     }
 
-    /// Blocks that hold data (allocated on first write).
+    /// Blocks the current map holds data for (allocated on first write).
     pub fn allocated_blocks(&self) -> u32 {
-        self.inner.read().expect("chunk").allocated
+        self.inner.read().expect("chunk").slots.allocated()
     }
 
-    /// Whether `block` has a slot (was ever written, or is in an installed image).
+    /// Slots of the data file some map (current or snapshot) names: the space the chunk
+    /// takes, a slot the current map shares with snapshots counted once.
+    pub fn slots_in_use(&self) -> u32 {
+        self.inner.read().expect("chunk").slots.in_use()
+    }
+
+    /// Slots of the data file: in use, or free to be reused (now, or after the next
+    /// checkpoint). The data file is at least this many blocks long.
+    pub fn data_slots(&self) -> u32 {
+        self.inner.read().expect("chunk").slots.slot_count()
+    }
+
+    /// Whether `block` has a slot in the current map (was ever written, or is in an
+    /// installed image).
     pub fn is_allocated(&self, block: u32) -> bool {
         self.inner
             .read()
             .expect("chunk")
             .slots
-            .get(block as usize)
-            .is_some_and(|s| *s != NONE)
+            .current(block)
+            .is_some()
     }
 
     /// The path of the data file in use: its length and the disk it takes show what
@@ -210,8 +299,9 @@ impl ChunkStore {
 
     /// Writes whole sectors: `data` at `offset`, both multiples of [`SECTOR`]. Not
     /// durable until [`ChunkStore::checkpoint`] (the chunk's log holds the write until
-    /// then). A block written for the first time gets the next slot, and the whole
-    /// block is written (zeros around `data`).
+    /// then). A block without a slot, or whose slot a snapshot shares (copy-on-write,
+    /// PolarFS section 7.2), gets a new slot, and the whole block is written there (zeros,
+    /// or the block's old bytes, around `data`); otherwise the sectors go in place.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ChunkError> {
         let len = data.len() as u64;
         if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
@@ -238,56 +328,72 @@ impl ChunkStore {
 
     fn write_in_block(&self, block: u32, inside: u64, piece: &[u8]) -> Result<(), ChunkError> {
         let bb = self.geometry.block_bytes as u64;
+        let in_place = |inner: &Inner, slot: u32| {
+            let path = self.dir.join(data_name(inner.generation));
+            inner
+                .data
+                .write_all_at(piece, slot as u64 * bb + inside)
+                .map_err(io_err(format!("write block {block}"), &path))
+        };
         {
             let inner = self.inner.read().expect("chunk");
-            let slot = inner.slots[block as usize];
-            if slot != NONE {
-                let path = self.dir.join(data_name(inner.generation));
-                return inner
-                    .data
-                    .write_all_at(piece, slot as u64 * bb + inside)
-                    .map_err(io_err(format!("write block {block}"), &path));
+            if let Some(slot) = inner.slots.current(block) {
+                if !inner.slots.is_frozen(slot) {
+                    return in_place(&inner, slot);
+                }
             }
         }
         let mut inner = self.inner.write().expect("chunk");
+        // Looked at again: another write to the block may have given it a slot, or
+        // copied it, meanwhile.
+        let old = inner.slots.current(block);
+        if let Some(slot) = old.filter(|s| !inner.slots.is_frozen(*s)) {
+            return in_place(&inner, slot);
+        }
         let path = self.dir.join(data_name(inner.generation));
-        let mut slot = inner.slots[block as usize];
-        if slot == NONE {
-            // First write of the block: the whole block, so that the slot holds nothing
-            // from before (a slot allocated before a crash and lost with it).
-            slot = inner.allocated;
-            let mut whole = vec![0u8; bb as usize];
-            whole[inside as usize..inside as usize + piece.len()].copy_from_slice(piece);
+        // A new slot, written whole so that it holds nothing from before: a slot lost in
+        // a crash, or freed by a deleted snapshot, may hold another block's bytes.
+        let mut whole = vec![0u8; bb as usize];
+        if let Some(frozen) = old.filter(|_| piece.len() as u64 != bb) {
+            // Copy-on-write (PolarFS section 7.2): the snapshots keep the frozen slot.
             inner
                 .data
-                .write_all_at(&whole, slot as u64 * bb)
-                .map_err(io_err(format!("write block {block}"), &path))?;
-            inner.slots[block as usize] = slot;
-            inner.allocated += 1;
-            return Ok(());
+                .read_exact_at(&mut whole, frozen as u64 * bb)
+                .map_err(io_err(format!("read block {block} to copy it"), &path))?;
         }
+        whole[inside as usize..inside as usize + piece.len()].copy_from_slice(piece);
+        let slot = inner.slots.next_slot().ok_or_else(|| ChunkError::Io {
+            what: format!("find a slot for block {block}"),
+            path: path.clone(),
+            source: std::io::Error::other("every slot number of the data file is taken"),
+        })?;
         inner
             .data
-            .write_all_at(piece, slot as u64 * bb + inside)
-            .map_err(io_err(format!("write block {block}"), &path))
+            .write_all_at(&whole, slot as u64 * bb)
+            .map_err(io_err(format!("write block {block}"), &path))?;
+        inner.slots.place(block, slot);
+        Ok(())
     }
 
-    /// Reads `len` bytes at any `offset` in the chunk; blocks never written read as
-    /// zeros.
-    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, ChunkError> {
+    /// Reads `len` bytes at `offset` through `lookup` (block → slot).
+    fn read_through(
+        &self,
+        inner: &Inner,
+        lookup: impl Fn(u32) -> Option<u32>,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, ChunkError> {
         self.check_range(offset, len as u64)?;
         let bb = self.geometry.block_bytes as u64;
         let mut out = vec![0u8; len];
-        let inner = self.inner.read().expect("chunk");
         let path = self.dir.join(data_name(inner.generation));
         let mut at = 0u64;
         while at < len as u64 {
             let pos = offset + at;
-            let block = pos / bb;
+            let block = (pos / bb) as u32;
             let inside = pos % bb;
             let n = (bb - inside).min(len as u64 - at);
-            let slot = inner.slots[block as usize];
-            if slot != NONE {
+            if let Some(slot) = lookup(block) {
                 inner
                     .data
                     .read_exact_at(
@@ -301,48 +407,126 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// The block map as it is now, ascending by block.
-    fn entries(inner: &Inner) -> Vec<(u32, u32)> {
-        inner
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| **s != NONE)
-            .map(|(b, s)| (b as u32, *s))
-            .collect()
+    /// Reads `len` bytes at any `offset` in the chunk; blocks never written read as
+    /// zeros.
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, ChunkError> {
+        let inner = self.inner.read().expect("chunk");
+        self.read_through(&inner, |b| inner.slots.current(b), offset, len)
     }
 
-    /// Makes every write that returned before the call durable: syncs the data file,
-    /// then writes the block map crash-atomically. Writes running meanwhile may or may
-    /// not be in it (the caller's log still holds them).
+    /// Reads `len` bytes at any `offset` of snapshot `id` (as the chunk was when the
+    /// snapshot was taken); blocks it holds nothing for read as zeros.
+    /// [`ChunkError::NoSnapshot`] when the chunk holds no such snapshot.
+    pub fn read_snapshot(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>, ChunkError> {
+        let inner = self.inner.read().expect("chunk");
+        if inner.slots.snapshot_map(id).is_none() {
+            return Err(ChunkError::NoSnapshot { id });
+        }
+        self.read_through(
+            &inner,
+            |b| inner.slots.in_snapshot(id, b).flatten(),
+            offset,
+            len,
+        )
+    }
+
+    /// Takes snapshot `id` of the chunk as it is now (PolarFS section 7.2): a copy of the
+    /// current block map only — no data is copied; from now on a write to a block it
+    /// shares copies the block first. Not durable until the next checkpoint (its
+    /// operation record in the log is replayed until then).
+    ///
+    /// `Ok(false)`, nothing done, when the chunk holds snapshot `id` already (a replay of
+    /// the log applies the operation again) or deleted it: an id is taken at most once,
+    /// which keeps the replay after a crash exact (the module docs' point 4) and keeps a
+    /// straggling take of a deleted snapshot from bringing it back.
+    /// [`ChunkError::BadSnapshotId`] for id 0.
+    pub fn snapshot(&self, id: u64) -> Result<bool, ChunkError> {
+        if id == 0 {
+            return Err(ChunkError::BadSnapshotId { id });
+        }
+        Ok(self.inner.write().expect("chunk").slots.snapshot(id))
+    }
+
+    /// Deletes snapshot `id`; `Ok(false)` when the chunk does not hold it. Either way the
+    /// id is remembered as deleted and never taken again ([`ChunkStore::snapshot`]).
+    /// The slots only it named are free for reuse once the next checkpoint has written a
+    /// map that no longer names them (until then the last durable map may).
+    pub fn delete_snapshot(&self, id: u64) -> Result<bool, ChunkError> {
+        if id == 0 {
+            return Ok(false);
+        }
+        Ok(self.inner.write().expect("chunk").slots.delete(id))
+    }
+
+    /// The snapshots the chunk holds, ascending by id.
+    pub fn snapshots(&self) -> Vec<u64> {
+        self.inner.read().expect("chunk").slots.snapshot_ids()
+    }
+
+    /// The ids of snapshots the chunk has deleted, ascending: taking one again does
+    /// nothing ([`ChunkStore::snapshot`]), so a caller need not log the operation.
+    pub fn deleted_snapshots(&self) -> Vec<u64> {
+        self.inner.read().expect("chunk").slots.deleted_ids()
+    }
+
+    /// How many snapshot ids the chunk holds or has deleted. It only grows, one per
+    /// operation that changed which ids are known (a partial image carries it:
+    /// [`crate::sm`]).
+    pub fn snapshot_ids_seen(&self) -> u64 {
+        self.inner.read().expect("chunk").slots.ids_seen()
+    }
+
+    /// The blocks snapshot `id` holds data for, ascending (what a copy of it must copy).
+    /// [`ChunkError::NoSnapshot`] when the chunk holds no such snapshot.
+    pub fn snapshot_blocks(&self, id: u64) -> Result<Vec<u32>, ChunkError> {
+        let inner = self.inner.read().expect("chunk");
+        let map = inner
+            .slots
+            .snapshot_map(id)
+            .ok_or(ChunkError::NoSnapshot { id })?;
+        Ok(map.iter().map(|(b, _)| *b).collect())
+    }
+
+    /// Makes every write and snapshot operation that returned before the call durable:
+    /// syncs the data file, then writes the block maps crash-atomically. Writes running
+    /// meanwhile may or may not be in it (the caller's log still holds them). Slots freed
+    /// before the call (by deleted snapshots) may be reused once it returns `Ok`.
     pub fn checkpoint(&self) -> Result<(), ChunkError> {
+        let _one = self.map_writer.lock().expect("chunk map writer");
         let (data, map) = {
-            let inner = self.inner.read().expect("chunk");
-            let map = MapFile {
-                geometry: self.geometry,
-                generation: inner.generation,
-                entries: Self::entries(&inner),
-            };
+            let mut inner = self.inner.write().expect("chunk");
+            let generation = inner.generation;
+            let map = inner.slots.begin_checkpoint(self.geometry, generation);
             (inner.data.clone(), map)
         };
         // Data first: the map must never name a slot whose bytes are not durable.
         let path = self.dir.join(data_name(map.generation));
-        data.sync_data().map_err(io_err("fdatasync", &path))?;
-        write_atomically(&*self.fs, &self.dir, MAP_FILE, &map.encode())
+        let done = data
+            .sync_data()
+            .map_err(io_err("fdatasync", &path))
+            .and_then(|_| write_atomically(&*self.fs, &self.dir, MAP_FILE, &map.encode()));
+        // Only now may the slots the map no longer names be reused.
+        self.inner
+            .write()
+            .expect("chunk")
+            .slots
+            .end_checkpoint(done.is_ok());
+        done
     }
 
-    /// Bytes a checkpoint writes beyond the data's sync: the block map.
+    /// Bytes a checkpoint writes beyond the data's sync: the block map file.
     pub fn checkpoint_bytes(&self) -> u64 {
-        (crate::map::MAP_HEADER + 4) as u64 + 8 * self.allocated_blocks() as u64
+        self.inner.read().expect("chunk").slots.map_bytes()
     }
 
-    /// Every allocated block and its bytes, ascending by block (for an image).
+    /// Every block the current map holds and its bytes, ascending by block.
     pub fn blocks(&self) -> Result<Vec<(u32, Vec<u8>)>, ChunkError> {
         let bb = self.geometry.block_bytes as u64;
         let inner = self.inner.read().expect("chunk");
         let path = self.dir.join(data_name(inner.generation));
-        let mut out = Vec::with_capacity(inner.allocated as usize);
-        for (b, s) in Self::entries(&inner) {
+        let entries = inner.slots.current_entries();
+        let mut out = Vec::with_capacity(entries.len());
+        for (b, s) in entries {
             let mut buf = vec![0u8; bb as usize];
             inner
                 .data
@@ -353,25 +537,63 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Replaces the whole chunk with `blocks` (each a block index and its full bytes),
-    /// durably: a new data file is written and synced, then a block map naming it
-    /// replaces the old one in one rename; the old data file goes after. A crash at any
-    /// point opens either the old chunk or the new one, whole.
-    pub fn replace(&self, blocks: &[(u32, Vec<u8>)]) -> Result<(), ChunkError> {
-        let bb = self.geometry.block_bytes as usize;
-        let nblocks = self.geometry.blocks();
-        let mut seen = std::collections::HashSet::with_capacity(blocks.len());
-        for (b, bytes) in blocks {
-            if *b >= nblocks || bytes.len() != bb || !seen.insert(*b) {
-                return Err(ChunkError::Corrupt {
-                    what: "chunk contents to install".into(),
-                    detail: format!(
-                        "block {b} of {} bytes (the chunk has {nblocks} blocks of {bb} bytes; each once)",
-                        bytes.len()
-                    ),
-                });
-            }
+    /// A whole image of the chunk ([`crate::image`]): the current map, every snapshot's
+    /// map and the deleted ids, with the bytes of each slot they name once (a slot the
+    /// current map shares with snapshots travels once).
+    pub fn image(&self) -> Result<Image, ChunkError> {
+        let bb = self.geometry.block_bytes as u64;
+        let inner = self.inner.read().expect("chunk");
+        let path = self.dir.join(data_name(inner.generation));
+        // Data slot → image slot, in the order the maps first name them.
+        let mut index: HashMap<u32, u32> = HashMap::new();
+        let mut order: Vec<u32> = Vec::new();
+        let mut renumber = |entries: &[(u32, u32)]| -> Vec<(u32, u32)> {
+            entries
+                .iter()
+                .map(|&(b, s)| {
+                    let i = *index.entry(s).or_insert_with(|| {
+                        order.push(s);
+                        order.len() as u32 - 1
+                    });
+                    (b, i)
+                })
+                .collect()
+        };
+        let current = renumber(&inner.slots.current_entries());
+        let mut snapshots = Vec::new();
+        for id in inner.slots.snapshot_ids() {
+            let map = inner.slots.snapshot_map(id).unwrap_or_default();
+            snapshots.push(SnapshotMap {
+                id,
+                entries: renumber(map),
+            });
         }
+        let mut data = Vec::with_capacity(order.len());
+        for s in order {
+            let mut buf = vec![0u8; bb as usize];
+            inner
+                .data
+                .read_exact_at(&mut buf, s as u64 * bb)
+                .map_err(io_err(format!("read slot {s}"), &path))?;
+            data.push(buf);
+        }
+        Ok(Image {
+            current,
+            snapshots,
+            deleted: inner.slots.deleted_ids(),
+            data,
+        })
+    }
+
+    /// Replaces the whole chunk — current blocks, snapshots, deleted ids — with `image`
+    /// (checked: [`Image::check`]), durably: a new data file is written (image slot `i`
+    /// in slot `i`) and synced, then a block map naming it replaces the old one in one
+    /// rename; the old data file goes after. A crash at any point opens either the old
+    /// chunk or the new one, whole.
+    pub fn replace(&self, image: &Image) -> Result<(), ChunkError> {
+        image.check(self.geometry)?;
+        let bb = self.geometry.block_bytes as u64;
+        let _one = self.map_writer.lock().expect("chunk map writer");
         let mut inner = self.inner.write().expect("chunk");
         let generation = inner.generation + 1;
         let path = self.dir.join(data_name(generation));
@@ -381,30 +603,31 @@ impl ChunkStore {
             .and_then(|f| f.set_len(0).map(|_| f))
             .map_err(io_err("create", &path))?
             .into();
-        let mut sorted: Vec<&(u32, Vec<u8>)> = blocks.iter().collect();
-        sorted.sort_by_key(|(b, _)| *b);
-        let mut slots = vec![NONE; nblocks as usize];
-        for (slot, (b, bytes)) in sorted.iter().enumerate() {
-            data.write_all_at(bytes, slot as u64 * bb as u64)
-                .map_err(io_err(format!("write block {b}"), &path))?;
-            slots[*b as usize] = slot as u32;
+        for (slot, bytes) in image.data.iter().enumerate() {
+            data.write_all_at(bytes, slot as u64 * bb)
+                .map_err(io_err(format!("write slot {slot}"), &path))?;
         }
         data.sync_data().map_err(io_err("fdatasync", &path))?;
+        let slot_count = image.data.len() as u32;
         let map = MapFile {
             geometry: self.geometry,
             generation,
-            entries: sorted
-                .iter()
-                .enumerate()
-                .map(|(s, (b, _))| (*b, s as u32))
-                .collect(),
+            slot_count,
+            entries: image.current.clone(),
+            snapshots: image.snapshots.clone(),
+            deleted: image.deleted.clone(),
         };
         write_atomically(&*self.fs, &self.dir, MAP_FILE, &map.encode())?;
         *inner = Inner {
             data,
             generation,
-            slots,
-            allocated: sorted.len() as u32,
+            slots: Slots::from_maps(
+                self.geometry,
+                slot_count,
+                &image.current,
+                &image.snapshots,
+                &image.deleted,
+            ),
         };
         drop(inner);
         remove_other_data_files(&*self.fs, &self.dir, generation);

@@ -163,7 +163,7 @@ fn an_image_rebuilds_another_replica_and_a_damaged_one_is_refused() {
     let src = ChunkStore::open(real(), a.path(), g).unwrap();
     src.write(65536 * 3, &sectors(2, 3)).unwrap();
     src.write(65536 * 100, &sectors(16, 4)).unwrap();
-    let img = image::encode(g, &src.blocks().unwrap());
+    let img = image::encode(g, &src.image().unwrap());
     let dst = ChunkStore::open(real(), b.path(), g).unwrap();
     dst.write(65536 * 50, &sectors(1, 9)).unwrap(); // replaced: not in the image
     dst.replace(&image::decode(g, &img).unwrap()).unwrap();

@@ -292,7 +292,11 @@ impl Client {
         group: u64,
         records: Vec<pb::OutOfOrderRecord>,
     ) -> Result<Vec<pb::OutOfOrderResult>, ClientError> {
-        let req = pb::AppendOutOfOrderRequest { group, records };
+        let req = pb::AppendOutOfOrderRequest {
+            group,
+            records,
+            snapshot: 0,
+        };
         self.on_leader(group, false, |mut c| {
             let req = req.clone();
             async move {
@@ -329,6 +333,7 @@ impl Client {
             start,
             count,
             at_leader: false,
+            snapshot: 0,
         })
         .await
         .map(|r| r.into_inner())

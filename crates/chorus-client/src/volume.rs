@@ -63,6 +63,10 @@ pub struct VolumeMap {
     pub chunks: Vec<pb::ChunkInfo>,
     /// Client API address of every node the chunks name.
     pub addrs: HashMap<u64, String>,
+    /// The snapshot being taken (its id), 0 when none: writes issued while it is set
+    /// carry it as their snapshot tag (PolarFS section 7.2), so that none of them is in
+    /// the snapshot.
+    pub snapshot_tag: u64,
 }
 
 impl VolumeMap {
@@ -113,6 +117,7 @@ impl VolumeMap {
             version: v.version,
             chunks: v.chunks,
             addrs,
+            snapshot_tag: v.snapshot_tag,
         })
     }
 }
@@ -489,7 +494,7 @@ impl VolumeClient {
                 });
                 at += n;
             }
-            tasks.push(self.append_chunk(p.chunk, records));
+            tasks.push(self.append_chunk(p.chunk, records, m.snapshot_tag));
         }
         let results = futures_join(tasks).await;
         // The first piece that failed or is unknown names the write's outcome; an
@@ -512,6 +517,7 @@ impl VolumeClient {
         &self,
         chunk: u64,
         mut records: Vec<pb::OutOfOrderRecord>,
+        snapshot: u64,
     ) -> Result<(), VolumeError> {
         let deadline = Instant::now() + self.retry_for;
         let mut last = String::from("no replica tried");
@@ -531,6 +537,7 @@ impl VolumeClient {
                 let req = pb::AppendOutOfOrderRequest {
                     group,
                     records: records.clone(),
+                    snapshot,
                 };
                 match c.append_out_of_order(req).await {
                     Ok(r) => {
@@ -694,6 +701,7 @@ impl VolumeClient {
                     start,
                     count,
                     at_leader: true,
+                    snapshot: 0,
                 };
                 match c.read_blocks(req).await {
                     Ok(r) => {

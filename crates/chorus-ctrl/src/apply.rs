@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 
 use crate::meta::{
-    check_geometry, check_name, check_node_fields, Chunk, Command, GroupId, Meta, MetaError, Move,
-    Node, NodeId, NodeState, Volume, VolumeState,
+    check_geometry, check_name, check_node_fields, check_snapshot_name, Chunk, Command, GroupId,
+    Meta, MetaError, Move, Node, NodeId, NodeState, Snapshot, SnapshotState, Volume, VolumeState,
 };
 
 impl Meta {
@@ -93,13 +93,22 @@ impl Meta {
                 let more = total.saturating_sub(v.chunks.len() as u64);
                 self.check_new_chunks(chunks, more)
             }
-            Command::DeleteVolume { name } => self
-                .volume_in(
+            Command::DeleteVolume { name } => {
+                self.volume_in(
                     name,
                     &[VolumeState::Creating, VolumeState::Ready],
                     "creating or ready",
-                )
-                .map(|_| ()),
+                )?;
+                // Its chunks hold the snapshot a clone is being copied from.
+                match self.clone_copying(name, None) {
+                    Some((clone, id)) => Err(MetaError::SnapshotInUse {
+                        volume: name.clone(),
+                        id,
+                        clone: clone.name.clone(),
+                    }),
+                    None => Ok(()),
+                }
+            }
             Command::VolumeGone { name } => self
                 .volume_in(name, &[VolumeState::Deleting], "deleting")
                 .map(|_| ()),
@@ -162,6 +171,67 @@ impl Meta {
                 }
                 Ok(())
             }
+            Command::CreateSnapshot { volume, name } => {
+                let v = self.volume_in(volume, &[VolumeState::Ready], "ready")?;
+                check_snapshot_name(name)?;
+                if v.snapshot_named(name).is_some() {
+                    return Err(MetaError::SnapshotExists {
+                        volume: volume.clone(),
+                        name: name.clone(),
+                    });
+                }
+                if let Some(s) = v.creating_snapshot() {
+                    return Err(MetaError::SnapshotInProgress {
+                        volume: volume.clone(),
+                        id: s.id,
+                    });
+                }
+                // Keeps every id below next_snapshot.
+                if self.next_snapshot == u64::MAX {
+                    return Err(MetaError::SnapshotIdsExhausted);
+                }
+                Ok(())
+            }
+            Command::SnapshotReady { volume, id } => {
+                let v = self.volume_in(volume, &[VolumeState::Ready], "ready")?;
+                snapshot_in(v, *id, SnapshotState::Creating, "creating").map(|_| ())
+            }
+            Command::DeleteSnapshot { volume, id } => {
+                let v = self.volume_in(volume, &[VolumeState::Ready], "ready")?;
+                snapshot_in(v, *id, SnapshotState::Ready, "ready")?;
+                match self.clone_copying(volume, Some(*id)) {
+                    Some((clone, _)) => Err(MetaError::SnapshotInUse {
+                        volume: volume.clone(),
+                        id: *id,
+                        clone: clone.name.clone(),
+                    }),
+                    None => Ok(()),
+                }
+            }
+            Command::SnapshotGone { volume, id } => {
+                // Any volume state: a deleting volume's snapshot may finish going.
+                let v = self
+                    .volumes
+                    .get(volume)
+                    .ok_or_else(|| MetaError::NoSuchVolume {
+                        name: volume.clone(),
+                    })?;
+                snapshot_in(v, *id, SnapshotState::Deleting, "deleting").map(|_| ())
+            }
+            Command::CloneVolume {
+                name,
+                source,
+                snapshot,
+                chunks,
+            } => {
+                check_name(name)?;
+                if self.volumes.contains_key(name) {
+                    return Err(MetaError::VolumeExists { name: name.clone() });
+                }
+                let src = self.volume_in(source, &[VolumeState::Ready], "ready")?;
+                snapshot_in(src, *snapshot, SnapshotState::Ready, "ready")?;
+                self.check_new_chunks(chunks, src.size_bytes.div_ceil(src.chunk_bytes))
+            }
         }
     }
 
@@ -210,13 +280,17 @@ impl Meta {
                         chunks: chunks.clone(),
                         version: 1,
                         state: VolumeState::Creating,
+                        snapshots: Vec::new(),
+                        source: None,
                     },
                 );
             }
             Command::VolumeReady { name } => {
-                // Not a change to the chunk map: the version stays.
+                // Not a change to the chunk map: the version stays. A clone's copy is
+                // done: it no longer holds its source snapshot.
                 if let Some(v) = self.volumes.get_mut(name) {
                     v.state = VolumeState::Ready;
+                    v.source = None;
                 }
             }
             Command::GrowVolume {
@@ -234,13 +308,17 @@ impl Meta {
             }
             Command::DeleteVolume { name } => {
                 // A version step, so that clients caching the map learn it is going.
+                // A clone's copy stops: it no longer holds its source snapshot. The
+                // volume's own snapshots stay until VolumeGone.
                 if let Some(v) = self.volumes.get_mut(name) {
                     v.state = VolumeState::Deleting;
                     v.version = v.version.saturating_add(1);
+                    v.source = None;
                 }
             }
             Command::VolumeGone { name } => {
-                // next_group stays: group ids are never reused.
+                // next_group and next_snapshot stay: group and snapshot ids are never
+                // reused. The volume's snapshots go with it.
                 if let Some(v) = self.volumes.remove(name) {
                     for c in &v.chunks {
                         self.groups.remove(&c.group);
@@ -282,6 +360,69 @@ impl Meta {
                         }
                     }
                 });
+            }
+            Command::CreateSnapshot { volume, name } => {
+                let id = self.next_snapshot;
+                if let Some(v) = self.volumes.get_mut(volume) {
+                    // Ids only grow, so the list stays ascending.
+                    v.snapshots.push(Snapshot {
+                        id,
+                        name: name.clone(),
+                        state: SnapshotState::Creating,
+                    });
+                    // Clients must learn the write tag (PolarFS section 7.2).
+                    v.version = v.version.saturating_add(1);
+                    // check refused u64::MAX, so this cannot saturate.
+                    self.next_snapshot = id.saturating_add(1);
+                }
+            }
+            Command::SnapshotReady { volume, id } => {
+                // Clients must learn to stop tagging.
+                self.edit_snapshot(volume, *id, SnapshotState::Ready, true);
+            }
+            Command::DeleteSnapshot { volume, id } => {
+                self.edit_snapshot(volume, *id, SnapshotState::Deleting, false);
+            }
+            Command::SnapshotGone { volume, id } => {
+                if let Some(v) = self.volumes.get_mut(volume) {
+                    v.snapshots.retain(|s| s.id != *id);
+                }
+            }
+            Command::CloneVolume {
+                name,
+                source,
+                snapshot,
+                chunks,
+            } => {
+                let Some(src) = self.volumes.get(source) else {
+                    return;
+                };
+                let clone = Volume {
+                    name: name.clone(),
+                    size_bytes: src.size_bytes,
+                    chunk_bytes: src.chunk_bytes,
+                    block_bytes: src.block_bytes,
+                    chunks: chunks.clone(),
+                    version: 1,
+                    state: VolumeState::Creating,
+                    snapshots: Vec::new(),
+                    source: Some((source.clone(), *snapshot)),
+                };
+                self.take_groups(name, 0, chunks);
+                self.volumes.insert(name.clone(), clone);
+            }
+        }
+    }
+
+    /// Sets a snapshot's state, stepping its volume's version if `step`.
+    fn edit_snapshot(&mut self, volume: &str, id: u64, state: SnapshotState, step: bool) {
+        let Some(v) = self.volumes.get_mut(volume) else {
+            return;
+        };
+        if let Some(s) = v.snapshots.iter_mut().find(|s| s.id == id) {
+            s.state = state;
+            if step {
+                v.version = v.version.saturating_add(1);
             }
         }
     }
@@ -400,4 +541,26 @@ impl Meta {
             v.version = v.version.saturating_add(1);
         }
     }
+}
+
+/// A snapshot of `v` in state `state` (`wanted` names it for the error).
+fn snapshot_in<'a>(
+    v: &'a Volume,
+    id: u64,
+    state: SnapshotState,
+    wanted: &'static str,
+) -> Result<&'a Snapshot, MetaError> {
+    let s = v.snapshot(id).ok_or_else(|| MetaError::NoSuchSnapshot {
+        volume: v.name.clone(),
+        id,
+    })?;
+    if s.state != state {
+        return Err(MetaError::SnapshotWrongState {
+            volume: v.name.clone(),
+            id,
+            state: s.state,
+            wanted,
+        });
+    }
+    Ok(s)
 }

@@ -6,7 +6,10 @@
 //! the bytes left before anything is allocated for it, so a forged count cannot make a
 //! huge allocation.
 
-use crate::meta::{Chunk, Command, Meta, MetaError, Move, Node, NodeState, Volume, VolumeState};
+use crate::meta::{
+    Chunk, Command, Meta, MetaError, Move, Node, NodeState, Snapshot, SnapshotState, Volume,
+    VolumeState, FIRST_SNAPSHOT,
+};
 
 /// A command's magic.
 pub const COMMAND_MAGIC: [u8; 4] = *b"CCMD";
@@ -14,8 +17,11 @@ pub const COMMAND_MAGIC: [u8; 4] = *b"CCMD";
 pub const COMMAND_VERSION: u8 = 1;
 /// An image's magic.
 pub const IMAGE_MAGIC: [u8; 4] = *b"CMET";
-/// The image format version this code writes and reads.
-pub const IMAGE_VERSION: u8 = 1;
+/// The image format version this code writes. Version 2 added snapshots and clones
+/// (PolarFS section 7.2); this code still reads version 1 (see [`Meta::decode_image`]).
+pub const IMAGE_VERSION: u8 = 2;
+/// The image format version before snapshots, still read.
+pub const IMAGE_VERSION_V1: u8 = 1;
 
 /// Bytes in a command or image before its body: magic and version (and, for a command,
 /// the kind).
@@ -28,8 +34,13 @@ const CRC_BYTES: usize = 4;
 const MIN_ENCODED_CHUNK_BYTES: usize = 8 + 1 + 1;
 /// The fewest bytes an encoded node takes: id, three empty strings, state.
 const MIN_ENCODED_NODE_BYTES: usize = 8 + 3 * 2 + 1;
-/// The fewest bytes an encoded volume takes: empty name, sizes, version, state, count.
-const MIN_ENCODED_VOLUME_BYTES: usize = 2 + 8 + 8 + 4 + 8 + 1 + 4;
+/// The fewest bytes an encoded volume takes in an image of version 1: empty name, sizes,
+/// version, state, chunk count.
+const MIN_ENCODED_VOLUME_BYTES_V1: usize = 2 + 8 + 8 + 4 + 8 + 1 + 4;
+/// The same in version 2: also the source flag and the snapshot count.
+const MIN_ENCODED_VOLUME_BYTES: usize = MIN_ENCODED_VOLUME_BYTES_V1 + 1 + 4;
+/// The fewest bytes an encoded snapshot takes: id, empty name, state.
+const MIN_ENCODED_SNAPSHOT_BYTES: usize = 8 + 2 + 1;
 
 /// Why bytes are not a valid command or image. `what` is "command" or "image".
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -61,7 +72,7 @@ pub enum DecodeError {
         what: &'static str,
         /// The version found.
         found: u8,
-        /// The version this code reads.
+        /// The version this code writes (for images, it reads versions 1 to this).
         want: u8,
     },
     /// The bytes were damaged.
@@ -146,6 +157,11 @@ impl Command {
             Command::FinishMove { .. } => 9,
             Command::AbortMove { .. } => 10,
             Command::SetPreferredLeader { .. } => 11,
+            Command::CreateSnapshot { .. } => 12,
+            Command::SnapshotReady { .. } => 13,
+            Command::DeleteSnapshot { .. } => 14,
+            Command::SnapshotGone { .. } => 15,
+            Command::CloneVolume { .. } => 16,
         }
     }
 
@@ -211,6 +227,27 @@ impl Command {
                 put_u64(&mut w, *group);
                 put_u64(&mut w, *node);
             }
+            Command::CreateSnapshot { volume, name } => {
+                put_str(&mut w, volume);
+                put_str(&mut w, name);
+            }
+            Command::SnapshotReady { volume, id }
+            | Command::DeleteSnapshot { volume, id }
+            | Command::SnapshotGone { volume, id } => {
+                put_str(&mut w, volume);
+                put_u64(&mut w, *id);
+            }
+            Command::CloneVolume {
+                name,
+                source,
+                snapshot,
+                chunks,
+            } => {
+                put_str(&mut w, name);
+                put_str(&mut w, source);
+                put_u64(&mut w, *snapshot);
+                put_chunks(&mut w, chunks);
+            }
         }
         seal(&mut w);
         w
@@ -220,7 +257,7 @@ impl Command {
     /// whether the command makes sense is [`Meta::check`]'s business.
     pub fn decode(b: &[u8]) -> Result<Command, DecodeError> {
         let what = "command";
-        let body = unseal(what, COMMAND_MAGIC, COMMAND_VERSION, COMMAND_HEADER, b)?;
+        let body = unseal(what, COMMAND_MAGIC, &[COMMAND_VERSION], COMMAND_HEADER, b)?;
         let kind = body[5];
         let mut r = Reader {
             what,
@@ -275,6 +312,28 @@ impl Command {
                 group: r.u64("group")?,
                 node: r.u64("node")?,
             },
+            12 => Command::CreateSnapshot {
+                volume: r.str("volume")?,
+                name: r.str("name")?,
+            },
+            13 => Command::SnapshotReady {
+                volume: r.str("volume")?,
+                id: r.u64("id")?,
+            },
+            14 => Command::DeleteSnapshot {
+                volume: r.str("volume")?,
+                id: r.u64("id")?,
+            },
+            15 => Command::SnapshotGone {
+                volume: r.str("volume")?,
+                id: r.u64("id")?,
+            },
+            16 => Command::CloneVolume {
+                name: r.str("name")?,
+                source: r.str("source")?,
+                snapshot: r.u64("snapshot")?,
+                chunks: r.chunks()?,
+            },
             code => {
                 return Err(DecodeError::BadCode {
                     what,
@@ -296,24 +355,34 @@ impl Meta {
     /// ```text
     /// offset  size  field
     ///      0     4  magic "CMET"
-    ///      4     1  version (1)
+    ///      4     1  version (2)
     ///      5     8  applied: log position of the last command applied
     ///     13     8  next_group
-    ///     21     4  node count, then that many nodes, ascending by id:
+    ///     21     8  next_snapshot
+    ///     29     4  node count, then that many nodes, ascending by id:
     ///                 u64 id | str repl_addr | str client_addr | str rack
     ///                 | u8 state (0 Up, 1 Draining, 2 Removed)
     ///      …     4  volume count, then that many volumes, ascending by name:
     ///                 str name | u64 size_bytes | u64 chunk_bytes | u32 block_bytes
     ///                 | u64 version | u8 state (0 Creating, 1 Ready, 2 Deleting)
     ///                 | u32 chunk count | that many chunks, in volume order
+    ///                 | u8 has_source (0 or 1)
+    ///                   [| str source volume | u64 source snapshot id, if 1]
+    ///                 | u32 snapshot count | that many snapshots, ascending by id:
+    ///                     u64 id | str name | u8 state (0 Creating, 1 Ready, 2 Deleting)
     ///      …     4  CRC32C of every byte before it
     /// ```
+    ///
+    /// Version 1 (before snapshots and clones, PolarFS section 7.2) lacks
+    /// `next_snapshot` (its node count is at offset 21) and each volume's fields from
+    /// `has_source` on.
     pub fn encode_image(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256);
         w.extend_from_slice(&IMAGE_MAGIC);
         w.push(IMAGE_VERSION);
         put_u64(&mut w, self.applied);
         put_u64(&mut w, self.next_group);
+        put_u64(&mut w, self.next_snapshot);
         put_u32(&mut w, clamp_count(self.nodes.len()));
         for n in self.nodes.values().take(u32::MAX as usize) {
             put_u64(&mut w, n.id);
@@ -331,6 +400,21 @@ impl Meta {
             put_u64(&mut w, v.version);
             w.push(volume_state_code(v.state));
             put_chunks(&mut w, &v.chunks);
+            match &v.source {
+                None => w.push(0),
+                Some((source, id)) => {
+                    w.push(1);
+                    put_str(&mut w, source);
+                    put_u64(&mut w, *id);
+                }
+            }
+            let n = clamp_count(v.snapshots.len());
+            put_u32(&mut w, n);
+            for snap in v.snapshots.iter().take(n as usize) {
+                put_u64(&mut w, snap.id);
+                put_str(&mut w, &snap.name);
+                w.push(snapshot_state_code(snap.state));
+            }
         }
         seal(&mut w);
         w
@@ -338,11 +422,21 @@ impl Meta {
 
     /// Decodes an image ([`Meta::encode_image`]) and checks the state's invariants
     /// ([`Meta::verify`]), so that a state from an image is one `apply` could have made.
-    /// Nodes must be ascending by id and volumes by name (as encoded), so that each
-    /// state has exactly one image.
+    /// Nodes must be ascending by id, volumes by name and snapshots by id (as encoded),
+    /// so that each state has exactly one image.
+    ///
+    /// An image of version 1 (written before snapshots) is read too, as a state with no
+    /// snapshots or clones and `next_snapshot` 1; it encodes again as version 2.
     pub fn decode_image(b: &[u8]) -> Result<Meta, DecodeError> {
         let what = "image";
-        let body = unseal(what, IMAGE_MAGIC, IMAGE_VERSION, IMAGE_HEADER, b)?;
+        let body = unseal(
+            what,
+            IMAGE_MAGIC,
+            &[IMAGE_VERSION_V1, IMAGE_VERSION],
+            IMAGE_HEADER,
+            b,
+        )?;
+        let v1 = body[4] == IMAGE_VERSION_V1;
         let mut r = Reader {
             what,
             b: &body[IMAGE_HEADER..],
@@ -350,6 +444,11 @@ impl Meta {
         let mut meta = Meta::new();
         meta.applied = r.u64("applied")?;
         meta.next_group = r.u64("next_group")?;
+        meta.next_snapshot = if v1 {
+            FIRST_SNAPSHOT
+        } else {
+            r.u64("next_snapshot")?
+        };
         let nodes = r.count("nodes", MIN_ENCODED_NODE_BYTES)?;
         for _ in 0..nodes {
             let n = Node {
@@ -367,9 +466,14 @@ impl Meta {
             }
             meta.nodes.insert(n.id, n);
         }
-        let volumes = r.count("volumes", MIN_ENCODED_VOLUME_BYTES)?;
+        let min_volume = if v1 {
+            MIN_ENCODED_VOLUME_BYTES_V1
+        } else {
+            MIN_ENCODED_VOLUME_BYTES
+        };
+        let volumes = r.count("volumes", min_volume)?;
         for _ in 0..volumes {
-            let v = Volume {
+            let mut v = Volume {
                 name: r.str("volume.name")?,
                 size_bytes: r.u64("volume.size_bytes")?,
                 chunk_bytes: r.u64("volume.chunk_bytes")?,
@@ -377,7 +481,31 @@ impl Meta {
                 version: r.u64("volume.version")?,
                 state: r.volume_state("volume.state")?,
                 chunks: r.chunks()?,
+                snapshots: Vec::new(),
+                source: None,
             };
+            if !v1 {
+                v.source = match r.u8("volume.has_source")? {
+                    0 => None,
+                    1 => Some((r.str("volume.source")?, r.u64("volume.source_snapshot")?)),
+                    code => {
+                        return Err(DecodeError::BadCode {
+                            what,
+                            field: "volume.has_source",
+                            code,
+                        })
+                    }
+                };
+                let n = r.count("volume.snapshots", MIN_ENCODED_SNAPSHOT_BYTES)?;
+                v.snapshots.reserve_exact(n);
+                for _ in 0..n {
+                    v.snapshots.push(Snapshot {
+                        id: r.u64("snapshot.id")?,
+                        name: r.str("snapshot.name")?,
+                        state: r.snapshot_state("snapshot.state")?,
+                    });
+                }
+            }
             if meta
                 .volumes
                 .last_key_value()
@@ -410,6 +538,14 @@ fn volume_state_code(s: VolumeState) -> u8 {
         VolumeState::Creating => 0,
         VolumeState::Ready => 1,
         VolumeState::Deleting => 2,
+    }
+}
+
+fn snapshot_state_code(s: SnapshotState) -> u8 {
+    match s {
+        SnapshotState::Creating => 0,
+        SnapshotState::Ready => 1,
+        SnapshotState::Deleting => 2,
     }
 }
 
@@ -465,13 +601,13 @@ fn seal(w: &mut Vec<u8>) {
     w.extend_from_slice(&crc.to_le_bytes());
 }
 
-/// Checks length, magic, version and checksum, in that order (so that the error says
-/// the most useful thing: "not a command" before "damaged"), and returns the bytes
-/// before the checksum (header included).
+/// Checks length, magic, version (one of `versions`, the newest last) and checksum, in
+/// that order (so that the error says the most useful thing: "not a command" before
+/// "damaged"), and returns the bytes before the checksum (header included).
 fn unseal<'a>(
     what: &'static str,
     magic: [u8; 4],
-    version: u8,
+    versions: &[u8],
     header: usize,
     b: &'a [u8],
 ) -> Result<&'a [u8], DecodeError> {
@@ -496,11 +632,11 @@ fn unseal<'a>(
             },
         });
     }
-    if body[4] != version {
+    if !versions.contains(&body[4]) {
         return Err(DecodeError::BadVersion {
             what,
             found: body[4],
-            want: version,
+            want: versions.last().copied().unwrap_or(0),
         });
     }
     let mut stored = [0u8; 4];
@@ -606,6 +742,19 @@ impl<'a> Reader<'a> {
             0 => Ok(VolumeState::Creating),
             1 => Ok(VolumeState::Ready),
             2 => Ok(VolumeState::Deleting),
+            code => Err(DecodeError::BadCode {
+                what: self.what,
+                field,
+                code,
+            }),
+        }
+    }
+
+    fn snapshot_state(&mut self, field: &'static str) -> Result<SnapshotState, DecodeError> {
+        match self.u8(field)? {
+            0 => Ok(SnapshotState::Creating),
+            1 => Ok(SnapshotState::Ready),
+            2 => Ok(SnapshotState::Deleting),
             code => Err(DecodeError::BadCode {
                 what: self.what,
                 field,

@@ -16,6 +16,10 @@
 //! all alike. The log is trimmed behind an image of the state
 //! ([`Meta::encode_image`]), which also starts a new control node.
 //!
+//! The state also names each volume's disk-outage-consistent snapshots and the clones
+//! being copied from them (PolarFS section 7.2): [`Command::CreateSnapshot`] and its
+//! kin, [`Command::CloneVolume`], [`Meta::snapshot_tag`].
+//!
 //! - [`meta`]: the state, its commands and their rules.
 //! - [`codec`]: the byte formats of a command (a log entry) and of an image.
 //! - [`place`]: placement rules — where new chunks go, where a replica moves, which
@@ -32,6 +36,7 @@ pub mod place;
 pub use codec::DecodeError;
 pub use live::Liveness;
 pub use meta::{
-    Chunk, Command, GroupId, Meta, MetaError, Move, Node, NodeId, NodeState, Volume, VolumeState,
+    Chunk, Command, GroupId, Meta, MetaError, Move, Node, NodeId, NodeState, Snapshot,
+    SnapshotState, Volume, VolumeState,
 };
 pub use place::{drain_moves, leader_moves, place_chunks, rebalance, replacement, PlaceError};

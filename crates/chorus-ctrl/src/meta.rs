@@ -7,6 +7,10 @@
 //! reads nothing but the state and the command (no clock, no randomness, only ordered
 //! maps), and a command it rejects changes nothing but [`Meta::applied`].
 //!
+//! Besides nodes and volumes, the state names each volume's snapshots and tracks clones
+//! being copied from them (PolarFS section 7.2, disk-outage-consistent snapshots); the
+//! chunk servers hold the snapshots' data.
+//!
 //! Validation and the effect of each command are in `apply.rs`; the byte formats of
 //! commands and of the whole state (the image) in `codec.rs`.
 
@@ -24,7 +28,10 @@ pub type GroupId = u64;
 /// The first group id the control plane hands out.
 pub const FIRST_GROUP: GroupId = 1;
 
-/// Longest volume name, in bytes.
+/// The first snapshot id the control plane hands out; 0 means "no snapshot".
+pub const FIRST_SNAPSHOT: u64 = 1;
+
+/// Longest volume name (and snapshot name), in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 
 /// Longest node address (`repl_addr`, `client_addr`), in bytes.
@@ -133,6 +140,44 @@ impl fmt::Display for VolumeState {
     }
 }
 
+/// A snapshot's lifecycle (PolarFS section 7.2, disk-outage-consistent snapshots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SnapshotState {
+    /// Being taken: routing clients tag their writes with its id (see
+    /// [`Meta::snapshot_tag`]) and every chunk of the volume logs a barrier for it; not
+    /// yet usable.
+    Creating,
+    /// Taken: every chunk holds it; it may be cloned ([`Command::CloneVolume`]).
+    Ready,
+    /// Being dropped by every chunk; gone from the state at [`Command::SnapshotGone`].
+    Deleting,
+}
+
+impl fmt::Display for SnapshotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SnapshotState::Creating => "creating",
+            SnapshotState::Ready => "ready",
+            SnapshotState::Deleting => "deleting",
+        })
+    }
+}
+
+/// A disk-outage-consistent snapshot of a volume (PolarFS section 7.2): the volume's
+/// contents as of one point in its write order, kept by each of its chunks (the chunk
+/// servers keep it; the control state only names it and tracks its lifecycle).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Its id: unique across the whole state (not only its volume) and never reused, at
+    /// least 1 and below [`Meta::next_snapshot`]. 0 means "no snapshot" in write tags.
+    pub id: u64,
+    /// Its name: the rules of [`Volume::name`] (1..=[`MAX_NAME_BYTES`] bytes of
+    /// `[A-Za-z0-9._-]`); unique among its volume's snapshots.
+    pub name: String,
+    /// Its lifecycle state.
+    pub state: SnapshotState,
+}
+
 /// A volume: a named, sized sequence of chunks (section 3.2), one per database instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Volume {
@@ -150,11 +195,50 @@ pub struct Volume {
     /// Invariant: `chunks.len() == ceil(size_bytes / chunk_bytes)`.
     pub chunks: Vec<Chunk>,
     /// The chunk map's version: 1 at creation, +1 with every change to the chunk map
-    /// (replicas, their order, a move) or the size, so that routing clients can tag
-    /// their cached copy with it and tell when it is stale (section 3.2.3, duty 4).
+    /// (replicas, their order, a move), the size, the start of its deletion, or the
+    /// snapshot being taken ([`Command::CreateSnapshot`], [`Command::SnapshotReady`]:
+    /// the write tag, PolarFS section 7.2), so that routing clients can tag their cached
+    /// copy with it and tell when it is stale (section 3.2.3, duty 4). Deleting a
+    /// snapshot ([`Command::DeleteSnapshot`], [`Command::SnapshotGone`]) changes nothing
+    /// a routing client uses and leaves it.
     pub version: u64,
     /// Its lifecycle state.
     pub state: VolumeState,
+    /// Its snapshots (PolarFS section 7.2), ascending by id. Invariants: ids unique across
+    /// the whole state and below [`Meta::next_snapshot`]; names unique within the volume;
+    /// at most one [`SnapshotState::Creating`] (one snapshot is taken at a time); none
+    /// while the volume is [`VolumeState::Creating`] (a snapshot needs a ready volume). A
+    /// deleting volume keeps its snapshots, in whatever state, until
+    /// [`Command::VolumeGone`]: they live in its chunks and go with them.
+    pub snapshots: Vec<Snapshot>,
+    /// For a clone being copied ([`Command::CloneVolume`]): the source volume's name and
+    /// the id of the snapshot its contents are copied from. Invariant: `Some` only while
+    /// the volume is [`VolumeState::Creating`], and then the source volume exists, is
+    /// another volume, is [`VolumeState::Ready`], has the same `chunk_bytes` and
+    /// `block_bytes` and at least this volume's size, and holds that snapshot in
+    /// [`SnapshotState::Ready`] (neither may be deleted while the copy runs).
+    /// [`Command::VolumeReady`] and [`Command::DeleteVolume`] clear it; `None` for
+    /// ordinary volumes.
+    pub source: Option<(String, u64)>,
+}
+
+impl Volume {
+    /// Its snapshot with this id.
+    pub fn snapshot(&self, id: u64) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| s.id == id)
+    }
+
+    /// Its snapshot with this name.
+    pub fn snapshot_named(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| s.name == name)
+    }
+
+    /// Its snapshot being taken, if any.
+    pub(crate) fn creating_snapshot(&self) -> Option<&Snapshot> {
+        self.snapshots
+            .iter()
+            .find(|s| s.state == SnapshotState::Creating)
+    }
 }
 
 /// A change to the control plane's state: one entry of the control log.
@@ -167,7 +251,9 @@ pub struct Volume {
 ///      4     1  version (1)
 ///      5     1  kind: 1 RegisterNode, 2 SetNodeState, 3 CreateVolume, 4 VolumeReady,
 ///               5 GrowVolume, 6 DeleteVolume, 7 VolumeGone, 8 StartMove,
-///               9 FinishMove, 10 AbortMove, 11 SetPreferredLeader
+///               9 FinishMove, 10 AbortMove, 11 SetPreferredLeader,
+///               12 CreateSnapshot, 13 SnapshotReady, 14 DeleteSnapshot,
+///               15 SnapshotGone, 16 CloneVolume
 ///      6     …  body, by kind:
 ///               1  u64 id | str repl_addr | str client_addr | str rack
 ///               2  u64 id | u8 state (0 Up, 1 Draining, 2 Removed)
@@ -178,12 +264,21 @@ pub struct Volume {
 ///               8, 9  u64 group | u64 from | u64 to
 ///               10  u64 group
 ///               11  u64 group | u64 node
+///               12  str volume | str name
+///               13, 14, 15  str volume | u64 id
+///               16  str name | str source | u64 snapshot | u32 count | count × chunk
 ///      …     4  CRC32C of every byte before it
 ///
 /// str   = u16 len | len bytes of UTF-8
 /// chunk = u64 group | u8 n | n × u64 replica | u8 moving (0 or 1)
 ///         [| u64 from | u64 to, if moving is 1]
 /// ```
+///
+/// Kinds 12–16 (snapshots and clones, PolarFS section 7.2) were added without changing
+/// the version, since no earlier kind changed: every log written before them still
+/// decodes. A build without them refuses them as unknown kinds, so every node of a
+/// control group must run a build that knows them before any is proposed (otherwise
+/// old and new nodes would disagree on the state).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Registers a chunk server as [`NodeState::Up`]; for an already registered node
@@ -221,7 +316,9 @@ pub enum Command {
         /// All `ceil(size_bytes / chunk_bytes)` chunks, none moving.
         chunks: Vec<Chunk>,
     },
-    /// A creating volume's groups all exist: it becomes [`VolumeState::Ready`].
+    /// A creating volume's groups all exist (and, for a clone, its contents are copied
+    /// from the source snapshot): it becomes [`VolumeState::Ready`], and its
+    /// [`Volume::source`] is cleared.
     VolumeReady {
         /// The volume.
         name: String,
@@ -236,7 +333,12 @@ pub enum Command {
         /// (possibly none, if the last chunk had room), none moving.
         chunks: Vec<Chunk>,
     },
-    /// Starts deleting a creating or ready volume.
+    /// Starts deleting a creating or ready volume; a clone's [`Volume::source`] is
+    /// cleared (its copy stops). Its snapshots stay listed, in whatever state, and go
+    /// with it at [`Command::VolumeGone`] (they live in its chunks); one being taken is
+    /// abandoned (the control leader stops driving it). Refused with
+    /// [`MetaError::SnapshotInUse`] while a creating clone is copied from one of its
+    /// snapshots (PolarFS section 7.2): delete the clone, or let it become ready, first.
     DeleteVolume {
         /// The volume.
         name: String,
@@ -278,6 +380,69 @@ pub enum Command {
         group: GroupId,
         /// One of its replicas.
         node: NodeId,
+    },
+    /// Starts a snapshot of a ready volume (PolarFS section 7.2): it gets id
+    /// [`Meta::next_snapshot`] (which steps) in [`SnapshotState::Creating`], and the
+    /// volume's version steps, so that routing clients learn to tag their writes with
+    /// the id ([`Meta::snapshot_tag`]); the control leader then has every chunk of the
+    /// volume take it (each chunk's group logs a barrier) and appends
+    /// [`Command::SnapshotReady`]. Refused if the volume does not exist or is not ready,
+    /// the name breaks [`Snapshot::name`]'s rules or is taken in the volume, or another
+    /// snapshot of the volume is being taken (one at a time per volume).
+    CreateSnapshot {
+        /// The volume.
+        volume: String,
+        /// See [`Snapshot::name`].
+        name: String,
+    },
+    /// Every chunk of the volume holds the snapshot: it becomes [`SnapshotState::Ready`]
+    /// and the volume's version steps (clients stop tagging writes with its id).
+    /// Refused unless the volume is ready and the snapshot is creating.
+    SnapshotReady {
+        /// The volume.
+        volume: String,
+        /// The snapshot's id.
+        id: u64,
+    },
+    /// Starts dropping a ready snapshot of a ready volume: it becomes
+    /// [`SnapshotState::Deleting`] (the version stays). Refused while a creating clone is
+    /// copied from it ([`MetaError::SnapshotInUse`]).
+    DeleteSnapshot {
+        /// The volume.
+        volume: String,
+        /// The snapshot's id.
+        id: u64,
+    },
+    /// Every chunk dropped the deleting snapshot: it leaves the volume (its id is not
+    /// reused; the version stays). Accepted in a deleting volume too: it concludes a
+    /// deletion begun legitimately.
+    SnapshotGone {
+        /// The volume.
+        volume: String,
+        /// The snapshot's id.
+        id: u64,
+    },
+    /// Creates volume `name` as a clone of a ready snapshot of a ready volume (PolarFS
+    /// section 7.2): in [`VolumeState::Creating`] at version 1, with
+    /// [`Volume::source`] `Some((source, snapshot))` and the source's `chunk_bytes`,
+    /// `block_bytes` and *current* `size_bytes` (the source may have grown since the
+    /// snapshot), its own chunks placed like [`Command::CreateVolume`]'s (groups from
+    /// [`Meta::next_group`] up, checked alike). The control leader creates its groups
+    /// and copies into each chunk what the source's chunk of the same index holds in the
+    /// snapshot; chunks the source gained after the snapshot hold no copy of it, so the
+    /// clone's chunks there stay zeros. Then [`Command::VolumeReady`] makes it ready.
+    /// Refused if the name is bad or taken, the source does not exist or is not ready,
+    /// or the snapshot is not the source's or not ready.
+    CloneVolume {
+        /// The clone's name; see [`Volume::name`].
+        name: String,
+        /// The source volume.
+        source: String,
+        /// The id of the source's snapshot to copy.
+        snapshot: u64,
+        /// All `ceil(size_bytes / chunk_bytes)` chunks of the source's current geometry,
+        /// none moving.
+        chunks: Vec<Chunk>,
     },
 }
 
@@ -418,6 +583,65 @@ pub enum MetaError {
         /// The node.
         node: NodeId,
     },
+    /// The name breaks [`Snapshot::name`]'s rules.
+    #[error("snapshot name `{name}` is invalid: {why}")]
+    BadSnapshotName {
+        /// The name.
+        name: String,
+        /// Which rule.
+        why: &'static str,
+    },
+    /// The volume already has a snapshot of this name (in any state).
+    #[error("volume `{volume}` already has a snapshot named `{name}`")]
+    SnapshotExists {
+        /// The volume.
+        volume: String,
+        /// The name.
+        name: String,
+    },
+    /// The volume has no snapshot of this id.
+    #[error("volume `{volume}` has no snapshot {id}")]
+    NoSuchSnapshot {
+        /// The volume.
+        volume: String,
+        /// The id.
+        id: u64,
+    },
+    /// A snapshot of the volume is already being taken (one at a time per volume).
+    #[error("volume `{volume}` is already taking snapshot {id}")]
+    SnapshotInProgress {
+        /// The volume.
+        volume: String,
+        /// The snapshot being taken.
+        id: u64,
+    },
+    /// The snapshot is in the wrong state for the command.
+    #[error("snapshot {id} of volume `{volume}` is {state}, not {wanted}")]
+    SnapshotWrongState {
+        /// The volume.
+        volume: String,
+        /// The snapshot.
+        id: u64,
+        /// Its state.
+        state: SnapshotState,
+        /// The state the command needs.
+        wanted: &'static str,
+    },
+    /// A creating clone is being copied from the snapshot, so neither it nor its volume
+    /// may be deleted yet.
+    #[error("snapshot {id} of volume `{volume}` is being copied into clone `{clone}`")]
+    SnapshotInUse {
+        /// The volume.
+        volume: String,
+        /// The snapshot.
+        id: u64,
+        /// The clone copied from it.
+        clone: String,
+    },
+    /// Every snapshot id has been handed out (only a forged image can get here: it takes
+    /// 2^64 - 2 snapshots).
+    #[error("snapshot ids are exhausted")]
+    SnapshotIdsExhausted,
     /// A state (decoded from an image) breaks an invariant ([`Meta::verify`]).
     #[error("inconsistent control state: {detail}")]
     Inconsistent {
@@ -439,6 +663,10 @@ pub struct Meta {
     /// The next group id to hand out: above every group ever used, at least
     /// [`FIRST_GROUP`].
     pub(crate) next_group: GroupId,
+    /// The next snapshot id to hand out: above every snapshot id ever used, at least 1
+    /// (0 means "no snapshot" in write tags). Never goes back, so ids are never reused
+    /// (PolarFS section 7.2).
+    pub(crate) next_snapshot: u64,
     /// The log position of the last command applied (accepted or rejected); 0 before any.
     pub(crate) applied: u64,
     /// Derived index, rebuilt from `volumes`: each chunk's group to its volume and index.
@@ -458,6 +686,7 @@ impl Meta {
             nodes: BTreeMap::new(),
             volumes: BTreeMap::new(),
             next_group: FIRST_GROUP,
+            next_snapshot: FIRST_SNAPSHOT,
             applied: 0,
             groups: BTreeMap::new(),
         }
@@ -491,6 +720,32 @@ impl Meta {
     /// The lowest group id a new chunk may use.
     pub fn next_group(&self) -> GroupId {
         self.next_group
+    }
+
+    /// The id the next snapshot will get ([`Command::CreateSnapshot`]); 1 at first.
+    pub fn next_snapshot(&self) -> u64 {
+        self.next_snapshot
+    }
+
+    /// The id routing clients tag their writes to `volume` with: that of its snapshot
+    /// being taken ([`SnapshotState::Creating`]), or 0 if none is (or there is no such
+    /// volume). PolarFS section 7.2: a write tagged with the id reached the client after
+    /// the snapshot began, so a chunk that has not yet logged the snapshot's barrier
+    /// takes the snapshot before applying the write.
+    pub fn snapshot_tag(&self, volume: &str) -> u64 {
+        self.volumes
+            .get(volume)
+            .and_then(Volume::creating_snapshot)
+            .map_or(0, |s| s.id)
+    }
+
+    /// The first creating clone (in name order) copied from snapshot `id` of `volume`,
+    /// if any; with `id` `None`, from any snapshot of `volume`.
+    pub(crate) fn clone_copying(&self, volume: &str, id: Option<u64>) -> Option<(&Volume, u64)> {
+        self.volumes.values().find_map(|v| match &v.source {
+            Some((src, sid)) if src == volume && id.is_none_or(|i| i == *sid) => Some((v, *sid)),
+            _ => None,
+        })
     }
 
     /// The chunk of a group: its volume, its index in the volume, and the chunk.
@@ -544,7 +799,7 @@ impl Meta {
     }
 
     /// Checks every invariant stated on the fields of [`Meta`], [`Node`], [`Volume`],
-    /// [`Chunk`] and [`Move`]. [`Meta::apply`] keeps them; this is for a state from
+    /// [`Chunk`], [`Move`] and [`Snapshot`] (snapshots and clones: PolarFS section 7.2). [`Meta::apply`] keeps them; this is for a state from
     /// elsewhere ([`Meta::decode_image`]) and for tests.
     pub fn verify(&self) -> Result<(), MetaError> {
         let bad = |detail: String| Err(MetaError::Inconsistent { detail });
@@ -562,7 +817,14 @@ impl Meta {
                 return bad(e.to_string());
             }
         }
+        if self.next_snapshot < FIRST_SNAPSHOT {
+            return bad(format!(
+                "next_snapshot {} is below {FIRST_SNAPSHOT}",
+                self.next_snapshot
+            ));
+        }
         let mut seen = BTreeSet::new();
+        let mut snapshot_ids = BTreeSet::new();
         for (key, v) in &self.volumes {
             if *key != v.name {
                 return bad(format!("volume `{}` is filed under `{key}`", v.name));
@@ -612,8 +874,90 @@ impl Meta {
                     }
                 }
             }
+            self.verify_snapshots(v, &mut snapshot_ids)?;
         }
         Ok(())
+    }
+
+    /// Checks [`Volume::snapshots`]' and [`Volume::source`]'s invariants for one volume
+    /// (PolarFS section 7.2); `ids` collects the snapshot ids seen in earlier volumes.
+    fn verify_snapshots(&self, v: &Volume, ids: &mut BTreeSet<u64>) -> Result<(), MetaError> {
+        let bad = |detail: String| Err(MetaError::Inconsistent { detail });
+        if v.state == VolumeState::Creating && !v.snapshots.is_empty() {
+            return bad(format!("creating volume `{}` has snapshots", v.name));
+        }
+        let mut names = BTreeSet::new();
+        let mut creating = None;
+        let mut last = 0;
+        for snap in &v.snapshots {
+            if snap.id < FIRST_SNAPSHOT || snap.id >= self.next_snapshot {
+                return bad(format!(
+                    "snapshot {} of volume `{}` is outside {FIRST_SNAPSHOT}..{}",
+                    snap.id, v.name, self.next_snapshot
+                ));
+            }
+            if snap.id <= last {
+                return bad(format!(
+                    "snapshot {} of volume `{}` is out of order",
+                    snap.id, v.name
+                ));
+            }
+            last = snap.id;
+            if !ids.insert(snap.id) {
+                return bad(format!("snapshot id {} appears twice", snap.id));
+            }
+            if let Err(e) = check_snapshot_name(&snap.name) {
+                return bad(format!("volume `{}`: {e}", v.name));
+            }
+            if !names.insert(snap.name.as_str()) {
+                return bad(format!(
+                    "volume `{}` has two snapshots named `{}`",
+                    v.name, snap.name
+                ));
+            }
+            if snap.state == SnapshotState::Creating {
+                if let Some(other) = creating.replace(snap.id) {
+                    return bad(format!(
+                        "volume `{}` is taking snapshots {other} and {} at once",
+                        v.name, snap.id
+                    ));
+                }
+            }
+        }
+        let Some((src, id)) = &v.source else {
+            return Ok(());
+        };
+        let from = format!("clone `{}` of snapshot {id} of `{src}`", v.name);
+        if v.state != VolumeState::Creating {
+            return bad(format!("{from} is {}, not creating", v.state));
+        }
+        let Some(s) = self.volumes.get(src).filter(|s| s.name != v.name) else {
+            return bad(format!("{from}: no such source volume"));
+        };
+        if s.state != VolumeState::Ready {
+            return bad(format!("{from}: the source is {}, not ready", s.state));
+        }
+        if (s.chunk_bytes, s.block_bytes) != (v.chunk_bytes, v.block_bytes)
+            || s.size_bytes < v.size_bytes
+        {
+            return bad(format!(
+                "{from}: its geometry ({} bytes in chunks of {}, blocks of {}) does not fit the \
+                 source's ({} bytes in chunks of {}, blocks of {})",
+                v.size_bytes,
+                v.chunk_bytes,
+                v.block_bytes,
+                s.size_bytes,
+                s.chunk_bytes,
+                s.block_bytes
+            ));
+        }
+        match s.snapshot(*id) {
+            None => bad(format!("{from}: no such snapshot")),
+            Some(snap) if snap.state != SnapshotState::Ready => {
+                bad(format!("{from}: the snapshot is {}, not ready", snap.state))
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// Checks a chunk's replica list: 1..=[`MAX_REPLICAS`] distinct registered nodes.
@@ -662,23 +1006,33 @@ pub(crate) fn holds(c: &Chunk, node: NodeId) -> bool {
 
 /// Checks [`Volume::name`]'s rules.
 pub(crate) fn check_name(name: &str) -> Result<(), MetaError> {
-    let bad = |why| {
-        Err(MetaError::BadName {
-            name: name.to_string(),
-            why,
-        })
-    };
+    name_rule(name).map_err(|why| MetaError::BadName {
+        name: name.to_string(),
+        why,
+    })
+}
+
+/// Checks [`Snapshot::name`]'s rules (those of [`Volume::name`]).
+pub(crate) fn check_snapshot_name(name: &str) -> Result<(), MetaError> {
+    name_rule(name).map_err(|why| MetaError::BadSnapshotName {
+        name: name.to_string(),
+        why,
+    })
+}
+
+/// The name rules of volumes and snapshots: which one `name` breaks, if any.
+fn name_rule(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
-        return bad("it is empty");
+        return Err("it is empty");
     }
     if name.len() > MAX_NAME_BYTES {
-        return bad("it is longer than 64 bytes");
+        return Err("it is longer than 64 bytes");
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     {
-        return bad("only A-Z, a-z, 0-9, '.', '_' and '-' are allowed");
+        return Err("only A-Z, a-z, 0-9, '.', '_' and '-' are allowed");
     }
     Ok(())
 }

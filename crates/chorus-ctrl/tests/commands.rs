@@ -24,6 +24,7 @@ fn refused(m: &mut Meta, cmd: Command) -> MetaError {
     assert_eq!(m.nodes(), before.nodes());
     assert_eq!(m.volumes(), before.volumes());
     assert_eq!(m.next_group(), before.next_group());
+    assert_eq!(m.next_snapshot(), before.next_snapshot());
     err
 }
 

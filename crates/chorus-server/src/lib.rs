@@ -4,6 +4,7 @@
 //! only parses the command line and dispatches here.
 
 pub mod bench;
+mod chunk_io;
 pub mod config;
 pub mod ctrl;
 pub mod dev;

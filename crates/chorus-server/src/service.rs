@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::chunk_io::{self, leader_read_barrier};
 use crate::ooo::{check_record, GroupStateMachine};
 
 /// Largest batch of records in one `Append` call.
@@ -257,7 +258,7 @@ fn mode_name(m: Mode) -> &'static str {
 }
 
 /// Maps an out-of-order append error of `group` to a gRPC status.
-fn ooo_status(group: u64, e: chorus_runtime::ooo::OooNodeError) -> Status {
+pub(crate) fn ooo_status(group: u64, e: chorus_runtime::ooo::OooNodeError) -> Status {
     use chorus_runtime::ooo::OooNodeError as E;
     let msg = e.to_string();
     match &e {
@@ -455,54 +456,6 @@ pub fn status(e: Error) -> Status {
         | Error::Storage { .. }
         | Error::NoStateMachines(_)
         | Error::OooStart { .. } => Status::internal(msg),
-    }
-}
-
-/// How long a leader read waits for its replica to apply what was committed when it
-/// arrived.
-const LEADER_READ_WAIT: Duration = Duration::from_secs(5);
-
-/// Waits until this replica, the serving leader of out-of-order group `group`, has
-/// applied every slot committed when the read arrived: then a read sees every write
-/// acknowledged before it began (a write is acknowledged only once a serving leader
-/// applied it, and a new leader serves only after deciding every slot an old one may
-/// have acknowledged). Elsewhere: FAILED_PRECONDITION with the leader hint.
-fn leader_read_barrier(g: &OooHandle, group: u64) -> Result<(), Status> {
-    let st = g
-        .node()
-        .status()
-        .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
-    if st.role != Role::Leader || !st.serving {
-        let mut s = Status::failed_precondition(format!(
-            "group {group}: not the serving leader (a leader read goes to it)"
-        ));
-        if let Some(v) = st.leader.and_then(|l| l.to_string().parse().ok()) {
-            s.metadata_mut().insert("chorus-leader", v);
-        }
-        return Err(s);
-    }
-    let want = st.committed_head;
-    let deadline = std::time::Instant::now() + LEADER_READ_WAIT;
-    loop {
-        let st = g
-            .node()
-            .status()
-            .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
-        if st.role != Role::Leader {
-            return Err(Status::failed_precondition(format!(
-                "group {group}: stepped down during a leader read"
-            )));
-        }
-        if st.applied_head >= want {
-            return Ok(());
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(Status::unavailable(format!(
-                "group {group}: applied up to slot {} within {LEADER_READ_WAIT:?}, not the {want} committed when the read arrived",
-                st.applied_head
-            )));
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
@@ -1219,6 +1172,9 @@ impl pb::chorus_server::Chorus for Service {
                 .map_err(|e| Status::invalid_argument(format!("record {i}: {e}")))?;
             checked.push((d, r.data));
         }
+        // A write issued once the writer knew of a snapshot is appended after the chunk's
+        // snapshot barrier (PolarFS section 7.2, the snapshot tag).
+        chunk_io::before_tagged_write(&g, &sm, req.group, req.snapshot).await?;
         let pending: Vec<_> = checked
             .into_iter()
             .map(|(d, data)| g.node().submit(d, data))
@@ -1241,9 +1197,12 @@ impl pb::chorus_server::Chorus for Service {
                 leader_read_barrier(&g, r.group)?;
             }
             let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
-            let data = sm
-                .read_blocks(r.start, r.count)
-                .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?;
+            let data = if r.snapshot != 0 {
+                chunk_io::read_snapshot(&sm, r.group, r.snapshot, r.start, r.count)?
+            } else {
+                sm.read_blocks(r.start, r.count)
+                    .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?
+            };
             Ok(Response::new(pb::ReadBlocksResponse {
                 data,
                 applied_seq: applied,
@@ -1251,6 +1210,41 @@ impl pb::chorus_server::Chorus for Service {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
+    }
+
+    async fn chunk_snapshot(
+        &self,
+        req: Request<pb::ChunkSnapshotRequest>,
+    ) -> Result<Response<pb::ChunkSnapshotResponse>, Status> {
+        use pb::chunk_snapshot_request::Action;
+        let r = req.into_inner();
+        let (g, sm) = self.out_of_order(r.group, "ChunkSnapshot")?;
+        let mut blocks = Vec::new();
+        match Action::try_from(r.action) {
+            Ok(Action::Take) => chunk_io::snapshot_op(&g, &sm, r.group, r.snapshot, true).await?,
+            Ok(Action::Drop) => chunk_io::snapshot_op(&g, &sm, r.group, r.snapshot, false).await?,
+            Ok(Action::Blocks) => {
+                // At the serving leader, once it applied all that was committed: a
+                // snapshot it lacks then is one the chunk never took.
+                let g2 = g.clone();
+                tokio::task::spawn_blocking(move || leader_read_barrier(&g2, r.group))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))??;
+                blocks = chunk_io::snapshot_blocks(&sm, r.group, r.snapshot)?
+            }
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "action {}: TAKE, DROP or BLOCKS",
+                    r.action
+                )))
+            }
+        }
+        let store = sm.chunk_store().expect("checked by chunk_io");
+        Ok(Response::new(pb::ChunkSnapshotResponse {
+            blocks,
+            block_bytes: store.geometry().block_bytes,
+            snapshots: store.snapshots(),
+        }))
     }
 
     async fn read_out_of_order(

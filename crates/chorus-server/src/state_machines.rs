@@ -117,7 +117,7 @@ pub struct GroupStateMachine {
 
 #[derive(Debug)]
 enum Kind {
-    Chunk(ChunkStateMachine),
+    Chunk(Box<ChunkStateMachine>),
     Kv(Mutex<HashMap<u64, Vec<u8>>>),
 }
 
@@ -136,9 +136,17 @@ impl GroupStateMachine {
         )?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            kind: Kind::Chunk(c),
+            kind: Kind::Chunk(Box::new(c)),
             image_bytes: 0.into(),
         })
+    }
+
+    /// The chunk replica's store (parallel groups).
+    pub fn chunk_store(&self) -> Option<&chorus_chunk::ChunkStore> {
+        match &self.kind {
+            Kind::Chunk(c) => Some(c.store()),
+            Kind::Kv(_) => None,
+        }
     }
 
     /// The chunk's geometry (parallel groups).

@@ -85,6 +85,26 @@ enum VolumeOp {
         /// The volume.
         name: String,
     },
+    /// Snapshots of a volume: create, list, delete (PolarFS section 7.2: taken without
+    /// pausing I/O; every write acknowledged before `create` began is in it, none issued
+    /// after it returned is).
+    Snapshot {
+        #[command(subcommand)]
+        op: SnapshotOp,
+    },
+    /// Create a new volume holding a snapshot's contents; returns once it is ready.
+    Clone {
+        #[command(flatten)]
+        c: Control,
+        /// The new volume's name.
+        name: String,
+        /// The volume the snapshot is of.
+        #[arg(long)]
+        from: String,
+        /// The snapshot's name.
+        #[arg(long)]
+        snapshot: String,
+    },
     /// Write bytes at an offset: DATA, or the file --file, or standard input.
     Write {
         #[command(flatten)]
@@ -115,6 +135,35 @@ enum VolumeOp {
         /// Bytes to read.
         #[arg(long, value_parser = parse_bytes)]
         len: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotOp {
+    /// Take a snapshot; returns once every chunk has it.
+    Create {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+        /// The snapshot's name (letters, digits, `.`, `_`, `-`; up to 64).
+        name: String,
+    },
+    /// A volume's snapshots.
+    List {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+    },
+    /// Delete a snapshot (its space is freed on every chunk).
+    Delete {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+        /// The snapshot.
+        name: String,
     },
 }
 
@@ -192,6 +241,10 @@ fn volume_json(v: &pb::VolumeInfo) -> serde_json::Value {
         "block_bytes": v.block_bytes,
         "state": v.state,
         "version": v.version,
+        "snapshots": v.snapshots.iter().map(snapshot_json).collect::<Vec<_>>(),
+        "snapshot_tag": v.snapshot_tag,
+        "source_volume": v.source_volume,
+        "source_snapshot": v.source_snapshot,
         "chunks": v.chunks.iter().map(|c| json!({
             "group": c.group,
             "replicas": c.replicas,
@@ -199,6 +252,17 @@ fn volume_json(v: &pb::VolumeInfo) -> serde_json::Value {
             "moving_to": c.moving_to,
         })).collect::<Vec<_>>(),
     })
+}
+
+fn snapshot_json(s: &pb::SnapshotInfo) -> serde_json::Value {
+    json!({"id": s.id, "name": s.name, "state": s.state})
+}
+
+fn print_snapshot(out: Output, volume: &str, s: &pb::SnapshotInfo) {
+    match out {
+        Output::Json => println!("{}", snapshot_json(s)),
+        Output::Table => println!("{volume}@{}	id {}	{}", s.name, s.id, s.state),
+    }
 }
 
 fn print_volume(out: Output, v: &pb::VolumeInfo, chunks: bool) {
@@ -215,6 +279,12 @@ fn print_volume(out: Output, v: &pb::VolumeInfo, chunks: bool) {
                 v.state,
                 v.version
             );
+            if !v.source_volume.is_empty() {
+                println!("  cloning from {}@{}", v.source_volume, v.source_snapshot);
+            }
+            for s in &v.snapshots {
+                println!("  snapshot {}	id {}	{}", s.name, s.id, s.state);
+            }
             if chunks {
                 for (i, c) in v.chunks.iter().enumerate() {
                     let mv = if c.moving_to != 0 {
@@ -266,6 +336,53 @@ fn run(
     })
 }
 
+async fn snapshot_op(op: SnapshotOp) -> Result<(), (u8, String)> {
+    match op {
+        SnapshotOp::Create { c, volume, name } => {
+            let req = pb::CreateSnapshotRequest {
+                volume: volume.clone(),
+                name,
+            };
+            let s = control(&c, |mut cl| {
+                let req = req.clone();
+                async move { cl.create_snapshot(req).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+            print_snapshot(c.output, &volume, &s);
+        }
+        SnapshotOp::List { c, volume } => {
+            let req = pb::VolumeName {
+                name: volume.clone(),
+            };
+            let v = control(&c, |mut cl| {
+                let req = req.clone();
+                async move { cl.stat_volume(req).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+            match c.output {
+                Output::Json => println!(
+                    "{}",
+                    json!(v.snapshots.iter().map(snapshot_json).collect::<Vec<_>>())
+                ),
+                Output::Table => {
+                    for s in &v.snapshots {
+                        print_snapshot(c.output, &volume, s);
+                    }
+                }
+            }
+        }
+        SnapshotOp::Delete { c, volume, name } => {
+            let req = pb::SnapshotName { volume, name };
+            control(&c, |mut cl| {
+                let req = req.clone();
+                async move { cl.delete_snapshot(req).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 async fn volume_op(op: VolumeOp) -> Result<ExitCode, (u8, String)> {
     match op {
         VolumeOp::Bench(a) => crate::volume_bench::run(a).await?,
@@ -291,6 +408,25 @@ async fn volume_op(op: VolumeOp) -> Result<ExitCode, (u8, String)> {
             let v = control(&c, |mut cl| {
                 let req = req.clone();
                 async move { cl.create_volume(req).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+            print_volume(c.output, &v, true);
+        }
+        VolumeOp::Snapshot { op } => snapshot_op(op).await?,
+        VolumeOp::Clone {
+            c,
+            name,
+            from,
+            snapshot,
+        } => {
+            let req = pb::CloneVolumeRequest {
+                name,
+                source_volume: from,
+                snapshot,
+            };
+            let v = control(&c, |mut cl| {
+                let req = req.clone();
+                async move { cl.clone_volume(req).await.map(|r| r.into_inner()) }
             })
             .await?;
             print_volume(c.output, &v, true);

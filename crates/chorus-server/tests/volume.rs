@@ -16,86 +16,14 @@ use chorus_client::{pb, VolumeClient, VolumeError};
 use tonic::Code;
 
 mod common;
-use common::{free_port, Server};
+#[path = "common/storage.rs"]
+mod storage;
+use storage::{Cluster, CHUNK};
 
-const CTRL: u64 = 1;
 const NODES: u64 = 5;
-const CHUNK: u64 = 1 << 20;
-
-struct Cluster {
-    nodes: Vec<Server>,
-    control: Vec<String>,
-    /// Metrics addresses of the control nodes.
-    metrics: Vec<String>,
-    _dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    /// Prints the end of every node's log (on a failure).
-    fn dump_logs(&self) {
-        for i in 1..=NODES {
-            let log = std::fs::read_to_string(self._dir.path().join(format!("n{i}.log")))
-                .unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(80).collect();
-            eprintln!(
-                "--- node {i} ---\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-    }
-}
 
 fn cluster() -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<[u16; 3]> = (0..NODES)
-        .map(|_| [free_port(), free_port(), free_port()])
-        .collect();
-    let control: Vec<String> = (0..3)
-        .map(|i| format!("127.0.0.1:{}", ports[i][0]))
-        .collect();
-    let endpoints = control
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut nodes = Vec::new();
-    for i in 1..=NODES {
-        let [api, repl, metrics] = ports[(i - 1) as usize];
-        let peers: String = (1..=NODES)
-            .filter(|j| *j != i)
-            .map(|j| format!("\"{j}\" = \"127.0.0.1:{}\"\n", ports[(j - 1) as usize][1]))
-            .collect();
-        let groups = if i <= 3 {
-            format!("[[groups]]\nid = {CTRL}\nvoters = [1, 2, 3]\n\n")
-        } else {
-            String::new()
-        };
-        let cfg = dir.path().join(format!("n{i}.toml"));
-        let mut f = std::fs::File::create(&cfg).unwrap();
-        write!(
-            f,
-            "node = {i}\ndata_dir = \"{}\"\nlisten = \"127.0.0.1:{repl}\"\napi_listen = \"127.0.0.1:{api}\"\n\
-             metrics_listen = \"127.0.0.1:{metrics}\"\n\
-             io_workers = 2\nlog_filter = \"info,chorus_server::ctrl=debug\"\n\n[peers]\n{peers}\n{groups}\
-             [out_of_order]\nelection_timeout_ms = 300\ncompact_bytes = 262144\n\n\
-             [control]\ngroup = {}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\n\
-             heartbeat_ms = 200\ndown_after_ms = 1500\nreplace_after_ms = 3000\nchunk_bytes = {CHUNK}\n",
-            dir.path().join(format!("n{i}")).display(),
-            if i <= 3 { CTRL } else { 0 },
-        )
-        .unwrap();
-        let mut n = Server::new(cfg, dir.path().join(format!("n{i}.log")));
-        n.start();
-        nodes.push(n);
-    }
-    Cluster {
-        nodes,
-        control,
-        metrics: (0..3)
-            .map(|i| format!("127.0.0.1:{}", ports[i][2]))
-            .collect(),
-        _dir: dir,
-    }
+    Cluster::start(NODES, 3000)
 }
 
 /// The control-plane metrics of the control node that leads (the one rendering

@@ -1,5 +1,5 @@
 //! The control leader's duties (PolarFS section 3.2.3): creating the chunk groups of new
-//! volumes, removing those of deleted ones, watching heartbeats, re-replicating the
+//! volumes (and filling clones, `super::snap`), finishing snapshots, removing those of deleted ones, watching heartbeats, re-replicating the
 //! chunks of a node that is drained or has been down for `replace_after_ms`, and
 //! rebalancing chunks onto new or returned nodes. They run on every
 //! control node and act only while it leads the control group; each step is idempotent
@@ -55,6 +55,7 @@ pub async fn run(c: std::sync::Weak<Controller>) {
                 tracing::debug!(volume = %name, error = %e, "control duty not done yet");
             }
         }
+        super::snap::drive(&c).await;
         rereplicate(&c).await;
     }
 }
@@ -335,8 +336,15 @@ pub async fn create_chunk_groups(c: &Arc<Controller>, name: &str) -> Result<(), 
 /// Creates volume `name`'s chunk groups and marks it ready (if it is being created).
 pub async fn finish_creating(c: &Arc<Controller>, name: &str) -> Result<(), Status> {
     create_chunk_groups(c, name).await?;
-    let creating = c.with_meta(|m| m.volume(name).map(|v| v.state == VolumeState::Creating));
-    if creating == Some(true) {
+    let (creating, clone) = c.with_meta(|m| match m.volume(name) {
+        Some(v) => (v.state == VolumeState::Creating, v.source.is_some()),
+        None => (false, false),
+    });
+    if creating && clone {
+        // A clone is ready once its source snapshot's blocks are copied in.
+        return super::snap::finish_clone(c, name).await;
+    }
+    if creating {
         match c
             .propose(Command::VolumeReady {
                 name: name.to_string(),

@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod duties;
 pub mod service;
+pub mod snap;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -453,9 +454,15 @@ pub fn meta_status(e: MetaError) -> Status {
     match e {
         MetaError::NoSuchVolume { .. }
         | MetaError::NoSuchNode { .. }
-        | MetaError::NoSuchChunk { .. } => Status::not_found(msg),
-        MetaError::VolumeExists { .. } => Status::already_exists(msg),
-        MetaError::WrongState { .. }
+        | MetaError::NoSuchChunk { .. }
+        | MetaError::NoSuchSnapshot { .. } => Status::not_found(msg),
+        MetaError::VolumeExists { .. } | MetaError::SnapshotExists { .. } => {
+            Status::already_exists(msg)
+        }
+        MetaError::SnapshotInProgress { .. }
+        | MetaError::SnapshotWrongState { .. }
+        | MetaError::SnapshotInUse { .. }
+        | MetaError::WrongState { .. }
         | MetaError::Moving { .. }
         | MetaError::NotMoving { .. }
         | MetaError::NodeRemoved { .. } => Status::failed_precondition(msg),
@@ -495,6 +502,24 @@ pub fn volume_info(m: &Meta, v: &Volume) -> pb::VolumeInfo {
             .filter_map(|id| m.node(id))
             .map(node_info)
             .collect(),
+        snapshots: v.snapshots.iter().map(snapshot_info).collect(),
+        snapshot_tag: m.snapshot_tag(&v.name),
+        source_volume: v.source.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+        source_snapshot: v
+            .source
+            .as_ref()
+            .and_then(|(sv, id)| m.volume(sv).and_then(|x| x.snapshot(*id)))
+            .map(|s| s.name.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// A snapshot as the Control service answers it.
+pub fn snapshot_info(s: &chorus_ctrl::Snapshot) -> pb::SnapshotInfo {
+    pb::SnapshotInfo {
+        id: s.id,
+        name: s.name.clone(),
+        state: s.state.to_string(),
     }
 }
 

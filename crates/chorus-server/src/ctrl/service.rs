@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use chorus_client::pb;
 use chorus_client::pb::control_server::Control;
-use chorus_ctrl::{place_chunks, Chunk, Command, NodeState};
+use chorus_ctrl::{place_chunks, Chunk, Command, NodeState, SnapshotState};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::{node_info, volume_info, Controller};
+use super::{node_info, snapshot_info, volume_info, Controller};
 
 /// The first chunk group id: chunk groups are numbered from 2^40 up, so that they never
 /// meet the groups an operator creates by hand (the control group among them).
@@ -304,6 +304,66 @@ impl Control for ControlService {
         Ok(Response::new(pb::Empty {}))
     }
 
+    async fn create_snapshot(
+        &self,
+        req: Request<pb::CreateSnapshotRequest>,
+    ) -> Result<Response<pb::SnapshotInfo>, Status> {
+        self.do_create_snapshot(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<pb::SnapshotName>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        let id = self.snapshot_id(&r.volume, &r.name)?;
+        self.c
+            .propose(Command::DeleteSnapshot {
+                volume: r.volume.clone(),
+                id,
+            })
+            .await?;
+        // The duties drop it from every chunk, then from the state; try once now.
+        let _ = super::snap::finish_snapshot_delete(&self.c, &r.volume, id).await;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn clone_volume(
+        &self,
+        req: Request<pb::CloneVolumeRequest>,
+    ) -> Result<Response<pb::VolumeInfo>, Status> {
+        let r = req.into_inner();
+        let id = self.snapshot_id(&r.source_volume, &r.snapshot)?;
+        self.c
+            .propose_with(|m| {
+                let v = m.volume(&r.source_volume).ok_or_else(|| {
+                    Status::not_found(format!("volume `{}` does not exist", r.source_volume))
+                })?;
+                let n = v.chunks.len() as u64;
+                Ok(Command::CloneVolume {
+                    name: r.name.clone(),
+                    source: r.source_volume.clone(),
+                    snapshot: id,
+                    chunks: self.place(m, n)?,
+                })
+            })
+            .await?;
+        let c = self.c.clone();
+        let name = r.name.clone();
+        Self::retry(&format!("clone `{name}`"), || {
+            let c = c.clone();
+            let name = name.clone();
+            async move { super::duties::finish_creating(&c, &name).await }
+        })
+        .await?;
+        self.c
+            .volume_info(&r.name)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("volume `{}` was deleted meanwhile", r.name)))
+    }
+
     type WatchVolumeStream = InfoStream;
 
     async fn watch_volume(
@@ -335,6 +395,82 @@ impl Control for ControlService {
             }
         });
         Ok(Response::new(s))
+    }
+}
+
+impl ControlService {
+    /// The id of snapshot `name` of `volume`, or NOT_FOUND naming what is missing.
+    fn snapshot_id(&self, volume: &str, name: &str) -> Result<u64, Status> {
+        self.c.with_meta(|m| {
+            let v = m
+                .volume(volume)
+                .ok_or_else(|| Status::not_found(format!("volume `{volume}` does not exist")))?;
+            v.snapshot_named(name).map(|s| s.id).ok_or_else(|| {
+                Status::not_found(format!("volume `{volume}` has no snapshot `{name}`"))
+            })
+        })
+    }
+
+    /// Waits (up to CREATE_WAIT) for `step` to succeed, retrying it.
+    async fn retry<F, Fut>(what: &str, mut step: F) -> Result<(), Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), Status>>,
+    {
+        let end = tokio::time::Instant::now() + CREATE_WAIT;
+        loop {
+            match step().await {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= end => {
+                    return Err(Status::unavailable(format!(
+                        "{what} is under way and not finished within {CREATE_WAIT:?} (the control plane goes on with it): {}",
+                        e.message()
+                    )))
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "{what}: retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn do_create_snapshot(
+        &self,
+        r: pb::CreateSnapshotRequest,
+    ) -> Result<pb::SnapshotInfo, Status> {
+        self.c
+            .propose(Command::CreateSnapshot {
+                volume: r.volume.clone(),
+                name: r.name.clone(),
+            })
+            .await?;
+        let id = self.snapshot_id(&r.volume, &r.name)?;
+        let c = self.c.clone();
+        let what = format!("snapshot `{}` of volume `{}`", r.name, r.volume);
+        Self::retry(&what, || {
+            let c = c.clone();
+            let v = r.volume.clone();
+            async move {
+                let done = c.with_meta(|m| {
+                    m.volume(&v)
+                        .and_then(|x| x.snapshot(id))
+                        .is_some_and(|s| s.state != SnapshotState::Creating)
+                });
+                if done {
+                    return Ok(());
+                }
+                super::snap::finish_snapshot(&c, &v, id).await
+            }
+        })
+        .await?;
+        self.c
+            .with_meta(|m| {
+                m.volume(&r.volume)
+                    .and_then(|v| v.snapshot(id))
+                    .map(snapshot_info)
+            })
+            .ok_or_else(|| Status::not_found(format!("{what} was deleted meanwhile")))
     }
 }
 

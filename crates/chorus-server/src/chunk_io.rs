@@ -1,0 +1,196 @@
+//! Chunk I/O at a chunk server beyond plain appends: leader reads, and chunk snapshots
+//! (PolarFS section 7.2).
+//!
+//! **Snapshots.** A chunk takes snapshot `id` when a barrier record
+//! (`chorus_chunk::op`) is committed in its group's log. The barrier declares the whole
+//! chunk, so ParallelRaft orders it after every earlier write and before every later
+//! one on every replica: each replica's snapshot holds exactly the writes of the slots
+//! below the barrier's. A write acknowledged before the barrier was appended is below
+//! it (a leader hands out slots in increasing order and a new leader's are above every
+//! committed one); a write appended after the barrier committed is above it. Barriers
+//! are appended here for two callers:
+//! - the control leader, for every chunk of a volume being snapshotted (`ChunkSnapshot`
+//!   TAKE), so chunks that see no writes take it too;
+//! - a tagged write (`AppendOutOfOrderRequest.snapshot`, the paper's snapshot tag): the
+//!   routing client tags writes it issues once it knows a snapshot is being taken, and
+//!   the leader appends the barrier before such a write if the chunk does not have the
+//!   snapshot yet, so no write issued after the snapshot began is in it.
+//!
+//! Taking a snapshot twice (two tagged writes racing, a retry after a leader change) logs
+//! two barriers; the chunk applies the first and ignores the rest.
+
+use std::time::Duration;
+
+use chorus_chunk::op::{encode_op, op_declared, ChunkOp};
+use chorus_core::replica::Role;
+use chorus_runtime::env::OooHandle;
+use chorus_runtime::Outcome;
+use tonic::Status;
+
+use crate::service::ooo_status;
+use crate::state_machines::GroupStateMachine;
+
+/// How long a leader read waits for its replica to apply what was committed when it
+/// arrived.
+const LEADER_READ_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until this replica, the serving leader of out-of-order group `group`, has
+/// applied every slot committed when the read arrived: then a read sees every write
+/// acknowledged before it began (a write is acknowledged only once a serving leader
+/// applied it, and a new leader serves only after deciding every slot an old one may
+/// have acknowledged). Elsewhere: FAILED_PRECONDITION with the leader hint.
+pub(crate) fn leader_read_barrier(g: &OooHandle, group: u64) -> Result<(), Status> {
+    let want = serving_leader(g, group, "a leader read goes to it")?.committed_head;
+    let deadline = std::time::Instant::now() + LEADER_READ_WAIT;
+    loop {
+        let st = g
+            .node()
+            .status()
+            .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
+        if st.role != Role::Leader {
+            return Err(Status::failed_precondition(format!(
+                "group {group}: stepped down during a leader read"
+            )));
+        }
+        if st.applied_head >= want {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Status::unavailable(format!(
+                "group {group}: applied up to slot {} within {LEADER_READ_WAIT:?}, not the {want} committed when the read arrived",
+                st.applied_head
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// This replica's status if it is the group's serving leader; FAILED_PRECONDITION
+/// naming the leader it knows (the `chorus-leader` trailer) otherwise. `why` says what
+/// needs the leader.
+fn serving_leader(
+    g: &OooHandle,
+    group: u64,
+    why: &str,
+) -> Result<chorus_runtime::ooo::OooStatus, Status> {
+    let st = g
+        .node()
+        .status()
+        .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
+    if st.role != Role::Leader || !st.serving {
+        let mut s =
+            Status::failed_precondition(format!("group {group}: not the serving leader ({why})"));
+        if let Some(v) = st.leader.and_then(|l| l.to_string().parse().ok()) {
+            s.metadata_mut().insert("chorus-leader", v);
+        }
+        return Err(s);
+    }
+    Ok(st)
+}
+
+/// The chunk store of a parallel group's state machine.
+fn store_of(sm: &GroupStateMachine, group: u64) -> Result<&chorus_chunk::ChunkStore, Status> {
+    sm.chunk_store().ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "group {group} is not a parallel-mode group: it holds no chunk"
+        ))
+    })
+}
+
+/// Takes (`take`) or drops snapshot `id` of the chunk group `group`, of which this node
+/// must be the serving leader: logs the barrier and waits until it is committed and
+/// applied here. Nothing is logged when the chunk already has it (take) or does not
+/// (drop).
+pub(crate) async fn snapshot_op(
+    g: &OooHandle,
+    sm: &GroupStateMachine,
+    group: u64,
+    id: u64,
+    take: bool,
+) -> Result<(), Status> {
+    if id == 0 {
+        return Err(Status::invalid_argument("snapshot id 0: ids start at 1"));
+    }
+    let store = store_of(sm, group)?;
+    // A deleted snapshot is never taken again (a late tagged write for it logs nothing).
+    let has = store.snapshots().contains(&id) || (take && store.deleted_snapshots().contains(&id));
+    if has == take {
+        return Ok(());
+    }
+    serving_leader(g, group, "snapshots are taken at the leader")?;
+    let op = if take {
+        ChunkOp::Snapshot(id)
+    } else {
+        ChunkOp::DeleteSnapshot(id)
+    };
+    let geometry = store.geometry();
+    let r = g
+        .node()
+        .submit(op_declared(geometry), encode_op(op))
+        .await
+        .map_err(|e| ooo_status(group, e))?;
+    if r.outcome != Outcome::Committed {
+        return Err(Status::aborted(format!(
+            "group {group}: the barrier of snapshot {id} failed (a leader change); retry"
+        )));
+    }
+    let g = g.clone();
+    tokio::task::spawn_blocking(move || leader_read_barrier(&g, group))
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+}
+
+/// The blocks snapshot `id` of the chunk holds data in, ascending.
+pub(crate) fn snapshot_blocks(
+    sm: &GroupStateMachine,
+    group: u64,
+    id: u64,
+) -> Result<Vec<u32>, Status> {
+    store_of(sm, group)?
+        .snapshot_blocks(id)
+        .map_err(|e| Status::not_found(format!("group {group}: {e}")))
+}
+
+/// Reads `count` 4 KiB blocks from `start` of snapshot `id` of the chunk.
+pub(crate) fn read_snapshot(
+    sm: &GroupStateMachine,
+    group: u64,
+    id: u64,
+    start: u64,
+    count: u64,
+) -> Result<Vec<u8>, Status> {
+    use crate::state_machines::{BLOCK, MAX_READ_BLOCKS};
+    let store = store_of(sm, group)?;
+    let sectors = store.geometry().sectors();
+    if count == 0 || count > MAX_READ_BLOCKS {
+        return Err(Status::invalid_argument(format!(
+            "count {count}: read 1 to {MAX_READ_BLOCKS} blocks per call"
+        )));
+    }
+    if start.checked_add(count).is_none_or(|e| e > sectors) {
+        return Err(Status::invalid_argument(format!(
+            "blocks {start}+{count} are past the chunk's {sectors} blocks"
+        )));
+    }
+    store
+        .read_snapshot(id, start * BLOCK, (count * BLOCK) as usize)
+        .map_err(|e| match e {
+            chorus_chunk::ChunkError::NoSnapshot { .. } => {
+                Status::not_found(format!("group {group}: {e}"))
+            }
+            e => Status::internal(format!("group {group}: {e}")),
+        })
+}
+
+/// Holds a tagged write until its chunk has taken snapshot `tag` (see the module docs).
+pub(crate) async fn before_tagged_write(
+    g: &OooHandle,
+    sm: &GroupStateMachine,
+    group: u64,
+    tag: u64,
+) -> Result<(), Status> {
+    if tag == 0 {
+        return Ok(());
+    }
+    snapshot_op(g, sm, group, tag, true).await
+}
