@@ -44,7 +44,9 @@ trap cleanup EXIT
 } > "$OUT/summary.txt"
 
 # fio JSON -> one line per point, in the same shape as `chorus volume bench -o json`.
-fio_point() { # system pattern bs depth file.json
+fio_point() { # system pattern bs depth file.json (kept as OUT/fio/SYSTEM-PATTERN-BS-DEPTH.json)
+  mkdir -p "$OUT/fio"
+  cp "$5" "$OUT/fio/$1-$2-$3-$4.json"
   python3 - "$@" <<'PY'
 import json, sys
 system, pattern, bs, depth, path = sys.argv[1:6]
@@ -52,10 +54,19 @@ j = json.load(open(path))["jobs"][0]
 side = j["write"] if "write" in pattern or pattern == "write" else j["read"]
 iops = side["iops"]
 clat = side.get("clat_ns", {}).get("percentile", {})
-lat = lambda q: int(clat.get(q, 0) / 1000)
+# With --fdatasync=1 fio times each write and its fdatasync apart (clat_ns excludes the
+# sync; "sync" holds the fdatasync latencies): an I/O's latency is the two added. The
+# p50 and p99 given are the sums of the two percentiles (a write and its sync are not
+# paired in fio's output); mean_us is exact.
+sync = j.get("sync", {})
+# (fio leaves sync.total_ios at 0; lat_ns.N counts the syncs.)
+sync_lat = sync.get("lat_ns", {}) if sync.get("lat_ns", {}).get("N", 0) else {}
+spct = sync_lat.get("percentile", {})
+lat = lambda q: int((clat.get(q, 0) + spct.get(q, 0)) / 1000)
+mean_us = (side.get("clat_ns", {}).get("mean", 0) + sync_lat.get("mean", 0)) / 1000
 print(json.dumps({"system": system, "pattern": pattern, "bs": int(bs), "depth": int(depth),
   "iops": iops, "mib_per_sec": side["bw_bytes"] / 2**20,
-  "p50_us": lat("50.000000"), "p99_us": lat("99.000000")}))
+  "p50_us": lat("50.000000"), "p99_us": lat("99.000000"), "mean_us": round(mean_us, 1)}))
 PY
 }
 

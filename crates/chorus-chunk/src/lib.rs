@@ -31,7 +31,7 @@ pub mod store;
 use std::path::PathBuf;
 
 pub use op::ChunkOp;
-pub use sm::ChunkStateMachine;
+pub use sm::{ChunkStateMachine, ScrubResult};
 pub use store::ChunkStore;
 
 /// Bytes per sector: the unit of a write, and of a parallel group's declared blocks.

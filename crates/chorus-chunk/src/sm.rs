@@ -34,9 +34,10 @@
 //! replica on this node: whoever appends to a chunk's group must split I/O at chunk
 //! boundaries first (the volume layer does).
 
+use std::collections::VecDeque;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use chorus_core::ooo::group::Record;
 use chorus_core::ooo::parallel::BlockRange;
@@ -45,13 +46,32 @@ use chorus_runtime::ooo::OooStateMachine;
 use chorus_storage::fs::FileSystem;
 
 use crate::image::{self, Part};
-use crate::op::{decode_op, whole_chunk, ChunkOp};
+use crate::op::{decode_op, scrub_range, whole_chunk, ChunkOp, SCRUB_PIECE};
 use crate::{ChunkError, ChunkStore, Geometry, SECTOR};
 
 /// A chunk replica applied from its group's log. See the module docs.
 #[derive(Debug)]
 pub struct ChunkStateMachine {
     store: ChunkStore,
+    /// The last [`SCRUBS_KEPT`] scrub points applied here, oldest first (memory only: a
+    /// restarted replica replays the ones above its checkpoint, and the control plane
+    /// asks again for any it cannot find).
+    scrubs: Mutex<VecDeque<ScrubResult>>,
+}
+
+/// Scrub results kept per replica.
+const SCRUBS_KEPT: usize = 64;
+
+/// What a replica found at a scrub point: the CRC32C of each piece checked, in the
+/// order of its pieces, computed when the scrub record was applied (PolarFS section 7.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScrubResult {
+    /// The scrub record's id.
+    pub id: u64,
+    /// The first piece checked ([`crate::op::SCRUB_PIECE`] bytes each).
+    pub first: u64,
+    /// One checksum per piece, from `first` on.
+    pub crcs: Vec<u32>,
 }
 
 fn invalid(detail: String) -> io::Error {
@@ -89,12 +109,37 @@ impl ChunkStateMachine {
     ) -> Result<Self, ChunkError> {
         Ok(Self {
             store: ChunkStore::open(fs, dir, geometry)?,
+            scrubs: Mutex::new(VecDeque::new()),
         })
     }
 
     /// The chunk's store, for reads.
     pub fn store(&self) -> &ChunkStore {
         &self.store
+    }
+
+    /// What this replica found at scrub point `id`, if it applied it (and it is among
+    /// the last ones kept).
+    pub fn scrub_result(&self, id: u64) -> Option<ScrubResult> {
+        let scrubs = self.scrubs.lock().unwrap_or_else(|p| p.into_inner());
+        scrubs.iter().rev().find(|r| r.id == id).cloned()
+    }
+
+    /// Checksums pieces `first..first + count` as they are now, and keeps the result.
+    fn scrub(&self, id: u64, first: u64, count: u64) -> Result<(), ChunkError> {
+        let chunk_bytes = self.store.geometry().chunk_bytes;
+        let mut crcs = Vec::with_capacity(count as usize);
+        for p in first..first + count {
+            let at = p * SCRUB_PIECE;
+            let len = SCRUB_PIECE.min(chunk_bytes - at);
+            crcs.push(crc32c::crc32c(&self.store.read(at, len as usize)?));
+        }
+        let mut scrubs = self.scrubs.lock().unwrap_or_else(|p| p.into_inner());
+        if scrubs.len() == SCRUBS_KEPT {
+            scrubs.pop_front();
+        }
+        scrubs.push_back(ScrubResult { id, first, crcs });
+        Ok(())
     }
 }
 
@@ -108,6 +153,16 @@ impl OooStateMachine for ChunkStateMachine {
             };
             if let Some(op) = decode_op(&rec.data) {
                 let op = op.map_err(to_io)?;
+                if let ChunkOp::Scrub(id) = op {
+                    let Some((first, count)) = scrub_range(self.store.geometry(), ranges) else {
+                        return Err(invalid(format!(
+                            "chunk: slot {slot} record {i}: scrub {id} declares {ranges:?}, not \
+                             one range of whole {SCRUB_PIECE}-byte pieces"
+                        )));
+                    };
+                    self.scrub(id, first, count).map_err(to_io)?;
+                    continue;
+                }
                 let whole = whole_chunk(self.store.geometry());
                 if ranges.as_slice() != [whole] {
                     return Err(invalid(format!(
@@ -118,6 +173,8 @@ impl OooStateMachine for ChunkStateMachine {
                 match op {
                     ChunkOp::Snapshot(id) => self.store.snapshot(id),
                     ChunkOp::DeleteSnapshot(id) => self.store.delete_snapshot(id),
+                    // Applied above; nothing reaches here.
+                    ChunkOp::Scrub(_) => Ok(false),
                 }
                 .map_err(to_io)?;
                 continue;

@@ -335,7 +335,23 @@ impl VolumeClient {
         .await
         .map_err(VolumeError::Control)?;
         match r {
-            Ok(info) => VolumeMap::from_info(info),
+            Ok(info) => {
+                // Any control node answers from the state it has applied, which may lag:
+                // the latest map the others offer wins.
+                let mut best = VolumeMap::from_info(info)?;
+                for ep in control {
+                    let Ok(ch) = connect(ep, Duration::from_secs(2)).await else {
+                        continue;
+                    };
+                    let r = ControlClient::new(ch).stat_volume(req.clone()).await;
+                    if let Ok(Ok(m)) = r.map(|r| VolumeMap::from_info(r.into_inner())) {
+                        if newer(&m, &best) {
+                            best = m;
+                        }
+                    }
+                }
+                Ok(best)
+            }
             Err(s) if s.code() == Code::NotFound => Err(VolumeError::NoSuchVolume(name.into())),
             Err(s) => Err(VolumeError::Control(format!(
                 "{:?}: {}",
@@ -753,10 +769,27 @@ impl VolumeClient {
     }
 }
 
+/// Where a volume's lifecycle state is: it only moves forward (creating, ready,
+/// deleting), and a state change need not bump the map's version.
+fn state_rank(state: &str) -> u8 {
+    match state {
+        "creating" => 0,
+        "ready" => 1,
+        _ => 2,
+    }
+}
+
+/// Whether `m` is a later map than `cur`: a higher version, or the same version in a later
+/// state. A control node that has not yet applied the latest changes (it answers from
+/// the state it has applied) can only offer an older map, which is never installed.
+fn newer(m: &VolumeMap, cur: &VolumeMap) -> bool {
+    (m.version, state_rank(&m.state)) > (cur.version, state_rank(&cur.state))
+}
+
 /// Installs `m` if it is newer than the cached map.
 fn install(shared: &Shared, m: VolumeMap) {
     let mut cur = shared.map.lock().unwrap_or_else(|p| p.into_inner());
-    if m.version > cur.version || (m.version == cur.version && m.state != cur.state) {
+    if newer(&m, &cur) {
         *cur = m;
         shared
             .refreshes

@@ -194,3 +194,52 @@ pub(crate) async fn before_tagged_write(
     }
     snapshot_op(g, sm, group, tag, true).await
 }
+
+/// Logs scrub point `id` over pieces `first..first + count` of chunk group `group`, of
+/// which this node must be the serving leader; answers once it is committed.
+pub(crate) async fn scrub_start(
+    g: &OooHandle,
+    sm: &GroupStateMachine,
+    group: u64,
+    id: u64,
+    first: u64,
+    count: u64,
+) -> Result<(), Status> {
+    if id == 0 {
+        return Err(Status::invalid_argument("scrub id 0: ids start at 1"));
+    }
+    let geometry = store_of(sm, group)?.geometry();
+    let declared = chorus_chunk::op::scrub_declared(geometry, first, count)
+        .map_err(|e| Status::invalid_argument(format!("group {group}: scrub: {e}")))?;
+    serving_leader(g, group, "scrub points are logged at the leader")?;
+    let r = g
+        .node()
+        .submit(declared, encode_op(ChunkOp::Scrub(id)))
+        .await
+        .map_err(|e| ooo_status(group, e))?;
+    if r.outcome != Outcome::Committed {
+        return Err(Status::aborted(format!(
+            "group {group}: scrub point {id} failed (a leader change); retry"
+        )));
+    }
+    Ok(())
+}
+
+/// This replica's checksums at scrub point `id`: `(first piece, crcs, pieces in the
+/// chunk)`.
+pub(crate) fn scrub_result(
+    sm: &GroupStateMachine,
+    group: u64,
+    id: u64,
+) -> Result<(u64, Vec<u32>, u64), Status> {
+    let pieces = chorus_chunk::op::scrub_pieces(store_of(sm, group)?.geometry());
+    let r = sm
+        .chunk_sm()
+        .and_then(|c| c.scrub_result(id))
+        .ok_or_else(|| {
+            Status::not_found(format!(
+                "group {group}: scrub point {id} not applied on this replica (yet)"
+            ))
+        })?;
+    Ok((r.first, r.crcs, pieces))
+}

@@ -160,6 +160,9 @@ pub struct ControlSection {
     pub replace_after_ms: u64,
     /// Chunk size of a volume created without one (the paper's 10 GiB).
     pub chunk_bytes: u64,
+    /// Control nodes: how many bytes of chunks per second the scrubber compares across
+    /// replicas (PolarFS section 7.3; 0: no scrubbing).
+    pub scrub_bytes_per_sec: u64,
 }
 
 impl Default for ControlSection {
@@ -173,6 +176,7 @@ impl Default for ControlSection {
             down_after_ms: 5000,
             replace_after_ms: 60_000,
             chunk_bytes: chorus_chunk::DEFAULT_CHUNK_BYTES,
+            scrub_bytes_per_sec: 16 << 20,
         }
     }
 }

@@ -1247,6 +1247,33 @@ impl pb::chorus_server::Chorus for Service {
         }))
     }
 
+    async fn chunk_scrub(
+        &self,
+        req: Request<pb::ChunkScrubRequest>,
+    ) -> Result<Response<pb::ChunkScrubResponse>, Status> {
+        use pb::chunk_scrub_request::Action;
+        let r = req.into_inner();
+        let (g, sm) = self.out_of_order(r.group, "ChunkScrub")?;
+        match Action::try_from(r.action) {
+            Ok(Action::Start) => {
+                chunk_io::scrub_start(&g, &sm, r.group, r.id, r.first, r.count).await?;
+                Ok(Response::new(pb::ChunkScrubResponse::default()))
+            }
+            Ok(Action::Result) => {
+                let (first, crcs, pieces) = chunk_io::scrub_result(&sm, r.group, r.id)?;
+                Ok(Response::new(pb::ChunkScrubResponse {
+                    first,
+                    crcs,
+                    pieces,
+                }))
+            }
+            _ => Err(Status::invalid_argument(format!(
+                "action {}: START or RESULT",
+                r.action
+            ))),
+        }
+    }
+
     async fn read_out_of_order(
         &self,
         req: Request<pb::ReadOutOfOrderRequest>,

@@ -141,6 +141,14 @@ impl GroupStateMachine {
         })
     }
 
+    /// The chunk replica's state machine (parallel groups).
+    pub fn chunk_sm(&self) -> Option<&ChunkStateMachine> {
+        match &self.kind {
+            Kind::Chunk(c) => Some(c),
+            Kind::Kv(_) => None,
+        }
+    }
+
     /// The chunk replica's store (parallel groups).
     pub fn chunk_store(&self) -> Option<&chorus_chunk::ChunkStore> {
         match &self.kind {

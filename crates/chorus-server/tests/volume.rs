@@ -7,7 +7,6 @@
 //! lost); the volume grows and is deleted; bad input is refused by name; the CLI writes
 //! and reads a volume.
 
-use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,28 +17,12 @@ use tonic::Code;
 mod common;
 #[path = "common/storage.rs"]
 mod storage;
-use storage::{Cluster, CHUNK};
+use storage::{leader_metrics, Cluster, CHUNK};
 
 const NODES: u64 = 5;
 
 fn cluster() -> Cluster {
     Cluster::start(NODES, 3000)
-}
-
-/// The control-plane metrics of the control node that leads (the one rendering
-/// `chorus_control_leader 1`), if one does.
-fn leader_metrics(metrics: &[String]) -> Option<String> {
-    use std::io::Read;
-    metrics.iter().find_map(|addr| {
-        let mut s = std::net::TcpStream::connect(addr).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.lines()
-            .any(|l| l == "chorus_control_leader 1")
-            .then_some(text)
-    })
 }
 
 async fn list_nodes(control: &[String]) -> Option<pb::ListNodesResponse> {
@@ -431,6 +414,22 @@ async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
         ])
         .output()
         .unwrap();
+    if !out.status.success() {
+        for e in &c.control {
+            let r = on_control(
+                std::slice::from_ref(e),
+                Duration::from_secs(2),
+                |mut cl| async move {
+                    cl.stat_volume(pb::VolumeName { name: "db".into() })
+                        .await
+                        .map(|r| r.into_inner())
+                },
+            )
+            .await;
+            eprintln!("{e}: {:?}", r.map(|r| r.map(|v| (v.state, v.version))));
+        }
+        c.dump_logs();
+    }
     assert!(
         out.status.success(),
         "{}",
@@ -513,6 +512,50 @@ async fn a_volume_is_placed_written_read_and_survives_a_chunk_server_kill() {
         "{text}"
     );
     eprintln!("control leader finished {finished} moves");
+
+    // Leader balancing: every chunk ends up led by its preferred leader (its first
+    // replica), and preferred leaderships are spread over the live nodes.
+    let end = Instant::now() + Duration::from_secs(40);
+    loop {
+        let m = VolumeClient::open(c.control.clone(), "db")
+            .await
+            .unwrap()
+            .map();
+        let mut st =
+            chorus_client::Client::new(m.addrs.values().map(|a| format!("http://{a}")).collect());
+        let mut led = std::collections::BTreeMap::new();
+        for (_, r) in st.status_all(0).await {
+            if let Ok(s) = r {
+                for g in s.groups {
+                    if g.role == "leader" && g.serving {
+                        led.insert(g.group, s.node);
+                    }
+                }
+            }
+        }
+        let mut per = std::collections::BTreeMap::<u64, usize>::new();
+        for ch in &m.chunks {
+            *per.entry(ch.replicas[0]).or_default() += 1;
+        }
+        let on_preferred = m
+            .chunks
+            .iter()
+            .all(|ch| led.get(&ch.group) == Some(&ch.replicas[0]));
+        // Five chunks over the live nodes: nobody prefers more than two.
+        if on_preferred && per.values().all(|&n| n <= 2) {
+            break;
+        }
+        if Instant::now() >= end {
+            c.dump_logs();
+            panic!("leaders not balanced: led {led:?}, preferred per node {per:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let text = leader_metrics(&c.metrics).expect("a control leader renders its metrics");
+    assert!(
+        text.contains("chorus_control_leader_transfers_total"),
+        "{text}"
+    );
 
     // Delete: refused I/O, then gone.
     let req = pb::VolumeName { name: "db".into() };

@@ -21,7 +21,9 @@ const PERIOD: Duration = Duration::from_millis(500);
 /// Runs the duties until the controller is dropped.
 pub async fn run(c: std::sync::Weak<Controller>) {
     let mut leading = false;
+    let mut round = 0u64;
     loop {
+        round += 1;
         tokio::time::sleep(PERIOD).await;
         let Some(c) = c.upgrade() else { return };
         if !c.is_leader() {
@@ -57,6 +59,10 @@ pub async fn run(c: std::sync::Weak<Controller>) {
         }
         super::snap::drive(&c).await;
         rereplicate(&c).await;
+        super::scrub::turn(&c).await;
+        if round.is_multiple_of(super::balance::EVERY) {
+            super::balance::balance_leaders(&c).await;
+        }
     }
 }
 

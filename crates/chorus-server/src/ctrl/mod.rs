@@ -18,7 +18,9 @@
 //! routing clients' cached maps while no control leader serves (section 3.2.3).
 
 pub mod agent;
+pub mod balance;
 pub mod duties;
+pub mod scrub;
 pub mod service;
 pub mod snap;
 
@@ -69,6 +71,21 @@ pub struct Controller {
     pub moves_started: std::sync::atomic::AtomicU64,
     /// See `moves_started`.
     pub moves_finished: std::sync::atomic::AtomicU64,
+    /// Chunk leaderships handed to their preferred leaders while leading (the metrics).
+    pub leader_transfers: std::sync::atomic::AtomicU64,
+    /// Where the scrubber goes on from (meaningful while leading).
+    pub scrub_cursor: Mutex<scrub::Cursor>,
+    /// Makes scrub point ids unique within a millisecond.
+    pub scrub_seq: std::sync::atomic::AtomicU64,
+    /// Scrub counters while leading: bytes compared (over every replica), chunks
+    /// finished, replicas found disagreeing with their majority, repairs started.
+    pub scrub_bytes: std::sync::atomic::AtomicU64,
+    /// See `scrub_bytes`.
+    pub scrub_chunks: std::sync::atomic::AtomicU64,
+    /// See `scrub_bytes`.
+    pub scrub_mismatches: std::sync::atomic::AtomicU64,
+    /// See `scrub_bytes`.
+    pub scrub_repairs: std::sync::atomic::AtomicU64,
     /// The replay thread and its stop flag.
     replayer: Mutex<
         Option<(
@@ -104,6 +121,13 @@ impl Controller {
             changed: watch::channel(0).0,
             moves_started: 0.into(),
             moves_finished: 0.into(),
+            leader_transfers: 0.into(),
+            scrub_cursor: Mutex::new(scrub::Cursor::default()),
+            scrub_seq: 0.into(),
+            scrub_bytes: 0.into(),
+            scrub_chunks: 0.into(),
+            scrub_mismatches: 0.into(),
+            scrub_repairs: 0.into(),
             replayer: Mutex::new(None),
         });
         // The replay follows the reader's position, not only its records: the committed
@@ -442,6 +466,53 @@ impl Controller {
             o,
             "chorus_control_moves_total{{event=\"finished\"}} {}",
             self.moves_finished
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        family(&mut o, "chorus_control_scrub_bytes_total", "counter", "Chunk bytes compared across replicas by the scrubber (each replica's copy counted) while this node led");
+        let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(
+            o,
+            "chorus_control_scrub_bytes_total {}",
+            ld(&self.scrub_bytes)
+        );
+        family(
+            &mut o,
+            "chorus_control_scrub_chunks_total",
+            "counter",
+            "Chunks the scrubber finished a pass over",
+        );
+        let _ = writeln!(
+            o,
+            "chorus_control_scrub_chunks_total {}",
+            ld(&self.scrub_chunks)
+        );
+        family(
+            &mut o,
+            "chorus_control_scrub_mismatches_total",
+            "counter",
+            "Chunk replicas the scrubber found disagreeing with their majority",
+        );
+        let _ = writeln!(
+            o,
+            "chorus_control_scrub_mismatches_total {}",
+            ld(&self.scrub_mismatches)
+        );
+        family(
+            &mut o,
+            "chorus_control_scrub_repairs_total",
+            "counter",
+            "Damaged chunk replicas the scrubber started rebuilding elsewhere",
+        );
+        let _ = writeln!(
+            o,
+            "chorus_control_scrub_repairs_total {}",
+            ld(&self.scrub_repairs)
+        );
+        family(&mut o, "chorus_control_leader_transfers_total", "counter", "Chunk leaderships this node handed to their preferred leaders while leading (leader balancing)");
+        let _ = writeln!(
+            o,
+            "chorus_control_leader_transfers_total {}",
+            self.leader_transfers
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
         o

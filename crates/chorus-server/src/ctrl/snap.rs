@@ -41,7 +41,7 @@ const ROUNDS: usize = 20;
 const COPY_SECTORS: u64 = 256;
 
 /// Connects to a chunk server's client API.
-async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status> {
+pub(super) async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -58,7 +58,7 @@ async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status> {
 }
 
 /// A chunk's replicas' client addresses, the first (preferred leader) first.
-fn chunk_addrs(c: &Controller, replicas: &[u64]) -> Vec<String> {
+pub(super) fn chunk_addrs(c: &Controller, replicas: &[u64]) -> Vec<String> {
     c.with_meta(|m| {
         replicas
             .iter()
@@ -70,7 +70,11 @@ fn chunk_addrs(c: &Controller, replicas: &[u64]) -> Vec<String> {
 /// Calls `f` at the replica of the chunk that accepts it (its serving leader): tries
 /// each replica in turn, a few rounds, skipping those that say they do not lead or
 /// cannot be reached. Returns the answer and the address that gave it.
-async fn at_leader<T, F, Fut>(addrs: &[String], group: u64, mut f: F) -> Result<(T, String), Status>
+pub(super) async fn at_leader<T, F, Fut>(
+    addrs: &[String],
+    group: u64,
+    mut f: F,
+) -> Result<(T, String), Status>
 where
     F: FnMut(ChorusClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,

@@ -94,3 +94,19 @@ impl Cluster {
         }
     }
 }
+
+/// The control-plane metrics of the control node that leads (the one rendering
+/// `chorus_control_leader 1`), if one does.
+pub fn leader_metrics(metrics: &[String]) -> Option<String> {
+    use std::io::Read;
+    metrics.iter().find_map(|addr| {
+        let mut s = std::net::TcpStream::connect(addr).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.lines()
+            .any(|l| l == "chorus_control_leader 1")
+            .then_some(text)
+    })
+}
