@@ -12,13 +12,17 @@
 # Workloads: 4 KiB random write and read, 128 KiB and 1 MiB sequential write, at each
 # depth. Results: one JSON line per point in OUT/*.jsonl and a table in OUT/summary.txt.
 #
-#   bench/volume.sh [OUT]        (env: SECS=10 DEPTHS=1,4,16,32 SIZE=2G)
+#   bench/volume.sh [OUT]        (env: SECS=10 DEPTHS=1,4,16,32 SIZE=2G SYSTEMS="chorus ext4 gluster"
+#                                       SCRUB=16M: the chorus cluster's scrub rate, 0 for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/$(date +%F)-volume}
 SECS=${SECS:-10}
 DEPTHS=${DEPTHS:-1,4,16,32}
 SIZE=${SIZE:-2G}
+SYSTEMS=${SYSTEMS:-chorus ext4 gluster}
+SCRUB=${SCRUB:-16M}
+want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 command -v fio >/dev/null || { echo "fio is needed (apt-get install fio)"; exit 2; }
 cargo build --release -q -p chorus-server
@@ -40,7 +44,7 @@ cleanup() {
 trap cleanup EXIT
 {
   echo "commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores"
-  echo "secs per point $SECS, depths $DEPTHS, size $SIZE"
+  echo "secs per point $SECS, depths $DEPTHS, size $SIZE, systems $SYSTEMS, chorus scrub rate $SCRUB"
 } > "$OUT/summary.txt"
 
 # fio JSON -> one line per point, in the same shape as `chorus volume bench -o json`.
@@ -76,7 +80,8 @@ size_bytes() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G'
 WORKLOADS="randwrite:4K randread:4K write:128K write:1M"
 
 # --- chorus ---
-"$BIN" dev --dir "$WORK/dev" --storage --nodes 3 --base-port $PORT --detach > "$OUT/chorus-dev.txt"
+if want chorus; then
+"$BIN" dev --dir "$WORK/dev" --storage --nodes 3 --base-port $PORT --scrub-rate "$SCRUB" --detach > "$OUT/chorus-dev.txt"
 "$BIN" volume create bench --size "$SIZE" --chunk-size 1G --control "$CTL" >> "$OUT/chorus-dev.txt"
 for w in $WORKLOADS; do
   p=${w%%:*}; bs=${w##*:}
@@ -88,8 +93,10 @@ for w in $WORKLOADS; do
       --control "$CTL" -o json | sed 's/^{/{"system":"chorus",/' >> "$OUT/points.jsonl"
 done
 kill $(cat "$WORK/dev/pids"); rm -f "$WORK/dev/pids"
+fi
 
 # --- ext4 ---
+if want ext4; then
 F=$WORK/ext4.file
 fallocate -l "$SIZE" "$F"
 for w in $WORKLOADS; do
@@ -108,9 +115,10 @@ for w in $WORKLOADS; do
   done
 done
 rm -f "$F"
+fi
 
 # --- GlusterFS replica 3 ---
-if command -v glusterd >/dev/null; then
+if want gluster && command -v glusterd >/dev/null; then
   if ! pgrep -x glusterd >/dev/null; then
     glusterd
     sleep 2

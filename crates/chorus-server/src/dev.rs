@@ -42,6 +42,10 @@ pub struct DevArgs {
     /// of 64 MiB). Use with `--nodes 5` to have room to re-replicate.
     #[arg(long, conflicts_with = "mode")]
     pub storage: bool,
+    /// With --storage: bytes per second the scrubber compares across replicas (`[control]
+    /// scrub_bytes_per_sec`; 0 turns scrubbing off).
+    #[arg(long, requires = "storage", value_parser = crate::volume_cli::parse_bytes)]
+    pub scrub_rate: Option<u64>,
 }
 
 /// Group 1's mode in `chorus dev`.
@@ -96,6 +100,9 @@ fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
                 endpoints: (1..=a.nodes.min(3)).map(|j| p(0, j)).collect(),
                 rack: format!("rack{i}"),
                 chunk_bytes: 64 << 20,
+                scrub_bytes_per_sec: a
+                    .scrub_rate
+                    .unwrap_or(crate::config::ControlSection::default().scrub_bytes_per_sec),
                 ..Default::default()
             }
         } else {
