@@ -227,15 +227,46 @@ async fn drive_move(
             s.groups
                 .iter()
                 .find(|g| g.group == group && g.role == "leader" && g.serving)
-                .map(|g| (s.node, g.voters.clone(), g.prev_voters.clone()))
+                .map(|g| {
+                    (
+                        s.node,
+                        g.voters.clone(),
+                        g.prev_voters.clone(),
+                        g.committed_seq,
+                    )
+                })
         });
-    let Some((lnode, voters, prev)) = leader else {
+    let Some((lnode, voters, prev, committed)) = leader else {
         return Err(Status::unavailable(format!(
             "chunk group {group} has no serving leader"
         )));
     };
-    // c. Done: finish it in the state, and drop the old replica if it is up.
+    // c. Done once the change is and the new replica has caught up (applied all the
+    //    leader had committed): only then is the move finished in the state and the old
+    //    replica dropped (if it is up), so the chunk never has fewer complete copies
+    //    than it had, not only a majority (PolarFS section 3.2.3: catch up, then
+    //    remove).
     if prev.is_empty() && voters.contains(&to) && !voters.contains(&from) {
+        let mut nc = Client::new(vec![target.client_addr.clone()]);
+        nc.call_timeout = Duration::from_secs(5);
+        let applied = nc
+            .status_all(group)
+            .await
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .flat_map(|s| s.groups)
+            .find(|g| g.group == group)
+            .map_or(0, |g| g.applied_seq);
+        if applied < committed {
+            tracing::debug!(
+                group,
+                to,
+                applied,
+                committed,
+                "new replica still catching up"
+            );
+            return Ok(());
+        }
         c.propose(Command::FinishMove { group, from, to }).await?;
         c.moves_finished
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
