@@ -1,9 +1,11 @@
-//! Scrubbing through real processes (PolarFS section 7.3): four `chorus server`s, a
-//! volume of two chunks written through the routing client; one follower replica's data
-//! file is damaged on disk behind the server's back. The control plane's scrubber finds
-//! the replica that disagrees with its majority (its counters say so), rebuilds it on
-//! the spare node from the majority, and every replica of the chunk then holds the
-//! bytes that were written; reads never saw the damage.
+//! Scrubbing, and the control plane's leader killed, through real processes (PolarFS
+//! sections 7.3 and 3.2.3): five `chorus server`s, a volume of two chunks written
+//! through the routing client. The control group's leader is killed with SIGKILL: I/O
+//! goes on through the cached map, and the control duties resume on a new leader. Then
+//! one follower replica's data file is damaged on disk behind its server's back: the new
+//! control leader's scrubber finds the replica that disagrees with its majority (its
+//! counters say so) and rebuilds it on another node from the majority; every replica of
+//! the chunk then holds the bytes that were written, and reads never saw the damage.
 
 use std::time::{Duration, Instant};
 
@@ -13,17 +15,10 @@ use chorus_client::{pb, VolumeClient};
 mod common;
 #[path = "common/storage.rs"]
 mod storage;
-use storage::{leader_metrics, Cluster, CHUNK};
+use storage::{control_counter, leader_metrics, Cluster, CHUNK};
 
-const NODES: u64 = 4;
+const NODES: u64 = 5;
 const SIZE: u64 = 2 * CHUNK;
-
-fn counter(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 /// The chunk data files under a node's data directory for chunk group `group`.
 fn data_files(c: &Cluster, node: u64, group: u64) -> Vec<std::path::PathBuf> {
@@ -42,7 +37,7 @@ fn data_files(c: &Cluster, node: u64, group: u64) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority() {
-    let c = Cluster::start(NODES, 600_000);
+    let mut c = Cluster::start(NODES, 600_000);
     // Create once every node is registered (placement needs three live nodes).
     let end = Instant::now() + Duration::from_secs(60);
     let info = loop {
@@ -69,9 +64,48 @@ async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority(
         }
     };
     let v = VolumeClient::open(c.control.clone(), "db").await.unwrap();
-    let model: Vec<u8> = (0..SIZE).map(|i| (i * 7 % 251) as u8).collect();
+    let mut model: Vec<u8> = (0..SIZE).map(|i| (i * 7 % 251) as u8).collect();
     v.write(0, &model).await.expect("write the volume");
     assert!(v.read(0, SIZE).await.unwrap() == model);
+
+    // Kill the control group's leader: I/O goes on through the cached map.
+    let ctl_leader = on_control(&c.control, Duration::from_secs(30), |mut cl| async move {
+        cl.list_nodes(pb::Empty {})
+            .await
+            .map(|r| r.into_inner().leader)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!((1..=3).contains(&ctl_leader), "control leader {ctl_leader}");
+    c.nodes[(ctl_leader - 1) as usize].kill9();
+    for i in 0..8u64 {
+        let off = i * 200_000;
+        let data = vec![i as u8 + 1; 70_000];
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            match v.write(off, &data).await {
+                Ok(()) => break,
+                // The killed node led this chunk: its outcome is unknown; write it again.
+                Err(e) if Instant::now() < end => {
+                    eprintln!("write at {off}: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("write at {off}: {e}"),
+            }
+        }
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+    }
+    assert!(v.read(0, SIZE).await.unwrap() == model);
+    // A new control leader serves (and renders its metrics).
+    let end = Instant::now() + Duration::from_secs(30);
+    while leader_metrics(&c.metrics).is_none() {
+        assert!(Instant::now() < end, "no new control leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The old leader comes back as a follower (so every chunk has its three replicas for
+    // the scrubber's majority).
+    c.nodes[(ctl_leader - 1) as usize].start();
 
     // Damage a follower of chunk 0 (its leader serves the reads).
     let group = info.chunks[0].group;
@@ -96,10 +130,34 @@ async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority(
     let victim = *info.chunks[0]
         .replicas
         .iter()
-        .find(|n| **n != leader)
+        .find(|n| **n != leader && **n != ctl_leader)
         .unwrap();
-    let before = leader_metrics(&c.metrics)
-        .map_or(0, |t| counter(&t, "chorus_control_scrub_mismatches_total"));
+    // The damage must outlive the victim's apply: wait until it has applied everything
+    // the leader committed (a write applied after the damage would overwrite it).
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut applied = 0;
+        let mut committed = u64::MAX;
+        for (_, r) in st.status_all(group).await {
+            let Ok(s) = r else { continue };
+            for g in s.groups.iter().filter(|g| g.group == group) {
+                if s.node == victim {
+                    applied = g.applied_seq;
+                }
+                if g.role == "leader" {
+                    committed = g.committed_seq;
+                }
+            }
+        }
+        if applied >= committed {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "node {victim} never applied up to {committed}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let files = data_files(&c, victim, group);
     assert_eq!(files.len(), 1, "one data file: {files:?}");
     let mut bytes = std::fs::read(&files[0]).unwrap();
@@ -126,16 +184,15 @@ async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority(
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    let text = leader_metrics(&c.metrics).expect("a control leader renders its metrics");
+    // Counted by whichever control node led when it found it (summed over the control
+    // nodes: the damage was made after the restart, so no count was lost with it).
+    let found = control_counter(&c.metrics, "chorus_control_scrub_mismatches_total");
+    let repairs = control_counter(&c.metrics, "chorus_control_scrub_repairs_total");
     assert!(
-        counter(&text, "chorus_control_scrub_mismatches_total") > before
-            || counter(&text, "chorus_control_scrub_repairs_total") >= 1,
-        "{text}"
+        found >= 1 && repairs >= 1,
+        "mismatches {found}, repairs {repairs}"
     );
-    assert!(
-        counter(&text, "chorus_control_scrub_bytes_total") > 0,
-        "{text}"
-    );
+    assert!(control_counter(&c.metrics, "chorus_control_scrub_bytes_total") > 0);
 
     // Every replica of the chunk, the rebuilt one included, holds what was written.
     let addrs: std::collections::BTreeMap<u64, String> = {
@@ -151,7 +208,7 @@ async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority(
             let mut cl = chorus_client::Client::new(vec![format!("http://{}", addrs[&n])]);
             let got = cl.read_blocks_at(0, group, 0, CHUNK / 4096).await;
             match got {
-                Ok(r) if r.data == model[..CHUNK as usize] => break,
+                Ok(r) if r.data[..] == model[..CHUNK as usize] => break,
                 r => {
                     assert!(
                         Instant::now() < end,

@@ -95,18 +95,36 @@ impl Cluster {
     }
 }
 
+/// The metrics text a node serves at `addr`, if it answers.
+pub fn metrics_text(addr: &str) -> Option<String> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// The control-plane metrics of the control node that leads (the one rendering
 /// `chorus_control_leader 1`), if one does.
 pub fn leader_metrics(metrics: &[String]) -> Option<String> {
-    use std::io::Read;
     metrics.iter().find_map(|addr| {
-        let mut s = std::net::TcpStream::connect(addr).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.lines()
-            .any(|l| l == "chorus_control_leader 1")
-            .then_some(text)
+        metrics_text(addr).filter(|t| t.lines().any(|l| l == "chorus_control_leader 1"))
     })
+}
+
+/// A counter summed over every control node that answers (each counts what it did
+/// while it led).
+pub fn control_counter(metrics: &[String], name: &str) -> u64 {
+    metrics
+        .iter()
+        .filter_map(|a| metrics_text(a))
+        .map(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
 }
