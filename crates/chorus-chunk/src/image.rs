@@ -30,7 +30,7 @@
 //!
 //! **Partial image** ([`Part`]): the contents of some sector ranges of the current map.
 
-use crate::map::{check_maps, put_entries, read_entries, SnapshotMap};
+use crate::map::{check_maps, put_entries, put_snapshots, read_entries, SnapshotMap};
 use crate::{le_u32, le_u64, seal, unseal, ChunkError, Geometry, Reader, SECTOR};
 
 /// "CHKI".
@@ -135,14 +135,7 @@ pub fn encode(geometry: Geometry, image: &Image) -> Vec<u8> {
     out.extend_from_slice(&(image.snapshots.len() as u32).to_le_bytes());
     out.extend_from_slice(&(image.deleted.len() as u32).to_le_bytes());
     put_entries(&mut out, &image.current);
-    for s in &image.snapshots {
-        out.extend_from_slice(&s.id.to_le_bytes());
-        out.extend_from_slice(&(s.entries.len() as u32).to_le_bytes());
-        put_entries(&mut out, &s.entries);
-    }
-    for id in &image.deleted {
-        out.extend_from_slice(&id.to_le_bytes());
-    }
+    put_snapshots(&mut out, &image.snapshots, &image.deleted);
     for d in &image.data {
         out.extend_from_slice(d);
     }

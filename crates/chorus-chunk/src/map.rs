@@ -90,6 +90,19 @@ pub fn encoded_len(
 }
 
 /// Appends `(block, slot)` entries.
+/// Appends the snapshot maps (`u64 id | u32 count | count entries` each) and then the
+/// deleted ids (`u64` each): the same layout in the block map and the image.
+pub(crate) fn put_snapshots(out: &mut Vec<u8>, snapshots: &[SnapshotMap], deleted: &[u64]) {
+    for s in snapshots {
+        out.extend_from_slice(&s.id.to_le_bytes());
+        out.extend_from_slice(&(s.entries.len() as u32).to_le_bytes());
+        put_entries(out, &s.entries);
+    }
+    for id in deleted {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+}
+
 pub(crate) fn put_entries(out: &mut Vec<u8>, entries: &[(u32, u32)]) {
     for (b, s) in entries {
         out.extend_from_slice(&b.to_le_bytes());
@@ -203,14 +216,7 @@ impl MapFile {
         out.extend_from_slice(&(self.snapshots.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.deleted.len() as u32).to_le_bytes());
         put_entries(&mut out, &self.entries);
-        for s in &self.snapshots {
-            out.extend_from_slice(&s.id.to_le_bytes());
-            out.extend_from_slice(&(s.entries.len() as u32).to_le_bytes());
-            put_entries(&mut out, &s.entries);
-        }
-        for id in &self.deleted {
-            out.extend_from_slice(&id.to_le_bytes());
-        }
+        put_snapshots(&mut out, &self.snapshots, &self.deleted);
         seal(&mut out);
         out
     }
