@@ -19,7 +19,10 @@
 //! Taking a snapshot twice (two tagged writes racing, a retry after a leader change) logs
 //! two barriers; the chunk applies the first and ignores the rest.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use chorus_client::pb;
 
 use chorus_chunk::op::{encode_op, op_declared, ChunkOp};
 use chorus_core::replica::Role;
@@ -242,4 +245,93 @@ pub(crate) fn scrub_result(
             ))
         })?;
     Ok((r.first, r.crcs, pieces))
+}
+
+/// `ReadBlocks`: a chunk's current blocks or a snapshot's, at the serving leader once it
+/// has applied what was committed (`at_leader`), or at any replica from what it applied.
+pub(crate) async fn read_blocks(
+    g: OooHandle,
+    sm: Arc<GroupStateMachine>,
+    r: pb::ReadBlocksRequest,
+) -> Result<pb::ReadBlocksResponse, Status> {
+    tokio::task::spawn_blocking(move || {
+        if r.at_leader {
+            leader_read_barrier(&g, r.group)?;
+        }
+        let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
+        let data = if r.snapshot != 0 {
+            read_snapshot(&sm, r.group, r.snapshot, r.start, r.count)?
+        } else {
+            sm.read_blocks(r.start, r.count)
+                .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?
+        };
+        Ok(pb::ReadBlocksResponse {
+            data,
+            applied_seq: applied,
+        })
+    })
+    .await
+    .map_err(|e| Status::internal(e.to_string()))?
+}
+
+/// `ChunkSnapshot`: take, drop or list a chunk snapshot.
+pub(crate) async fn chunk_snapshot(
+    g: OooHandle,
+    sm: Arc<GroupStateMachine>,
+    r: pb::ChunkSnapshotRequest,
+) -> Result<pb::ChunkSnapshotResponse, Status> {
+    use pb::chunk_snapshot_request::Action;
+    let store = store_of(&sm, r.group)?;
+    let mut blocks = Vec::new();
+    match Action::try_from(r.action) {
+        Ok(Action::Take) => snapshot_op(&g, &sm, r.group, r.snapshot, true).await?,
+        Ok(Action::Drop) => snapshot_op(&g, &sm, r.group, r.snapshot, false).await?,
+        Ok(Action::Blocks) => {
+            // At the serving leader, once it applied all that was committed: a snapshot
+            // it lacks then is one the chunk never took.
+            let g2 = g.clone();
+            tokio::task::spawn_blocking(move || leader_read_barrier(&g2, r.group))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??;
+            blocks = snapshot_blocks(&sm, r.group, r.snapshot)?
+        }
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "action {}: TAKE, DROP or BLOCKS",
+                r.action
+            )))
+        }
+    }
+    Ok(pb::ChunkSnapshotResponse {
+        blocks,
+        block_bytes: store.geometry().block_bytes,
+        snapshots: store.snapshots(),
+    })
+}
+
+/// `ChunkScrub`: log a scrub point at the leader, or answer this replica's checksums.
+pub(crate) async fn chunk_scrub(
+    g: OooHandle,
+    sm: Arc<GroupStateMachine>,
+    r: pb::ChunkScrubRequest,
+) -> Result<pb::ChunkScrubResponse, Status> {
+    use pb::chunk_scrub_request::Action;
+    match Action::try_from(r.action) {
+        Ok(Action::Start) => {
+            scrub_start(&g, &sm, r.group, r.id, r.first, r.count).await?;
+            Ok(pb::ChunkScrubResponse::default())
+        }
+        Ok(Action::Result) => {
+            let (first, crcs, pieces) = scrub_result(&sm, r.group, r.id)?;
+            Ok(pb::ChunkScrubResponse {
+                first,
+                crcs,
+                pieces,
+            })
+        }
+        _ => Err(Status::invalid_argument(format!(
+            "action {}: START or RESULT",
+            r.action
+        ))),
+    }
 }

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::chunk_io::{self, leader_read_barrier};
+use crate::chunk_io;
 use crate::ooo::{check_record, GroupStateMachine};
 
 /// Largest batch of records in one `Append` call.
@@ -1192,86 +1192,25 @@ impl pb::chorus_server::Chorus for Service {
     ) -> Result<Response<pb::ReadBlocksResponse>, Status> {
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ReadBlocks")?;
-        tokio::task::spawn_blocking(move || {
-            if r.at_leader {
-                leader_read_barrier(&g, r.group)?;
-            }
-            let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
-            let data = if r.snapshot != 0 {
-                chunk_io::read_snapshot(&sm, r.group, r.snapshot, r.start, r.count)?
-            } else {
-                sm.read_blocks(r.start, r.count)
-                    .map_err(|e| Status::invalid_argument(format!("group {}: {e}", r.group)))?
-            };
-            Ok(Response::new(pb::ReadBlocksResponse {
-                data,
-                applied_seq: applied,
-            }))
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
+        chunk_io::read_blocks(g, sm, r).await.map(Response::new)
     }
 
     async fn chunk_snapshot(
         &self,
         req: Request<pb::ChunkSnapshotRequest>,
     ) -> Result<Response<pb::ChunkSnapshotResponse>, Status> {
-        use pb::chunk_snapshot_request::Action;
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ChunkSnapshot")?;
-        let mut blocks = Vec::new();
-        match Action::try_from(r.action) {
-            Ok(Action::Take) => chunk_io::snapshot_op(&g, &sm, r.group, r.snapshot, true).await?,
-            Ok(Action::Drop) => chunk_io::snapshot_op(&g, &sm, r.group, r.snapshot, false).await?,
-            Ok(Action::Blocks) => {
-                // At the serving leader, once it applied all that was committed: a
-                // snapshot it lacks then is one the chunk never took.
-                let g2 = g.clone();
-                tokio::task::spawn_blocking(move || leader_read_barrier(&g2, r.group))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))??;
-                blocks = chunk_io::snapshot_blocks(&sm, r.group, r.snapshot)?
-            }
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "action {}: TAKE, DROP or BLOCKS",
-                    r.action
-                )))
-            }
-        }
-        let store = sm.chunk_store().expect("checked by chunk_io");
-        Ok(Response::new(pb::ChunkSnapshotResponse {
-            blocks,
-            block_bytes: store.geometry().block_bytes,
-            snapshots: store.snapshots(),
-        }))
+        chunk_io::chunk_snapshot(g, sm, r).await.map(Response::new)
     }
 
     async fn chunk_scrub(
         &self,
         req: Request<pb::ChunkScrubRequest>,
     ) -> Result<Response<pb::ChunkScrubResponse>, Status> {
-        use pb::chunk_scrub_request::Action;
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ChunkScrub")?;
-        match Action::try_from(r.action) {
-            Ok(Action::Start) => {
-                chunk_io::scrub_start(&g, &sm, r.group, r.id, r.first, r.count).await?;
-                Ok(Response::new(pb::ChunkScrubResponse::default()))
-            }
-            Ok(Action::Result) => {
-                let (first, crcs, pieces) = chunk_io::scrub_result(&sm, r.group, r.id)?;
-                Ok(Response::new(pb::ChunkScrubResponse {
-                    first,
-                    crcs,
-                    pieces,
-                }))
-            }
-            _ => Err(Status::invalid_argument(format!(
-                "action {}: START or RESULT",
-                r.action
-            ))),
-        }
+        chunk_io::chunk_scrub(g, sm, r).await.map(Response::new)
     }
 
     async fn read_out_of_order(
