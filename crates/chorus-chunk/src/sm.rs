@@ -57,6 +57,12 @@ pub struct ChunkStateMachine {
     /// restarted replica replays the ones above its checkpoint, and the control plane
     /// asks again for any it cannot find).
     scrubs: Mutex<VecDeque<ScrubResult>>,
+    /// Scrub points at slots below this are replays after a restart
+    /// ([`OooStateMachine::replaying_below`]): the store may hold in-place writes of later
+    /// slots then (the module docs of [`crate::store`]), so their checksums would not be
+    /// of the point's state, and they are not kept (the control plane, finding no result,
+    /// does not judge this replica on them). 0 until told.
+    replay_end: std::sync::atomic::AtomicU64,
 }
 
 /// Scrub results kept per replica.
@@ -110,6 +116,7 @@ impl ChunkStateMachine {
         Ok(Self {
             store: ChunkStore::open(fs, dir, geometry)?,
             scrubs: Mutex::new(VecDeque::new()),
+            replay_end: 0.into(),
         })
     }
 
@@ -154,6 +161,10 @@ impl OooStateMachine for ChunkStateMachine {
             if let Some(op) = decode_op(&rec.data) {
                 let op = op.map_err(to_io)?;
                 if let ChunkOp::Scrub(id) = op {
+                    if slot < self.replay_end.load(std::sync::atomic::Ordering::Relaxed) {
+                        // A replay: the pieces may hold later slots' writes already.
+                        continue;
+                    }
                     let Some((first, count)) = scrub_range(self.store.geometry(), ranges) else {
                         return Err(invalid(format!(
                             "chunk: slot {slot} record {i}: scrub {id} declares {ranges:?}, not \
@@ -209,6 +220,11 @@ impl OooStateMachine for ChunkStateMachine {
 
     fn checkpoint(&self) -> io::Result<()> {
         self.store.checkpoint().map_err(to_io)
+    }
+
+    fn replaying_below(&self, end: u64) {
+        self.replay_end
+            .store(end, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn checkpoint_cost(&self) -> u64 {

@@ -461,6 +461,18 @@ impl VolumeClient {
         Ok((c.group, routed))
     }
 
+    /// Routes chunk group `group` to `leader`, named by a replica's hint. A leader the
+    /// cached map does not list among the chunk's replicas (`routed`) holds a replica
+    /// added since the map was cached (a push may not have arrived, or its stream may
+    /// be reconnecting): the map is pulled, or the hint could never be followed and every
+    /// replica listed would keep naming it.
+    async fn follow_hint(&self, group: u64, leader: u64, routed: &[(u64, String)]) {
+        self.note_leader(group, leader);
+        if !routed.iter().any(|(n, _)| *n == leader) {
+            let _ = self.refresh().await;
+        }
+    }
+
     fn note_leader(&self, group: u64, node: u64) {
         self.shared
             .leaders
@@ -593,7 +605,7 @@ impl VolumeClient {
                         Code::FailedPrecondition => {
                             last = format!("{addr}: {}", s.message());
                             if let Some(l) = leader_hint(&s).filter(|l| l != node) {
-                                self.note_leader(group, l);
+                                self.follow_hint(group, l, &nodes).await;
                                 rerouted = true;
                                 break;
                             }
@@ -729,7 +741,7 @@ impl VolumeClient {
                         match s.code() {
                             Code::FailedPrecondition => {
                                 if let Some(l) = leader_hint(&s).filter(|l| l != node) {
-                                    self.note_leader(group, l);
+                                    self.follow_hint(group, l, &nodes).await;
                                     rerouted = true;
                                     break;
                                 }

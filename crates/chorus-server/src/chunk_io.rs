@@ -25,6 +25,7 @@ use std::time::Duration;
 use chorus_client::pb;
 
 use chorus_chunk::op::{encode_op, op_declared, ChunkOp};
+use chorus_core::ooo::replica::OooReadIndexError;
 use chorus_core::replica::Role;
 use chorus_runtime::env::OooHandle;
 use chorus_runtime::Outcome;
@@ -37,34 +38,31 @@ use crate::state_machines::GroupStateMachine;
 /// arrived.
 const LEADER_READ_WAIT: Duration = Duration::from_secs(5);
 
-/// Waits until this replica, the serving leader of out-of-order group `group`, has
-/// applied every slot committed when the read arrived: then a read sees every write
-/// acknowledged before it began (a write is acknowledged only once a serving leader
-/// applied it, and a new leader serves only after deciding every slot an old one may
-/// have acknowledged). Elsewhere: FAILED_PRECONDITION with the leader hint.
-pub(crate) fn leader_read_barrier(g: &OooHandle, group: u64) -> Result<(), Status> {
-    let want = serving_leader(g, group, "a leader read goes to it")?.committed_head;
-    let deadline = std::time::Instant::now() + LEADER_READ_WAIT;
-    loop {
-        let st = g
-            .node()
-            .status()
-            .ok_or_else(|| Status::unavailable(format!("group {group} stopped")))?;
-        if st.role != Role::Leader {
-            return Err(Status::failed_precondition(format!(
-                "group {group}: stepped down during a leader read"
-            )));
+/// Waits until this replica, the serving leader of out-of-order group `group`, may serve
+/// a read that sees every write acknowledged before it began: a quorum of the voters has
+/// confirmed it still leads (a deposed leader that has not yet heard of its successor is
+/// refused instead of serving an old state) and it has applied every slot committed when
+/// the read arrived ([`chorus_runtime::ooo::OooNode::read_index`]). Elsewhere:
+/// FAILED_PRECONDITION with the leader hint.
+pub(crate) async fn leader_read_barrier(g: &OooHandle, group: u64) -> Result<(), Status> {
+    serving_leader(g, group, "a leader read goes to it")?;
+    let wait = tokio::time::timeout(LEADER_READ_WAIT, g.node().read_index()).await;
+    match wait {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(Some(OooReadIndexError::NotLeader { leader }))) => {
+            let mut s = Status::failed_precondition(format!(
+                "group {group}: no longer the serving leader (a leader read goes to it)"
+            ));
+            if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
+                s.metadata_mut().insert("chorus-leader", v);
+            }
+            Err(s)
         }
-        if st.applied_head >= want {
-            return Ok(());
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(Status::unavailable(format!(
-                "group {group}: applied up to slot {} within {LEADER_READ_WAIT:?}, not the {want} committed when the read arrived",
-                st.applied_head
-            )));
-        }
-        std::thread::sleep(Duration::from_micros(200));
+        Ok(Err(None)) => Err(Status::unavailable(format!("group {group} stopped"))),
+        Err(_) => Err(Status::unavailable(format!(
+            "group {group}: no quorum confirmed this leader, or it did not apply what was \
+             committed when the read arrived, within {LEADER_READ_WAIT:?}"
+        ))),
     }
 }
 
@@ -137,10 +135,7 @@ pub(crate) async fn snapshot_op(
             "group {group}: the barrier of snapshot {id} failed (a leader change); retry"
         )));
     }
-    let g = g.clone();
-    tokio::task::spawn_blocking(move || leader_read_barrier(&g, group))
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
+    leader_read_barrier(g, group).await
 }
 
 /// The blocks snapshot `id` of the chunk holds data in, ascending.
@@ -254,10 +249,10 @@ pub(crate) async fn read_blocks(
     sm: Arc<GroupStateMachine>,
     r: pb::ReadBlocksRequest,
 ) -> Result<pb::ReadBlocksResponse, Status> {
+    if r.at_leader {
+        leader_read_barrier(&g, r.group).await?;
+    }
     tokio::task::spawn_blocking(move || {
-        if r.at_leader {
-            leader_read_barrier(&g, r.group)?;
-        }
         let applied = g.node().status().map(|s| s.applied_head).unwrap_or(0);
         let data = if r.snapshot != 0 {
             read_snapshot(&sm, r.group, r.snapshot, r.start, r.count)?
@@ -289,10 +284,7 @@ pub(crate) async fn chunk_snapshot(
         Ok(Action::Blocks) => {
             // At the serving leader, once it applied all that was committed: a snapshot
             // it lacks then is one the chunk never took.
-            let g2 = g.clone();
-            tokio::task::spawn_blocking(move || leader_read_barrier(&g2, r.group))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))??;
+            leader_read_barrier(&g, r.group).await?;
             blocks = snapshot_blocks(&sm, r.group, r.snapshot)?
         }
         _ => {

@@ -273,6 +273,12 @@ impl OooStateMachine for GroupStateMachine {
         }
     }
 
+    fn replaying_below(&self, end: u64) {
+        if let Kind::Chunk(c) = &self.kind {
+            c.replaying_below(end);
+        }
+    }
+
     fn image(&self) -> io::Result<Vec<u8>> {
         match &self.kind {
             Kind::Chunk(c) => c.image(),

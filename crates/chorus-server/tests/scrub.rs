@@ -220,5 +220,21 @@ async fn the_scrubber_finds_a_damaged_replica_and_rebuilds_it_from_the_majority(
             }
         }
     }
-    assert!(v.read(0, SIZE).await.unwrap() == model);
+    let got = v.read(0, SIZE).await;
+    match got {
+        Ok(got) if got == model => {}
+        Ok(got) => {
+            let first = got.iter().zip(&model).position(|(a, b)| a != b).unwrap();
+            let last = got.iter().zip(&model).rposition(|(a, b)| a != b).unwrap();
+            c.dump_logs();
+            panic!(
+                "the volume reads wrong bytes at {first}..={last}: got {} want {}",
+                got[first], model[first]
+            );
+        }
+        Err(e) => {
+            c.dump_logs();
+            panic!("the final read failed: {e}");
+        }
+    }
 }

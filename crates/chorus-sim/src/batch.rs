@@ -28,6 +28,18 @@ impl Seeded for crate::run::SeedReport {
     }
 }
 
+impl Seeded for crate::ooo::volume::VolumeReport {
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+    fn violations(&self) -> &[String] {
+        &self.violations
+    }
+    fn stats(&self) -> &BTreeMap<&'static str, u64> {
+        &self.stats
+    }
+}
+
 impl Seeded for crate::ooo::OooReport {
     fn seed(&self) -> u64 {
         self.seed

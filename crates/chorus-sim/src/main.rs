@@ -4,6 +4,7 @@
 //! chorus-sim --seeds 2000 --start 0 --mode piggyback
 //! chorus-sim --seed 1234 -v          # replay one seed
 //! chorus-sim --ooo parallel --seeds 500   # an out-of-order group mode
+//! chorus-sim --volume --seeds 500         # a volume over several chunk groups
 //! ```
 
 use std::process::ExitCode;
@@ -102,6 +103,16 @@ struct Args {
     /// Simulate an out-of-order group instead: parallel or dependent.
     #[arg(long)]
     ooo: Option<String>,
+    /// Simulate a volume over several parallel-mode chunk groups instead, with shared
+    /// node crashes and partitions and the storage layer's checks (linearizable block
+    /// reads, no acknowledged write lost, the snapshot guarantee, a majority up to date).
+    /// `--broken no-read-barrier` serves reads without the leader-read barrier,
+    /// `--broken unconfirmed-reads` without a quorum confirming the leader.
+    #[arg(long, conflicts_with = "ooo")]
+    volume: bool,
+    /// With --volume: chunks in the volume.
+    #[arg(long, default_value_t = 3, requires = "volume")]
+    chunks: u64,
     /// Print counters per seed.
     #[arg(short, long)]
     verbose: bool,
@@ -111,6 +122,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(m) = &args.ooo {
         return run_ooo(&args, m);
+    }
+    if args.volume {
+        return run_volume(&args);
     }
     if let Some(flag) = ooo_only_flag(&args) {
         eprintln!("chorus-sim: {flag} applies to out-of-order groups only (with --ooo)");
@@ -404,6 +418,94 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("results_checked_applied"),
     );
     if bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_volume(args: &Args) -> ExitCode {
+    use chorus_sim::ooo::volume::{run_volume_batch, ReadBarrier, VolumeOptions};
+    let flag = ordered_only_flag(args)
+        .or_else(|| ooo_only_flag(args))
+        .or_else(|| {
+            [
+                (args.no_trims, "--no-trims"),
+                (args.preallocate.is_some(), "--preallocate"),
+                (args.timed_resend.is_some(), "--timed-resend"),
+            ]
+            .into_iter()
+            .find_map(|(set, name)| set.then_some(name))
+        });
+    if let Some(flag) = flag {
+        eprintln!("chorus-sim: {flag} does not apply to --volume runs");
+        return ExitCode::from(2);
+    }
+    if args.chunks == 0 || args.chunks > 64 {
+        eprintln!("chorus-sim: --chunks {} must be 1 to 64", args.chunks);
+        return ExitCode::from(2);
+    }
+    let mut o = VolumeOptions {
+        chunks: args.chunks,
+        faults: !args.no_faults,
+        fault_time: args.fault_secs * 1_000 * MS,
+        ..VolumeOptions::default()
+    };
+    let mut extra = String::new();
+    if args.chunks != 3 {
+        extra.push_str(&format!(" --chunks {}", args.chunks));
+    }
+    match args.broken.as_deref() {
+        None => {}
+        Some("no-read-barrier") => {
+            o.read_barrier = ReadBarrier::None;
+            extra.push_str(" --broken no-read-barrier");
+        }
+        Some("unconfirmed-reads") => {
+            o.read_barrier = ReadBarrier::AppliedOnly;
+            extra.push_str(" --broken unconfirmed-reads");
+        }
+        Some(b) => {
+            eprintln!(
+                "chorus-sim: --broken {b:?} with --volume must be no-read-barrier or unconfirmed-reads"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let (start, count) = match args.seed {
+        Some(s) => (s, 1),
+        None => (args.start, args.seeds),
+    };
+    let deadline =
+        (args.time_budget > 0).then(|| Instant::now() + Duration::from_secs(args.time_budget));
+    let t0 = Instant::now();
+    let reports = run_volume_batch(start, count, &o, args.threads, deadline);
+    let sum = chorus_sim::batch::report(
+        &reports,
+        args.verbose || args.seed.is_some(),
+        |r| format!("seed {}: {:?}", r.seed, r.stats),
+        |seed| format!("cargo run --release -p chorus-sim -- --volume --seed {seed}{extra}"),
+    );
+    let t = |k: &str| sum.totals.get(k).copied().unwrap_or(0);
+    println!(
+        "chorus-sim: volume chunks={} seeds={} (from {start}) violations={} elapsed={:.1}s volume_writes={} acked={} across_chunks={} block_reads_checked={} snapshots_completed={} node_crashes={} node_partitions={} changes_asked={} majority_samples={} images_installed={} reads_at_deposed_leader={}",
+        args.chunks,
+        reports.len(),
+        sum.failed,
+        t0.elapsed().as_secs_f64(),
+        t("volume_writes"),
+        t("volume_writes_acked"),
+        t("volume_writes_across_chunks"),
+        t("block_reads_checked"),
+        t("snapshots_completed"),
+        t("node_crashes"),
+        t("node_partitions"),
+        t("changes_asked"),
+        t("majority_samples"),
+        t("images_installed"),
+        t("reads_at_deposed_leader"),
+    );
+    if sum.failed > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

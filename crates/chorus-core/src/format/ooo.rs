@@ -1027,6 +1027,16 @@ pub fn encode_msg_into(m: &Msg, out: &mut Vec<u8>) {
             put_u64(out, *term);
             put_u64(out, *end);
         }
+        Msg::ReadProbe { term, probe } => {
+            out.push(14);
+            put_u64(out, *term);
+            put_u64(out, *probe);
+        }
+        Msg::ReadProbeAck { term, probe } => {
+            out.push(15);
+            put_u64(out, *term);
+            put_u64(out, *probe);
+        }
         Msg::ConfigAck {
             term,
             version,
@@ -1178,6 +1188,14 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
         13 => Msg::End {
             term: r.u64()?,
             end: r.u64()?,
+        },
+        14 => Msg::ReadProbe {
+            term: r.u64()?,
+            probe: r.u64()?,
+        },
+        15 => Msg::ReadProbeAck {
+            term: r.u64()?,
+            probe: r.u64()?,
         },
         8 => Msg::ConfigAck {
             term: r.u64()?,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use chorus_core::format::meta::NodeId;
 use chorus_core::format::ooo::encode_group;
 use chorus_core::ooo::group::{self, Record};
-use chorus_core::ooo::replica::{Action, Mode, Msg, OooReplica};
+use chorus_core::ooo::replica::{Action, Mode, Msg, OooReadIndexError, OooReplica, ReadTicket};
 use chorus_core::replica::{Outcome, Role};
 
 use super::apply::{apply_entry, guarded, ApplyCtx};
@@ -184,6 +184,10 @@ pub struct Driver<H: Host> {
     /// Slots applied at or above the replica's apply head (the apply rules release
     /// entries out of order); pruned as the head passes them.
     applied_above: BTreeSet<u64>,
+    /// Leader reads waiting for their quorum and their slots to be applied
+    /// ([`OooReplica::read_ready`]), each answered once, at the end of the round that
+    /// settles it.
+    reads: Vec<(ReadTicket, ReadReply)>,
 }
 
 /// What a driver publishes to the node that hosts it.
@@ -195,6 +199,9 @@ pub struct DriverOutputs {
     /// Latency histograms, recorded as the driver runs.
     pub lat: Arc<OooLatency>,
 }
+
+/// Where a leader read's answer goes (taken when it is sent).
+type ReadReply = Option<tokio::sync::oneshot::Sender<Result<(), OooReadIndexError>>>;
 
 impl<H: Host> Driver<H> {
     /// A driver for `replica` on `host`, nothing in flight: `peers` are the group's
@@ -213,6 +220,8 @@ impl<H: Host> Driver<H> {
         c: OooCounters,
         log_bytes: u64,
     ) -> Self {
+        // Before any apply: what the driver applies below the log's end is a replay.
+        sm.replaying_below(replica.log_end());
         let apply = (apply_pieces > 0).then(|| {
             Arc::new(ApplyCtx {
                 sm: sm.clone(),
@@ -248,6 +257,7 @@ impl<H: Host> Driver<H> {
             log_bytes,
             parked: BTreeMap::new(),
             applied_above: BTreeSet::new(),
+            reads: Vec::new(),
         };
         // A replica restarted after a change that added a node not named at creation.
         d.widen_peers();
@@ -313,6 +323,28 @@ impl<H: Host> Driver<H> {
                 outcome,
             }));
         }
+    }
+
+    /// Answers the leader reads that are settled: served, or refused once this replica
+    /// no longer leads their term.
+    fn serve_reads(&mut self) {
+        let replica = &self.replica;
+        self.reads
+            .retain_mut(|(t, reply)| match replica.read_ready(t) {
+                Ok(false) => true,
+                Ok(true) => {
+                    if let Some(tx) = reply.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                    false
+                }
+                Err(e) => {
+                    if let Some(tx) = reply.take() {
+                        let _ = tx.send(Err(e));
+                    }
+                    false
+                }
+            });
     }
 
     fn stop(&mut self, why: String) {
@@ -401,6 +433,8 @@ impl<H: Host> Driver<H> {
         if self.failed {
             return;
         }
+        // One probe for every leader read this round took.
+        self.replica.send_read_probes();
         if !self.staged.is_empty() {
             // Adaptive group replication (PALF section 6): pack at once while this
             // node's log IO is idle; while a write is in flight, let appends gather until
@@ -431,6 +465,7 @@ impl<H: Host> Driver<H> {
         self.widen_peers();
         self.drain();
         self.release_parked();
+        self.serve_reads();
         // Readers following the log (tail) wake only when the head moves.
         let head = self.replica.committed_head();
         self.committed
@@ -510,6 +545,12 @@ impl<H: Host> Driver<H> {
             Ev::Membership(reply) => {
                 let _ = reply.send(self.replica.membership().clone());
             }
+            Ev::ReadIndex(tx) => match self.replica.read_index(now) {
+                Ok(t) => self.reads.push((t, Some(tx))),
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            },
             Ev::Read(from, max, reply) => {
                 let _ = reply.send(
                     self.replica

@@ -60,7 +60,7 @@ use chorus_core::format::meta::NodeId;
 use chorus_core::ooo::group::Record;
 use chorus_core::ooo::replica::{
     Declared, Entry, Footprint, Membership, Mode, Msg, OooAppendError, OooChangeError, OooConfig,
-    OooMembershipChange, OooReadError, OooReplica, OooStats, OooTransferError,
+    OooMembershipChange, OooReadError, OooReadIndexError, OooReplica, OooStats, OooTransferError,
 };
 use chorus_core::replica::{Outcome, Role};
 use chorus_storage::fs::{FileSystem, RealFs};
@@ -198,6 +198,15 @@ pub trait OooStateMachine: std::any::Any + Send + Sync + 'static {
             std::io::ErrorKind::Unsupported,
             "this state machine does not install partial images",
         ))
+    }
+    /// Told once, before any apply, when a driver starts on a recovered replica: the
+    /// entries below `end` that it applies are replays, and the state may already hold
+    /// writes of later slots among them (applied before the restart, not yet
+    /// checkpointed). Blind writes do not care; an apply that reads the state (a
+    /// checksum of a scrub point) must not trust what it reads there. The default does
+    /// nothing.
+    fn replaying_below(&self, end: u64) {
+        let _ = end;
     }
 }
 
@@ -470,6 +479,9 @@ pub enum Ev {
     Membership(Sender<Membership>),
     /// Committed entries from a slot on (at most a count), with the committed head.
     Read(u64, usize, Sender<Result<OooRead, OooReadError>>),
+    /// A leader read: answered once a quorum confirmed this node still leads and it
+    /// applied everything committed when the read arrived ([`OooNode::read_index`]).
+    ReadIndex(tokio::sync::oneshot::Sender<Result<(), OooReadIndexError>>),
     /// The IO side made every batch up to this one durable, with this many fdatasyncs;
     /// the entries file is `len` bytes.
     Synced {
@@ -766,6 +778,31 @@ impl OooNode {
     /// memory by the driver; `None` if the node stopped.
     pub fn read(&self, from: u64, max: usize) -> Option<Result<OooRead, OooReadError>> {
         self.ask(|tx| Ev::Read(from, max, tx))
+    }
+
+    /// Waits until a read served from this node's state now sees every write
+    /// acknowledged before the call, on any node: this node must be the serving leader,
+    /// a quorum of the voters must confirm it still is (a deposed leader that has not
+    /// heard of its successor gets `NotLeader` instead of serving an old state), and it
+    /// must have applied every slot committed when the call arrived
+    /// ([`OooReplica::read_index`]). `Err(None)` if the node stopped.
+    pub fn read_index(
+        &self,
+    ) -> impl Future<Output = Result<(), Option<OooReadIndexError>>> + Send + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = !self.down();
+        if sent {
+            self.task.push(Ev::ReadIndex(tx));
+        }
+        async move {
+            if !sent {
+                return Err(None);
+            }
+            match rx.await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
+            }
+        }
     }
 
     /// Starts handing leadership to node `to` ([`OooReplica::transfer_leader`]): this

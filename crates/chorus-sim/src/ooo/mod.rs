@@ -74,6 +74,7 @@ mod host;
 pub mod script;
 mod sim;
 mod sm;
+pub mod volume;
 
 use std::collections::BTreeMap;
 
@@ -183,6 +184,9 @@ pub struct OooOptions {
     /// % 3`: off, 2 or 4 median round trips); `Some(0)` gives the trajectories of the
     /// seeds found before timed resends existed.
     pub timed_resend: Option<u32>,
+    /// The simulation's own clients append groups of records to the serving leader;
+    /// off, only whoever drives the simulation appends (the volume simulation).
+    pub client: bool,
 }
 
 impl Default for OooOptions {
@@ -213,6 +217,7 @@ impl Default for OooOptions {
             broken_lost_guard: false,
             preallocate: None,
             timed_resend: None,
+            client: true,
         }
     }
 }

@@ -14,6 +14,7 @@ use chorus_core::ooo::group::{self, Record};
 use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{
     Declared, Entry, Hard, Membership, Mode, Msg, OooConfig, OooMembershipChange, OooReplica,
+    Ticket,
 };
 use chorus_core::ooo::Seq;
 use chorus_core::replica::{Nanos, Outcome};
@@ -205,7 +206,9 @@ impl Sim {
         for id in 1..=s.node_count() as NodeId {
             s.restart(id);
         }
-        s.at(MS, Ev::Client);
+        if s.o.client {
+            s.at(MS, Ev::Client);
+        }
         if s.o.transfers {
             let mut t = 300 * MS;
             while t < s.o.fault_time {
@@ -469,6 +472,16 @@ impl Sim {
             #[cfg(feature = "broken")]
             broken_ack_before_apply: self.o.broken_ack_before_apply,
         }
+    }
+
+    /// Queues `ev` at time `t` from outside (the volume simulation's shared faults).
+    pub(super) fn inject(&mut self, t: Nanos, ev: Ev) {
+        self.at(t, ev);
+    }
+
+    /// When the next queued event falls due.
+    pub(super) fn next_time(&self) -> Option<Nanos> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
     }
 
     fn at(&mut self, t: Nanos, ev: Ev) {
@@ -769,6 +782,15 @@ impl Sim {
     }
 
     pub fn crash(&mut self, id: NodeId) {
+        if self.crash_only(id) {
+            let t = self.now + 20 * MS + self.rng.below(300 * MS);
+            self.at(t, Ev::Restart(id));
+        }
+    }
+
+    /// Crashes the node as [`Sim::crash`] does, without scheduling its restart (whoever
+    /// crashed it does, [`Sim::inject`]); false if it was down already.
+    pub(super) fn crash_only(&mut self, id: NodeId) -> bool {
         let n = self.nodes.get_mut(&id).expect("node");
         if self.trace {
             eprintln!("{:>6}us node {id} crashes", self.now / 1000);
@@ -785,9 +807,9 @@ impl Sim {
             n.fs.crash(CrashMode::Prefix);
             n.incarnation += 1;
             self.bump("crashes", 1);
-            let t = self.now + 20 * MS + self.rng.below(300 * MS);
-            self.at(t, Ev::Restart(id));
+            return true;
         }
+        false
     }
 
     /// Starts the node's driver from what its disk recovers (as `OooNode::start` does).
@@ -1082,22 +1104,15 @@ impl Sim {
     /// the leader refused it.
     fn append(&mut self, id: NodeId, part: Vec<Record>) -> bool {
         let (declared, data) = (group::union(self.o.mode, &part), encode_group(&part));
-        let now = self.now;
         let checked = self.conflict_order();
         let blocks = match &declared {
             Declared::Blocks(b) => b.clone(),
             Declared::Txn { .. } => Vec::new(),
         };
-        let n = self.nodes.get_mut(&id).expect("node");
-        let inc = n.incarnation;
-        let r = n.driver.as_mut().expect("serving").replica_mut();
-        let t = match r.append(now, declared, data) {
-            Ok(t) => t,
-            Err(_) => {
-                self.bump("appends_refused", 1);
-                return false;
-            }
+        let Some(t) = self.append_entry(id, declared, data) else {
+            return false;
         };
+        let n = self.nodes.get_mut(&id).expect("node");
         if checked {
             self.admitted
                 .insert((t.eid >> 32, t.seq), (t.eid, blocks.clone()));
@@ -1113,10 +1128,32 @@ impl Sim {
                 }
             }
         }
-        self.appends.insert(t.eid, (id, inc, t.seq, None, false));
-        self.bump("appends", 1);
         self.bump("records", part.len() as u64);
         true
+    }
+
+    /// Appends one entry on the serving leader `id` and notes it for the checkers (its
+    /// result lands in [`Sim::appends`]); None if the leader refused it.
+    pub(super) fn append_entry(
+        &mut self,
+        id: NodeId,
+        declared: Declared,
+        data: Vec<u8>,
+    ) -> Option<Ticket> {
+        let now = self.now;
+        let n = self.nodes.get_mut(&id).expect("node");
+        let inc = n.incarnation;
+        let r = n.driver.as_mut()?.replica_mut();
+        let t = match r.append(now, declared, data) {
+            Ok(t) => t,
+            Err(_) => {
+                self.bump("appends_refused", 1);
+                return None;
+            }
+        };
+        self.appends.insert(t.eid, (id, inc, t.seq, None, false));
+        self.bump("appends", 1);
+        Some(t)
     }
 
     fn live(&self, id: NodeId, inc: u64) -> bool {
@@ -1124,7 +1161,7 @@ impl Sim {
         n.incarnation == inc && n.driver.is_some()
     }
 
-    fn step(&mut self) -> bool {
+    pub(super) fn step(&mut self) -> bool {
         let Some(Reverse((t, _, i))) = self.queue.pop() else {
             return false;
         };

@@ -44,9 +44,33 @@ pub(super) fn mix(a: u64, b: u64) -> u64 {
     x ^ x >> 29
 }
 
+/// The prefix of a snapshot record's data (the volume simulation's snapshot barrier).
+const SNAP: &[u8; 4] = b"SNAP";
+
+/// A snapshot record of the volume simulation: it declares the whole chunk of `blocks`
+/// blocks (as a chunk leader's snapshot barrier does, `chorus_chunk::op`) and writes
+/// nothing; the state machine checks that it is applied after every earlier write to
+/// the chunk and before every later one.
+pub(super) fn snapshot_record(id: u64, blocks: u64) -> Record {
+    Record {
+        declared: Declared::Blocks(vec![
+            chorus_core::ooo::parallel::BlockRange::new(0, blocks).expect("non-empty")
+        ]),
+        data: [&SNAP[..], &id.to_le_bytes()].concat(),
+    }
+}
+
+/// Whether `r` is a [`snapshot_record`].
+fn is_snapshot(r: &Record) -> bool {
+    r.data.len() == 12 && r.data.starts_with(SNAP)
+}
+
 /// What a record writes: every block of its ranges to its token (parallel), or its one
-/// key (dependent).
+/// key (dependent); a snapshot record writes nothing.
 pub(super) fn record_writes(r: &Record) -> Vec<(u64, u64)> {
+    if is_snapshot(r) {
+        return Vec::new();
+    }
     match &r.declared {
         Declared::Blocks(ranges) => {
             let t = r
@@ -159,6 +183,9 @@ pub(super) struct Vol {
     pub spec: HashMap<u64, (Seq, u64, u64)>,
     /// Apply-order violations found (check 3), for the simulator to report.
     pub violations: Vec<String>,
+    /// The latest snapshot record applied since the state was loaded: its slot. A write
+    /// of an earlier slot applied after it would be missing from the snapshot.
+    pub snapshot_at: Seq,
     /// The writers of slots below this one may be forgotten (the state came from an
     /// image or a restart with this base): the applied-before-told check does not judge
     /// them.
@@ -207,6 +234,7 @@ impl SimSm {
             .map(|(&k, &(_, w))| (k, w))
             .collect();
         v.forgot_below = v.forgot_below.max(base);
+        v.snapshot_at = 0;
     }
 
     /// After an image covering every slot below `base` is installed: writers at or past
@@ -230,7 +258,29 @@ impl OooStateMachine for SimSm {
         let mut v = self.vol();
         let mut bad = None;
         for (_, r) in records {
+            if is_snapshot(r) {
+                // Every block it declares was last written below it (a later write
+                // applied first would be in the snapshot).
+                if let Declared::Blocks(ranges) = &r.declared {
+                    for k in ranges.iter().flat_map(|r| r.start..r.end) {
+                        if let Some(&w) = v.last_writer.get(&k) {
+                            if w > slot {
+                                bad = Some((k, w));
+                            }
+                        }
+                    }
+                }
+                v.snapshot_at = v.snapshot_at.max(slot);
+                continue;
+            }
             for (k, x) in record_writes(r) {
+                if slot < v.snapshot_at && slot >= v.forgot_below {
+                    let (node, at) = (self.node, v.snapshot_at);
+                    v.violations.push(format!(
+                        "node {node} applied slot {slot}, writing {k}, after the snapshot at \
+                         slot {at}"
+                    ));
+                }
                 if let Some(&w) = v.last_writer.get(&k) {
                     if w > slot {
                         bad = Some((k, w));

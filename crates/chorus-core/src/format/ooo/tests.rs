@@ -167,6 +167,8 @@ proptest! {
             Msg::TimeoutNow { term },
             Msg::AskEnd { term, nonce: 5 },
             Msg::End { term, end: 77 },
+            Msg::ReadProbe { term, probe: 9 },
+            Msg::ReadProbeAck { term, probe: u64::MAX },
             Msg::PreVote { term, log: VoteLog { last_term: 5, last_seq: 8, first_uncommitted: 6, base: 1 }, config: (3, term) },
             Msg::PreVoteReply { term, granted: true },
             Msg::PreVoteReply { term, granted: false },

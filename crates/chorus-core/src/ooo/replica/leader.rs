@@ -62,6 +62,8 @@ pub(super) struct Lead {
     pub(super) change: Option<Change>,
     /// Memberships set in this term so far (the second half of their versions).
     pub(super) versions: u64,
+    /// Read probes of this leadership (leader reads, the `reads` module).
+    pub(super) probes: super::reads::Probes,
 }
 
 impl Lead {
@@ -631,6 +633,7 @@ impl OooReplica {
             self.stats.transfers_expired += 1;
         }
         self.check_transfer();
+        self.resend_probes();
         self.resend_timed();
         let lead = self.lead.as_mut().expect("leading");
         if now.saturating_sub(lead.last_resend) >= self.cfg.resend_interval {

@@ -131,6 +131,7 @@ impl OooReplica {
             transfer: None,
             change: None,
             versions: 0,
+            probes: Default::default(),
         });
         if self.members.version != (0, 0) {
             self.restamp();

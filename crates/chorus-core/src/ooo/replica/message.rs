@@ -145,6 +145,22 @@ pub enum Msg {
         /// Its next slot.
         end: Seq,
     },
+    /// A leader asks whether the voter still takes it as the leader of `term`, for the
+    /// leader reads taken before it (see the `reads` module).
+    ReadProbe {
+        /// The leader's term.
+        term: u64,
+        /// The probe's number: an answer to it answers every earlier one too.
+        probe: u64,
+    },
+    /// The answer to [`Msg::ReadProbe`]: the voter's term after taking it (a later term
+    /// than the prober's deposes it).
+    ReadProbeAck {
+        /// The voter's term.
+        term: u64,
+        /// The probe answered.
+        probe: u64,
+    },
     /// A follower holds this membership durably; `head` is its first uncommitted slot.
     ConfigAck {
         /// The follower's term.

@@ -119,6 +119,7 @@ mod leader;
 mod membership;
 mod merging;
 mod message;
+mod reads;
 mod resend;
 mod transfer;
 
@@ -140,6 +141,7 @@ pub use images::Footprint;
 pub use leader::{OooAppendError, Ticket};
 pub use membership::{Membership, OooChangeError, OooMembershipChange};
 pub use message::{Action, Msg};
+pub use reads::{OooReadIndexError, ReadTicket};
 pub use transfer::OooTransferError;
 
 /// The out-of-order mode of a group, chosen at creation.
@@ -556,6 +558,23 @@ impl OooReplica {
         self.applier.head()
     }
 
+    /// The slot after the last one this replica holds (its base when it holds none): a
+    /// state machine restarted from a checkpoint may already hold writes of any slot
+    /// below it, applied before the restart ([`Self::recover`] then replays them).
+    pub fn log_end(&self) -> Seq {
+        self.log
+            .keys()
+            .next_back()
+            .map_or(self.hard.base, |&s| s + 1)
+            .max(self.hard.base)
+    }
+
+    /// Whether this replica holds entry `eid` at `seq`, or holds the slot's effect in
+    /// its state (the slot is below its base). A checker's view of who is up to date.
+    pub fn holds(&self, seq: Seq, eid: u64) -> bool {
+        seq < self.hard.base || self.log.get(&seq).is_some_and(|s| s.entry.eid == eid)
+    }
+
     /// Committed entries from slot `from` on, in slot order, at most `max`: the committed
     /// prefix below [`Self::committed_head`], as a reader following the log in slot order
     /// (a standby, an auditor) takes it. Slots committed out of order past the head are
@@ -745,6 +764,8 @@ impl OooReplica {
                 head,
             } => self.on_config_ack(from, term, version, head),
             Msg::AskEnd { term, nonce } => self.on_ask_end(from, term, nonce),
+            Msg::ReadProbe { term, probe } => self.on_read_probe(from, term, probe),
+            Msg::ReadProbeAck { term, probe } => self.on_read_probe_ack(from, term, probe),
             Msg::End { term, end } => {
                 if term == self.hard.term
                     && self.leader == Some(from)

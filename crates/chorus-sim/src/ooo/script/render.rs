@@ -142,6 +142,8 @@ pub fn kind(m: &Msg) -> &'static str {
         Msg::Newer { .. } => "Newer",
         Msg::AskEnd { .. } => "AskEnd",
         Msg::End { .. } => "End",
+        Msg::ReadProbe { .. } => "ReadProbe",
+        Msg::ReadProbeAck { .. } => "ReadProbeAck",
         Msg::ConfigAck { .. } => "ConfigAck",
     }
 }
@@ -245,6 +247,8 @@ pub fn msg(m: &Msg) -> String {
         ),
         Msg::AskEnd { term, .. } => format!("AskEnd t{term}"),
         Msg::End { term, end } => format!("End t{term} end={end}"),
+        Msg::ReadProbe { term, probe } => format!("ReadProbe t{term} #{probe}"),
+        Msg::ReadProbeAck { term, probe } => format!("ReadProbeAck t{term} #{probe}"),
         Msg::ConfigAck {
             term,
             version,

@@ -14,6 +14,7 @@ mod images;
 mod lost;
 mod membership;
 mod merge;
+mod reads;
 mod resend;
 
 /// Delivers every message at once, in order, with no faults; applies at once to a
