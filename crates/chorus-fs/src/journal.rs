@@ -242,16 +242,17 @@ pub fn read_record(
     Record::decode(&b, offset, uuid)
 }
 
-/// The records after sequence number `after` up to `anchor`, in order: walked back from
-/// the anchor's record along each record's `prev`. Every record must be of the anchor's
-/// generation and carry the sequence number the chain gives it; anything else is damage.
+/// The records after sequence number `after` up to `anchor`, in order, each with where
+/// it lies: walked back from the anchor's record along each record's `prev`. Every
+/// record must be of the anchor's generation and carry the sequence number the chain
+/// gives it; anything else is damage.
 pub fn records_after(
     dev: &dyn crate::device::Device,
     g: &crate::layout::Geometry,
     uuid: u64,
     after: u64,
     anchor: Anchor,
-) -> Result<Vec<Record>, FsError> {
+) -> Result<Vec<(At, Record)>, FsError> {
     let mut out = Vec::new();
     let mut at = anchor.last;
     let mut seq = anchor.seq;
@@ -268,9 +269,10 @@ pub fn records_after(
                 ),
             });
         }
-        at = r.prev;
+        let prev = r.prev;
+        out.push((at, r));
+        at = prev;
         seq -= 1;
-        out.push(r);
     }
     out.reverse();
     Ok(out)

@@ -11,10 +11,14 @@
 //! - [`paxos`]: Disk Paxos over pages of the volume, deciding the journal's writer and
 //!   every move of its anchor (section 6.2);
 //! - [`store`]: every metaobject in memory, changed by transactions' operations and
-//!   rolled back from their old values.
+//!   rolled back from their old values;
+//! - [`coord`]: a mounted host: readers replay the journal to the latest anchor, the
+//!   writer wins the journal and commits each transaction by a Disk Paxos instance, and
+//!   rolls back and replays when another host took over (Fig. 8).
 //!
 //! Formats are documented byte by byte in `docs/formats.md` ("File system").
 
+pub mod coord;
 pub mod device;
 pub mod journal;
 pub mod layout;

@@ -304,7 +304,7 @@ pub struct Proposer {
 impl Proposer {
     /// A proposal of `proposal` by `host` for `instance` at ballot `ballot`, knowing
     /// instance `instance - 1` decided `known`; `own` is the host's block as it is on the
-    /// volume.
+    /// volume. `ballot` must be above `own.mbal`: a host's ballots only grow.
     pub fn new(
         host: u32,
         instance: u64,

@@ -1,0 +1,442 @@
+//! A mounted host's metadata and its part in keeping every host's metadata in step
+//! (PolarFS section 6.2, Fig. 8).
+//!
+//! A [`Node`] holds every metaobject as of the latest journal anchor it knows. Read-only
+//! hosts only [`Node::poll`]: they read the leader record and the host blocks, and
+//! replay the records between the anchor they know and the latest one. The writing host
+//! first wins the journal with [`Node::acquire`] (a Disk Paxos instance choosing it as
+//! the owner); then each transaction — its operations applied in memory as they are made
+//! ([`Node::change`]), each holding the old value — is committed by [`Node::commit`]:
+//! 1. the record goes into this host's own journal area, after its last committed one
+//!    (the pending tail);
+//! 2. a Disk Paxos instance is proposed whose value moves the anchor to that record (the
+//!    valid tail) with this host as the owner;
+//! 3. if that value is chosen, the transaction is committed, and the leader record is
+//!    updated for the readers. If another value is chosen, or a later instance
+//!    preempts the proposal, another host took the journal over: the transaction is
+//!    rolled back from its old values, the new records are replayed (Fig. 8, steps 4
+//!    and 5), and the caller may acquire again and retry.
+//!
+//! A host that still believes itself the writer after another took over can therefore
+//! never commit: its proposal is for an instance that already has a value, or loses to
+//! a higher ballot. It may write its own journal area, which no committed record of
+//! anyone's lies past its tail in (see [`crate::journal`]).
+
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::journal::{records_after, write_record, Anchor, At, Op, Record};
+use crate::layout::{FsError, Superblock, SECTOR};
+use crate::meta::{Kind, Meta, MetaId};
+use crate::paxos::{ballot, latest, Outcome, Pages, Proposer, Value};
+use crate::store::MetaStore;
+
+/// Counters of one mounted host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Transactions this host committed to the journal.
+    pub journal_appends: u64,
+    /// Journal records replayed (written by other hosts, or before a restart).
+    pub replays: u64,
+    /// Disk Paxos proposals run.
+    pub paxos_rounds: u64,
+    /// Times this host won the journal.
+    pub handovers: u64,
+    /// Transactions rolled back because another host had taken the journal over.
+    pub lost: u64,
+}
+
+/// Why a transaction was not committed. Its operations are rolled back in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// This host does not hold the journal: [`Node::acquire`] first.
+    #[error("host {host} is not the journal's writer (the writer is host {owner})")]
+    NotWriter {
+        /// This host.
+        host: u32,
+        /// The writer as this host knows it (0: none yet).
+        owner: u32,
+    },
+    /// Another host took the journal over; its transactions are replayed here.
+    #[error(
+        "host {owner} took the journal over (instance {instance}); the transaction was rolled back"
+    )]
+    Lost {
+        /// The instance this host now knows.
+        instance: u64,
+        /// The writer it chose.
+        owner: u32,
+    },
+    /// Other hosts kept preempting the proposal: whether the transaction is chosen is
+    /// not decided yet. It is rolled back here; [`Node::poll`] replays it if it was.
+    #[error("the journal's instance stayed contended; the transaction may yet be chosen")]
+    Undecided,
+    /// The volume failed or holds damage. If it failed during the proposal, the
+    /// transaction may yet be chosen: [`Node::poll`] replays it if it was.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+/// A mounted host (see the module docs). Invariant: `store` holds the metaobjects as
+/// of decision (`instance`, `value`), plus the operations of `pending` applied in order.
+pub struct Node {
+    dev: Arc<dyn Device>,
+    host: u32,
+    sb: Superblock,
+    pages: Pages,
+    store: MetaStore,
+    instance: u64,
+    value: Value,
+    /// The next ballot round this host proposes with.
+    round: u64,
+    /// Where this host's next record goes in its area (in `value`'s generation): past
+    /// every record of its that a decision names.
+    area_tail: u64,
+    /// The transaction being made: operations applied to `store`, not yet committed.
+    pending: Vec<Op>,
+    stats: Stats,
+    /// Broken variant (the `broken` feature only): commits move the leader record
+    /// without a Disk Paxos instance, skipping the check that the anchor has not moved
+    /// (the harness must catch a lost or divergent transaction).
+    #[cfg(feature = "broken")]
+    pub broken_skip_paxos: bool,
+}
+
+impl Node {
+    /// Mounts the file system on `dev` as host `host` (1 to the superblock's
+    /// `max_hosts`): loads every metaobject and replays the journal to the latest anchor.
+    pub fn mount(dev: Arc<dyn Device>, host: u32) -> Result<Self, FsError> {
+        let sb = Superblock::read(dev.as_ref())?;
+        let g = sb.geometry;
+        if host == 0 || host > g.max_hosts {
+            return Err(FsError::Layout(format!(
+                "host id {host}: this file system takes hosts 1 to {}",
+                g.max_hosts
+            )));
+        }
+        let store = MetaStore::load(dev.as_ref(), sb)?;
+        let pages = Pages {
+            start: g.paxos_start(),
+            hosts: g.max_hosts,
+            uuid: sb.uuid,
+        };
+        let mut n = Self {
+            dev,
+            host,
+            sb,
+            pages,
+            store,
+            instance: 0,
+            value: Value::default(),
+            round: 1,
+            area_tail: 0,
+            pending: Vec::new(),
+            stats: Stats::default(),
+            #[cfg(feature = "broken")]
+            broken_skip_paxos: false,
+        };
+        n.poll()?;
+        n.skip_proposed()?;
+        Ok(n)
+    }
+
+    /// Moves this host's area tail past every record it wrote in the current generation
+    /// after its last committed one: such a record was proposed (a record is proposed
+    /// only once written whole) and another host's phase 1 may yet choose it, so it must
+    /// never be overwritten. Records are written one after another, so the first place
+    /// that holds no record of this generation ends them.
+    fn skip_proposed(&mut self) -> Result<(), FsError> {
+        let g = self.sb.geometry;
+        let (_, len) = g.journal_area(self.host);
+        loop {
+            let at = At {
+                host: self.host,
+                offset: self.area_tail,
+            };
+            if at.offset + SECTOR > len {
+                return Ok(());
+            }
+            match crate::journal::read_record(self.dev.as_ref(), &g, self.sb.uuid, at) {
+                Ok(r) if r.generation == self.value.anchor.generation => {
+                    self.area_tail += r.sectors() * SECTOR;
+                }
+                // No record there (zeros, an earlier generation's, a torn write that was
+                // never proposed): the records end here.
+                Ok(_) | Err(FsError::Corrupt { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// This host.
+    pub fn host(&self) -> u32 {
+        self.host
+    }
+
+    /// The metaobjects (with the pending transaction's operations applied).
+    pub fn store(&self) -> &MetaStore {
+        &self.store
+    }
+
+    /// The latest decision this host knows: instance and value.
+    pub fn decision(&self) -> (u64, Value) {
+        (self.instance, self.value)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Whether the latest decision this host knows makes it the writer (another host may
+    /// have taken over since: [`Node::commit`] finds out).
+    pub fn is_writer(&self) -> bool {
+        self.value.owner == self.host
+    }
+
+    /// Learns the latest decision and replays the records up to its anchor; true if it
+    /// moved. A pending transaction is rolled back first if there is anything to learn
+    /// (it was made against the state this replaces).
+    pub fn poll(&mut self) -> Result<bool, FsError> {
+        let leader = self.pages.read_leader(self.dev.as_ref())?;
+        let blocks = self.pages.read_blocks(self.dev.as_ref())?;
+        let (instance, value) = latest(&leader, &blocks);
+        if instance <= self.instance {
+            return Ok(false);
+        }
+        self.roll_back();
+        self.learn(instance, value)?;
+        Ok(true)
+    }
+
+    /// Takes decision (`instance`, `value`) in: replays the records between the anchor
+    /// known and its anchor (from the metaobjects' home copy if its generation is
+    /// another).
+    fn learn(&mut self, instance: u64, value: Value) -> Result<(), FsError> {
+        if instance <= self.instance {
+            return Ok(());
+        }
+        let g = self.sb.geometry;
+        let (uuid, dev) = (self.sb.uuid, self.dev.clone());
+        let mut after = self.value.anchor.seq;
+        if value.anchor.generation != self.value.anchor.generation {
+            self.store = MetaStore::load(dev.as_ref(), self.sb)?;
+            self.area_tail = 0;
+            after = 0;
+        }
+        for (at, r) in records_after(dev.as_ref(), &g, uuid, after, value.anchor)? {
+            for op in &r.ops {
+                self.store.apply(op).map_err(|detail| FsError::Corrupt {
+                    what: "journal record",
+                    offset: crate::journal::record_offset(&g, at),
+                    detail: format!("sequence {} does not apply: {detail}", r.seq),
+                })?;
+            }
+            if at.host == self.host {
+                self.area_tail = self.area_tail.max(at.offset + r.sectors() * SECTOR);
+            }
+            self.stats.replays += 1;
+        }
+        self.instance = instance;
+        self.value = value;
+        Ok(())
+    }
+
+    /// Runs one Disk Paxos instance (the next one) proposing `v`.
+    fn propose(&mut self, v: Value) -> Result<Outcome, FsError> {
+        let own = self.pages.read_blocks(self.dev.as_ref())?[self.host as usize - 1];
+        // Ballots only grow, across restarts too: a block's ballot moving back would let
+        // a lower ballot's phase 1 miss what this host accepted.
+        self.round = self.round.max((own.mbal >> 16) + 1);
+        let b = ballot(self.round, self.host);
+        let mut p = Proposer::new(self.host, self.instance + 1, b, v, own, self.value);
+        self.stats.paxos_rounds += 1;
+        let out = p.run(self.dev.as_ref(), &self.pages)?;
+        if let Outcome::Preempted { mbal, .. } = out {
+            self.round = self.round.max((mbal >> 16) + 1);
+        }
+        Ok(out)
+    }
+
+    /// Tries to win the journal (Fig. 8, steps 1 and 4): true if this host is the writer
+    /// now. False if another host won it meanwhile (its records replayed here); the
+    /// caller tries again later.
+    pub fn acquire(&mut self) -> Result<bool, FsError> {
+        for _ in 0..16 {
+            self.poll()?;
+            if self.is_writer() {
+                return Ok(true);
+            }
+            let mine = Value {
+                owner: self.host,
+                anchor: self.value.anchor,
+            };
+            match self.propose(mine)? {
+                Outcome::Chosen(v) => {
+                    let instance = self.instance + 1;
+                    // The leader record is what readers poll; the blocks tell the
+                    // decision too if this write is lost.
+                    self.pages.write_leader(self.dev.as_ref(), instance, v)?;
+                    self.roll_back();
+                    self.learn(instance, v)?;
+                    if v.owner == self.host {
+                        self.stats.handovers += 1;
+                        return Ok(true);
+                    }
+                    return Ok(false);
+                }
+                Outcome::Preempted { .. } => continue,
+            }
+        }
+        Ok(false)
+    }
+
+    /// Changes metaobject (`kind`, `id`) to `new` as part of the pending transaction,
+    /// in memory. Refused if the identifier names no slot of that kind or `new` is not
+    /// of it.
+    pub fn change(&mut self, kind: Kind, id: MetaId, new: &Meta) -> Result<(), String> {
+        let op = self.store.op(kind, id, new).ok_or_else(|| {
+            format!(
+                "{kind:?} {:#x}: no such slot, or a value of another kind",
+                id.0
+            )
+        })?;
+        self.store.apply(&op)?;
+        self.pending.push(op);
+        Ok(())
+    }
+
+    /// Rolls the pending transaction back (its operations' old values, in reverse).
+    pub fn roll_back(&mut self) {
+        while let Some(op) = self.pending.pop() {
+            // The op was applied to this very state: its slot exists and takes the value.
+            self.store
+                .roll_back(&op)
+                .expect("an applied operation rolls back");
+        }
+    }
+
+    /// Commits the pending transaction (see the module docs): its sequence number. On
+    /// any error it is rolled back.
+    pub fn commit(&mut self) -> Result<u64, CommitError> {
+        if self.pending.is_empty() {
+            return Ok(self.value.anchor.seq);
+        }
+        if !self.is_writer() {
+            self.roll_back();
+            return Err(CommitError::NotWriter {
+                host: self.host,
+                owner: self.value.owner,
+            });
+        }
+        let anchor = self.value.anchor;
+        let record = Record {
+            generation: anchor.generation,
+            seq: anchor.seq + 1,
+            prev: anchor.last,
+            ops: self.pending.clone(),
+        };
+        let at = At {
+            host: self.host,
+            offset: self.area_tail,
+        };
+        let g = self.sb.geometry;
+        if let Err(e) = write_record(self.dev.as_ref(), &g, self.sb.uuid, at, &record) {
+            self.roll_back();
+            return Err(e.into());
+        }
+        let new = Value {
+            owner: self.host,
+            anchor: Anchor {
+                generation: anchor.generation,
+                seq: record.seq,
+                last: at,
+            },
+        };
+        #[cfg(feature = "broken")]
+        if self.broken_skip_paxos {
+            self.pages
+                .write_leader(self.dev.as_ref(), self.instance + 1, new)?;
+            self.area_tail += record.sectors() * SECTOR;
+            return Ok(self.committed(new));
+        }
+        // The record's place is never written again in this generation, whatever comes
+        // of the proposal: a proposal preempted after its phase 2 may still be chosen by
+        // another host's phase 1.
+        self.area_tail += record.sectors() * SECTOR;
+        for _ in 0..8 {
+            let out = match self.propose(new) {
+                Ok(o) => o,
+                Err(e) => {
+                    self.roll_back();
+                    return Err(e.into());
+                }
+            };
+            match out {
+                Outcome::Chosen(v) if v == new => {
+                    // Committed: the leader record is a hint for the readers (the blocks
+                    // hold the decision if this write fails).
+                    let _ = self
+                        .pages
+                        .write_leader(self.dev.as_ref(), self.instance + 1, v);
+                    return Ok(self.committed(new));
+                }
+                Outcome::Chosen(v) => {
+                    // Another value took this instance: it is not built on this record.
+                    self.roll_back();
+                    self.stats.lost += 1;
+                    let instance = self.instance + 1;
+                    let _ = self.pages.write_leader(self.dev.as_ref(), instance, v);
+                    self.learn(instance, v)?;
+                    return Err(CommitError::Lost {
+                        instance,
+                        owner: v.owner,
+                    });
+                }
+                Outcome::Preempted { later: false, .. } => {
+                    // A higher ballot of the same instance: propose again past it until
+                    // the instance decides (this record's value, or another).
+                    continue;
+                }
+                Outcome::Preempted { later: true, .. } => {
+                    // The instance was decided and built on: learn how far, then whether
+                    // this record is in the chain.
+                    self.roll_back();
+                    self.poll()?;
+                    let g = self.sb.geometry;
+                    let chain = records_after(
+                        self.dev.as_ref(),
+                        &g,
+                        self.sb.uuid,
+                        record.seq - 1,
+                        self.value.anchor,
+                    )?;
+                    if chain
+                        .first()
+                        .is_some_and(|(a, r)| *a == at && r.seq == record.seq)
+                    {
+                        self.stats.journal_appends += 1;
+                        return Ok(record.seq);
+                    }
+                    self.stats.lost += 1;
+                    return Err(CommitError::Lost {
+                        instance: self.instance,
+                        owner: self.value.owner,
+                    });
+                }
+            }
+        }
+        // Still contended: whether the record is chosen is not known here yet.
+        self.roll_back();
+        Err(CommitError::Undecided)
+    }
+
+    /// Notes the pending transaction committed as decision `new`; its sequence number.
+    fn committed(&mut self, new: Value) -> u64 {
+        self.pending.clear();
+        self.instance += 1;
+        self.value = new;
+        self.stats.journal_appends += 1;
+        new.anchor.seq
+    }
+}
