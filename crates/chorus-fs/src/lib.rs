@@ -14,7 +14,8 @@
 //!   rolled back from their old values;
 //! - [`coord`]: a mounted host: readers replay the journal to the latest anchor, the
 //!   writer wins the journal and commits each transaction by a Disk Paxos instance, and
-//!   rolls back and replays when another host took over (Fig. 8).
+//!   rolls back and replays when another host took over (Fig. 8);
+//! - [`pfs`]: the file-system API of Fig. 3 (mount, paths, descriptors, data I/O).
 //!
 //! Formats are documented byte by byte in `docs/formats.md` ("File system").
 
@@ -25,6 +26,7 @@ pub mod layout;
 pub mod meta;
 pub mod mkfs;
 pub mod paxos;
+pub mod pfs;
 pub mod store;
 
 pub use device::{Device, MemDevice};

@@ -1,0 +1,1125 @@
+//! The file-system API of PolarFS Fig. 3 (libpfs), in Rust: a mounted file system
+//! ([`Pfs`]) with paths, file descriptors, and data I/O to the volume.
+//!
+//! Every metadata change is one transaction ([`crate::coord`]): resolved against the
+//! metadata in memory, made, and committed to the journal; if another host took the
+//! journal over meanwhile, it is rolled back, the other host's transactions are
+//! replayed, and it is tried again (Fig. 8, step 5). Data I/O goes straight to the
+//! volume: a write into blocks the file already owns (preallocated by `fallocate`, or
+//! written before) and within its size needs no transaction at all (section 4: database
+//! files are preallocated so that their writes touch no metadata). A write that extends
+//! the file or lands in a hole allocates blocks and sets the size in a transaction; a
+//! block that held another file's data is zeroed before it is given out, and bytes
+//! between the old end and a write past it are zeroed before the size moves, so a file
+//! never shows bytes it was not given.
+//!
+//! Known limits (each a clear error, never a wrong answer): no hard or symbolic links,
+//! no extended attributes, no `mmap` (the FUSE mount answers those), `growfs` is not
+//! built; an open file that is unlinked or renamed over is gone at once (its
+//! descriptors answer `ESTALE`), and writes within a file's size leave its mtime as it
+//! was.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::coord::{CommitError, Node};
+use crate::device::Device;
+use crate::layout::{FsError, Geometry};
+use crate::meta::{valid_name, Dirent, FileKind, Inode, Kind, Meta, MetaId, Tag, NAME_MAX};
+
+/// How a host mounts the file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The one writing host: it takes the journal at mount.
+    ReadWrite,
+    /// A reading host: it never writes the volume, and [`Pfs::refresh`] replays what the
+    /// writer committed.
+    ReadOnly,
+}
+
+/// Why a file-system call failed; [`FsOpError::errno`] gives the POSIX error.
+#[derive(Debug, thiserror::Error)]
+pub enum FsOpError {
+    /// No such file or directory.
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    /// The name exists already.
+    #[error("{0}: exists")]
+    Exists(String),
+    /// A path component is not a directory.
+    #[error("{0}: not a directory")]
+    NotDir(String),
+    /// A directory where a file was needed.
+    #[error("{0}: is a directory")]
+    IsDir(String),
+    /// The directory is not empty.
+    #[error("{0}: directory not empty")]
+    NotEmpty(String),
+    /// A name longer than the file system holds.
+    #[error("{0}: name longer than {NAME_MAX} bytes")]
+    NameTooLong(String),
+    /// An argument that cannot be right (a bad name, a negative seek, a move into
+    /// oneself).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// No free inode, directory entry or block.
+    #[error("no space left: {0}")]
+    NoSpace(String),
+    /// The mount is read-only.
+    #[error("read-only mount")]
+    ReadOnly,
+    /// No such open file.
+    #[error("bad file descriptor {0}")]
+    BadFd(u64),
+    /// The descriptor was not opened for this.
+    #[error("file descriptor {0} is not open for {1}")]
+    NotOpenFor(u64, &'static str),
+    /// The open file was unlinked or replaced.
+    #[error("file descriptor {0}: the file is gone")]
+    Stale(u64),
+    /// Permission bits refuse the access asked.
+    #[error("{0}: permission denied")]
+    Denied(String),
+    /// Another host holds the journal and keeps it.
+    #[error("another host holds the journal: {0}")]
+    Busy(String),
+    /// Not offered by this file system (see the module docs).
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+    /// The volume failed or holds damage.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+impl From<std::io::Error> for FsOpError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Fs(FsError::Io(e))
+    }
+}
+
+impl FsOpError {
+    /// The POSIX errno for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::NotFound(_) => 2,     // ENOENT
+            Self::Exists(_) => 17,      // EEXIST
+            Self::NotDir(_) => 20,      // ENOTDIR
+            Self::IsDir(_) => 21,       // EISDIR
+            Self::NotEmpty(_) => 39,    // ENOTEMPTY
+            Self::NameTooLong(_) => 36, // ENAMETOOLONG
+            Self::Invalid(_) => 22,     // EINVAL
+            Self::NoSpace(_) => 28,     // ENOSPC
+            Self::ReadOnly => 30,       // EROFS
+            Self::BadFd(_) => 9,        // EBADF
+            Self::NotOpenFor(..) => 9,  // EBADF
+            Self::Stale(_) => 116,      // ESTALE
+            Self::Denied(_) => 13,      // EACCES
+            Self::Busy(_) => 16,        // EBUSY
+            Self::Unsupported(_) => 95, // EOPNOTSUPP
+            Self::Fs(_) => 5,           // EIO
+        }
+    }
+}
+
+/// What `stat` tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// The inode's identifier.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: FileKind,
+    /// Permission bits.
+    pub mode: u32,
+    /// Bytes.
+    pub size: u64,
+    /// Links: 1 for a file, 2 plus its subdirectories for a directory.
+    pub nlink: u32,
+    /// Data blocks the file owns.
+    pub blocks: u64,
+    /// Last data change (ns since the epoch).
+    pub mtime_ns: i64,
+    /// Last metadata change (ns since the epoch).
+    pub ctime_ns: i64,
+}
+
+/// One directory entry, as `readdir` gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The name.
+    pub name: Vec<u8>,
+    /// The inode's identifier.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: FileKind,
+}
+
+/// How `open` opens a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenFlags {
+    /// Reads allowed.
+    pub read: bool,
+    /// Writes allowed.
+    pub write: bool,
+    /// Create it if missing.
+    pub create: bool,
+    /// With `create`: fail if it exists.
+    pub exclusive: bool,
+    /// Cut it to 0 bytes.
+    pub truncate: bool,
+    /// Writes go to the end.
+    pub append: bool,
+}
+
+/// Where `lseek` counts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whence {
+    /// From the start.
+    Set,
+    /// From the current offset.
+    Cur,
+    /// From the end.
+    End,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OpenFile {
+    inode: MetaId,
+    offset: u64,
+    flags: OpenFlags,
+}
+
+/// The lookups built from the metaobjects (section 6.1: the directory tree, the file
+/// mapping table and the free lists). Invariant: it describes the node's store as it
+/// is, rebuilt after every change of it.
+#[derive(Default)]
+struct Index {
+    /// Directory inode → name → (directory entry, inode named).
+    children: HashMap<MetaId, BTreeMap<Vec<u8>, (MetaId, MetaId)>>,
+    /// File inode → file block → block tag.
+    blocks: HashMap<MetaId, BTreeMap<u64, MetaId>>,
+    free_inodes: Vec<MetaId>,
+    free_dirents: Vec<MetaId>,
+    /// Free tags, the clean ones (never held data since zeroed) last so they are taken
+    /// first.
+    free_tags: Vec<MetaId>,
+}
+
+/// A mounted file system (see the module docs).
+pub struct Pfs {
+    node: Node,
+    dev: Arc<dyn Device>,
+    g: Geometry,
+    access: Access,
+    index: Index,
+    cwd: MetaId,
+    files: HashMap<u64, OpenFile>,
+    next_fd: u64,
+    clock: Box<dyn Fn() -> i64 + Send>,
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl Pfs {
+    /// Mounts the file system on `dev` as host `host` (`pfs_mount`): loads the
+    /// metadata, replays the journal, and for a read-write mount takes the journal.
+    pub fn mount(dev: Arc<dyn Device>, host: u32, access: Access) -> Result<Self, FsOpError> {
+        let node = Node::mount(dev.clone(), host)?;
+        let g = node.store().superblock().geometry;
+        let mut p = Self {
+            node,
+            dev,
+            g,
+            access,
+            index: Index::default(),
+            cwd: MetaId::ROOT,
+            files: HashMap::new(),
+            next_fd: 3,
+            clock: Box::new(now_ns),
+        };
+        if access == Access::ReadWrite && !p.node.acquire()? {
+            return Err(FsOpError::Busy(format!(
+                "host {} won it while host {host} mounted",
+                p.node.decision().1.owner
+            )));
+        }
+        p.reindex();
+        Ok(p)
+    }
+
+    /// Sets the clock that stamps mtime and ctime (tests make it deterministic).
+    pub fn set_clock(&mut self, clock: Box<dyn Fn() -> i64 + Send>) {
+        self.clock = clock;
+    }
+
+    /// The host's coordination state (counters, the decision known).
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Unmounts (`pfs_umount`): open files are closed; nothing is left to write.
+    pub fn umount(self) {}
+
+    /// `pfs_mount_growfs`: not built yet.
+    pub fn growfs(&mut self) -> Result<(), FsOpError> {
+        Err(FsOpError::Unsupported("growfs is not built yet"))
+    }
+
+    /// Replays what other hosts committed since (a reading host calls it as it polls the
+    /// anchor); true if anything changed.
+    pub fn refresh(&mut self) -> Result<bool, FsOpError> {
+        let moved = self.node.poll()?;
+        if moved {
+            self.reindex();
+        }
+        Ok(moved)
+    }
+
+    fn reindex(&mut self) {
+        let s = self.node.store();
+        let mut ix = Index::default();
+        let mut dirty_free = Vec::new();
+        for c in 0..self.g.chunks() {
+            for (id, m) in s.iter(c, Kind::Inode) {
+                match m {
+                    Meta::Free if id != MetaId::NONE => ix.free_inodes.push(id),
+                    Meta::Inode(i) if i.kind == FileKind::Dir => {
+                        ix.children.entry(id).or_default();
+                    }
+                    _ => {}
+                }
+            }
+            for (id, m) in s.iter(c, Kind::Dirent) {
+                match m {
+                    Meta::Free => ix.free_dirents.push(id),
+                    Meta::Dirent(d) => {
+                        ix.children
+                            .entry(d.parent)
+                            .or_default()
+                            .insert(d.name.clone(), (id, d.inode));
+                    }
+                    _ => {}
+                }
+            }
+            for (id, m) in s.iter(c, Kind::Tag) {
+                if let Meta::Tag(t) = m {
+                    if t.owner == MetaId::NONE {
+                        if t.dirty {
+                            dirty_free.push(id);
+                        } else {
+                            ix.free_tags.push(id);
+                        }
+                    } else {
+                        ix.blocks
+                            .entry(t.owner)
+                            .or_default()
+                            .insert(t.file_block, id);
+                    }
+                }
+            }
+        }
+        // Popped from the end: clean tags first, lowest identifiers first.
+        ix.free_tags.reverse();
+        dirty_free.reverse();
+        dirty_free.extend(ix.free_tags);
+        ix.free_tags = dirty_free;
+        ix.free_inodes.reverse();
+        ix.free_dirents.reverse();
+        self.index = ix;
+    }
+
+    fn inode(&self, id: MetaId) -> Option<&Inode> {
+        match self.node.store().get(Kind::Inode, id) {
+            Some(Meta::Inode(i)) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// Splits `path` into the directory to start from and its components.
+    fn components<'a>(&self, path: &'a str) -> Result<(MetaId, Vec<&'a [u8]>), FsOpError> {
+        if path.is_empty() {
+            return Err(FsOpError::NotFound(String::new()));
+        }
+        let start = if path.starts_with('/') {
+            MetaId::ROOT
+        } else {
+            self.cwd
+        };
+        let parts = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::as_bytes)
+            .collect();
+        Ok((start, parts))
+    }
+
+    /// The inode `path` names.
+    fn lookup(&self, path: &str) -> Result<MetaId, FsOpError> {
+        let (mut at, parts) = self.components(path)?;
+        for c in parts {
+            at = self.step(at, c, path)?;
+        }
+        Ok(at)
+    }
+
+    fn step(&self, dir: MetaId, c: &[u8], path: &str) -> Result<MetaId, FsOpError> {
+        let d = self
+            .inode(dir)
+            .ok_or_else(|| FsOpError::NotFound(path.into()))?;
+        if d.kind != FileKind::Dir {
+            return Err(FsOpError::NotDir(path.into()));
+        }
+        if c == b".." {
+            return Ok(d.parent);
+        }
+        if c.len() > NAME_MAX {
+            return Err(FsOpError::NameTooLong(path.into()));
+        }
+        self.index
+            .children
+            .get(&dir)
+            .and_then(|m| m.get(c))
+            .map(|&(_, i)| i)
+            .ok_or_else(|| FsOpError::NotFound(path.into()))
+    }
+
+    /// The directory holding `path`'s last component, and that component.
+    fn parent_of(&self, path: &str) -> Result<(MetaId, Vec<u8>), FsOpError> {
+        let (mut at, mut parts) = self.components(path)?;
+        let Some(last) = parts.pop() else {
+            return Err(FsOpError::Invalid(format!("{path}: names no entry")));
+        };
+        for c in parts {
+            at = self.step(at, c, path)?;
+        }
+        match self.inode(at) {
+            Some(i) if i.kind == FileKind::Dir => {}
+            Some(_) => return Err(FsOpError::NotDir(path.into())),
+            None => return Err(FsOpError::NotFound(path.into())),
+        }
+        if last.len() > NAME_MAX {
+            return Err(FsOpError::NameTooLong(path.into()));
+        }
+        if !valid_name(last) {
+            return Err(FsOpError::Invalid(format!(
+                "{path}: not a name an entry can have"
+            )));
+        }
+        Ok((at, last.to_vec()))
+    }
+
+    /// Runs `f` as one metadata transaction (see the module docs).
+    fn txn<T>(&mut self, f: impl Fn(&mut Self) -> Result<T, FsOpError>) -> Result<T, FsOpError> {
+        if self.access == Access::ReadOnly {
+            return Err(FsOpError::ReadOnly);
+        }
+        for _ in 0..4 {
+            if !self.node.is_writer() {
+                let won = self.node.acquire()?;
+                self.reindex();
+                if !won {
+                    return Err(FsOpError::Busy(format!(
+                        "host {} holds it",
+                        self.node.decision().1.owner
+                    )));
+                }
+            }
+            let r = f(self);
+            let v = match r {
+                Ok(v) => v,
+                Err(e) => {
+                    self.node.roll_back();
+                    self.reindex();
+                    return Err(e);
+                }
+            };
+            let c = self.node.commit();
+            self.reindex();
+            match c {
+                Ok(_) => return Ok(v),
+                Err(CommitError::Lost { .. } | CommitError::NotWriter { .. }) => continue,
+                Err(CommitError::Undecided) => continue,
+                Err(CommitError::Fs(e)) => return Err(e.into()),
+            }
+        }
+        Err(FsOpError::Busy(
+            "the journal changed hands under every retry".into(),
+        ))
+    }
+
+    fn set(&mut self, kind: Kind, id: MetaId, m: Meta) -> Result<(), FsOpError> {
+        self.node
+            .change(kind, id, &m)
+            .map_err(|e| FsOpError::Fs(FsError::Layout(e)))
+    }
+
+    fn alloc_inode(&mut self, i: Inode) -> Result<MetaId, FsOpError> {
+        let id = self
+            .index
+            .free_inodes
+            .pop()
+            .ok_or_else(|| FsOpError::NoSpace("no free inode".into()))?;
+        self.set(Kind::Inode, id, Meta::Inode(i))?;
+        Ok(id)
+    }
+
+    fn link(&mut self, dir: MetaId, name: Vec<u8>, inode: MetaId) -> Result<MetaId, FsOpError> {
+        let id = self
+            .index
+            .free_dirents
+            .pop()
+            .ok_or_else(|| FsOpError::NoSpace("no free directory entry".into()))?;
+        self.set(
+            Kind::Dirent,
+            id,
+            Meta::Dirent(Dirent {
+                parent: dir,
+                inode,
+                name: name.clone(),
+            }),
+        )?;
+        self.index
+            .children
+            .entry(dir)
+            .or_default()
+            .insert(name, (id, inode));
+        Ok(id)
+    }
+
+    fn touch(&mut self, id: MetaId, f: impl FnOnce(&mut Inode)) -> Result<(), FsOpError> {
+        let mut i = self
+            .inode(id)
+            .cloned()
+            .ok_or_else(|| FsOpError::NotFound(format!("inode {:#x}", id.0)))?;
+        f(&mut i);
+        self.set(Kind::Inode, id, Meta::Inode(i))
+    }
+
+    /// Frees a file's inode and every block it owns.
+    fn free_file(&mut self, id: MetaId) -> Result<(), FsOpError> {
+        let blocks: Vec<MetaId> = self
+            .index
+            .blocks
+            .remove(&id)
+            .map(|m| m.into_values().collect())
+            .unwrap_or_default();
+        for t in blocks {
+            self.free_tag(t)?;
+        }
+        self.set(Kind::Inode, id, Meta::Free)
+    }
+
+    fn free_tag(&mut self, t: MetaId) -> Result<(), FsOpError> {
+        self.set(
+            Kind::Tag,
+            t,
+            Meta::Tag(Tag {
+                owner: MetaId::NONE,
+                file_block: 0,
+                dirty: true,
+            }),
+        )
+    }
+
+    /// `stat`.
+    pub fn stat(&self, path: &str) -> Result<Stat, FsOpError> {
+        let id = self.lookup(path)?;
+        Ok(self.stat_of(id))
+    }
+
+    fn stat_of(&self, id: MetaId) -> Stat {
+        let i = self.inode(id).expect("a looked-up inode");
+        let subdirs = self.index.children.get(&id).map_or(0, |m| {
+            m.values()
+                .filter(|(_, c)| self.inode(*c).is_some_and(|x| x.kind == FileKind::Dir))
+                .count()
+        });
+        Stat {
+            ino: id.0,
+            kind: i.kind,
+            mode: i.mode,
+            size: i.size,
+            nlink: match i.kind {
+                FileKind::File => 1,
+                FileKind::Dir => 2 + subdirs as u32,
+            },
+            blocks: self.index.blocks.get(&id).map_or(0, |b| b.len() as u64),
+            mtime_ns: i.mtime_ns,
+            ctime_ns: i.ctime_ns,
+        }
+    }
+
+    /// `fstat`.
+    pub fn fstat(&self, fd: u64) -> Result<Stat, FsOpError> {
+        let f = self.file(fd)?;
+        Ok(self.stat_of(f.inode))
+    }
+
+    /// `access`: `mode` is an `R_OK | W_OK | X_OK` mask (4, 2, 1), checked against the
+    /// owner's permission bits; 0 checks existence.
+    pub fn access(&self, path: &str, mode: u32) -> Result<(), FsOpError> {
+        let s = self.stat(path)?;
+        if (s.mode >> 6) & mode & 7 != mode & 7 {
+            return Err(FsOpError::Denied(path.into()));
+        }
+        if mode & 2 != 0 && self.access == Access::ReadOnly {
+            return Err(FsOpError::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// `mkdir`.
+    pub fn mkdir(&mut self, path: &str, mode: u32) -> Result<(), FsOpError> {
+        let (dir, name) = self.parent_of(path)?;
+        let now = (self.clock)();
+        self.txn(|p| {
+            if p.index
+                .children
+                .get(&dir)
+                .is_some_and(|m| m.contains_key(&name))
+            {
+                return Err(FsOpError::Exists(path.into()));
+            }
+            let id = p.alloc_inode(Inode {
+                kind: FileKind::Dir,
+                mode: mode & 0o7777,
+                size: 0,
+                mtime_ns: now,
+                ctime_ns: now,
+                parent: dir,
+            })?;
+            p.link(dir, name.clone(), id)?;
+            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
+        })
+    }
+
+    /// `rmdir`.
+    pub fn rmdir(&mut self, path: &str) -> Result<(), FsOpError> {
+        let (dir, name) = self.parent_of(path)?;
+        let now = (self.clock)();
+        self.txn(|p| {
+            let &(entry, id) = p
+                .index
+                .children
+                .get(&dir)
+                .and_then(|m| m.get(&name))
+                .ok_or_else(|| FsOpError::NotFound(path.into()))?;
+            if p.inode(id).is_some_and(|i| i.kind != FileKind::Dir) {
+                return Err(FsOpError::NotDir(path.into()));
+            }
+            if p.index.children.get(&id).is_some_and(|m| !m.is_empty()) {
+                return Err(FsOpError::NotEmpty(path.into()));
+            }
+            if id == p.cwd {
+                return Err(FsOpError::Invalid(format!("{path}: the working directory")));
+            }
+            p.set(Kind::Dirent, entry, Meta::Free)?;
+            p.set(Kind::Inode, id, Meta::Free)?;
+            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
+        })
+    }
+
+    /// `readdir` of `path` (`opendir`, `readdir` until the end, `closedir`): every entry,
+    /// in name order, without `.` and `..`.
+    pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>, FsOpError> {
+        let id = self.lookup(path)?;
+        if self.inode(id).is_some_and(|i| i.kind != FileKind::Dir) {
+            return Err(FsOpError::NotDir(path.into()));
+        }
+        Ok(self
+            .index
+            .children
+            .get(&id)
+            .map(|m| {
+                m.iter()
+                    .map(|(name, &(_, ino))| DirEntry {
+                        name: name.clone(),
+                        ino: ino.0,
+                        kind: self.inode(ino).map_or(FileKind::File, |i| i.kind),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// `chdir`.
+    pub fn chdir(&mut self, path: &str) -> Result<(), FsOpError> {
+        let id = self.lookup(path)?;
+        if self.inode(id).is_some_and(|i| i.kind != FileKind::Dir) {
+            return Err(FsOpError::NotDir(path.into()));
+        }
+        self.cwd = id;
+        Ok(())
+    }
+
+    /// `getcwd`.
+    pub fn getcwd(&self) -> Result<String, FsOpError> {
+        let mut parts = Vec::new();
+        let mut at = self.cwd;
+        while at != MetaId::ROOT {
+            let parent = self
+                .inode(at)
+                .map(|i| i.parent)
+                .ok_or_else(|| FsOpError::NotFound("the working directory".into()))?;
+            let name = self
+                .index
+                .children
+                .get(&parent)
+                .and_then(|m| {
+                    m.iter()
+                        .find(|(_, &(_, i))| i == at)
+                        .map(|(n, _)| n.clone())
+                })
+                .ok_or_else(|| FsOpError::NotFound("the working directory".into()))?;
+            parts.push(String::from_utf8_lossy(&name).into_owned());
+            at = parent;
+        }
+        parts.reverse();
+        Ok(format!("/{}", parts.join("/")))
+    }
+
+    /// `creat`: creates (or truncates) a file and opens it for writing.
+    pub fn creat(&mut self, path: &str, mode: u32) -> Result<u64, FsOpError> {
+        let flags = OpenFlags {
+            write: true,
+            create: true,
+            truncate: true,
+            ..OpenFlags::default()
+        };
+        self.open(path, flags, mode)
+    }
+
+    /// `open`: a file descriptor.
+    pub fn open(&mut self, path: &str, flags: OpenFlags, mode: u32) -> Result<u64, FsOpError> {
+        if (flags.write || flags.create || flags.truncate) && self.access == Access::ReadOnly {
+            return Err(FsOpError::ReadOnly);
+        }
+        let id = match self.lookup(path) {
+            Ok(id) if flags.create && flags.exclusive => {
+                let _ = id;
+                return Err(FsOpError::Exists(path.into()));
+            }
+            Ok(id) => {
+                if self.inode(id).is_some_and(|i| i.kind == FileKind::Dir) {
+                    return Err(FsOpError::IsDir(path.into()));
+                }
+                if flags.truncate {
+                    self.resize(id, 0)?;
+                }
+                id
+            }
+            Err(FsOpError::NotFound(_)) if flags.create => {
+                let (dir, name) = self.parent_of(path)?;
+                let now = (self.clock)();
+                self.txn(|p| {
+                    if p.index
+                        .children
+                        .get(&dir)
+                        .is_some_and(|m| m.contains_key(&name))
+                    {
+                        return Err(FsOpError::Exists(path.into()));
+                    }
+                    let id = p.alloc_inode(Inode {
+                        kind: FileKind::File,
+                        mode: mode & 0o7777,
+                        size: 0,
+                        mtime_ns: now,
+                        ctime_ns: now,
+                        parent: MetaId::NONE,
+                    })?;
+                    p.link(dir, name.clone(), id)?;
+                    p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
+                    Ok(id)
+                })?
+            }
+            Err(e) => return Err(e),
+        };
+        let fd = self.next_fd;
+        self.next_fd += 1;
+        self.files.insert(
+            fd,
+            OpenFile {
+                inode: id,
+                offset: 0,
+                flags,
+            },
+        );
+        Ok(fd)
+    }
+
+    /// `close`.
+    pub fn close(&mut self, fd: u64) -> Result<(), FsOpError> {
+        self.files
+            .remove(&fd)
+            .map(|_| ())
+            .ok_or(FsOpError::BadFd(fd))
+    }
+
+    fn file(&self, fd: u64) -> Result<OpenFile, FsOpError> {
+        let f = *self.files.get(&fd).ok_or(FsOpError::BadFd(fd))?;
+        match self.inode(f.inode) {
+            Some(i) if i.kind == FileKind::File => Ok(f),
+            _ => Err(FsOpError::Stale(fd)),
+        }
+    }
+
+    /// `unlink`.
+    pub fn unlink(&mut self, path: &str) -> Result<(), FsOpError> {
+        let (dir, name) = self.parent_of(path)?;
+        let now = (self.clock)();
+        self.txn(|p| {
+            let &(entry, id) = p
+                .index
+                .children
+                .get(&dir)
+                .and_then(|m| m.get(&name))
+                .ok_or_else(|| FsOpError::NotFound(path.into()))?;
+            if p.inode(id).is_some_and(|i| i.kind == FileKind::Dir) {
+                return Err(FsOpError::IsDir(path.into()));
+            }
+            p.set(Kind::Dirent, entry, Meta::Free)?;
+            p.free_file(id)?;
+            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
+        })
+    }
+
+    /// `rename`: moves `from` to `to`, replacing a file there (or an empty directory,
+    /// when `from` is a directory).
+    pub fn rename(&mut self, from: &str, to: &str) -> Result<(), FsOpError> {
+        let (fdir, fname) = self.parent_of(from)?;
+        let (tdir, tname) = self.parent_of(to)?;
+        let now = (self.clock)();
+        self.txn(|p| {
+            let &(entry, id) = p
+                .index
+                .children
+                .get(&fdir)
+                .and_then(|m| m.get(&fname))
+                .ok_or_else(|| FsOpError::NotFound(from.into()))?;
+            let moving_dir = p.inode(id).is_some_and(|i| i.kind == FileKind::Dir);
+            if moving_dir {
+                // Not into itself or below it.
+                let mut at = tdir;
+                loop {
+                    if at == id {
+                        return Err(FsOpError::Invalid(format!("{from} into itself ({to})")));
+                    }
+                    if at == MetaId::ROOT {
+                        break;
+                    }
+                    at = p.inode(at).map_or(MetaId::ROOT, |i| i.parent);
+                }
+            }
+            if let Some(&(tentry, tid)) = p.index.children.get(&tdir).and_then(|m| m.get(&tname)) {
+                if tid == id {
+                    return Ok(());
+                }
+                let tdir_kind = p.inode(tid).map(|i| i.kind);
+                match (moving_dir, tdir_kind) {
+                    (false, Some(FileKind::Dir)) => return Err(FsOpError::IsDir(to.into())),
+                    (true, Some(FileKind::File)) => return Err(FsOpError::NotDir(to.into())),
+                    (true, Some(FileKind::Dir))
+                        if p.index.children.get(&tid).is_some_and(|m| !m.is_empty()) =>
+                    {
+                        return Err(FsOpError::NotEmpty(to.into()))
+                    }
+                    _ => {}
+                }
+                p.set(Kind::Dirent, tentry, Meta::Free)?;
+                match tdir_kind {
+                    Some(FileKind::File) => p.free_file(tid)?,
+                    _ => p.set(Kind::Inode, tid, Meta::Free)?,
+                }
+                if let Some(m) = p.index.children.get_mut(&tdir) {
+                    m.remove(&tname);
+                }
+            }
+            p.set(
+                Kind::Dirent,
+                entry,
+                Meta::Dirent(Dirent {
+                    parent: tdir,
+                    inode: id,
+                    name: tname.clone(),
+                }),
+            )?;
+            if moving_dir {
+                p.touch(id, |d| (d.parent, d.ctime_ns) = (tdir, now))?;
+            }
+            p.touch(fdir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
+            if tdir != fdir {
+                p.touch(tdir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `truncate`.
+    pub fn truncate(&mut self, path: &str, len: u64) -> Result<(), FsOpError> {
+        let id = self.lookup(path)?;
+        if self.inode(id).is_some_and(|i| i.kind == FileKind::Dir) {
+            return Err(FsOpError::IsDir(path.into()));
+        }
+        self.resize(id, len)
+    }
+
+    /// `ftruncate`.
+    pub fn ftruncate(&mut self, fd: u64, len: u64) -> Result<(), FsOpError> {
+        let f = self.file(fd)?;
+        if !f.flags.write {
+            return Err(FsOpError::NotOpenFor(fd, "writing"));
+        }
+        self.resize(f.inode, len)
+    }
+
+    /// Where byte `at` of the file's block `tag` lies on the volume.
+    fn volume_offset(&self, tag: MetaId, at: u64) -> u64 {
+        self.g.block_offset(tag.chunk(), tag.index() as u64) + at
+    }
+
+    /// Zeroes bytes `from..to` of the file's owned blocks (holes read as zeros already).
+    fn zero_range(&self, id: MetaId, from: u64, to: u64) -> Result<(), FsOpError> {
+        let bs = self.g.block_bytes;
+        let mut at = from;
+        while at < to {
+            let fb = at / bs;
+            let end = ((fb + 1) * bs).min(to);
+            if let Some(&t) = self.index.blocks.get(&id).and_then(|m| m.get(&fb)) {
+                let zeros = vec![0u8; (end - at) as usize];
+                self.dev
+                    .write(self.volume_offset(t, at - fb * bs), &zeros)?;
+            }
+            at = end;
+        }
+        Ok(())
+    }
+
+    fn resize(&mut self, id: MetaId, len: u64) -> Result<(), FsOpError> {
+        let size = self.inode(id).map_or(0, |i| i.size);
+        if len > size {
+            // The bytes between the old end and the new one read as zeros.
+            self.zero_range(id, size, len)?;
+        }
+        let now = (self.clock)();
+        let bs = self.g.block_bytes;
+        self.txn(|p| {
+            if len < size {
+                let keep = len.div_ceil(bs);
+                let gone: Vec<(u64, MetaId)> = p
+                    .index
+                    .blocks
+                    .get(&id)
+                    .map(|m| m.range(keep..).map(|(&fb, &t)| (fb, t)).collect())
+                    .unwrap_or_default();
+                for (fb, t) in gone {
+                    p.free_tag(t)?;
+                    if let Some(m) = p.index.blocks.get_mut(&id) {
+                        m.remove(&fb);
+                    }
+                }
+            }
+            p.touch(id, |i| (i.size, i.mtime_ns, i.ctime_ns) = (len, now, now))
+        })
+    }
+
+    /// Gives the file blocks `first..end` it does not own yet (in a transaction already
+    /// under way), zeroing blocks that held other data first.
+    fn allocate(&mut self, id: MetaId, first: u64, end: u64) -> Result<(), FsOpError> {
+        for fb in first..end {
+            if self
+                .index
+                .blocks
+                .get(&id)
+                .is_some_and(|m| m.contains_key(&fb))
+            {
+                continue;
+            }
+            let t = self
+                .index
+                .free_tags
+                .pop()
+                .ok_or_else(|| FsOpError::NoSpace("no free data block".into()))?;
+            let dirty = matches!(
+                self.node.store().get(Kind::Tag, t),
+                Some(Meta::Tag(Tag { dirty: true, .. }))
+            );
+            if dirty {
+                // Not visible until the transaction commits, so zeroed before it does.
+                let zeros = vec![0u8; self.g.block_bytes as usize];
+                self.dev.write(self.volume_offset(t, 0), &zeros)?;
+            }
+            self.set(
+                Kind::Tag,
+                t,
+                Meta::Tag(Tag {
+                    owner: id,
+                    file_block: fb,
+                    dirty: true,
+                }),
+            )?;
+            self.index.blocks.entry(id).or_default().insert(fb, t);
+        }
+        Ok(())
+    }
+
+    /// `fallocate` (mode 0): the file owns every block of `offset..offset + len`
+    /// afterwards, and is at least that long, so later writes there touch no metadata.
+    pub fn fallocate(&mut self, fd: u64, offset: u64, len: u64) -> Result<(), FsOpError> {
+        let f = self.file(fd)?;
+        if !f.flags.write {
+            return Err(FsOpError::NotOpenFor(fd, "writing"));
+        }
+        if len == 0 {
+            return Err(FsOpError::Invalid("fallocate of 0 bytes".into()));
+        }
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
+        let id = f.inode;
+        let size = self.inode(id).map_or(0, |i| i.size);
+        if offset > size {
+            self.zero_range(id, size, offset)?;
+        }
+        let bs = self.g.block_bytes;
+        let now = (self.clock)();
+        self.txn(|p| {
+            p.allocate(id, offset / bs, end.div_ceil(bs))?;
+            if end > size {
+                p.touch(id, |i| (i.size, i.ctime_ns) = (end, now))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `pwrite`: writes `data` at `offset`; the bytes written.
+    pub fn pwrite(&mut self, fd: u64, data: &[u8], offset: u64) -> Result<usize, FsOpError> {
+        let f = self.file(fd)?;
+        if !f.flags.write {
+            return Err(FsOpError::NotOpenFor(fd, "writing"));
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let id = f.inode;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
+        let bs = self.g.block_bytes;
+        let (first, last) = (offset / bs, end.div_ceil(bs));
+        let size = self.inode(id).map_or(0, |i| i.size);
+        let owned = self
+            .index
+            .blocks
+            .get(&id)
+            .is_some_and(|m| (first..last).all(|fb| m.contains_key(&fb)));
+        if !owned || end > size {
+            if offset > size {
+                self.zero_range(id, size, offset)?;
+            }
+            let now = (self.clock)();
+            self.txn(|p| {
+                p.allocate(id, first, last)?;
+                let grow = end > p.inode(id).map_or(0, |i| i.size);
+                p.touch(id, |i| {
+                    if grow {
+                        i.size = end;
+                    }
+                    (i.mtime_ns, i.ctime_ns) = (now, now);
+                })
+            })?;
+        }
+        // The data: straight to the blocks the file owns.
+        let mut at = offset;
+        while at < end {
+            let fb = at / bs;
+            let stop = ((fb + 1) * bs).min(end);
+            let t = *self
+                .index
+                .blocks
+                .get(&id)
+                .and_then(|m| m.get(&fb))
+                .ok_or(FsOpError::Stale(fd))?;
+            let piece = &data[(at - offset) as usize..(stop - offset) as usize];
+            self.dev.write(self.volume_offset(t, at - fb * bs), piece)?;
+            at = stop;
+        }
+        Ok(data.len())
+    }
+
+    /// `pread`: reads into `buf` from `offset`; the bytes read (fewer at the end).
+    pub fn pread(&self, fd: u64, buf: &mut [u8], offset: u64) -> Result<usize, FsOpError> {
+        let f = self.file(fd)?;
+        if !f.flags.read {
+            return Err(FsOpError::NotOpenFor(fd, "reading"));
+        }
+        let size = self.inode(f.inode).map_or(0, |i| i.size);
+        if offset >= size {
+            return Ok(0);
+        }
+        let end = size.min(offset + buf.len() as u64);
+        let bs = self.g.block_bytes;
+        let mut at = offset;
+        while at < end {
+            let fb = at / bs;
+            let stop = ((fb + 1) * bs).min(end);
+            let out = &mut buf[(at - offset) as usize..(stop - offset) as usize];
+            match self.index.blocks.get(&f.inode).and_then(|m| m.get(&fb)) {
+                Some(&t) => {
+                    let got = self
+                        .dev
+                        .read(self.volume_offset(t, at - fb * bs), out.len())?;
+                    out.copy_from_slice(&got);
+                }
+                None => out.fill(0),
+            }
+            at = stop;
+        }
+        Ok((end - offset) as usize)
+    }
+
+    /// `write`: at the descriptor's offset (the end with `append`), which moves past it.
+    pub fn write(&mut self, fd: u64, data: &[u8]) -> Result<usize, FsOpError> {
+        let f = self.file(fd)?;
+        let at = if f.flags.append {
+            self.inode(f.inode).map_or(0, |i| i.size)
+        } else {
+            f.offset
+        };
+        let n = self.pwrite(fd, data, at)?;
+        if let Some(f) = self.files.get_mut(&fd) {
+            f.offset = at + n as u64;
+        }
+        Ok(n)
+    }
+
+    /// `read`: at the descriptor's offset, which moves past what was read.
+    pub fn read(&mut self, fd: u64, buf: &mut [u8]) -> Result<usize, FsOpError> {
+        let f = self.file(fd)?;
+        let n = self.pread(fd, buf, f.offset)?;
+        if let Some(f) = self.files.get_mut(&fd) {
+            f.offset += n as u64;
+        }
+        Ok(n)
+    }
+
+    /// `lseek`: the new offset.
+    pub fn lseek(&mut self, fd: u64, offset: i64, whence: Whence) -> Result<u64, FsOpError> {
+        let f = self.file(fd)?;
+        let base = match whence {
+            Whence::Set => 0,
+            Whence::Cur => f.offset as i64,
+            Whence::End => self.inode(f.inode).map_or(0, |i| i.size) as i64,
+        };
+        let at = base
+            .checked_add(offset)
+            .filter(|&a| a >= 0)
+            .ok_or_else(|| FsOpError::Invalid(format!("seek to {base} + {offset}")))?;
+        if let Some(f) = self.files.get_mut(&fd) {
+            f.offset = at as u64;
+        }
+        Ok(at as u64)
+    }
+}

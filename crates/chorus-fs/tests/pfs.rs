@@ -1,0 +1,369 @@
+//! The file-system API against a model file system in memory: any sequence of
+//! operations gives the same results (or the same errno), the same tree and the same
+//! bytes — on the writing host, after a remount, and on a reading host that replays the
+//! journal.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chorus_fs::device::MemDevice;
+use chorus_fs::layout::Geometry;
+use chorus_fs::meta::FileKind;
+use chorus_fs::mkfs::mkfs;
+use chorus_fs::pfs::{Access, FsOpError, OpenFlags, Pfs};
+use proptest::prelude::*;
+
+fn geometry() -> Geometry {
+    Geometry {
+        volume_bytes: 8 << 20,
+        chunk_bytes: 4 << 20,
+        block_bytes: 16 << 10,
+        inodes_per_chunk: 60,
+        dirents_per_chunk: 60,
+        max_hosts: 4,
+        journal_bytes: 2 << 20,
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Mkdir(String),
+    Rmdir(String),
+    Creat(String),
+    Write(String, u64, usize, u8),
+    Truncate(String, u64),
+    Fallocate(String, u64, u64),
+    Unlink(String),
+    Rename(String, String),
+}
+
+/// Six paths (two names, one or two deep), so that operations meet each other often.
+fn path() -> impl Strategy<Value = String> {
+    proptest::collection::vec(prop_oneof![Just("a"), Just("b")], 1..=2)
+        .prop_map(|v| format!("/{}", v.join("/")))
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => path().prop_map(Op::Mkdir),
+        1 => path().prop_map(Op::Rmdir),
+        3 => path().prop_map(Op::Creat),
+        5 => (path(), 0u64..50_000, 1usize..20_000, 1u8..255)
+            .prop_map(|(p, o, l, b)| Op::Write(p, o, l, b)),
+        2 => (path(), 0u64..60_000).prop_map(|(p, l)| Op::Truncate(p, l)),
+        1 => (path(), 0u64..40_000, 1u64..30_000).prop_map(|(p, o, l)| Op::Fallocate(p, o, l)),
+        1 => path().prop_map(Op::Unlink),
+        2 => (path(), path()).prop_map(|(a, b)| Op::Rename(a, b)),
+    ]
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum M {
+    Dir(BTreeMap<String, M>),
+    File(Vec<u8>),
+}
+
+const ENOENT: i32 = 2;
+const EEXIST: i32 = 17;
+const ENOTDIR: i32 = 20;
+const EISDIR: i32 = 21;
+const EINVAL: i32 = 22;
+const ENOTEMPTY: i32 = 39;
+
+fn split(p: &str) -> Vec<String> {
+    p.split('/')
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The directory `parts` names, or the errno of walking there.
+fn dir_mut<'a>(root: &'a mut M, parts: &[String]) -> Result<&'a mut BTreeMap<String, M>, i32> {
+    let mut at = root;
+    for c in parts {
+        at = match at {
+            M::Dir(m) => m.get_mut(c).ok_or(ENOENT)?,
+            M::File(_) => return Err(ENOTDIR),
+        };
+    }
+    match at {
+        M::Dir(m) => Ok(m),
+        M::File(_) => Err(ENOTDIR),
+    }
+}
+
+fn get<'a>(root: &'a M, parts: &[String]) -> Result<&'a M, i32> {
+    let mut at = root;
+    for c in parts {
+        at = match at {
+            M::Dir(m) => m.get(c).ok_or(ENOENT)?,
+            M::File(_) => return Err(ENOTDIR),
+        };
+    }
+    Ok(at)
+}
+
+fn resize(b: &mut Vec<u8>, len: u64) {
+    b.resize(len as usize, 0);
+}
+
+/// The model's answer to `op`.
+fn model(root: &mut M, op: &Op) -> Result<(), i32> {
+    match op {
+        Op::Mkdir(p) => {
+            let mut parts = split(p);
+            let last = parts.pop().unwrap();
+            let d = dir_mut(root, &parts)?;
+            if d.contains_key(&last) {
+                return Err(EEXIST);
+            }
+            d.insert(last, M::Dir(BTreeMap::new()));
+            Ok(())
+        }
+        Op::Rmdir(p) => {
+            let mut parts = split(p);
+            let last = parts.pop().unwrap();
+            let d = dir_mut(root, &parts)?;
+            match d.get(&last) {
+                None => Err(ENOENT),
+                Some(M::File(_)) => Err(ENOTDIR),
+                Some(M::Dir(m)) if !m.is_empty() => Err(ENOTEMPTY),
+                Some(M::Dir(_)) => {
+                    d.remove(&last);
+                    Ok(())
+                }
+            }
+        }
+        Op::Creat(p) => {
+            let mut parts = split(p);
+            let last = parts.pop().unwrap();
+            if let Ok(M::Dir(_)) = get(root, &split(p)) {
+                return Err(EISDIR);
+            }
+            let d = dir_mut(root, &parts)?;
+            d.insert(last, M::File(Vec::new()));
+            Ok(())
+        }
+        Op::Write(p, off, len, byte) => {
+            // Opened with O_CREAT: a missing file in an existing directory is created.
+            if get(root, &split(p)) == Err(ENOENT) {
+                let mut parts = split(p);
+                let last = parts.pop().unwrap();
+                dir_mut(root, &parts)?.insert(last, M::File(Vec::new()));
+            }
+            let b = get_file(root, p)?;
+            let end = *off as usize + len;
+            if b.len() < end {
+                b.resize(end, 0);
+            }
+            b[*off as usize..end].fill(*byte);
+            Ok(())
+        }
+        Op::Truncate(p, len) => {
+            let b = get_file(root, p)?;
+            resize(b, *len);
+            Ok(())
+        }
+        Op::Fallocate(p, off, len) => {
+            let b = get_file(root, p)?;
+            if (b.len() as u64) < off + len {
+                resize(b, off + len);
+            }
+            Ok(())
+        }
+        Op::Unlink(p) => {
+            let mut parts = split(p);
+            let last = parts.pop().unwrap();
+            let d = dir_mut(root, &parts)?;
+            match d.get(&last) {
+                None => Err(ENOENT),
+                Some(M::Dir(_)) => Err(EISDIR),
+                Some(M::File(_)) => {
+                    d.remove(&last);
+                    Ok(())
+                }
+            }
+        }
+        Op::Rename(a, b) => {
+            let (mut pa, mut pb) = (split(a), split(b));
+            let (la, lb) = (pa.pop().unwrap(), pb.pop().unwrap());
+            dir_mut(root, &pa)?;
+            dir_mut(root, &pb)?;
+            let src = dir_mut(root, &pa)?.get(&la).cloned().ok_or(ENOENT)?;
+            let whole_a = split(a);
+            let target_parent = split(b)[..split(b).len() - 1].to_vec();
+            if matches!(src, M::Dir(_)) && target_parent.starts_with(&whole_a) {
+                return Err(EINVAL);
+            }
+            if whole_a == split(b) {
+                return Ok(());
+            }
+            match (&src, dir_mut(root, &pb)?.get(&lb)) {
+                (M::File(_), Some(M::Dir(_))) => return Err(EISDIR),
+                (M::Dir(_), Some(M::File(_))) => return Err(ENOTDIR),
+                (M::Dir(_), Some(M::Dir(m))) if !m.is_empty() => return Err(ENOTEMPTY),
+                _ => {}
+            }
+            dir_mut(root, &pa)?.remove(&la);
+            dir_mut(root, &pb)?.insert(lb, src);
+            Ok(())
+        }
+    }
+}
+
+fn get_file<'a>(root: &'a mut M, p: &str) -> Result<&'a mut Vec<u8>, i32> {
+    let mut parts = split(p);
+    let last = parts.pop().unwrap();
+    let d = dir_mut(root, &parts)?;
+    match d.get_mut(&last) {
+        None => Err(ENOENT),
+        Some(M::Dir(_)) => Err(EISDIR),
+        Some(M::File(b)) => Ok(b),
+    }
+}
+
+fn rw() -> OpenFlags {
+    OpenFlags {
+        read: true,
+        write: true,
+        ..OpenFlags::default()
+    }
+}
+
+/// The file system's answer to `op`.
+fn real(fs: &mut Pfs, op: &Op) -> Result<(), FsOpError> {
+    match op {
+        Op::Mkdir(p) => fs.mkdir(p, 0o755),
+        Op::Rmdir(p) => fs.rmdir(p),
+        Op::Creat(p) => fs.creat(p, 0o644).and_then(|fd| fs.close(fd)),
+        Op::Write(p, off, len, byte) => {
+            let create = OpenFlags {
+                create: true,
+                ..rw()
+            };
+            let fd = fs.open(p, create, 0o644)?;
+            let r = fs.pwrite(fd, &vec![*byte; *len], *off).map(|_| ());
+            fs.close(fd)?;
+            r
+        }
+        Op::Truncate(p, len) => fs.truncate(p, *len),
+        Op::Fallocate(p, off, len) => {
+            let fd = fs.open(p, rw(), 0)?;
+            let r = fs.fallocate(fd, *off, *len);
+            fs.close(fd)?;
+            r
+        }
+        Op::Unlink(p) => fs.unlink(p),
+        Op::Rename(a, b) => fs.rename(a, b),
+    }
+}
+
+/// The tree as the file system holds it.
+fn tree(fs: &mut Pfs, path: &str) -> M {
+    let mut m = BTreeMap::new();
+    for e in fs.readdir(path).unwrap() {
+        let name = String::from_utf8(e.name).unwrap();
+        let child = format!("{}/{name}", path.trim_end_matches('/'));
+        let node = match e.kind {
+            FileKind::Dir => tree(fs, &child),
+            FileKind::File => {
+                let size = fs.stat(&child).unwrap().size;
+                let flags = OpenFlags {
+                    read: true,
+                    ..OpenFlags::default()
+                };
+                let fd = fs.open(&child, flags, 0).unwrap();
+                let mut buf = vec![0u8; size as usize];
+                assert_eq!(fs.pread(fd, &mut buf, 0).unwrap(), size as usize);
+                fs.close(fd).unwrap();
+                M::File(buf)
+            }
+        };
+        m.insert(name, node);
+    }
+    M::Dir(m)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn the_file_system_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let dev = Arc::new(MemDevice::new(8 << 20));
+        mkfs(dev.as_ref(), geometry(), 99, 0).unwrap();
+        let mut fs = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+        let mut reader = Pfs::mount(dev.clone(), 2, Access::ReadOnly).unwrap();
+        let mut root = M::Dir(BTreeMap::new());
+        let mut oks = 0;
+        for op in &ops {
+            let want = model(&mut root, op);
+            oks += usize::from(want.is_ok());
+            let got = real(&mut fs, op).map_err(|e| e.errno());
+            prop_assert_eq!(got, want, "{:?}", op);
+        }
+        if std::env::var_os("PFS_STATS").is_some() {
+            eprintln!("{} ops, {oks} ok", ops.len());
+        }
+        prop_assert_eq!(&tree(&mut fs, "/"), &root);
+        // A reading host replays the journal to the same tree and bytes.
+        reader.refresh().unwrap();
+        prop_assert_eq!(&tree(&mut reader, "/"), &root);
+        // So does a host mounting afresh.
+        drop(fs);
+        let mut again = Pfs::mount(dev.clone(), 3, Access::ReadOnly).unwrap();
+        prop_assert_eq!(&tree(&mut again, "/"), &root);
+    }
+}
+
+#[test]
+fn a_read_only_mount_refuses_changes_and_errors_map_to_errno() {
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    mkfs(dev.as_ref(), geometry(), 5, 0).unwrap();
+    let mut w = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    w.mkdir("/d", 0o755).unwrap();
+    let fd = w.creat("/d/f", 0o600).unwrap();
+    assert_eq!(w.write(fd, b"hello").unwrap(), 5);
+    assert_eq!(w.lseek(fd, 0, chorus_fs::pfs::Whence::Cur).unwrap(), 5);
+    w.fallocate(fd, 0, 1 << 20).unwrap();
+    let st = w.fstat(fd).unwrap();
+    assert_eq!((st.size, st.blocks), (1 << 20, 64));
+    // Within preallocated space, a write needs no transaction.
+    let before = w.node().stats().journal_appends;
+    w.pwrite(fd, &[7u8; 4096], 100_000).unwrap();
+    assert_eq!(w.node().stats().journal_appends, before);
+    w.chdir("/d").unwrap();
+    assert_eq!(w.getcwd().unwrap(), "/d");
+    assert_eq!(w.stat("f").unwrap().ino, st.ino);
+    assert_eq!(w.stat("../d/f").unwrap().ino, st.ino);
+
+    let mut r = Pfs::mount(dev.clone(), 2, Access::ReadOnly).unwrap();
+    assert_eq!(r.mkdir("/x", 0o755).unwrap_err().errno(), 30);
+    assert_eq!(r.creat("/x", 0o644).unwrap_err().errno(), 30);
+    let fd2 = r
+        .open(
+            "/d/f",
+            OpenFlags {
+                read: true,
+                ..OpenFlags::default()
+            },
+            0,
+        )
+        .unwrap();
+    let mut b = [0u8; 5];
+    r.pread(fd2, &mut b, 0).unwrap();
+    assert_eq!(&b, b"hello");
+    assert_eq!(r.pwrite(fd2, b"x", 0).unwrap_err().errno(), 9);
+    assert_eq!(r.stat("/nope").unwrap_err().errno(), ENOENT);
+    assert_eq!(r.stat("/d/f/x").unwrap_err().errno(), ENOTDIR);
+    assert_eq!(r.readdir("/d/f").unwrap_err().errno(), ENOTDIR);
+    assert_eq!(r.close(999).unwrap_err().errno(), 9);
+    assert_eq!(r.access("/d/f", 1).unwrap_err().errno(), 13);
+    r.access("/d/f", 4).unwrap();
+    let long = format!("/{}", "n".repeat(300));
+    assert_eq!(w.mkdir(&long, 0o755).unwrap_err().errno(), 36);
+    assert_eq!(w.growfs().unwrap_err().errno(), 95);
+    // Unlinked under an open descriptor: the descriptor is stale.
+    w.unlink("/d/f").unwrap();
+    assert_eq!(w.pwrite(fd, b"x", 0).unwrap_err().errno(), 116);
+    r.refresh().unwrap();
+    assert_eq!(r.stat("/d/f").unwrap_err().errno(), ENOENT);
+}
