@@ -260,6 +260,11 @@ impl Pfs {
         &self.node
     }
 
+    /// Checks the metadata as this host holds it ([`crate::fsck`]).
+    pub fn fsck(&self) -> crate::fsck::Report {
+        crate::fsck::fsck(self.node.store())
+    }
+
     /// Unmounts (`pfs_umount`): open files are closed; nothing is left to write.
     pub fn umount(self) {}
 

@@ -304,6 +304,8 @@ proptest! {
             eprintln!("{} ops, {oks} ok", ops.len());
         }
         prop_assert_eq!(&tree(&mut fs, "/"), &root);
+        let report = fs.fsck();
+        prop_assert!(report.problems.is_empty(), "{:?}", report.problems);
         // A reading host replays the journal to the same tree and bytes.
         reader.refresh().unwrap();
         prop_assert_eq!(&tree(&mut reader, "/"), &root);
@@ -366,4 +368,34 @@ fn a_read_only_mount_refuses_changes_and_errors_map_to_errno() {
     assert_eq!(w.pwrite(fd, b"x", 0).unwrap_err().errno(), 116);
     r.refresh().unwrap();
     assert_eq!(r.stat("/d/f").unwrap_err().errno(), ENOENT);
+}
+
+#[test]
+fn fsck_names_metadata_that_disagrees() {
+    use chorus_fs::meta::{Kind, Meta, MetaId, Tag};
+    use chorus_fs::store::MetaStore;
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    let sb = mkfs(dev.as_ref(), geometry(), 5, 0).unwrap();
+    let mut w = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    w.mkdir("/d", 0o755).unwrap();
+    let fd = w.creat("/d/f", 0o600).unwrap();
+    w.pwrite(fd, &[1u8; 40_000], 0).unwrap();
+    let clean = w.fsck();
+    assert!(clean.problems.is_empty(), "{:?}", clean.problems);
+    assert_eq!((clean.files, clean.dirs, clean.blocks), (1, 2, 3));
+    // A tag owned by a free inode, written straight into the metaobjects.
+    let mut s = MetaStore::load(dev.as_ref(), sb).unwrap();
+    let bad = Meta::Tag(Tag {
+        owner: MetaId::new(1, 9),
+        file_block: 0,
+        dirty: true,
+    });
+    let op = s.op(Kind::Tag, MetaId::new(1, 0), &bad).unwrap();
+    s.apply(&op).unwrap();
+    let r = chorus_fs::fsck::fsck(&s);
+    assert!(
+        r.problems.iter().any(|p| p.contains("not a file in use")),
+        "{:?}",
+        r.problems
+    );
 }

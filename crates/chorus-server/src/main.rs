@@ -101,6 +101,9 @@ enum Cmd {
     Volume(chorus_server::volume_cli::VolumeArgs),
     /// Chunk servers as the control plane sees them: list, drain.
     Node(chorus_server::volume_cli::NodeArgs),
+    /// The file system on a volume (PolarFS section 6): mkfs, stat, fsck, ls, cat,
+    /// mkdir, put, rm.
+    Fs(chorus_server::fs_cli::FsArgs),
     /// Closed-loop append benchmark: against a running cluster over gRPC, or `--local DIR`
     /// to start three replica processes and drive them from the leader's process.
     Bench(bench::BenchArgs),
@@ -187,6 +190,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Volume(a) => chorus_server::volume_cli::volume(a),
         Cmd::Node(a) => chorus_server::volume_cli::node(a),
+        Cmd::Fs(a) => chorus_server::fs_cli::fs(a),
     };
     match r {
         Ok(code) => code,

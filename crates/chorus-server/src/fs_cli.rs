@@ -1,0 +1,400 @@
+//! `chorus fs`: the file system of PolarFS section 6 (`chorus_fs`) on a volume, from the
+//! command line, through the routing client. `mkfs` makes one; `stat`, `fsck`, `ls` and
+//! `cat` mount it read-only; `mkdir`, `put` and `rm` mount it read-write as a host
+//! (`--host-id`), taking the journal by Disk Paxos for the time of the command.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use chorus_client::VolumeClient;
+use chorus_fs::layout::{Geometry, Superblock};
+use chorus_fs::meta::FileKind;
+use chorus_fs::pfs::{Access, OpenFlags, Pfs};
+use chorus_fs::Device;
+use clap::{Args, Subcommand};
+
+use crate::volume_cli::{parse_bytes, Control};
+use crate::{AnyResult, EXIT_PROBLEM, EXIT_REFUSED, EXIT_UNREACHABLE};
+
+/// A volume as the file system's [`Device`]: reads and writes through the routing
+/// client, each acknowledged once a majority of the chunk's replicas hold it. Called from
+/// threads outside the runtime (it blocks on the runtime's handle).
+pub struct VolumeDevice {
+    volume: Arc<VolumeClient>,
+    rt: tokio::runtime::Handle,
+    size: u64,
+}
+
+impl VolumeDevice {
+    /// The device of `volume`, driven on `rt`.
+    pub fn new(volume: Arc<VolumeClient>, rt: tokio::runtime::Handle) -> Self {
+        let size = volume.map().size_bytes;
+        Self { volume, rt, size }
+    }
+}
+
+impl Device for VolumeDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        self.rt
+            .block_on(self.volume.read(offset, len as u64))
+            .map_err(std::io::Error::other)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.rt
+            .block_on(self.volume.write(offset, data))
+            .map_err(std::io::Error::other)
+    }
+}
+
+/// `chorus fs`.
+#[derive(Args, Debug)]
+pub struct FsArgs {
+    #[command(subcommand)]
+    op: FsOp,
+}
+
+/// Which host the command mounts as.
+#[derive(Args, Clone, Debug)]
+struct Host {
+    /// This host's id (1 to the file system's max hosts): its Disk Paxos page and
+    /// journal area when it writes.
+    #[arg(long, default_value_t = 1)]
+    host_id: u32,
+}
+
+#[derive(Subcommand, Debug)]
+enum FsOp {
+    /// Make a file system on a volume (everything on it is lost).
+    Mkfs {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+        /// Data block size (default: 4M, or a sixteenth of the chunk if smaller).
+        #[arg(long, value_parser = parse_bytes, default_value = "0")]
+        block_size: u64,
+        /// Inode slots per chunk.
+        #[arg(long, default_value_t = 1024)]
+        inodes_per_chunk: u32,
+        /// Directory-entry slots per chunk.
+        #[arg(long, default_value_t = 1024)]
+        dirents_per_chunk: u32,
+        /// Hosts that may mount it.
+        #[arg(long, default_value_t = 16)]
+        max_hosts: u32,
+        /// Journal size (default: 64M, or a quarter of the chunk if smaller).
+        #[arg(long, value_parser = parse_bytes, default_value = "0")]
+        journal_size: u64,
+    },
+    /// The superblock, the journal's writer and anchor, and what is in use.
+    Stat {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+    },
+    /// Check the metaobjects and the journal against each other.
+    Fsck {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+    },
+    /// List a directory.
+    Ls {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+        /// The directory.
+        #[arg(default_value = "/")]
+        path: String,
+    },
+    /// Write a file's bytes to standard output.
+    Cat {
+        #[command(flatten)]
+        c: Control,
+        /// The volume.
+        volume: String,
+        /// The file.
+        path: String,
+    },
+    /// Make a directory.
+    Mkdir {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
+        /// The directory.
+        path: String,
+    },
+    /// Copy a local file (or standard input, `-`) into the file system.
+    Put {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
+        /// The local file, or `-`.
+        local: String,
+        /// The file to write.
+        path: String,
+    },
+    /// Remove a file, or an empty directory.
+    Rm {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
+        /// The file or directory.
+        path: String,
+    },
+}
+
+/// Runs `chorus fs`.
+pub fn fs(a: FsArgs) -> AnyResult<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    Ok(match fs_op(&rt, a.op) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("chorus: {msg}");
+            ExitCode::from(code)
+        }
+    })
+}
+
+type Failure = (u8, String);
+
+fn open(
+    rt: &tokio::runtime::Runtime,
+    c: &Control,
+    volume: &str,
+) -> Result<Arc<VolumeDevice>, Failure> {
+    let v = rt
+        .block_on(VolumeClient::open(c.control.clone(), volume))
+        .map_err(|e| {
+            let code = if e.to_string().contains("does not exist") {
+                EXIT_REFUSED
+            } else {
+                EXIT_UNREACHABLE
+            };
+            (code, e.to_string())
+        })?;
+    Ok(Arc::new(VolumeDevice::new(
+        Arc::new(v),
+        rt.handle().clone(),
+    )))
+}
+
+fn mount(dev: Arc<VolumeDevice>, host: u32, access: Access) -> Result<Pfs, Failure> {
+    Pfs::mount(dev, host, access).map_err(|e| (EXIT_REFUSED, e.to_string()))
+}
+
+fn refused(e: impl std::fmt::Display) -> Failure {
+    (EXIT_REFUSED, e.to_string())
+}
+
+fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
+    match op {
+        FsOp::Mkfs {
+            c,
+            volume,
+            block_size,
+            inodes_per_chunk,
+            dirents_per_chunk,
+            max_hosts,
+            journal_size,
+        } => {
+            let dev = open(rt, &c, &volume)?;
+            let chunk = dev.volume.map().chunk_bytes;
+            let block = if block_size == 0 {
+                (4 << 20).min(chunk / 16).max(4096)
+            } else {
+                block_size
+            };
+            let journal = if journal_size == 0 {
+                ((64 << 20).min(chunk / 4) / 4096 * 4096).max(4096 * 4 * max_hosts as u64)
+            } else {
+                journal_size
+            };
+            let g = Geometry {
+                volume_bytes: dev.size() / chunk * chunk,
+                chunk_bytes: chunk,
+                block_bytes: block,
+                inodes_per_chunk,
+                dirents_per_chunk,
+                max_hosts,
+                journal_bytes: journal,
+            };
+            let uuid = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            let sb = chorus_fs::mkfs::mkfs(dev.as_ref(), g, uuid, now).map_err(refused)?;
+            let g = sb.geometry;
+            println!(
+                "made a file system on `{volume}`: {} chunks of {} bytes, {}-byte blocks, {} data blocks, {} inodes, journal {} bytes for {} hosts, uuid {:#x}",
+                g.chunks(),
+                g.chunk_bytes,
+                g.block_bytes,
+                (0..g.chunks()).map(|c| g.data_blocks(c)).sum::<u64>(),
+                g.inodes_per_chunk as u64 * g.chunks() as u64,
+                g.journal_bytes,
+                g.max_hosts,
+                sb.uuid
+            );
+            Ok(())
+        }
+        FsOp::Stat { c, volume } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let sb = Superblock::read(dev.as_ref()).map_err(refused)?;
+                let p = mount(dev, 1, Access::ReadOnly)?;
+                let r = p.fsck();
+                let (instance, value) = p.node().decision();
+                let g = sb.geometry;
+                println!("uuid            {:#x}", sb.uuid);
+                println!("chunks          {} of {} bytes", g.chunks(), g.chunk_bytes);
+                println!("block size      {}", g.block_bytes);
+                println!(
+                    "data blocks     {} in use of {}",
+                    r.blocks,
+                    (0..g.chunks()).map(|c| g.data_blocks(c)).sum::<u64>()
+                );
+                println!("files           {}", r.files);
+                println!("directories     {}", r.dirs);
+                println!("max hosts       {}", g.max_hosts);
+                println!(
+                    "journal         writer host {}, instance {instance}, generation {}, last transaction {}",
+                    value.owner, value.anchor.generation, value.anchor.seq
+                );
+                Ok(())
+            })
+        }
+        FsOp::Fsck { c, volume } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let p = mount(dev, 1, Access::ReadOnly)?;
+                let r = p.fsck();
+                for problem in &r.problems {
+                    println!("{problem}");
+                }
+                if r.problems.is_empty() {
+                    println!(
+                        "clean: {} files, {} directories, {} data blocks",
+                        r.files, r.dirs, r.blocks
+                    );
+                    Ok(())
+                } else {
+                    Err((EXIT_PROBLEM, format!("{} problems", r.problems.len())))
+                }
+            })
+        }
+        FsOp::Ls { c, volume, path } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let p = mount(dev, 1, Access::ReadOnly)?;
+                for e in p.readdir(&path).map_err(refused)? {
+                    let name = String::from_utf8_lossy(&e.name).into_owned();
+                    let child = format!("{}/{name}", path.trim_end_matches('/'));
+                    let st = p.stat(&child).map_err(refused)?;
+                    let kind = if e.kind == FileKind::Dir { "d" } else { "-" };
+                    println!("{kind}{:o} {:>12} {name}", st.mode, st.size);
+                }
+                Ok(())
+            })
+        }
+        FsOp::Cat { c, volume, path } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let mut p = mount(dev, 1, Access::ReadOnly)?;
+                let flags = OpenFlags {
+                    read: true,
+                    ..OpenFlags::default()
+                };
+                let fd = p.open(&path, flags, 0).map_err(refused)?;
+                let mut out = std::io::stdout().lock();
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = p.read(fd, &mut buf).map_err(refused)?;
+                    if n == 0 {
+                        break;
+                    }
+                    out.write_all(&buf[..n])
+                        .map_err(|e| (EXIT_PROBLEM, e.to_string()))?;
+                }
+                Ok(())
+            })
+        }
+        FsOp::Mkdir { c, h, volume, path } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
+                p.mkdir(&path, 0o755).map_err(refused)
+            })
+        }
+        FsOp::Put {
+            c,
+            h,
+            volume,
+            local,
+            path,
+        } => {
+            let mut data = Vec::new();
+            let read = if local == "-" {
+                std::io::stdin().read_to_end(&mut data)
+            } else {
+                std::fs::File::open(&local).and_then(|mut f| f.read_to_end(&mut data))
+            };
+            read.map_err(|e| (EXIT_REFUSED, format!("{local}: {e}")))?;
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
+                let fd = p.creat(&path, 0o644).map_err(refused)?;
+                if !data.is_empty() {
+                    // Preallocated first: the data then needs no metadata transaction.
+                    p.fallocate(fd, 0, data.len() as u64).map_err(refused)?;
+                    p.pwrite(fd, &data, 0).map_err(refused)?;
+                }
+                p.close(fd).map_err(refused)
+            })
+        }
+        FsOp::Rm { c, h, volume, path } => {
+            let dev = open(rt, &c, &volume)?;
+            blocking(rt, move || {
+                let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
+                match p.stat(&path).map_err(refused)?.kind {
+                    FileKind::Dir => p.rmdir(&path),
+                    FileKind::File => p.unlink(&path),
+                }
+                .map_err(refused)
+            })
+        }
+    }
+}
+
+/// Runs `f` on this thread, outside the runtime (the device blocks on the runtime's
+/// handle, which a runtime thread may not).
+fn blocking(
+    _rt: &tokio::runtime::Runtime,
+    f: impl FnOnce() -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    f()
+}
