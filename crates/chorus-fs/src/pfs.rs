@@ -578,6 +578,11 @@ impl Pfs {
 
     /// `mkdir`.
     pub fn mkdir(&mut self, path: &str, mode: u32) -> Result<(), FsOpError> {
+        self.create(path, FileKind::Dir, mode).map(|_| ())
+    }
+
+    /// Creates `path` as a new file or directory in one transaction: its inode.
+    fn create(&mut self, path: &str, kind: FileKind, mode: u32) -> Result<MetaId, FsOpError> {
         let (dir, name) = self.parent_of(path)?;
         let now = (self.clock)();
         self.txn(|p| {
@@ -589,15 +594,20 @@ impl Pfs {
                 return Err(FsOpError::Exists(path.into()));
             }
             let id = p.alloc_inode(Inode {
-                kind: FileKind::Dir,
+                kind,
                 mode: mode & 0o7777,
                 size: 0,
                 mtime_ns: now,
                 ctime_ns: now,
-                parent: dir,
+                parent: if kind == FileKind::Dir {
+                    dir
+                } else {
+                    MetaId::NONE
+                },
             })?;
             p.link(dir, name.clone(), id)?;
-            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
+            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
+            Ok(id)
         })
     }
 
@@ -717,28 +727,7 @@ impl Pfs {
                 id
             }
             Err(FsOpError::NotFound(_)) if flags.create => {
-                let (dir, name) = self.parent_of(path)?;
-                let now = (self.clock)();
-                self.txn(|p| {
-                    if p.index
-                        .children
-                        .get(&dir)
-                        .is_some_and(|m| m.contains_key(&name))
-                    {
-                        return Err(FsOpError::Exists(path.into()));
-                    }
-                    let id = p.alloc_inode(Inode {
-                        kind: FileKind::File,
-                        mode: mode & 0o7777,
-                        size: 0,
-                        mtime_ns: now,
-                        ctime_ns: now,
-                        parent: MetaId::NONE,
-                    })?;
-                    p.link(dir, name.clone(), id)?;
-                    p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
-                    Ok(id)
-                })?
+                self.create(path, FileKind::File, mode)?
             }
             Err(e) => return Err(e),
         };
