@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::journal::{records_after, write_record, Anchor, At, Op, Record};
+use crate::journal::{fits, half, records_after, write_record, Anchor, At, Op, Record};
 use crate::layout::{FsError, Superblock, SECTOR};
 use crate::meta::{Kind, Meta, MetaId};
 use crate::paxos::{ballot, latest, Outcome, Pages, Proposer, Value};
@@ -44,6 +44,8 @@ pub struct Stats {
     pub handovers: u64,
     /// Transactions rolled back because another host had taken the journal over.
     pub lost: u64,
+    /// Checkpoints this host made (new journal generations).
+    pub checkpoints: u64,
 }
 
 /// Why a transaction was not committed. Its operations are rolled back in every case.
@@ -147,13 +149,13 @@ impl Node {
     /// that holds no record of this generation ends them.
     fn skip_proposed(&mut self) -> Result<(), FsError> {
         let g = self.sb.geometry;
-        let (_, len) = g.journal_area(self.host);
+        let (_, end) = half(&g, self.host, self.value.anchor.generation);
         loop {
             let at = At {
                 host: self.host,
                 offset: self.area_tail,
             };
-            if at.offset + SECTOR > len {
+            if at.offset + SECTOR > end {
                 return Ok(());
             }
             match crate::journal::read_record(self.dev.as_ref(), &g, self.sb.uuid, at) {
@@ -210,20 +212,65 @@ impl Node {
     }
 
     /// Takes decision (`instance`, `value`) in: replays the records between the anchor
-    /// known and its anchor (from the metaobjects' home copy if its generation is
-    /// another).
+    /// known and its anchor. In another generation, from the metaobjects' home copy:
+    /// the previous generation's records redone over it (it holds that generation's
+    /// start or later states, see the checkpoints below), then this generation's. A
+    /// checkpoint beginning meanwhile can leave the home copy newer than that; the
+    /// replay then finds an operation whose old value is not there, and the load is
+    /// tried again from the latest decision.
     fn learn(&mut self, instance: u64, value: Value) -> Result<(), FsError> {
         if instance <= self.instance {
             return Ok(());
         }
+        if value.anchor.generation == self.value.anchor.generation {
+            return self.replay(instance, value, self.value.anchor.seq);
+        }
+        let (mut instance, mut value) = (instance, value);
+        let mut tries = 0;
+        loop {
+            let saved = (self.store.clone(), self.area_tail);
+            match self.reload(instance, value) {
+                Ok(()) => return Ok(()),
+                Err(FsError::Corrupt { .. }) if tries < 4 => {
+                    tries += 1;
+                    (self.store, self.area_tail) = saved;
+                    let leader = self.pages.read_leader(self.dev.as_ref())?;
+                    let blocks = self.pages.read_blocks(self.dev.as_ref())?;
+                    (instance, value) = latest(&leader, &blocks);
+                }
+                Err(e) => {
+                    (self.store, self.area_tail) = saved;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// [`Node::learn`] of a decision of another generation: the home copy loaded, the
+    /// previous generation redone over it, this generation replayed.
+    fn reload(&mut self, instance: u64, value: Value) -> Result<(), FsError> {
+        let (uuid, dev) = (self.sb.uuid, self.dev.clone());
+        let g = self.sb.geometry;
+        let mut store = MetaStore::load(dev.as_ref(), self.sb)?;
+        for (at, r) in records_after(dev.as_ref(), &g, uuid, 0, value.anchor.base())? {
+            for op in &r.ops {
+                store.redo(op).map_err(|detail| FsError::Corrupt {
+                    what: "journal record",
+                    offset: crate::journal::record_offset(&g, at),
+                    detail: format!("sequence {} does not redo: {detail}", r.seq),
+                })?;
+            }
+        }
+        self.store = store;
+        self.area_tail = half(&g, self.host, value.anchor.generation).0;
+        self.replay(instance, value, 0)
+    }
+
+    /// Applies the records of `value`'s generation after sequence number `after`, then
+    /// takes (`instance`, `value`) as known.
+    fn replay(&mut self, instance: u64, value: Value, after: u64) -> Result<(), FsError> {
         let g = self.sb.geometry;
         let (uuid, dev) = (self.sb.uuid, self.dev.clone());
-        let mut after = self.value.anchor.seq;
-        if value.anchor.generation != self.value.anchor.generation {
-            self.store = MetaStore::load(dev.as_ref(), self.sb)?;
-            self.area_tail = 0;
-            after = 0;
-        }
         for (at, r) in records_after(dev.as_ref(), &g, uuid, after, value.anchor)? {
             for op in &r.ops {
                 self.store.apply(op).map_err(|detail| FsError::Corrupt {
@@ -316,11 +363,11 @@ impl Node {
         }
     }
 
-    /// Commits the pending transaction (see the module docs): its sequence number. On
-    /// any error it is rolled back.
-    pub fn commit(&mut self) -> Result<u64, CommitError> {
+    /// Commits the pending transaction (see the module docs): its journal generation
+    /// and sequence number. On any error it is rolled back.
+    pub fn commit(&mut self) -> Result<(u64, u64), CommitError> {
         if self.pending.is_empty() {
-            return Ok(self.value.anchor.seq);
+            return Ok((self.value.anchor.generation, self.value.anchor.seq));
         }
         if !self.is_writer() {
             self.roll_back();
@@ -329,28 +376,41 @@ impl Node {
                 owner: self.value.owner,
             });
         }
-        let anchor = self.value.anchor;
-        let record = Record {
-            generation: anchor.generation,
-            seq: anchor.seq + 1,
-            prev: anchor.last,
-            ops: self.pending.clone(),
-        };
-        let at = At {
-            host: self.host,
-            offset: self.area_tail,
-        };
         let g = self.sb.geometry;
+        let record_at = |n: &Self| {
+            let anchor = n.value.anchor;
+            let record = Record {
+                generation: anchor.generation,
+                seq: anchor.seq + 1,
+                prev: anchor.last,
+                ops: n.pending.clone(),
+            };
+            let at = At {
+                host: n.host,
+                offset: n.area_tail,
+            };
+            (record, at)
+        };
+        let (mut record, mut at) = record_at(self);
+        if !fits(&g, at, &record) {
+            // This host's half of the journal is full: a checkpoint starts the next
+            // generation, in the other half.
+            self.checkpoint()?;
+            (record, at) = record_at(self);
+        }
         if let Err(e) = write_record(self.dev.as_ref(), &g, self.sb.uuid, at, &record) {
             self.roll_back();
             return Err(e.into());
         }
+        let anchor = self.value.anchor;
         let new = Value {
             owner: self.host,
             anchor: Anchor {
                 generation: anchor.generation,
                 seq: record.seq,
                 last: at,
+                base_seq: anchor.base_seq,
+                base_last: anchor.base_last,
             },
         };
         #[cfg(feature = "broken")]
@@ -403,26 +463,20 @@ impl Node {
                     // this record is in the chain.
                     self.roll_back();
                     self.poll()?;
-                    let g = self.sb.geometry;
-                    let chain = records_after(
-                        self.dev.as_ref(),
-                        &g,
-                        self.sb.uuid,
-                        record.seq - 1,
-                        self.value.anchor,
-                    )?;
-                    if chain
-                        .first()
-                        .is_some_and(|(a, r)| *a == at && r.seq == record.seq)
-                    {
-                        self.stats.journal_appends += 1;
-                        return Ok(record.seq);
+                    match self.in_chain(&record, at)? {
+                        Some(true) => {
+                            self.stats.journal_appends += 1;
+                            return Ok((record.generation, record.seq));
+                        }
+                        Some(false) => {
+                            self.stats.lost += 1;
+                            return Err(CommitError::Lost {
+                                instance: self.instance,
+                                owner: self.value.owner,
+                            });
+                        }
+                        None => return Err(CommitError::Undecided),
                     }
-                    self.stats.lost += 1;
-                    return Err(CommitError::Lost {
-                        instance: self.instance,
-                        owner: self.value.owner,
-                    });
                 }
             }
         }
@@ -431,12 +485,126 @@ impl Node {
         Err(CommitError::Undecided)
     }
 
-    /// Notes the pending transaction committed as decision `new`; its sequence number.
-    fn committed(&mut self, new: Value) -> u64 {
+    /// A checkpoint (journal generations): the metaobjects' home copy is rewritten
+    /// whole with the current generation's start (the home copy, which holds the previous
+    /// generation's start or later states, with the previous generation's records
+    /// redone over it), then a Disk Paxos instance begins the next generation: its
+    /// records go in the other half of every host's area, and its anchor names the
+    /// current generation's last record as its base. A reader loading the home copy
+    /// redoes the base generation over it. If this host dies writing the home copy, the
+    /// next generation was not begun, and the home copy is a mix of the previous and the
+    /// current generation's start, which the redo of the previous generation's records
+    /// (still readable: the other half) makes whole again. The pending transaction is
+    /// never part of it. Rolled back (`Lost`) if another host took the journal over.
+    fn checkpoint(&mut self) -> Result<(), CommitError> {
+        let g = self.sb.geometry;
+        let (uuid, dev) = (self.sb.uuid, self.dev.clone());
+        let cur = self.value.anchor;
+        let fail = |n: &mut Self, e: FsError| {
+            n.roll_back();
+            Err(CommitError::Fs(e))
+        };
+        // 1. The home copy whole for this generation's start (a checkpoint before this
+        //    one may have died writing it).
+        let start = (|| {
+            let mut start = MetaStore::load(dev.as_ref(), self.sb)?;
+            for (_, r) in records_after(dev.as_ref(), &g, uuid, 0, cur.base())? {
+                for op in &r.ops {
+                    start
+                        .redo(op)
+                        .map_err(|d| FsError::Layout(format!("checkpoint: {d}")))?;
+                }
+            }
+            start.write_all(dev.as_ref())
+        })();
+        if let Err(e) = start {
+            return fail(self, e);
+        }
+        // 2. The next generation, decided.
+        let next = Value {
+            owner: self.host,
+            anchor: Anchor {
+                generation: cur.generation + 1,
+                seq: 0,
+                last: At::default(),
+                base_seq: cur.seq,
+                base_last: cur.last,
+            },
+        };
+        for _ in 0..8 {
+            let out = match self.propose(next) {
+                Ok(o) => o,
+                Err(e) => return fail(self, e),
+            };
+            match out {
+                Outcome::Chosen(v) if v == next => {
+                    let _ = self
+                        .pages
+                        .write_leader(self.dev.as_ref(), self.instance + 1, v);
+                    self.instance += 1;
+                    self.value = next;
+                    self.area_tail = half(&g, self.host, next.anchor.generation).0;
+                    self.stats.checkpoints += 1;
+                    return Ok(());
+                }
+                Outcome::Preempted { later: false, .. } => continue,
+                Outcome::Chosen(v) => {
+                    self.roll_back();
+                    self.stats.lost += 1;
+                    let instance = self.instance + 1;
+                    let _ = self.pages.write_leader(self.dev.as_ref(), instance, v);
+                    self.learn(instance, v)?;
+                    return Err(CommitError::Lost {
+                        instance,
+                        owner: v.owner,
+                    });
+                }
+                Outcome::Preempted { later: true, .. } => {
+                    self.roll_back();
+                    self.stats.lost += 1;
+                    self.poll()?;
+                    return Err(CommitError::Lost {
+                        instance: self.instance,
+                        owner: self.value.owner,
+                    });
+                }
+            }
+        }
+        self.roll_back();
+        Err(CommitError::Undecided)
+    }
+
+    /// Whether `record`, written at `at`, is in the journal's chain as this host now
+    /// knows it: in the current generation, or the previous one (the base); `None` when
+    /// the journal has moved on by two generations since (it cannot be told here).
+    fn in_chain(&self, record: &Record, at: At) -> Result<Option<bool>, FsError> {
+        let g = self.sb.geometry;
+        let anchor = self.value.anchor;
+        let holding = if anchor.generation == record.generation {
+            anchor
+        } else if anchor.generation == record.generation + 1 {
+            anchor.base()
+        } else {
+            return Ok(None);
+        };
+        if holding.seq < record.seq {
+            return Ok(Some(false));
+        }
+        let chain = records_after(self.dev.as_ref(), &g, self.sb.uuid, record.seq - 1, holding)?;
+        Ok(Some(
+            chain
+                .first()
+                .is_some_and(|(a, r)| *a == at && r.seq == record.seq),
+        ))
+    }
+
+    /// Notes the pending transaction committed as decision `new`; its generation and
+    /// sequence number.
+    fn committed(&mut self, new: Value) -> (u64, u64) {
         self.pending.clear();
         self.instance += 1;
         self.value = new;
         self.stats.journal_appends += 1;
-        new.anchor.seq
+        (new.anchor.generation, new.anchor.seq)
     }
 }

@@ -71,6 +71,26 @@ pub struct Anchor {
     pub seq: u64,
     /// Where that record lies.
     pub last: At,
+    /// The previous generation's last record (sequence number, place; 0 in generation
+    /// 0): the metaobjects' home copy holds the state at that generation's start or
+    /// later, and redoing its records gives this generation's start (see
+    /// [`crate::coord`], checkpoints).
+    pub base_seq: u64,
+    /// Where the previous generation's last record lies.
+    pub base_last: At,
+}
+
+impl Anchor {
+    /// The previous generation's end, as an anchor of that generation.
+    pub fn base(&self) -> Anchor {
+        Anchor {
+            generation: self.generation.wrapping_sub(1),
+            seq: self.base_seq,
+            last: self.base_last,
+            base_seq: 0,
+            base_last: At::default(),
+        }
+    }
 }
 
 impl Record {
@@ -196,7 +216,25 @@ pub fn record_offset(g: &crate::layout::Geometry, at: At) -> u64 {
     g.journal_area(at.host).0 + at.offset
 }
 
-/// Writes `r` at `at` (which must lie in the writer's own area, with room for it).
+/// The part of a host's area that generation `generation` writes: (start, end) as
+/// offsets in the area. Generations alternate between its two halves, so the records of
+/// the previous generation stay readable while a checkpoint's home writes are redone
+/// from them.
+pub fn half(g: &crate::layout::Geometry, host: u32, generation: u64) -> (u64, u64) {
+    let (_, len) = g.journal_area(host);
+    let h = len / SECTOR / 2 * SECTOR;
+    let start = (generation % 2) * h;
+    (start, start + h)
+}
+
+/// Whether record `r` fits at `at` in generation `r.generation`'s half of the area.
+pub fn fits(g: &crate::layout::Geometry, at: At, r: &Record) -> bool {
+    let (start, end) = half(g, at.host, r.generation);
+    at.offset >= start && at.offset + r.sectors() * SECTOR <= end
+}
+
+/// Writes `r` at `at` (which must lie in the writer's own area, in its generation's
+/// half, with room for it).
 pub fn write_record(
     dev: &dyn crate::device::Device,
     g: &crate::layout::Geometry,
@@ -204,13 +242,14 @@ pub fn write_record(
     at: At,
     r: &Record,
 ) -> Result<(), FsError> {
-    let (_, len) = g.journal_area(at.host);
-    if at.offset + r.sectors() * SECTOR > len {
+    if !fits(g, at, r) {
         return Err(FsError::Layout(format!(
-            "journal area of host {} full: a record of {} sectors at {} of {len} bytes",
+            "journal area of host {} full: a record of {} sectors at {} does not fit \
+             generation {}'s half",
             at.host,
             r.sectors(),
-            at.offset
+            at.offset,
+            r.generation
         )));
     }
     Ok(dev.write(record_offset(g, at), &r.encode(uuid))?)

@@ -98,12 +98,18 @@ impl Pages {
             b.value.anchor.seq,
             b.value.anchor.last.host as u64,
             b.value.anchor.last.offset,
+            b.value.anchor.base_seq,
+            b.value.anchor.base_last.host as u64,
+            b.value.anchor.base_last.offset,
             b.known.0,
             b.known.1.owner as u64,
             b.known.1.anchor.generation,
             b.known.1.anchor.seq,
             b.known.1.anchor.last.host as u64,
             b.known.1.anchor.last.offset,
+            b.known.1.anchor.base_seq,
+            b.known.1.anchor.base_last.host as u64,
+            b.known.1.anchor.base_last.offset,
         ];
         for (i, w) in words.iter().enumerate() {
             p[16 + i * 8..24 + i * 8].copy_from_slice(&w.to_le_bytes());
@@ -163,7 +169,7 @@ impl Pages {
         let small = |at: usize, what: &str| {
             u32::try_from(u64_at(at)).map_err(|_| bad(format!("{what} {} past u32", u64_at(at))))
         };
-        if p[136..4092].iter().any(|&x| x != 0) {
+        if p[184..4092].iter().any(|&x| x != 0) {
             return Err(bad("bytes past the fields not zero".into()));
         }
         Ok(Block {
@@ -179,18 +185,28 @@ impl Pages {
                         host: small(72, "record host")?,
                         offset: u64_at(80),
                     },
+                    base_seq: u64_at(88),
+                    base_last: At {
+                        host: small(96, "base record host")?,
+                        offset: u64_at(104),
+                    },
                 },
             },
             known: (
-                u64_at(88),
+                u64_at(112),
                 Value {
-                    owner: small(96, "known owner")?,
+                    owner: small(120, "known owner")?,
                     anchor: Anchor {
-                        generation: u64_at(104),
-                        seq: u64_at(112),
+                        generation: u64_at(128),
+                        seq: u64_at(136),
                         last: At {
-                            host: small(120, "known record host")?,
-                            offset: u64_at(128),
+                            host: small(144, "known record host")?,
+                            offset: u64_at(152),
+                        },
+                        base_seq: u64_at(160),
+                        base_last: At {
+                            host: small(168, "known base record host")?,
+                            offset: u64_at(176),
                         },
                     },
                 },

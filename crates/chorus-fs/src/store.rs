@@ -133,6 +133,13 @@ impl MetaStore {
         self.put(op.kind, op.id, &op.new)
     }
 
+    /// Redoes `op` (its new value), whatever the record holds now: replaying a
+    /// generation's records over a home copy that may already hold later values
+    /// ([`crate::coord`], checkpoints).
+    pub fn redo(&mut self, op: &Op) -> Result<(), String> {
+        self.put(op.kind, op.id, &op.new)
+    }
+
     /// Rolls `op` back (its old value), whatever the record holds now.
     pub fn roll_back(&mut self, op: &Op) -> Result<(), String> {
         self.put(op.kind, op.id, &op.old)

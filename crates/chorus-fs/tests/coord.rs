@@ -60,7 +60,7 @@ use common::Rng;
 
 const HOSTS: u32 = 3;
 
-fn geometry() -> Geometry {
+fn geometry(journal_bytes: u64) -> Geometry {
     Geometry {
         volume_bytes: 4 << 20,
         chunk_bytes: 2 << 20,
@@ -68,7 +68,7 @@ fn geometry() -> Geometry {
         inodes_per_chunk: 30,
         dirents_per_chunk: 15,
         max_hosts: 4,
-        journal_bytes: 512 << 10,
+        journal_bytes,
     }
 }
 
@@ -83,10 +83,11 @@ fn file(size: u64) -> Meta {
     })
 }
 
-/// Runs one seed; `Err` names what broke.
-fn run(seed: u64, broken: bool) -> Result<u64, String> {
+/// Runs one seed with a journal of `journal_bytes` (small: checkpoints every few
+/// transactions); `Err` names what broke.
+fn run(seed: u64, broken: bool, journal_bytes: u64) -> Result<(u64, u64), String> {
     let vol = Arc::new(MemDevice::new(4 << 20));
-    let sb = mkfs(vol.as_ref(), geometry(), 0x5eed, 0).map_err(|e| e.to_string())?;
+    let sb = mkfs(vol.as_ref(), geometry(journal_bytes), 0x5eed, 0).map_err(|e| e.to_string())?;
     let devs: Vec<Arc<HostDevice>> = (0..=HOSTS + 1)
         .map(|_| {
             Arc::new(HostDevice {
@@ -98,10 +99,12 @@ fn run(seed: u64, broken: bool) -> Result<u64, String> {
         .collect();
     let mut nodes: Vec<Option<Node>> = (0..=HOSTS).map(|_| None).collect();
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    // (sequence number, the inode changed, the size it was given) of each commit reported.
-    let mut committed: Vec<(u64, MetaId, u64)> = Vec::new();
+    // ((generation, sequence number), the inode changed, the size it was given, the
+    // step) of each commit reported; (inode, step) of each whose outcome is unknown.
+    let mut committed: Vec<((u64, u64), MetaId, u64, usize)> = Vec::new();
+    let mut unknown: Vec<(MetaId, usize)> = Vec::new();
     let mut token = 100;
-    for _ in 0..300 {
+    for step in 0..300 {
         let h = 1 + rng.below(HOSTS as u64) as u32;
         let d = &devs[h as usize];
         if d.cut.load(Ordering::SeqCst) > 0 {
@@ -163,16 +166,19 @@ fn run(seed: u64, broken: bool) -> Result<u64, String> {
                     );
                 }
                 match r {
-                    Ok(seq) => {
-                        committed.push((seq, id, token));
+                    Ok(at) => {
+                        committed.push((at, id, token, step));
                         false
                     }
-                    Err(
-                        CommitError::NotWriter { .. }
-                        | CommitError::Lost { .. }
-                        | CommitError::Undecided,
-                    ) => false,
-                    Err(CommitError::Fs(_)) => true,
+                    Err(CommitError::NotWriter { .. } | CommitError::Lost { .. }) => false,
+                    Err(CommitError::Undecided) => {
+                        unknown.push((id, step));
+                        false
+                    }
+                    Err(CommitError::Fs(_)) => {
+                        unknown.push((id, step));
+                        true
+                    }
                 }
             }
         };
@@ -197,21 +203,24 @@ fn run(seed: u64, broken: bool) -> Result<u64, String> {
         &pages.read_leader(vol.as_ref()).unwrap(),
         &pages.read_blocks(vol.as_ref()).unwrap(),
     );
+    // The current generation's records are all readable: each commit reported in it is
+    // there, at its sequence number.
     let chain = records_after(vol.as_ref(), &sb.geometry, sb.uuid, 0, value.anchor)
         .map_err(|e| format!("seed {seed}: the chain: {e}"))?;
     committed.sort();
     for w in committed.windows(2) {
         if w[0].0 == w[1].0 {
-            return Err(format!(
-                "seed {seed}: two commits reported sequence {}",
-                w[0].0
-            ));
+            return Err(format!("seed {seed}: two commits reported {:?}", w[0].0));
         }
     }
-    for &(seq, id, size) in &committed {
+    for &((generation, seq), id, size, _) in &committed {
+        if generation != value.anchor.generation {
+            continue;
+        }
         let Some((_, r)) = chain.iter().find(|(_, r)| r.seq == seq) else {
             return Err(format!(
-                "seed {seed}: commit {seq} is not in the journal (last {})",
+                "seed {seed}: commit {seq} of generation {generation} is not in the journal \
+                 (last {})",
                 value.anchor.seq
             ));
         };
@@ -219,6 +228,24 @@ fn run(seed: u64, broken: bool) -> Result<u64, String> {
         if !r.ops.iter().any(|op| op.id == id && op.new == want) {
             return Err(format!(
                 "seed {seed}: the journal's record {seq} is another transaction"
+            ));
+        }
+    }
+    // Across generations: each inode holds what its last reported commit gave it, unless
+    // a transaction of unknown outcome on it came later.
+    let mut last: std::collections::HashMap<MetaId, (usize, u64)> = Default::default();
+    for &(_, id, size, step) in &committed {
+        // Sorted by (generation, sequence): the last one wins.
+        last.insert(id, (step, size));
+    }
+    for (id, (step, size)) in last {
+        if unknown.iter().any(|&(u, s)| u == id && s > step) {
+            continue;
+        }
+        let got = reader.store().get(Kind::Inode, id).cloned();
+        if got != Some(file(size)) {
+            return Err(format!(
+                "seed {seed}: inode {id:?} holds {got:?}, its last commit gave it size {size}"
             ));
         }
     }
@@ -245,7 +272,7 @@ fn run(seed: u64, broken: bool) -> Result<u64, String> {
         }
     }
     let _ = Superblock::read(vol.as_ref()).unwrap();
-    Ok(committed.len() as u64)
+    Ok((committed.len() as u64, value.anchor.generation))
 }
 
 #[test]
@@ -258,7 +285,7 @@ fn hosts_share_the_journal_without_losing_or_splitting_a_commit() {
         if only.is_some_and(|o| o != seed) {
             continue;
         }
-        commits += run(seed, false).unwrap();
+        commits += run(seed, false, 512 << 10).unwrap().0;
     }
     assert!(
         only.is_some() || commits > 2000,
@@ -269,9 +296,28 @@ fn hosts_share_the_journal_without_losing_or_splitting_a_commit() {
 #[cfg(feature = "broken")]
 #[test]
 fn commits_that_skip_disk_paxos_are_caught() {
-    let caught = (0..400).filter(|&s| run(s, true).is_err()).count();
+    let caught = (0..400)
+        .filter(|&s| run(s, true, 512 << 10).is_err())
+        .count();
     assert!(
         caught > 0,
         "no seed caught a commit that skipped Disk Paxos"
+    );
+}
+
+/// The same with a journal of two sectors a host a generation: a checkpoint every
+/// couple of transactions, crashes and cut-off I/O in the middle of them.
+#[test]
+fn checkpoints_keep_every_host_in_step() {
+    let (mut commits, mut generations) = (0, 0);
+    for seed in 0..300 {
+        let (c, g) = run(seed, false, 64 << 10).unwrap();
+        commits += c;
+        generations += g;
+    }
+    assert!(commits > 1000, "{commits} commits in 300 seeds");
+    assert!(
+        generations > commits / 4,
+        "{generations} generations for {commits} commits"
     );
 }

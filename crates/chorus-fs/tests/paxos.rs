@@ -23,6 +23,8 @@ fn proposal(host: u32, instance: u64) -> Value {
                 host,
                 offset: instance * 4096,
             },
+            base_seq: instance / 2,
+            base_last: At { host: 1, offset: 0 },
         },
     }
 }
