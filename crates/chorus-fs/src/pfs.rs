@@ -974,8 +974,11 @@ impl Pfs {
             .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
         let id = f.inode;
         let size = self.inode(id).map_or(0, |i| i.size);
-        if offset > size {
-            self.zero_range(id, size, offset)?;
+        if end > size {
+            // The file grows to `end`: every byte past its old end reads as zeros, also
+            // in blocks it already owns (a truncate keeps the block holding its new end,
+            // with what was written past it).
+            self.zero_range(id, size, end)?;
         }
         let bs = self.g.block_bytes;
         let now = (self.clock)();

@@ -410,3 +410,25 @@ fn fsck_names_metadata_that_disagrees() {
         r.problems
     );
 }
+
+/// Found by the model test (CI run of 664c4fd): a truncate keeps the block holding the new
+/// end with what was written past it; a fallocate that grows the file over those bytes
+/// must show zeros there.
+#[test]
+fn fallocate_over_bytes_a_truncate_left_in_a_block_shows_zeros() {
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    mkfs(dev.as_ref(), geometry(), 7, 0).unwrap();
+    let mut fs = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    let mut root = M::Dir(BTreeMap::new());
+    for op in [
+        Op::Write("/b".into(), 26505, 6295, 1),
+        Op::Truncate("/b".into(), 16385),
+        Op::Fallocate("/b".into(), 0, 26506),
+    ] {
+        assert_eq!(
+            real(&mut fs, &op).map_err(|e| e.errno()),
+            model(&mut root, &op)
+        );
+    }
+    assert_eq!(tree(&mut fs, "/"), root);
+}
