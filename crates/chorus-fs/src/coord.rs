@@ -97,6 +97,10 @@ pub struct Node {
     /// The transaction being made: operations applied to `store`, not yet committed.
     pending: Vec<Op>,
     stats: Stats,
+    /// `store` was replaced whole (a reload from the home copy) since
+    /// [`Node::take_changes`] last drained it: its touched list does not tell everything
+    /// that changed.
+    replaced: bool,
     /// Broken variant (the `broken` feature only): commits move the leader record
     /// without a Disk Paxos instance, skipping the check that the anchor has not moved
     /// (the harness must catch a lost or divergent transaction).
@@ -134,6 +138,7 @@ impl Node {
             area_tail: 0,
             pending: Vec::new(),
             stats: Stats::default(),
+            replaced: true,
             #[cfg(feature = "broken")]
             broken_skip_paxos: false,
         };
@@ -185,6 +190,17 @@ impl Node {
         (self.instance, self.value)
     }
 
+    /// What changed in the store since the last call: the records touched, or `None`
+    /// when the store was reloaded whole (every index over it must be rebuilt).
+    pub fn take_changes(&mut self) -> Option<Vec<(Kind, MetaId)>> {
+        let touched = self.store.take_touched();
+        if std::mem::take(&mut self.replaced) {
+            None
+        } else {
+            Some(touched)
+        }
+    }
+
     /// Counters.
     pub fn stats(&self) -> Stats {
         self.stats
@@ -227,6 +243,7 @@ impl Node {
         }
         let (mut instance, mut value) = (instance, value);
         let mut tries = 0;
+        self.replaced = true;
         loop {
             let saved = (self.store.clone(), self.area_tail);
             match self.reload(instance, value) {

@@ -16,13 +16,16 @@
 //!   writer wins the journal and commits each transaction by a Disk Paxos instance, and
 //!   rolls back and replays when another host took over (Fig. 8);
 //! - [`pfs`]: the file-system API of Fig. 3 (mount, paths, descriptors, data I/O);
-//! - [`fsck`]: the metaobjects checked against each other.
+//! - [`fsck`]: the metaobjects checked against each other;
+//! - [`fuse`]: the file system as a kernel mount, for real programs.
 //!
 //! Formats are documented byte by byte in `docs/formats.md` ("File system").
 
 pub mod coord;
 pub mod device;
 pub mod fsck;
+pub mod fuse;
+mod index;
 pub mod journal;
 pub mod layout;
 pub mod meta;

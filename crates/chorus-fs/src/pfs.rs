@@ -19,13 +19,17 @@
 //! descriptors answer `ESTALE`), and writes within a file's size leave its mtime as it
 //! was.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::coord::{CommitError, Node};
 use crate::device::Device;
+use crate::index::Index;
 use crate::layout::{FsError, Geometry};
 use crate::meta::{valid_name, Dirent, FileKind, Inode, Kind, Meta, MetaId, Tag, NAME_MAX};
+
+mod ino;
+pub use ino::Usage;
 
 /// How a host mounts the file system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,20 +192,46 @@ struct OpenFile {
     flags: OpenFlags,
 }
 
-/// The lookups built from the metaobjects (section 6.1: the directory tree, the file
-/// mapping table and the free lists). Invariant: it describes the node's store as it
-/// is, rebuilt after every change of it.
-#[derive(Default)]
-struct Index {
-    /// Directory inode → name → (directory entry, inode named).
-    children: HashMap<MetaId, BTreeMap<Vec<u8>, (MetaId, MetaId)>>,
-    /// File inode → file block → block tag.
-    blocks: HashMap<MetaId, BTreeMap<u64, MetaId>>,
-    free_inodes: Vec<MetaId>,
-    free_dirents: Vec<MetaId>,
-    /// Free tags, the clean ones (never held data since zeroed) last so they are taken
-    /// first.
-    free_tags: Vec<MetaId>,
+/// One piece of a data transfer: `len` bytes at volume offset `volume`, or a hole
+/// (`None`: reads as zeros).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Where the bytes lie on the volume; `None` for a hole.
+    pub volume: Option<u64>,
+    /// How many bytes.
+    pub len: usize,
+}
+
+/// Writes `data` to the volume at `extents` (which together hold exactly its bytes).
+pub fn write_pieces(dev: &dyn Device, extents: &[Extent], data: &[u8]) -> Result<(), FsOpError> {
+    let mut at = 0;
+    for e in extents {
+        let piece = &data[at..at + e.len];
+        match e.volume {
+            Some(v) => dev.write(v, piece)?,
+            None => return Err(FsOpError::Invalid("a write into a hole".into())),
+        }
+        at += e.len;
+    }
+    Ok(())
+}
+
+/// Reads `extents` into the start of `buf`: the bytes read.
+pub fn read_pieces(
+    dev: &dyn Device,
+    extents: &[Extent],
+    buf: &mut [u8],
+) -> Result<usize, FsOpError> {
+    let mut at = 0;
+    for e in extents {
+        let out = &mut buf[at..at + e.len];
+        match e.volume {
+            Some(v) => out.copy_from_slice(&dev.read(v, e.len)?),
+            None => out.fill(0),
+        }
+        at += e.len;
+    }
+    Ok(at)
 }
 
 /// A mounted file system (see the module docs).
@@ -246,13 +276,18 @@ impl Pfs {
                 p.node.decision().1.owner
             )));
         }
-        p.reindex();
+        p.sync_index();
         Ok(p)
     }
 
     /// Sets the clock that stamps mtime and ctime (tests make it deterministic).
     pub fn set_clock(&mut self, clock: Box<dyn Fn() -> i64 + Send>) {
         self.clock = clock;
+    }
+
+    /// How this host mounted the file system.
+    pub fn mode(&self) -> Access {
+        self.access
     }
 
     /// The host's coordination state (counters, the decision known).
@@ -263,6 +298,20 @@ impl Pfs {
     /// Checks the metadata as this host holds it ([`crate::fsck`]).
     pub fn fsck(&self) -> crate::fsck::Report {
         crate::fsck::fsck(self.node.store())
+    }
+
+    /// Checks that the lookups kept in step with every change equal lookups built
+    /// afresh from the metaobjects (tests run it after every operation).
+    pub fn check_index(&self) -> Result<(), String> {
+        let fresh = Index::build(self.node.store());
+        if fresh == self.index {
+            Ok(())
+        } else {
+            Err(format!(
+                "the indexes kept in step differ from rebuilt ones:\nkept {:?}\nrebuilt {:?}",
+                self.index, fresh
+            ))
+        }
     }
 
     /// Unmounts (`pfs_umount`): open files are closed; nothing is left to write.
@@ -278,62 +327,24 @@ impl Pfs {
     pub fn refresh(&mut self) -> Result<bool, FsOpError> {
         let moved = self.node.poll()?;
         if moved {
-            self.reindex();
+            self.sync_index();
         }
         Ok(moved)
     }
 
-    fn reindex(&mut self) {
-        let s = self.node.store();
-        let mut ix = Index::default();
-        let mut dirty_free = Vec::new();
-        for c in 0..self.g.chunks() {
-            for (id, m) in s.iter(c, Kind::Inode) {
-                match m {
-                    Meta::Free if id != MetaId::NONE => ix.free_inodes.push(id),
-                    Meta::Inode(i) if i.kind == FileKind::Dir => {
-                        ix.children.entry(id).or_default();
-                    }
-                    _ => {}
-                }
-            }
-            for (id, m) in s.iter(c, Kind::Dirent) {
-                match m {
-                    Meta::Free => ix.free_dirents.push(id),
-                    Meta::Dirent(d) => {
-                        ix.children
-                            .entry(d.parent)
-                            .or_default()
-                            .insert(d.name.clone(), (id, d.inode));
-                    }
-                    _ => {}
-                }
-            }
-            for (id, m) in s.iter(c, Kind::Tag) {
-                if let Meta::Tag(t) = m {
-                    if t.owner == MetaId::NONE {
-                        if t.dirty {
-                            dirty_free.push(id);
-                        } else {
-                            ix.free_tags.push(id);
-                        }
-                    } else {
-                        ix.blocks
-                            .entry(t.owner)
-                            .or_default()
-                            .insert(t.file_block, id);
+    /// Brings the indexes in step with the store: the records it changed since the
+    /// last call, or all of them after a reload.
+    fn sync_index(&mut self) {
+        match self.node.take_changes() {
+            None => self.index = Index::build(self.node.store()),
+            Some(touched) => {
+                for (kind, id) in touched {
+                    if let Some(m) = self.node.store().get(kind, id) {
+                        self.index.update(kind, id, m);
                     }
                 }
             }
         }
-        // Popped from the end: clean tags first, lowest identifiers first.
-        ix.free_tags.reverse();
-        dirty_free.reverse();
-        dirty_free.extend(ix.free_tags);
-        ix.free_tags = dirty_free;
-        ix.free_inodes.reverse();
-        ix.free_dirents.reverse();
-        self.index = ix;
     }
 
     fn inode(&self, id: MetaId) -> Option<&Inode> {
@@ -424,7 +435,7 @@ impl Pfs {
         for _ in 0..4 {
             if !self.node.is_writer() {
                 let won = self.node.acquire()?;
-                self.reindex();
+                self.sync_index();
                 if !won {
                     return Err(FsOpError::Busy(format!(
                         "host {} holds it",
@@ -437,12 +448,12 @@ impl Pfs {
                 Ok(v) => v,
                 Err(e) => {
                     self.node.roll_back();
-                    self.reindex();
+                    self.sync_index();
                     return Err(e);
                 }
             };
             let c = self.node.commit();
-            self.reindex();
+            self.sync_index();
             match c {
                 Ok(_) => return Ok(v),
                 Err(CommitError::Lost { .. } | CommitError::NotWriter { .. }) => continue,
@@ -455,27 +466,30 @@ impl Pfs {
         ))
     }
 
+    /// Changes a record in the transaction under way, and the indexes with it.
     fn set(&mut self, kind: Kind, id: MetaId, m: Meta) -> Result<(), FsOpError> {
         self.node
             .change(kind, id, &m)
-            .map_err(|e| FsOpError::Fs(FsError::Layout(e)))
+            .map_err(|e| FsOpError::Fs(FsError::Layout(e)))?;
+        self.index.update(kind, id, &m);
+        Ok(())
     }
 
     fn alloc_inode(&mut self, i: Inode) -> Result<MetaId, FsOpError> {
-        let id = self
+        let id = *self
             .index
             .free_inodes
-            .pop()
+            .first()
             .ok_or_else(|| FsOpError::NoSpace("no free inode".into()))?;
         self.set(Kind::Inode, id, Meta::Inode(i))?;
         Ok(id)
     }
 
     fn link(&mut self, dir: MetaId, name: Vec<u8>, inode: MetaId) -> Result<MetaId, FsOpError> {
-        let id = self
+        let id = *self
             .index
             .free_dirents
-            .pop()
+            .first()
             .ok_or_else(|| FsOpError::NoSpace("no free directory entry".into()))?;
         self.set(
             Kind::Dirent,
@@ -483,14 +497,9 @@ impl Pfs {
             Meta::Dirent(Dirent {
                 parent: dir,
                 inode,
-                name: name.clone(),
+                name,
             }),
         )?;
-        self.index
-            .children
-            .entry(dir)
-            .or_default()
-            .insert(name, (id, inode));
         Ok(id)
     }
 
@@ -508,8 +517,8 @@ impl Pfs {
         let blocks: Vec<MetaId> = self
             .index
             .blocks
-            .remove(&id)
-            .map(|m| m.into_values().collect())
+            .get(&id)
+            .map(|m| m.values().copied().collect())
             .unwrap_or_default();
         for t in blocks {
             self.free_tag(t)?;
@@ -584,57 +593,13 @@ impl Pfs {
     /// Creates `path` as a new file or directory in one transaction: its inode.
     fn create(&mut self, path: &str, kind: FileKind, mode: u32) -> Result<MetaId, FsOpError> {
         let (dir, name) = self.parent_of(path)?;
-        let now = (self.clock)();
-        self.txn(|p| {
-            if p.index
-                .children
-                .get(&dir)
-                .is_some_and(|m| m.contains_key(&name))
-            {
-                return Err(FsOpError::Exists(path.into()));
-            }
-            let id = p.alloc_inode(Inode {
-                kind,
-                mode: mode & 0o7777,
-                size: 0,
-                mtime_ns: now,
-                ctime_ns: now,
-                parent: if kind == FileKind::Dir {
-                    dir
-                } else {
-                    MetaId::NONE
-                },
-            })?;
-            p.link(dir, name.clone(), id)?;
-            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
-            Ok(id)
-        })
+        self.create_at(dir, name, kind, mode, path)
     }
 
     /// `rmdir`.
     pub fn rmdir(&mut self, path: &str) -> Result<(), FsOpError> {
         let (dir, name) = self.parent_of(path)?;
-        let now = (self.clock)();
-        self.txn(|p| {
-            let &(entry, id) = p
-                .index
-                .children
-                .get(&dir)
-                .and_then(|m| m.get(&name))
-                .ok_or_else(|| FsOpError::NotFound(path.into()))?;
-            if p.inode(id).is_some_and(|i| i.kind != FileKind::Dir) {
-                return Err(FsOpError::NotDir(path.into()));
-            }
-            if p.index.children.get(&id).is_some_and(|m| !m.is_empty()) {
-                return Err(FsOpError::NotEmpty(path.into()));
-            }
-            if id == p.cwd {
-                return Err(FsOpError::Invalid(format!("{path}: the working directory")));
-            }
-            p.set(Kind::Dirent, entry, Meta::Free)?;
-            p.set(Kind::Inode, id, Meta::Free)?;
-            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
-        })
+        self.rmdir_at(dir, &name, path)
     }
 
     /// `readdir` of `path` (`opendir`, `readdir` until the end, `closedir`): every entry,
@@ -644,20 +609,7 @@ impl Pfs {
         if self.inode(id).is_some_and(|i| i.kind != FileKind::Dir) {
             return Err(FsOpError::NotDir(path.into()));
         }
-        Ok(self
-            .index
-            .children
-            .get(&id)
-            .map(|m| {
-                m.iter()
-                    .map(|(name, &(_, ino))| DirEntry {
-                        name: name.clone(),
-                        ino: ino.0,
-                        kind: self.inode(ino).map_or(FileKind::File, |i| i.kind),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default())
+        Ok(self.entries(id))
     }
 
     /// `chdir`.
@@ -731,17 +683,7 @@ impl Pfs {
             }
             Err(e) => return Err(e),
         };
-        let fd = self.next_fd;
-        self.next_fd += 1;
-        self.files.insert(
-            fd,
-            OpenFile {
-                inode: id,
-                offset: 0,
-                flags,
-            },
-        );
-        Ok(fd)
+        Ok(self.open_file(id, flags))
     }
 
     /// `close`.
@@ -763,21 +705,7 @@ impl Pfs {
     /// `unlink`.
     pub fn unlink(&mut self, path: &str) -> Result<(), FsOpError> {
         let (dir, name) = self.parent_of(path)?;
-        let now = (self.clock)();
-        self.txn(|p| {
-            let &(entry, id) = p
-                .index
-                .children
-                .get(&dir)
-                .and_then(|m| m.get(&name))
-                .ok_or_else(|| FsOpError::NotFound(path.into()))?;
-            if p.inode(id).is_some_and(|i| i.kind == FileKind::Dir) {
-                return Err(FsOpError::IsDir(path.into()));
-            }
-            p.set(Kind::Dirent, entry, Meta::Free)?;
-            p.free_file(id)?;
-            p.touch(dir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))
-        })
+        self.unlink_at(dir, &name, path)
     }
 
     /// `rename`: moves `from` to `to`, replacing a file there (or an empty directory,
@@ -785,70 +713,7 @@ impl Pfs {
     pub fn rename(&mut self, from: &str, to: &str) -> Result<(), FsOpError> {
         let (fdir, fname) = self.parent_of(from)?;
         let (tdir, tname) = self.parent_of(to)?;
-        let now = (self.clock)();
-        self.txn(|p| {
-            let &(entry, id) = p
-                .index
-                .children
-                .get(&fdir)
-                .and_then(|m| m.get(&fname))
-                .ok_or_else(|| FsOpError::NotFound(from.into()))?;
-            let moving_dir = p.inode(id).is_some_and(|i| i.kind == FileKind::Dir);
-            if moving_dir {
-                // Not into itself or below it.
-                let mut at = tdir;
-                loop {
-                    if at == id {
-                        return Err(FsOpError::Invalid(format!("{from} into itself ({to})")));
-                    }
-                    if at == MetaId::ROOT {
-                        break;
-                    }
-                    at = p.inode(at).map_or(MetaId::ROOT, |i| i.parent);
-                }
-            }
-            if let Some(&(tentry, tid)) = p.index.children.get(&tdir).and_then(|m| m.get(&tname)) {
-                if tid == id {
-                    return Ok(());
-                }
-                let tdir_kind = p.inode(tid).map(|i| i.kind);
-                match (moving_dir, tdir_kind) {
-                    (false, Some(FileKind::Dir)) => return Err(FsOpError::IsDir(to.into())),
-                    (true, Some(FileKind::File)) => return Err(FsOpError::NotDir(to.into())),
-                    (true, Some(FileKind::Dir))
-                        if p.index.children.get(&tid).is_some_and(|m| !m.is_empty()) =>
-                    {
-                        return Err(FsOpError::NotEmpty(to.into()))
-                    }
-                    _ => {}
-                }
-                p.set(Kind::Dirent, tentry, Meta::Free)?;
-                match tdir_kind {
-                    Some(FileKind::File) => p.free_file(tid)?,
-                    _ => p.set(Kind::Inode, tid, Meta::Free)?,
-                }
-                if let Some(m) = p.index.children.get_mut(&tdir) {
-                    m.remove(&tname);
-                }
-            }
-            p.set(
-                Kind::Dirent,
-                entry,
-                Meta::Dirent(Dirent {
-                    parent: tdir,
-                    inode: id,
-                    name: tname.clone(),
-                }),
-            )?;
-            if moving_dir {
-                p.touch(id, |d| (d.parent, d.ctime_ns) = (tdir, now))?;
-            }
-            p.touch(fdir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
-            if tdir != fdir {
-                p.touch(tdir, |d| (d.mtime_ns, d.ctime_ns) = (now, now))?;
-            }
-            Ok(())
-        })
+        self.rename_at((fdir, &fname, from), (tdir, &tname, to))
     }
 
     /// `truncate`.
@@ -902,17 +767,14 @@ impl Pfs {
         self.txn(|p| {
             if len < size {
                 let keep = len.div_ceil(bs);
-                let gone: Vec<(u64, MetaId)> = p
+                let gone: Vec<MetaId> = p
                     .index
                     .blocks
                     .get(&id)
-                    .map(|m| m.range(keep..).map(|(&fb, &t)| (fb, t)).collect())
+                    .map(|m| m.range(keep..).map(|(_, &t)| t).collect())
                     .unwrap_or_default();
-                for (fb, t) in gone {
+                for t in gone {
                     p.free_tag(t)?;
-                    if let Some(m) = p.index.blocks.get_mut(&id) {
-                        m.remove(&fb);
-                    }
                 }
             }
             p.touch(id, |i| (i.size, i.mtime_ns, i.ctime_ns) = (len, now, now))
@@ -933,8 +795,7 @@ impl Pfs {
             }
             let t = self
                 .index
-                .free_tags
-                .pop()
+                .free_tag()
                 .ok_or_else(|| FsOpError::NoSpace("no free data block".into()))?;
             let dirty = matches!(
                 self.node.store().get(Kind::Tag, t),
@@ -954,7 +815,6 @@ impl Pfs {
                     dirty: true,
                 }),
             )?;
-            self.index.blocks.entry(id).or_default().insert(fb, t);
         }
         Ok(())
     }
@@ -962,6 +822,16 @@ impl Pfs {
     /// `fallocate` (mode 0): the file owns every block of `offset..offset + len`
     /// afterwards, and is at least that long, so later writes there touch no metadata.
     pub fn fallocate(&mut self, fd: u64, offset: u64, len: u64) -> Result<(), FsOpError> {
+        self.preallocate(fd, offset, len, false)
+    }
+
+    /// `fallocate` with `FALLOC_FL_KEEP_SIZE`: the blocks of `offset..offset + len` are
+    /// the file's afterwards, its size is left as it was.
+    pub fn fallocate_keep_size(&mut self, fd: u64, offset: u64, len: u64) -> Result<(), FsOpError> {
+        self.preallocate(fd, offset, len, true)
+    }
+
+    fn preallocate(&mut self, fd: u64, offset: u64, len: u64, keep: bool) -> Result<(), FsOpError> {
         let f = self.file(fd)?;
         if !f.flags.write {
             return Err(FsOpError::NotOpenFor(fd, "writing"));
@@ -974,7 +844,8 @@ impl Pfs {
             .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
         let id = f.inode;
         let size = self.inode(id).map_or(0, |i| i.size);
-        if end > size {
+        let grow = end > size && !keep;
+        if grow {
             // The file grows to `end`: every byte past its old end reads as zeros, also
             // in blocks it already owns (a truncate keeps the block holding its new end,
             // with what was written past it).
@@ -984,97 +855,126 @@ impl Pfs {
         let now = (self.clock)();
         self.txn(|p| {
             p.allocate(id, offset / bs, end.div_ceil(bs))?;
-            if end > size {
+            if grow {
                 p.touch(id, |i| (i.size, i.ctime_ns) = (end, now))?;
             }
             Ok(())
         })
     }
 
-    /// `pwrite`: writes `data` at `offset`; the bytes written.
-    pub fn pwrite(&mut self, fd: u64, data: &[u8], offset: u64) -> Result<usize, FsOpError> {
-        let f = self.file(fd)?;
-        if !f.flags.write {
-            return Err(FsOpError::NotOpenFor(fd, "writing"));
-        }
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let id = f.inode;
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
+    /// The volume the file system lies on.
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.dev.clone()
+    }
+
+    /// Where bytes `offset..end` of file `id` lie, block by block.
+    fn extents(&self, id: MetaId, offset: u64, end: u64) -> Vec<Extent> {
         let bs = self.g.block_bytes;
-        let (first, last) = (offset / bs, end.div_ceil(bs));
-        let size = self.inode(id).map_or(0, |i| i.size);
-        let owned = self
-            .index
-            .blocks
-            .get(&id)
-            .is_some_and(|m| (first..last).all(|fb| m.contains_key(&fb)));
-        if !owned || end > size {
-            if offset > size {
-                self.zero_range(id, size, offset)?;
-            }
-            let now = (self.clock)();
-            self.txn(|p| {
-                p.allocate(id, first, last)?;
-                let grow = end > p.inode(id).map_or(0, |i| i.size);
-                p.touch(id, |i| {
-                    if grow {
-                        i.size = end;
-                    }
-                    (i.mtime_ns, i.ctime_ns) = (now, now);
-                })
-            })?;
-        }
-        // The data: straight to the blocks the file owns.
+        let owned = self.index.blocks.get(&id);
+        let mut out = Vec::new();
         let mut at = offset;
         while at < end {
             let fb = at / bs;
             let stop = ((fb + 1) * bs).min(end);
-            let t = *self
-                .index
-                .blocks
-                .get(&id)
+            let volume = owned
                 .and_then(|m| m.get(&fb))
-                .ok_or(FsOpError::Stale(fd))?;
-            let piece = &data[(at - offset) as usize..(stop - offset) as usize];
-            self.dev.write(self.volume_offset(t, at - fb * bs), piece)?;
+                .map(|&t| self.volume_offset(t, at - fb * bs));
+            out.push(Extent {
+                volume,
+                len: (stop - at) as usize,
+            });
             at = stop;
         }
-        Ok(data.len())
+        out
     }
 
-    /// `pread`: reads into `buf` from `offset`; the bytes read (fewer at the end).
-    pub fn pread(&self, fd: u64, buf: &mut [u8], offset: u64) -> Result<usize, FsOpError> {
+    /// Where a read of up to `len` bytes at `offset` through `fd` lies on the volume
+    /// (clipped at the file's end; holes read as zeros). A caller may then read the
+    /// volume without holding the file system, as long as no metadata change runs
+    /// meanwhile (the FUSE mount's gate).
+    pub fn read_extents(&self, fd: u64, offset: u64, len: usize) -> Result<Vec<Extent>, FsOpError> {
         let f = self.file(fd)?;
         if !f.flags.read {
             return Err(FsOpError::NotOpenFor(fd, "reading"));
         }
         let size = self.inode(f.inode).map_or(0, |i| i.size);
         if offset >= size {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        Ok(self.extents(f.inode, offset, end))
+    }
+
+    /// Where a write of `len` bytes at `offset` through `fd` lands on the volume, if it
+    /// needs no metadata transaction (the file owns every block, and the write ends
+    /// within its size: section 4's preallocated database files); `None` if it does.
+    pub fn write_extents(
+        &self,
+        fd: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<Vec<Extent>>, FsOpError> {
+        let f = self.file(fd)?;
+        if !f.flags.write {
+            return Err(FsOpError::NotOpenFor(fd, "writing"));
+        }
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
+        if end > self.inode(f.inode).map_or(0, |i| i.size) {
+            return Ok(None);
+        }
+        let e = self.extents(f.inode, offset, end);
+        Ok(e.iter().all(|x| x.volume.is_some()).then_some(e))
+    }
+
+    /// `pwrite`: writes `data` at `offset`; the bytes written.
+    pub fn pwrite(&mut self, fd: u64, data: &[u8], offset: u64) -> Result<usize, FsOpError> {
+        if data.is_empty() {
+            self.file(fd)?;
             return Ok(0);
         }
-        let end = size.min(offset + buf.len() as u64);
-        let bs = self.g.block_bytes;
-        let mut at = offset;
-        while at < end {
-            let fb = at / bs;
-            let stop = ((fb + 1) * bs).min(end);
-            let out = &mut buf[(at - offset) as usize..(stop - offset) as usize];
-            match self.index.blocks.get(&f.inode).and_then(|m| m.get(&fb)) {
-                Some(&t) => {
-                    let got = self
-                        .dev
-                        .read(self.volume_offset(t, at - fb * bs), out.len())?;
-                    out.copy_from_slice(&got);
-                }
-                None => out.fill(0),
+        let extents = match self.write_extents(fd, offset, data.len())? {
+            Some(e) => e,
+            None => {
+                self.grow_for_write(fd, offset, data.len() as u64)?;
+                self.write_extents(fd, offset, data.len())?
+                    .ok_or(FsOpError::Stale(fd))?
             }
-            at = stop;
+        };
+        // The data: straight to the blocks the file owns.
+        write_pieces(self.dev.as_ref(), &extents, data)?;
+        Ok(data.len())
+    }
+
+    /// Gives a write's blocks and size to the file in one transaction (it extends the
+    /// file or lands in a hole), zeroing the gap between the old end and the write.
+    fn grow_for_write(&mut self, fd: u64, offset: u64, len: u64) -> Result<(), FsOpError> {
+        let id = self.file(fd)?.inode;
+        let end = offset + len;
+        let bs = self.g.block_bytes;
+        let (first, last) = (offset / bs, end.div_ceil(bs));
+        let size = self.inode(id).map_or(0, |i| i.size);
+        if offset > size {
+            self.zero_range(id, size, offset)?;
         }
-        Ok((end - offset) as usize)
+        let now = (self.clock)();
+        self.txn(|p| {
+            p.allocate(id, first, last)?;
+            let grow = end > p.inode(id).map_or(0, |i| i.size);
+            p.touch(id, |i| {
+                if grow {
+                    i.size = end;
+                }
+                (i.mtime_ns, i.ctime_ns) = (now, now);
+            })
+        })
+    }
+
+    /// `pread`: reads into `buf` from `offset`; the bytes read (fewer at the end).
+    pub fn pread(&self, fd: u64, buf: &mut [u8], offset: u64) -> Result<usize, FsOpError> {
+        let extents = self.read_extents(fd, offset, buf.len())?;
+        read_pieces(self.dev.as_ref(), &extents, buf)
     }
 
     /// `write`: at the descriptor's offset (the end with `append`), which moves past it.

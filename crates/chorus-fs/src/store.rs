@@ -16,11 +16,24 @@ use crate::meta::{
 /// `Kind::ALL[k]`, as many as the geometry gives (inodes and directory entries per
 /// chunk, one tag per data block of the chunk); a tag slot always holds a `Meta::Tag`,
 /// an inode slot `Free` or an `Inode`, a directory-entry slot `Free` or a `Dirent`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// `touched` lists the records changed since [`MetaStore::take_touched`] last drained it
+/// (in order, with repeats); it is bookkeeping for the indexes built over the store and
+/// takes no part in comparing two stores.
+#[derive(Clone, Debug)]
 pub struct MetaStore {
     sb: Superblock,
     groups: Vec<[Vec<Meta>; 3]>,
+    touched: Vec<(Kind, MetaId)>,
 }
+
+impl PartialEq for MetaStore {
+    fn eq(&self, other: &Self) -> bool {
+        self.sb == other.sb && self.groups == other.groups
+    }
+}
+
+impl Eq for MetaStore {}
 
 fn slot(kind: Kind) -> usize {
     kind as usize - 1
@@ -54,7 +67,16 @@ impl MetaStore {
             ctime_ns: now_ns,
             parent: MetaId::ROOT,
         });
-        Self { sb, groups }
+        Self {
+            sb,
+            groups,
+            touched: Vec::new(),
+        }
+    }
+
+    /// The records changed since the last call (by apply, redo or roll back).
+    pub fn take_touched(&mut self) -> Vec<(Kind, MetaId)> {
+        std::mem::take(&mut self.touched)
     }
 
     /// The superblock.
@@ -114,6 +136,7 @@ impl MetaStore {
             .and_then(|g| g[slot(kind)].get_mut(id.index() as usize))
             .ok_or_else(|| format!("{kind:?} {:#x} names no slot", id.0))?;
         *s = m;
+        self.touched.push((kind, id));
         Ok(())
     }
 

@@ -310,6 +310,9 @@ proptest! {
             oks += usize::from(want.is_ok());
             let got = real(&mut fs, op).map_err(|e| e.errno());
             prop_assert_eq!(got, want, "{:?}", op);
+            if let Err(e) = fs.check_index() {
+                prop_assert!(false, "after {:?}: {}", op, e);
+            }
         }
         if std::env::var_os("PFS_STATS").is_some() {
             eprintln!("{} ops, {oks} ok", ops.len());
@@ -320,6 +323,9 @@ proptest! {
         // A reading host replays the journal to the same tree and bytes.
         reader.refresh().unwrap();
         prop_assert_eq!(&tree(&mut reader, "/"), &root);
+        if let Err(e) = reader.check_index() {
+            prop_assert!(false, "reader: {}", e);
+        }
         // So does a host mounting afresh.
         drop(fs);
         let mut again = Pfs::mount(dev.clone(), 3, Access::ReadOnly).unwrap();

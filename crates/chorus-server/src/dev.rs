@@ -46,6 +46,14 @@ pub struct DevArgs {
     /// scrub_bytes_per_sec`; 0 turns scrubbing off).
     #[arg(long, requires = "storage", value_parser = crate::volume_cli::parse_bytes)]
     pub scrub_rate: Option<u64>,
+    /// With --storage: make a volume `fs`, make a file system on it (PolarFS section 6)
+    /// and mount it at this directory (FUSE; needs /dev/fuse and root or fusermount3).
+    /// It is unmounted when the cluster stops.
+    #[arg(long, requires = "storage")]
+    pub fs: Option<PathBuf>,
+    /// With --fs: the volume's size.
+    #[arg(long, requires = "fs", default_value = "256M", value_parser = crate::volume_cli::parse_bytes)]
+    pub fs_size: u64,
 }
 
 /// Group 1's mode in `chorus dev`.
@@ -260,6 +268,39 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         println!("  {me} volume read{ctl} db --offset 1M --len 5");
         println!("  {me} volume stat{ctl} db                   # the chunk map and its version");
         println!("  {me} node drain{ctl} 4");
+        if let Some(at) = &a.fs {
+            let control: Vec<String> = (1..=a.nodes.min(3))
+                .map(|j| format!("127.0.0.1:{}", a.base_port as u64 + j))
+                .collect();
+            match mount_fs(&exe, &a, &dir, &control.join(","), at) {
+                Ok((child, at)) => {
+                    children.insert(0, (0, child));
+                    let pids: Vec<String> =
+                        children.iter().map(|(_, c)| c.id().to_string()).collect();
+                    std::fs::write(dir.join("pids"), pids.join(" ") + "\n")?;
+                    println!();
+                    println!(
+                        "File system on volume `fs` ({} bytes), mounted read-write as host 1 at {}:",
+                        a.fs_size,
+                        at.display()
+                    );
+                    println!("  ls -la {}", at.display());
+                    println!(
+                        "  sqlite3 {}/app.db 'create table t(x); insert into t values (1); select * from t'",
+                        at.display()
+                    );
+                    println!(
+                        "  mkdir -p /tmp/ro && {me} fs mount{ctl} fs /tmp/ro --read-only --host-id 2 &   # a reading host"
+                    );
+                    println!("  {me} fs stat{ctl} fs                        # the journal's writer and anchor");
+                    println!("  mount log: {}", dir.join("fs-mount.log").display());
+                }
+                Err(e) => {
+                    stop_all(&mut children);
+                    return Err(e);
+                }
+            }
+        }
         return detach_or_wait(&a, &rt, &mut children, &dir);
     }
     println!("  {me} status{flag}");
@@ -295,6 +336,75 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
         );
     }
     detach_or_wait(&a, &rt, &mut children, &dir)
+}
+
+/// Makes volume `fs`, a file system on it, and mounts it at `at` in a child process
+/// (logging to DIR/fs-mount.log): the child and the mount point's absolute path.
+fn mount_fs(
+    exe: &Path,
+    a: &DevArgs,
+    dir: &Path,
+    control: &str,
+    at: &Path,
+) -> AnyResult<(Child, PathBuf)> {
+    std::fs::create_dir_all(at).map_err(|e| format!("create {}: {e}", at.display()))?;
+    let at = std::fs::canonicalize(at)?;
+    let size = a.fs_size.to_string();
+    let run = |args: &[&str]| Command::new(exe).args(args).output();
+    // The chunk servers join the control plane by heartbeats: retry until they have.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = run(&[
+            "volume",
+            "create",
+            "--control",
+            control,
+            "fs",
+            "--size",
+            &size,
+        ])?;
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        if o.status.success() || err.contains("exists") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("creating volume fs: {err}").into());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // A volume that holds a file system from an earlier run is mounted as it is.
+    let o = run(&["fs", "stat", "--control", control, "fs"])?;
+    if !o.status.success() {
+        let o = run(&["fs", "mkfs", "--control", control, "fs"])?;
+        if !o.status.success() {
+            return Err(format!("mkfs: {}", String::from_utf8_lossy(&o.stderr)).into());
+        }
+    }
+    let log = std::fs::File::create(dir.join("fs-mount.log"))?;
+    let mut child = Command::new(exe)
+        .args(["fs", "mount", "--control", control, "fs"])
+        .arg(&at)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == at.to_str()) {
+            return Ok((child, at));
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("fs-mount.log")).unwrap_or_default();
+            return Err(format!("chorus fs mount exited ({st}): {}", log.trim()).into());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{} was not mounted within 30 s", at.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Says where the logs are, then leaves the nodes running (`--detach`) or waits for a
@@ -334,7 +444,11 @@ fn wait_for_stop(
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {
                     for (i, c) in children.iter_mut() {
                         if let Ok(Some(st)) = c.try_wait() {
-                            eprintln!("chorus dev: node {i} exited ({st}); see {}/n{i}.log", dir.display());
+                            if *i == 0 {
+                                eprintln!("chorus dev: the file-system mount exited ({st}); see {}/fs-mount.log", dir.display());
+                            } else {
+                                eprintln!("chorus dev: node {i} exited ({st}); see {}/n{i}.log", dir.display());
+                            }
                         }
                     }
                 }
@@ -347,6 +461,17 @@ fn wait_for_stop(
 }
 
 fn stop_all(children: &mut [(u64, Child)]) {
+    // The file-system mount (number 0) first, while the volume it unmounts from is up.
+    if let [(0, _), ..] = children {
+        let (mount, nodes) = children.split_at_mut(1);
+        stop_some(mount);
+        stop_some(nodes);
+    } else {
+        stop_some(children);
+    }
+}
+
+fn stop_some(children: &mut [(u64, Child)]) {
     for (_, c) in children.iter() {
         // SIGTERM: the server shuts down cleanly.
         // SAFETY: kill(2) with a pid we spawned and a valid signal number.

@@ -6,14 +6,17 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus_client::VolumeClient;
+use chorus_fs::fuse::MountOptions;
 use chorus_fs::layout::{Geometry, Superblock};
 use chorus_fs::meta::FileKind;
 use chorus_fs::pfs::{Access, OpenFlags, Pfs};
 use chorus_fs::Device;
 use clap::{Args, Subcommand};
 
+use crate::metrics_http::{serve_text, Render};
 use crate::volume_cli::{parse_bytes, Control};
 use crate::{AnyResult, EXIT_PROBLEM, EXIT_REFUSED, EXIT_UNREACHABLE};
 
@@ -149,6 +152,38 @@ enum FsOp {
         /// The file to write.
         path: String,
     },
+    /// Mount the file system on a local directory (FUSE) until it is unmounted or the
+    /// process is told to stop (SIGINT, SIGTERM).
+    Mount {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
+        /// The directory to mount on (it must exist).
+        dir: std::path::PathBuf,
+        /// Mount read-only: never write the volume, replay the writer's journal.
+        #[arg(long)]
+        read_only: bool,
+        /// How often the journal's anchor is polled, in milliseconds.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        poll_ms: u64,
+        /// How long the kernel caches names and attributes, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        ttl_ms: u64,
+        /// Kernel request threads.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+        threads: u64,
+        /// Serve Prometheus metrics (`GET /metrics`) on this address.
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
+    },
+    /// Unmount a mounted file system (the mounting process then ends).
+    Umount {
+        /// The mount point.
+        dir: std::path::PathBuf,
+    },
     /// Remove a file, or an empty directory.
     Rm {
         #[command(flatten)]
@@ -264,7 +299,7 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
         }
         FsOp::Stat { c, volume } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let sb = Superblock::read(dev.as_ref()).map_err(refused)?;
                 let p = mount(dev, 1, Access::ReadOnly)?;
                 let r = p.fsck();
@@ -286,11 +321,11 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                     value.owner, value.anchor.generation, value.anchor.seq
                 );
                 Ok(())
-            })
+            }
         }
         FsOp::Fsck { c, volume } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let p = mount(dev, 1, Access::ReadOnly)?;
                 let r = p.fsck();
                 for problem in &r.problems {
@@ -305,11 +340,11 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                 } else {
                     Err((EXIT_PROBLEM, format!("{} problems", r.problems.len())))
                 }
-            })
+            }
         }
         FsOp::Ls { c, volume, path } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let p = mount(dev, 1, Access::ReadOnly)?;
                 for e in p.readdir(&path).map_err(refused)? {
                     let name = String::from_utf8_lossy(&e.name).into_owned();
@@ -319,11 +354,11 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                     println!("{kind}{:o} {:>12} {name}", st.mode, st.size);
                 }
                 Ok(())
-            })
+            }
         }
         FsOp::Cat { c, volume, path } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let mut p = mount(dev, 1, Access::ReadOnly)?;
                 let flags = OpenFlags {
                     read: true,
@@ -341,14 +376,14 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                         .map_err(|e| (EXIT_PROBLEM, e.to_string()))?;
                 }
                 Ok(())
-            })
+            }
         }
         FsOp::Mkdir { c, h, volume, path } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
                 p.mkdir(&path, 0o755).map_err(refused)
-            })
+            }
         }
         FsOp::Put {
             c,
@@ -365,7 +400,7 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
             };
             read.map_err(|e| (EXIT_REFUSED, format!("{local}: {e}")))?;
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
                 let fd = p.creat(&path, 0o644).map_err(refused)?;
                 if !data.is_empty() {
@@ -374,27 +409,190 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                     p.pwrite(fd, &data, 0).map_err(refused)?;
                 }
                 p.close(fd).map_err(refused)
-            })
+            }
         }
+        FsOp::Mount {
+            c,
+            h,
+            volume,
+            dir,
+            read_only,
+            poll_ms,
+            ttl_ms,
+            threads,
+            metrics,
+        } => {
+            let access = if read_only {
+                Access::ReadOnly
+            } else {
+                Access::ReadWrite
+            };
+            let dev = open(rt, &c, &volume)?;
+            let p = mount(dev, h.host_id, access)?;
+            let opts = MountOptions {
+                ttl: Duration::from_millis(ttl_ms),
+                poll: Duration::from_millis(poll_ms),
+                threads: threads as usize,
+                fs_name: format!("chorus:{volume}"),
+                ..MountOptions::for_dir(&dir)
+                    .map_err(|e| (EXIT_REFUSED, format!("{}: {e}", dir.display())))?
+            };
+            let m = chorus_fs::fuse::mount(p, &dir, opts)
+                .map_err(|e| (EXIT_REFUSED, format!("mounting at {}: {e}", dir.display())))?;
+            if let Some(addr) = metrics {
+                let l = rt
+                    .block_on(tokio::net::TcpListener::bind(addr))
+                    .map_err(|e| (EXIT_REFUSED, format!("metrics address {addr}: {e}")))?;
+                let fs = m.fs();
+                let render: Render = Arc::new(move || {
+                    let p = fs.lock().unwrap_or_else(|p| p.into_inner());
+                    render_fs_metrics(&p)
+                });
+                rt.spawn(serve_text(l, render));
+            }
+            println!(
+                "mounted `{volume}` at {} as host {} ({})",
+                dir.display(),
+                h.host_id,
+                if read_only { "read-only" } else { "read-write" }
+            );
+            let _ = std::io::stdout().flush();
+            rt.block_on(async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .map_err(|e| (EXIT_PROBLEM, e.to_string()))?;
+                loop {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => break,
+                        _ = term.recv() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                            if !m.is_mounted() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Ok::<_, Failure>(())
+            })?;
+            m.unmount()
+                .map_err(|e| (EXIT_PROBLEM, format!("unmounting {}: {e}", dir.display())))
+        }
+        FsOp::Umount { dir } => umount(&dir),
         FsOp::Rm { c, h, volume, path } => {
             let dev = open(rt, &c, &volume)?;
-            blocking(rt, move || {
+            {
                 let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
                 match p.stat(&path).map_err(refused)?.kind {
                     FileKind::Dir => p.rmdir(&path),
                     FileKind::File => p.unlink(&path),
                 }
                 .map_err(refused)
-            })
+            }
         }
     }
 }
 
-/// Runs `f` on this thread, outside the runtime (the device blocks on the runtime's
-/// handle, which a runtime thread may not).
-fn blocking(
-    _rt: &tokio::runtime::Runtime,
-    f: impl FnOnce() -> Result<(), Failure>,
-) -> Result<(), Failure> {
-    f()
+/// Unmounts `dir`: the `umount` system call's tool as root, `fusermount3 -u` otherwise.
+fn umount(dir: &std::path::Path) -> Result<(), Failure> {
+    let mut last = String::new();
+    for (tool, args) in [
+        ("umount", &[][..]),
+        ("fusermount3", &["-u"][..]),
+        ("fusermount", &["-u"][..]),
+    ] {
+        match std::process::Command::new(tool)
+            .args(args)
+            .arg(dir)
+            .output()
+        {
+            Ok(o) if o.status.success() => return Ok(()),
+            Ok(o) => last = format!("{tool}: {}", String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) if last.is_empty() => last = format!("{tool}: {e}"),
+            Err(_) => {}
+        }
+    }
+    Err((
+        EXIT_REFUSED,
+        format!("unmounting {}: {last}", dir.display()),
+    ))
+}
+
+/// The mount's counters in the Prometheus text format.
+pub fn render_fs_metrics(p: &Pfs) -> String {
+    let s = p.node().stats();
+    let (instance, value) = p.node().decision();
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, help: &str, v: u64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    };
+    put(
+        "chorus_fs_journal_appends_total",
+        "counter",
+        "Transactions this host committed to the journal.",
+        s.journal_appends,
+    );
+    put(
+        "chorus_fs_replays_total",
+        "counter",
+        "Journal records replayed (other hosts' or before a restart).",
+        s.replays,
+    );
+    put(
+        "chorus_fs_paxos_rounds_total",
+        "counter",
+        "Disk Paxos proposals run.",
+        s.paxos_rounds,
+    );
+    put(
+        "chorus_fs_handovers_total",
+        "counter",
+        "Times this host won the journal.",
+        s.handovers,
+    );
+    put(
+        "chorus_fs_lost_total",
+        "counter",
+        "Transactions rolled back because another host took the journal over.",
+        s.lost,
+    );
+    put(
+        "chorus_fs_checkpoints_total",
+        "counter",
+        "Checkpoints (new journal generations) this host made.",
+        s.checkpoints,
+    );
+    put(
+        "chorus_fs_writer",
+        "gauge",
+        "1 if this host holds the journal as far as it knows.",
+        u64::from(value.owner == p.node().host()),
+    );
+    put(
+        "chorus_fs_journal_instance",
+        "gauge",
+        "The latest Disk Paxos instance this host knows.",
+        instance,
+    );
+    put(
+        "chorus_fs_journal_seq",
+        "gauge",
+        "The last transaction in the journal's current generation, as this host knows it.",
+        value.anchor.seq,
+    );
+    let u = p.usage();
+    put(
+        "chorus_fs_free_blocks",
+        "gauge",
+        "Free data blocks.",
+        u.free_blocks,
+    );
+    put(
+        "chorus_fs_free_inodes",
+        "gauge",
+        "Free inodes.",
+        u.free_inodes,
+    );
+    out
 }

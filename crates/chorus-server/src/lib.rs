@@ -10,6 +10,7 @@ pub mod ctrl;
 pub mod dev;
 pub mod fs_cli;
 pub mod local;
+pub mod metrics_http;
 pub mod ooo;
 pub mod remote;
 pub mod server;

@@ -10,7 +10,8 @@ use chorus_runtime::{Env, Error};
 use clap::Args;
 
 use crate::config::{parse_group, parse_peer, ServerConfig};
-use crate::service::{serve_metrics_with, Service};
+use crate::metrics_http::serve_metrics_with;
+use crate::service::Service;
 use crate::{AnyResult, EXIT_USAGE};
 
 /// What a node says when its configuration names a group's mode other than the one the
@@ -158,7 +159,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         if let Some(m) = metrics {
             let l = tokio::net::TcpListener::bind(m).await?;
             let extra = controller.clone().map(|c| {
-                std::sync::Arc::new(move || c.render_metrics()) as crate::service::ExtraMetrics
+                std::sync::Arc::new(move || c.render_metrics()) as crate::metrics_http::ExtraMetrics
             });
             tokio::spawn(serve_metrics_with(env.clone(), l, extra));
         }
