@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::device::Device;
 use crate::journal::{fits, half, records_after, write_record, Anchor, At, Op, Record};
-use crate::layout::{FsError, Superblock, SECTOR};
+use crate::layout::{FsError, Geometry, Superblock, SECTOR};
 use crate::meta::{Kind, Meta, MetaId};
 use crate::paxos::{ballot, latest, Outcome, Pages, Proposer, Value};
 use crate::store::MetaStore;
@@ -190,6 +190,62 @@ impl Node {
         (self.instance, self.value)
     }
 
+    /// Takes in a growth of the file system another host made (`growfs`): the larger
+    /// geometry from the superblock and the new chunks' metaobjects.
+    fn refresh_geometry(&mut self) -> Result<(), FsError> {
+        let sb = Superblock::read(self.dev.as_ref())?;
+        if sb.uuid != self.sb.uuid {
+            return Err(FsError::Corrupt {
+                what: "superblock",
+                offset: 0,
+                detail: format!(
+                    "uuid {:#x}, mounted {:#x}: another file system was made here",
+                    sb.uuid, self.sb.uuid
+                ),
+            });
+        }
+        if sb.geometry.volume_bytes > self.sb.geometry.volume_bytes {
+            self.store.grow_load(self.dev.as_ref(), sb)?;
+            self.sb = sb;
+            self.replaced = true;
+        }
+        Ok(())
+    }
+
+    /// Grows the file system over the whole volume (`pfs_mount_growfs`, after the volume
+    /// grew): the new chunks' metaobjects written, all free, then the superblock naming
+    /// them — a growth cut off before the superblock write leaves nothing behind. Other
+    /// hosts take it in when they next learn a decision. Only the writer grows; the
+    /// chunks added.
+    pub fn grow(&mut self) -> Result<u32, FsError> {
+        if !self.is_writer() || !self.pending.is_empty() {
+            return Err(FsError::Layout(format!(
+                "host {} grows the file system only as the journal's writer, between transactions",
+                self.host
+            )));
+        }
+        let g = self.sb.geometry;
+        let bytes = self.dev.size() / g.chunk_bytes * g.chunk_bytes;
+        if bytes <= g.volume_bytes {
+            return Ok(0);
+        }
+        let sb = Superblock {
+            geometry: Geometry::new(Geometry {
+                volume_bytes: bytes,
+                ..g
+            })?,
+            uuid: self.sb.uuid,
+        };
+        let mut grown = self.store.clone();
+        grown.grow_fresh(sb);
+        grown.write_chunks(self.dev.as_ref(), g.chunks())?;
+        self.dev.write(0, &sb.encode())?;
+        self.store = grown;
+        self.sb = sb;
+        self.replaced = true;
+        Ok(sb.geometry.chunks() - g.chunks())
+    }
+
     /// What changed in the store since the last call: the records touched, or `None`
     /// when the store was reloaded whole (every index over it must be rebuilt).
     pub fn take_changes(&mut self) -> Option<Vec<(Kind, MetaId)>> {
@@ -238,6 +294,9 @@ impl Node {
         if instance <= self.instance {
             return Ok(());
         }
+        // Records past the anchor known may name chunks a growth added: the superblock,
+        // read after the decision, covers every chunk a record it names uses.
+        self.refresh_geometry()?;
         if value.anchor.generation == self.value.anchor.generation {
             return self.replay(instance, value, self.value.anchor.seq);
         }
@@ -355,6 +414,23 @@ impl Node {
         Ok(false)
     }
 
+    /// The next instance chose `v`, another host's value: the pending transaction is
+    /// rolled back, the decision learned (its records replayed), and the loss reported.
+    fn lost_to(&mut self, v: Value) -> CommitError {
+        self.roll_back();
+        self.stats.lost += 1;
+        let instance = self.instance + 1;
+        // A hint for readers; the blocks hold the decision if this write is lost.
+        let _ = self.pages.write_leader(self.dev.as_ref(), instance, v);
+        if let Err(e) = self.learn(instance, v) {
+            return CommitError::Fs(e);
+        }
+        CommitError::Lost {
+            instance,
+            owner: v.owner,
+        }
+    }
+
     /// Changes metaobject (`kind`, `id`) to `new` as part of the pending transaction,
     /// in memory. Refused if the identifier names no slot of that kind or `new` is not
     /// of it.
@@ -460,15 +536,7 @@ impl Node {
                 }
                 Outcome::Chosen(v) => {
                     // Another value took this instance: it is not built on this record.
-                    self.roll_back();
-                    self.stats.lost += 1;
-                    let instance = self.instance + 1;
-                    let _ = self.pages.write_leader(self.dev.as_ref(), instance, v);
-                    self.learn(instance, v)?;
-                    return Err(CommitError::Lost {
-                        instance,
-                        owner: v.owner,
-                    });
+                    return Err(self.lost_to(v));
                 }
                 Outcome::Preempted { later: false, .. } => {
                     // A higher ballot of the same instance: propose again past it until
@@ -565,17 +633,7 @@ impl Node {
                     return Ok(());
                 }
                 Outcome::Preempted { later: false, .. } => continue,
-                Outcome::Chosen(v) => {
-                    self.roll_back();
-                    self.stats.lost += 1;
-                    let instance = self.instance + 1;
-                    let _ = self.pages.write_leader(self.dev.as_ref(), instance, v);
-                    self.learn(instance, v)?;
-                    return Err(CommitError::Lost {
-                        instance,
-                        owner: v.owner,
-                    });
-                }
+                Outcome::Chosen(v) => return Err(self.lost_to(v)),
                 Outcome::Preempted { later: true, .. } => {
                     self.roll_back();
                     self.stats.lost += 1;

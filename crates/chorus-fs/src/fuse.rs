@@ -60,6 +60,10 @@ pub struct MountOptions {
     pub gid: u32,
     /// The name shown in the mount table.
     pub fs_name: String,
+    /// Let users other than the mounting one in (FUSE's `allow_other`: root may always;
+    /// others need `user_allow_other` in /etc/fuse.conf). The kernel then checks the
+    /// permission bits against [`MountOptions::uid`] and [`MountOptions::gid`].
+    pub allow_other: bool,
 }
 
 impl MountOptions {
@@ -75,6 +79,7 @@ impl MountOptions {
             uid: m.uid(),
             gid: m.gid(),
             fs_name: "chorus".into(),
+            allow_other: false,
         })
     }
 }
@@ -658,6 +663,9 @@ pub fn mount(fs: Pfs, dir: &Path, opts: MountOptions) -> std::io::Result<Mount> 
             MountOption::RW
         },
     ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
     config.n_threads = Some(opts.threads.max(1));
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {

@@ -14,8 +14,7 @@
 //! never shows bytes it was not given.
 //!
 //! Known limits (each a clear error, never a wrong answer): no hard or symbolic links,
-//! no extended attributes, no `mmap` (the FUSE mount answers those), `growfs` is not
-//! built; an open file that is unlinked or renamed over is gone at once (its
+//! no extended attributes, no `mmap` (the FUSE mount answers those); an open file that is unlinked or renamed over is gone at once (its
 //! descriptors answer `ESTALE`), and writes within a file's size leave its mtime as it
 //! was.
 
@@ -317,9 +316,27 @@ impl Pfs {
     /// Unmounts (`pfs_umount`): open files are closed; nothing is left to write.
     pub fn umount(self) {}
 
-    /// `pfs_mount_growfs`: not built yet.
-    pub fn growfs(&mut self) -> Result<(), FsOpError> {
-        Err(FsOpError::Unsupported("growfs is not built yet"))
+    /// `pfs_mount_growfs`: after the volume grew (`chorus volume grow`), the file
+    /// system grows over all of it — new chunks with their metaobjects and data blocks
+    /// (see [`Node::grow`]); the chunks added (0 if the volume did not grow). Takes the
+    /// journal first, like any change.
+    pub fn growfs(&mut self) -> Result<u32, FsOpError> {
+        if self.access == Access::ReadOnly {
+            return Err(FsOpError::ReadOnly);
+        }
+        if !self.node.is_writer() {
+            let won = self.node.acquire()?;
+            self.sync_index();
+            if !won {
+                return Err(FsOpError::Busy(format!(
+                    "host {} holds it",
+                    self.node.decision().1.owner
+                )));
+            }
+        }
+        let added = self.node.grow()?;
+        self.sync_index();
+        Ok(added)
     }
 
     /// Replays what other hosts committed since (a reading host calls it as it polls the
@@ -336,7 +353,11 @@ impl Pfs {
     /// last call, or all of them after a reload.
     fn sync_index(&mut self) {
         match self.node.take_changes() {
-            None => self.index = Index::build(self.node.store()),
+            None => {
+                // A reload, or a growth: the geometry may be larger too.
+                self.g = self.node.store().superblock().geometry;
+                self.index = Index::build(self.node.store());
+            }
             Some(touched) => {
                 for (kind, id) in touched {
                     if let Some(m) = self.node.store().get(kind, id) {

@@ -201,7 +201,12 @@ impl MetaStore {
 
     /// Writes every metaobject sector (`mkfs`, and checkpoints).
     pub fn write_all(&self, dev: &dyn Device) -> Result<(), FsError> {
-        for c in 0..self.groups.len() as u32 {
+        self.write_chunks(dev, 0)
+    }
+
+    /// Writes the metaobject sectors of chunks `from` and on (`growfs`: the new ones).
+    pub fn write_chunks(&self, dev: &dyn Device, from: u32) -> Result<(), FsError> {
+        for c in from..self.groups.len() as u32 {
             for kind in Kind::ALL {
                 let n = self.count(c, kind);
                 for first in (0..n).step_by(PER_SECTOR as usize) {
@@ -213,22 +218,51 @@ impl MetaStore {
         Ok(())
     }
 
+    /// Extends the store to `sb`, a larger geometry of the same file system (`growfs`):
+    /// the new chunks' metaobjects all free, as `mkfs` makes them.
+    pub fn grow_fresh(&mut self, sb: Superblock) {
+        let fresh = Self::fresh(sb, 0);
+        let old = self.groups.len();
+        self.groups.extend(fresh.groups.into_iter().skip(old));
+        self.sb = sb;
+    }
+
+    /// Extends the store to `sb`, a larger geometry another host grew the file system
+    /// to: the new chunks' metaobjects loaded from `dev`.
+    pub fn grow_load(&mut self, dev: &dyn Device, sb: Superblock) -> Result<(), FsError> {
+        let old = self.groups.len() as u32;
+        let mut grown = self.clone();
+        grown.grow_fresh(sb);
+        for c in old..sb.geometry.chunks() {
+            grown.load_chunk(dev, c)?;
+        }
+        *self = grown;
+        Ok(())
+    }
+
     /// Loads every metaobject of the file system `sb` from `dev` (mount). A damaged
     /// sector is an error naming where it lies.
     pub fn load(dev: &dyn Device, sb: Superblock) -> Result<Self, FsError> {
         let mut s = Self::fresh(sb, 0);
         for c in 0..s.groups.len() as u32 {
-            for kind in Kind::ALL {
-                let n = s.count(c, kind);
-                for first in (0..n).step_by(PER_SECTOR as usize) {
-                    let (offset, _) = s.sector_of(kind, MetaId::new(c, first as u32));
-                    let count = (n - first).min(PER_SECTOR as usize);
-                    let b = dev.read(offset, SECTOR as usize)?;
-                    let recs = decode_sector(&b, offset, sb.uuid, kind, c, first as u32, count)?;
-                    s.groups[c as usize][slot(kind)][first..first + count].clone_from_slice(&recs);
-                }
-            }
+            s.load_chunk(dev, c)?;
         }
         Ok(s)
+    }
+
+    /// Reads chunk `c`'s metaobjects from `dev` over the ones held.
+    fn load_chunk(&mut self, dev: &dyn Device, c: u32) -> Result<(), FsError> {
+        let sb = self.sb;
+        for kind in Kind::ALL {
+            let n = self.count(c, kind);
+            for first in (0..n).step_by(PER_SECTOR as usize) {
+                let (offset, _) = self.sector_of(kind, MetaId::new(c, first as u32));
+                let count = (n - first).min(PER_SECTOR as usize);
+                let b = dev.read(offset, SECTOR as usize)?;
+                let recs = decode_sector(&b, offset, sb.uuid, kind, c, first as u32, count)?;
+                self.groups[c as usize][slot(kind)][first..first + count].clone_from_slice(&recs);
+            }
+        }
+        Ok(())
     }
 }

@@ -379,7 +379,9 @@ fn a_read_only_mount_refuses_changes_and_errors_map_to_errno() {
     r.access("/d/f", 4).unwrap();
     let long = format!("/{}", "n".repeat(300));
     assert_eq!(w.mkdir(&long, 0o755).unwrap_err().errno(), 36);
-    assert_eq!(w.growfs().unwrap_err().errno(), 95);
+    // The volume did not grow: nothing to add. A reading host may not grow it.
+    assert_eq!(w.growfs().unwrap(), 0);
+    assert_eq!(r.growfs().unwrap_err().errno(), 30);
     // Unlinked under an open descriptor: the descriptor is stale.
     w.unlink("/d/f").unwrap();
     assert_eq!(w.pwrite(fd, b"x", 0).unwrap_err().errno(), 116);
@@ -437,4 +439,47 @@ fn fallocate_over_bytes_a_truncate_left_in_a_block_shows_zeros() {
         );
     }
     assert_eq!(tree(&mut fs, "/"), root);
+}
+
+/// `growfs` (Fig. 3): a file system made on part of a volume fills up, grows over the
+/// rest, and takes more files; a host that mounted before the growth, a host that
+/// replays the journal, and a fresh mount all see the larger geometry and the same tree.
+#[test]
+fn growfs_adds_the_volumes_new_chunks_and_every_host_takes_them_in() {
+    let dev = Arc::new(MemDevice::new(16 << 20));
+    let g = geometry(); // 8 MiB of the 16: two chunks of four
+    mkfs(dev.as_ref(), g, 11, 0).unwrap();
+    let mut w = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    let mut r = Pfs::mount(dev.clone(), 2, Access::ReadOnly).unwrap();
+    let before = w.usage();
+    // Fill the data blocks.
+    let fd = w.creat("/big", 0o644).unwrap();
+    let room = before.free_blocks * before.block_bytes;
+    w.fallocate(fd, 0, room).unwrap();
+    assert_eq!(w.usage().free_blocks, 0);
+    assert_eq!(w.fallocate(fd, room, 4096).unwrap_err().errno(), 28); // ENOSPC
+    assert_eq!(w.growfs().unwrap(), 2);
+    let after = w.usage();
+    assert!(
+        after.blocks > before.blocks && after.free_blocks > 0,
+        "{after:?}"
+    );
+    assert_eq!(after.inodes, before.inodes * 2 + 1);
+    w.check_index().unwrap();
+    // The new blocks and inodes are used.
+    w.fallocate(fd, room, 40 * after.block_bytes).unwrap();
+    w.pwrite(fd, b"past the old end", room + 10).unwrap();
+    for i in 0..70 {
+        w.mkdir(&format!("/d{i}"), 0o755).unwrap();
+    }
+    assert!(w.fsck().problems.is_empty(), "{:?}", w.fsck().problems);
+    // The reader mounted before the growth takes it in when it replays.
+    r.refresh().unwrap();
+    r.check_index().unwrap();
+    assert_eq!(r.usage(), w.usage());
+    assert_eq!(tree(&mut r, "/"), tree(&mut w, "/"));
+    let mut again = Pfs::mount(dev.clone(), 3, Access::ReadOnly).unwrap();
+    assert_eq!(tree(&mut again, "/"), tree(&mut w, "/"));
+    assert!(again.fsck().problems.is_empty());
+    assert_eq!(w.growfs().unwrap(), 0);
 }

@@ -17,6 +17,7 @@ use chorus_fs::Device;
 use clap::{Args, Subcommand};
 
 use crate::metrics_http::{serve_text, Render};
+use crate::volume_bench::Pattern;
 use crate::volume_cli::{parse_bytes, Control};
 use crate::{AnyResult, EXIT_PROBLEM, EXIT_REFUSED, EXIT_UNREACHABLE};
 
@@ -178,6 +179,48 @@ enum FsOp {
         /// Serve Prometheus metrics (`GET /metrics`) on this address.
         #[arg(long)]
         metrics: Option<std::net::SocketAddr>,
+        /// Let other users in (FUSE `allow_other`); files show the mount point's owner,
+        /// and the kernel checks their permission bits.
+        #[arg(long)]
+        allow_other: bool,
+    },
+    /// Closed-loop I/O on one preallocated file through the Rust API in this process
+    /// (the libpfs path), mounted read-write as `--host-id`: figures shaped as `chorus
+    /// volume bench`'s.
+    Bench {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
+        /// The file (made and preallocated to --file-size if shorter).
+        #[arg(long, default_value = "/bench.dat")]
+        path: String,
+        /// The file's size: the span of the I/Os.
+        #[arg(long, value_parser = parse_bytes, default_value = "256M")]
+        file_size: u64,
+        /// What each I/O does.
+        #[arg(long, value_enum, default_value_t = Pattern::Randwrite)]
+        pattern: Pattern,
+        /// Bytes per I/O.
+        #[arg(long, value_parser = parse_bytes, default_value = "4K")]
+        bs: u64,
+        /// Threads, each one I/O at a time, comma-separated: one run each.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        jobs: Vec<u64>,
+        /// Seconds per point (after a one-second warm-up).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// Grow the file system over all of its volume (after `chorus volume grow`).
+    Growfs {
+        #[command(flatten)]
+        c: Control,
+        #[command(flatten)]
+        h: Host,
+        /// The volume.
+        volume: String,
     },
     /// Unmount a mounted file system (the mounting process then ends).
     Umount {
@@ -421,6 +464,7 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
             ttl_ms,
             threads,
             metrics,
+            allow_other,
         } => {
             let access = if read_only {
                 Access::ReadOnly
@@ -434,6 +478,7 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                 poll: Duration::from_millis(poll_ms),
                 threads: threads as usize,
                 fs_name: format!("chorus:{volume}"),
+                allow_other,
                 ..MountOptions::for_dir(&dir)
                     .map_err(|e| (EXIT_REFUSED, format!("{}: {e}", dir.display())))?
             };
@@ -478,6 +523,34 @@ fn fs_op(rt: &tokio::runtime::Runtime, op: FsOp) -> Result<(), Failure> {
                 .map_err(|e| (EXIT_PROBLEM, format!("unmounting {}: {e}", dir.display())))
         }
         FsOp::Umount { dir } => umount(&dir),
+        FsOp::Growfs { c, h, volume } => {
+            let dev = open(rt, &c, &volume)?;
+            let mut p = mount(dev, h.host_id, Access::ReadWrite)?;
+            let added = p.growfs().map_err(refused)?;
+            let u = p.usage();
+            println!(
+                "{added} chunks added: {} data blocks of {} bytes, {} inodes",
+                u.blocks, u.block_bytes, u.inodes
+            );
+            Ok(())
+        }
+        FsOp::Bench {
+            c,
+            h,
+            volume,
+            path,
+            file_size,
+            pattern,
+            bs,
+            jobs,
+            seconds,
+        } => {
+            let dev = open(rt, &c, &volume)?;
+            let p = mount(dev, h.host_id, Access::ReadWrite)?;
+            let json_out = matches!(c.output, crate::Output::Json);
+            crate::fs_bench::run(p, &path, file_size, pattern, bs, &jobs, seconds, json_out)
+                .map_err(refused)
+        }
         FsOp::Rm { c, h, volume, path } => {
             let dev = open(rt, &c, &volume)?;
             {

@@ -8,6 +8,7 @@ mod chunk_io;
 pub mod config;
 pub mod ctrl;
 pub mod dev;
+pub mod fs_bench;
 pub mod fs_cli;
 pub mod local;
 pub mod metrics_http;

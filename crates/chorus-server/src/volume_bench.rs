@@ -64,7 +64,17 @@ struct Point {
     hist: Histogram<u64>,
 }
 
-fn lane_offset(p: Pattern, lane: u64, lanes: u64, n: u64, span: u64, bs: u64, x: &mut u64) -> u64 {
+/// The offset of lane `lane`'s `n`th I/O (of `lanes`) in `span` bytes: random (seeded by
+/// `x`) or in order in the lane's own region.
+pub(crate) fn lane_offset(
+    p: Pattern,
+    lane: u64,
+    lanes: u64,
+    n: u64,
+    span: u64,
+    bs: u64,
+    x: &mut u64,
+) -> u64 {
     let slots = (span / bs).max(1);
     match p {
         Pattern::Randwrite | Pattern::Randread => {
