@@ -8,8 +8,9 @@
 //! - files are opened `FOPEN_DIRECT_IO`: the kernel keeps no page cache of their data,
 //!   so every read reaches the volume (a reading host sees the writer's in-place
 //!   writes at once) and every write is on the volume before it is answered (the
-//!   volume acknowledges a write once a majority of a chunk's replicas hold it, so
-//!   `fsync` has nothing left to do);
+//!   volume acknowledges a write once a majority of a chunk's replicas hold it); what
+//!   `fsync` has left to do is journal the size writes grew a file to (see
+//!   [`Pfs::fsync`]), which `close` does too;
 //! - attributes and names are cached by the kernel for [`MountOptions::ttl`], and a
 //!   poller replays the journal every [`MountOptions::poll`]: a reading host sees the
 //!   writer's metadata changes within about the sum of the two.
@@ -174,6 +175,12 @@ impl Filesystem for Fuse {
         // Larger requests where the kernel allows them (it answers with what it takes).
         let _ = config.set_max_write(1 << 20);
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.change(|p| p.sync()) {
+            tracing::warn!("journaling file sizes at unmount: {e}");
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -428,7 +435,8 @@ impl Filesystem for Fuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lock().close(fh.0) {
+        // Journals the size if writes grew the file (readers then see it).
+        match self.change(|p| p.close(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -442,10 +450,10 @@ impl Filesystem for Fuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Every write and every metadata transaction was durable on a majority of the
-        // replicas before it was answered: nothing is left to sync.
-        match self.lock().fstat(fh.0) {
-            Ok(_) => reply.ok(),
+        // Every write was durable on a majority of the replicas before it was answered;
+        // what is left is the size writes grew files to, journaled here.
+        match self.change(|p| p.fsync(fh.0)) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -493,8 +501,12 @@ impl Filesystem for Fuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Metadata transactions are committed to the journal before they are answered.
-        reply.ok();
+        // Metadata transactions are committed to the journal before they are answered;
+        // sizes grown by writes are journaled here.
+        match self.change(|p| p.sync()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -243,6 +243,13 @@ pub struct Pfs {
     cwd: MetaId,
     files: HashMap<u64, OpenFile>,
     next_fd: u64,
+    /// Files grown by writes into blocks they own whose new size is not journaled yet:
+    /// inode → (size, mtime). A write's bytes are on the volume when it returns; the
+    /// size that shows them is journaled at the file's next `fsync` or close, or with
+    /// the next transaction of any kind (as a local file system makes a size durable at
+    /// `fsync`). Invariant: each size is larger than the inode's in the store; the map
+    /// is emptied whenever another host may have written the journal since.
+    unsynced: HashMap<MetaId, (u64, i64)>,
     clock: Box<dyn Fn() -> i64 + Send>,
 }
 
@@ -267,6 +274,7 @@ impl Pfs {
             cwd: MetaId::ROOT,
             files: HashMap::new(),
             next_fd: 3,
+            unsynced: HashMap::new(),
             clock: Box::new(now_ns),
         };
         if access == Access::ReadWrite && !p.node.acquire()? {
@@ -313,8 +321,10 @@ impl Pfs {
         }
     }
 
-    /// Unmounts (`pfs_umount`): open files are closed; nothing is left to write.
-    pub fn umount(self) {}
+    /// Unmounts (`pfs_umount`): open files are closed, sizes not journaled yet are.
+    pub fn umount(mut self) -> Result<(), FsOpError> {
+        self.sync()
+    }
 
     /// `pfs_mount_growfs`: after the volume grew (`chorus volume grow`), the file
     /// system grows over all of it — new chunks with their metaobjects and data blocks
@@ -344,6 +354,8 @@ impl Pfs {
     pub fn refresh(&mut self) -> Result<bool, FsOpError> {
         let moved = self.node.poll()?;
         if moved {
+            // Another host wrote the journal: what this host had not journaled is gone.
+            self.unsynced.clear();
             self.sync_index();
         }
         Ok(moved)
@@ -372,6 +384,14 @@ impl Pfs {
         match self.node.store().get(Kind::Inode, id) {
             Some(Meta::Inode(i)) => Some(i),
             _ => None,
+        }
+    }
+
+    /// A file's size as this host shows it: with a growth not journaled yet.
+    fn size_of(&self, id: MetaId) -> u64 {
+        match self.unsynced.get(&id) {
+            Some(&(size, _)) => size,
+            None => self.inode(id).map_or(0, |i| i.size),
         }
     }
 
@@ -453,8 +473,12 @@ impl Pfs {
         if self.access == Access::ReadOnly {
             return Err(FsOpError::ReadOnly);
         }
+        // Sizes grown since the last transaction go with this one.
+        let mut sizes = std::mem::take(&mut self.unsynced);
         for _ in 0..4 {
             if !self.node.is_writer() {
+                // Another host wrote the journal: what was not journaled is gone.
+                sizes.clear();
                 let won = self.node.acquire()?;
                 self.sync_index();
                 if !won {
@@ -464,12 +488,13 @@ impl Pfs {
                     )));
                 }
             }
-            let r = f(self);
+            let r = self.fold_sizes(&sizes).and_then(|()| f(self));
             let v = match r {
                 Ok(v) => v,
                 Err(e) => {
                     self.node.roll_back();
                     self.sync_index();
+                    self.unsynced = sizes;
                     return Err(e);
                 }
             };
@@ -477,14 +502,50 @@ impl Pfs {
             self.sync_index();
             match c {
                 Ok(_) => return Ok(v),
-                Err(CommitError::Lost { .. } | CommitError::NotWriter { .. }) => continue,
-                Err(CommitError::Undecided) => continue,
+                Err(CommitError::Lost { .. } | CommitError::NotWriter { .. }) => {
+                    sizes.clear();
+                    continue;
+                }
+                Err(CommitError::Undecided) => {
+                    sizes.clear();
+                    continue;
+                }
                 Err(CommitError::Fs(e)) => return Err(e.into()),
             }
         }
         Err(FsOpError::Busy(
             "the journal changed hands under every retry".into(),
         ))
+    }
+
+    /// Puts the sizes grown since the last transaction into the one under way.
+    fn fold_sizes(&mut self, sizes: &HashMap<MetaId, (u64, i64)>) -> Result<(), FsOpError> {
+        for (&id, &(size, mtime)) in sizes {
+            if self
+                .inode(id)
+                .is_some_and(|i| i.kind == FileKind::File && i.size < size)
+            {
+                self.touch(id, |i| {
+                    (i.size, i.mtime_ns, i.ctime_ns) = (size, mtime, mtime)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `fsync` (and `fdatasync`): journals the sizes files grew to by writes since the
+    /// last transaction (every write's bytes are durable when it returns).
+    pub fn fsync(&mut self, fd: u64) -> Result<(), FsOpError> {
+        self.file(fd)?;
+        self.sync()
+    }
+
+    /// `sync`: journals every size not journaled yet; nothing else is left to write.
+    pub fn sync(&mut self) -> Result<(), FsOpError> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        self.txn(|_| Ok(()))
     }
 
     /// Changes a record in the transaction under way, and the indexes with it.
@@ -576,7 +637,7 @@ impl Pfs {
             ino: id.0,
             kind: i.kind,
             mode: i.mode,
-            size: i.size,
+            size: self.size_of(id),
             nlink: match i.kind {
                 FileKind::File => 1,
                 FileKind::Dir => 2 + subdirs as u32,
@@ -707,12 +768,14 @@ impl Pfs {
         Ok(self.open_file(id, flags))
     }
 
-    /// `close`.
+    /// `close`: journals the file's size if writes grew it since the last transaction
+    /// (so reading hosts see it); the descriptor is closed either way.
     pub fn close(&mut self, fd: u64) -> Result<(), FsOpError> {
-        self.files
-            .remove(&fd)
-            .map(|_| ())
-            .ok_or(FsOpError::BadFd(fd))
+        let f = self.files.remove(&fd).ok_or(FsOpError::BadFd(fd))?;
+        if self.unsynced.contains_key(&f.inode) {
+            self.sync()?;
+        }
+        Ok(())
     }
 
     fn file(&self, fd: u64) -> Result<OpenFile, FsOpError> {
@@ -778,7 +841,7 @@ impl Pfs {
     }
 
     fn resize(&mut self, id: MetaId, len: u64) -> Result<(), FsOpError> {
-        let size = self.inode(id).map_or(0, |i| i.size);
+        let size = self.size_of(id);
         if len > size {
             // The bytes between the old end and the new one read as zeros.
             self.zero_range(id, size, len)?;
@@ -864,7 +927,7 @@ impl Pfs {
             .checked_add(len)
             .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
         let id = f.inode;
-        let size = self.inode(id).map_or(0, |i| i.size);
+        let size = self.size_of(id);
         let grow = end > size && !keep;
         if grow {
             // The file grows to `end`: every byte past its old end reads as zeros, also
@@ -918,7 +981,7 @@ impl Pfs {
         if !f.flags.read {
             return Err(FsOpError::NotOpenFor(fd, "reading"));
         }
-        let size = self.inode(f.inode).map_or(0, |i| i.size);
+        let size = self.size_of(f.inode);
         if offset >= size {
             return Ok(Vec::new());
         }
@@ -942,7 +1005,7 @@ impl Pfs {
         let end = offset
             .checked_add(len as u64)
             .ok_or_else(|| FsOpError::Invalid("offset + len overflows".into()))?;
-        if end > self.inode(f.inode).map_or(0, |i| i.size) {
+        if end > self.size_of(f.inode) {
             return Ok(None);
         }
         let e = self.extents(f.inode, offset, end);
@@ -958,6 +1021,21 @@ impl Pfs {
         let extents = match self.write_extents(fd, offset, data.len())? {
             Some(e) => e,
             None => {
+                let id = self.file(fd)?.inode;
+                let (size, end) = (self.size_of(id), offset + data.len() as u64);
+                let e = self.extents(id, offset, end);
+                if e.iter().all(|x| x.volume.is_some()) {
+                    // Past the end, into blocks the file owns: no transaction now. The
+                    // bytes first (a gap before them zeroed), then the size in memory,
+                    // journaled at the next fsync, close or transaction.
+                    if offset > size {
+                        self.zero_range(id, size, offset)?;
+                    }
+                    write_pieces(self.dev.as_ref(), &e, data)?;
+                    let now = (self.clock)();
+                    self.unsynced.insert(id, (end, now));
+                    return Ok(data.len());
+                }
                 self.grow_for_write(fd, offset, data.len() as u64)?;
                 self.write_extents(fd, offset, data.len())?
                     .ok_or(FsOpError::Stale(fd))?
@@ -975,7 +1053,7 @@ impl Pfs {
         let end = offset + len;
         let bs = self.g.block_bytes;
         let (first, last) = (offset / bs, end.div_ceil(bs));
-        let size = self.inode(id).map_or(0, |i| i.size);
+        let size = self.size_of(id);
         if offset > size {
             self.zero_range(id, size, offset)?;
         }
@@ -1002,7 +1080,7 @@ impl Pfs {
     pub fn write(&mut self, fd: u64, data: &[u8]) -> Result<usize, FsOpError> {
         let f = self.file(fd)?;
         let at = if f.flags.append {
-            self.inode(f.inode).map_or(0, |i| i.size)
+            self.size_of(f.inode)
         } else {
             f.offset
         };
@@ -1029,7 +1107,7 @@ impl Pfs {
         let base = match whence {
             Whence::Set => 0,
             Whence::Cur => f.offset as i64,
-            Whence::End => self.inode(f.inode).map_or(0, |i| i.size) as i64,
+            Whence::End => self.size_of(f.inode) as i64,
         };
         let at = base
             .checked_add(offset)

@@ -483,3 +483,73 @@ fn growfs_adds_the_volumes_new_chunks_and_every_host_takes_them_in() {
     assert!(again.fsck().problems.is_empty());
     assert_eq!(w.growfs().unwrap(), 0);
 }
+
+/// A write past a file's end into blocks it owns needs no transaction: its bytes are on
+/// the volume when it returns and the size is journaled at the next `fsync` or close
+/// (or transaction). Reading hosts see the size once journaled; a host that takes the
+/// journal over meanwhile never sees it, and the writer drops it.
+#[test]
+fn growth_into_owned_blocks_is_journaled_at_fsync_or_close() {
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    mkfs(dev.as_ref(), geometry(), 13, 0).unwrap();
+    let mut w = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    let mut r = Pfs::mount(dev.clone(), 2, Access::ReadOnly).unwrap();
+    let fd = w.creat("/log", 0o644).unwrap();
+    w.fallocate_keep_size(fd, 0, 64 << 10).unwrap();
+    assert_eq!(w.fstat(fd).unwrap().size, 0);
+    let appends = w.node().stats().journal_appends;
+    w.pwrite(fd, &[1u8; 8192], 0).unwrap();
+    w.pwrite(fd, &[2u8; 1000], 20_000).unwrap(); // a gap: zeros between
+    assert_eq!(w.node().stats().journal_appends, appends, "no transaction");
+    assert_eq!(w.fstat(fd).unwrap().size, 21_000);
+    r.refresh().unwrap();
+    assert_eq!(r.stat("/log").unwrap().size, 0, "not journaled yet");
+    w.fsync(fd).unwrap();
+    assert_eq!(w.node().stats().journal_appends, appends + 1);
+    w.fsync(fd).unwrap();
+    assert_eq!(
+        w.node().stats().journal_appends,
+        appends + 1,
+        "nothing left"
+    );
+    r.refresh().unwrap();
+    assert_eq!(r.stat("/log").unwrap().size, 21_000);
+    let ro = OpenFlags {
+        read: true,
+        ..OpenFlags::default()
+    };
+    let rfd = r.open("/log", ro, 0).unwrap();
+    let mut b = vec![9u8; 21_000];
+    assert_eq!(r.pread(rfd, &mut b, 0).unwrap(), 21_000);
+    assert!(b[..8192].iter().all(|&x| x == 1));
+    assert!(b[8192..20_000].iter().all(|&x| x == 0));
+    assert!(b[20_000..].iter().all(|&x| x == 2));
+    // Close journals it too.
+    w.pwrite(fd, &[3u8; 100], 21_000).unwrap();
+    w.close(fd).unwrap();
+    r.refresh().unwrap();
+    assert_eq!(r.stat("/log").unwrap().size, 21_100);
+    // Another host takes the journal over before the size is journaled: it is gone.
+    let fd = w
+        .open(
+            "/log",
+            OpenFlags {
+                write: true,
+                ..OpenFlags::default()
+            },
+            0,
+        )
+        .unwrap();
+    w.pwrite(fd, &[4u8; 100], 21_100).unwrap();
+    assert_eq!(w.fstat(fd).unwrap().size, 21_200);
+    let mut other = Pfs::mount(dev.clone(), 3, Access::ReadWrite).unwrap();
+    other.mkdir("/other", 0o755).unwrap();
+    assert_eq!(other.stat("/log").unwrap().size, 21_100);
+    w.refresh().unwrap();
+    assert_eq!(w.fstat(fd).unwrap().size, 21_100);
+    w.fsync(fd).unwrap();
+    assert_eq!(w.stat("/log").unwrap().size, 21_100);
+    w.check_index().unwrap();
+    let report = w.fsck();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
