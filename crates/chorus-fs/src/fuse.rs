@@ -435,8 +435,13 @@ impl Filesystem for Fuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // Journals the size if writes grew the file (readers then see it).
-        match self.change(|p| p.close(fh.0)) {
+        // Journals the size if writes grew the file (readers then see it): a
+        // transaction, after data I/O in flight; otherwise only the descriptor goes.
+        let r = {
+            let mut p = self.lock();
+            (p.pending_sizes() == 0).then(|| p.close(fh.0))
+        };
+        match r.unwrap_or_else(|| self.change(|p| p.close(fh.0))) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -451,8 +456,13 @@ impl Filesystem for Fuse {
         reply: ReplyEmpty,
     ) {
         // Every write was durable on a majority of the replicas before it was answered;
-        // what is left is the size writes grew files to, journaled here.
-        match self.change(|p| p.fsync(fh.0)) {
+        // what is left is the size writes grew files to, journaled here (a transaction,
+        // after data I/O in flight, only if there is one).
+        let r = {
+            let p = self.lock();
+            (p.pending_sizes() == 0).then(|| p.fstat(fh.0).map(|_| ()))
+        };
+        match r.unwrap_or_else(|| self.change(|p| p.fsync(fh.0))) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }

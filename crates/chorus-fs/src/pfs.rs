@@ -540,6 +540,12 @@ impl Pfs {
         self.sync()
     }
 
+    /// Files whose size grew by writes and is not journaled yet ([`Pfs::sync`] would run
+    /// a transaction if any).
+    pub fn pending_sizes(&self) -> usize {
+        self.unsynced.len()
+    }
+
     /// `sync`: journals every size not journaled yet; nothing else is left to write.
     pub fn sync(&mut self) -> Result<(), FsOpError> {
         if self.unsynced.is_empty() {
