@@ -174,7 +174,7 @@ enum FsOp {
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
         ttl_ms: u64,
         /// Kernel request threads.
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
         threads: u64,
         /// Serve Prometheus metrics (`GET /metrics`) on this address.
         #[arg(long)]
