@@ -131,10 +131,12 @@ pg_on() {
   t0=$(date +%s.%N)
   su postgres -c "$PGBIN/initdb -D $dir/pg -A trust -U postgres" > "$OUT/pg-$system-initdb.log" 2>&1
   t1=$(date +%s.%N)
-  su postgres -c "$PGBIN/pg_ctl -D $dir/pg -o '-k /tmp -p $port -c listen_addresses=' -l $OUT/pg-$system.log -w start" > /dev/null
+  # The server's log in DIR (the postgres user's), copied into OUT afterwards.
+  su postgres -c "$PGBIN/pg_ctl -D $dir/pg -o '-k /tmp -p $port -c listen_addresses=' -l $dir/server.log -w start" > /dev/null
   su postgres -c "$PGBIN/pgbench -h /tmp -p $port -i -s 1 -q postgres" > "$OUT/pg-$system-init.log" 2>&1
   su postgres -c "$PGBIN/pgbench -h /tmp -p $port -T $PG_SECS -c 4 -j 2 postgres" > "$OUT/pg-$system-bench.log" 2>&1
   su postgres -c "$PGBIN/pg_ctl -D $dir/pg -m fast -w stop" > /dev/null
+  cp "$dir/server.log" "$OUT/pg-$system.log"
   python3 - "$system" "$t0" "$t1" "$OUT/pg-$system-bench.log" >> "$OUT/points.jsonl" <<'PY'
 import json, re, sys
 system, t0, t1, log = sys.argv[1:5]

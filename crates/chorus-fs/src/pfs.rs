@@ -872,8 +872,19 @@ impl Pfs {
     }
 
     /// Gives the file blocks `first..end` it does not own yet (in a transaction already
-    /// under way), zeroing blocks that held other data first.
-    fn allocate(&mut self, id: MetaId, first: u64, end: u64) -> Result<(), FsOpError> {
+    /// under way). A block that held other data is zeroed before the transaction can
+    /// commit: all of it (`write` is `None`: `fallocate`), or, for a write of bytes
+    /// `offset..end` that leaves the file `new_size` long, only the bytes below
+    /// `new_size` the write does not cover (the rest lies past the end, and every
+    /// growth zeroes what it uncovers in owned blocks).
+    fn allocate(
+        &mut self,
+        id: MetaId,
+        first: u64,
+        end: u64,
+        write: Option<(u64, u64, u64)>,
+    ) -> Result<(), FsOpError> {
+        let bs = self.g.block_bytes;
         for fb in first..end {
             if self
                 .index
@@ -893,8 +904,20 @@ impl Pfs {
             );
             if dirty {
                 // Not visible until the transaction commits, so zeroed before it does.
-                let zeros = vec![0u8; self.g.block_bytes as usize];
-                self.dev.write(self.volume_offset(t, 0), &zeros)?;
+                let (b0, b1) = (fb * bs, (fb + 1) * bs);
+                let spans = match write {
+                    None => vec![(b0, b1)],
+                    Some((offset, wend, new_size)) => vec![
+                        (b0, b1.min(offset).min(new_size)),
+                        (b0.max(wend), b1.min(new_size)),
+                    ],
+                };
+                for (from, to) in spans {
+                    if from < to {
+                        let zeros = vec![0u8; (to - from) as usize];
+                        self.dev.write(self.volume_offset(t, from - b0), &zeros)?;
+                    }
+                }
             }
             self.set(
                 Kind::Tag,
@@ -944,7 +967,7 @@ impl Pfs {
         let bs = self.g.block_bytes;
         let now = (self.clock)();
         self.txn(|p| {
-            p.allocate(id, offset / bs, end.div_ceil(bs))?;
+            p.allocate(id, offset / bs, end.div_ceil(bs), None)?;
             if grow {
                 p.touch(id, |i| (i.size, i.ctime_ns) = (end, now))?;
             }
@@ -1042,9 +1065,8 @@ impl Pfs {
                     self.unsynced.insert(id, (end, now));
                     return Ok(data.len());
                 }
-                self.grow_for_write(fd, offset, data.len() as u64)?;
-                self.write_extents(fd, offset, data.len())?
-                    .ok_or(FsOpError::Stale(fd))?
+                self.write_growing(fd, offset, data)?;
+                return Ok(data.len());
             }
         };
         // The data: straight to the blocks the file owns.
@@ -1052,11 +1074,13 @@ impl Pfs {
         Ok(data.len())
     }
 
-    /// Gives a write's blocks and size to the file in one transaction (it extends the
-    /// file or lands in a hole), zeroing the gap between the old end and the write.
-    fn grow_for_write(&mut self, fd: u64, offset: u64, len: u64) -> Result<(), FsOpError> {
+    /// Writes `data` at `offset` in one transaction that gives the file the blocks and
+    /// the size it needs (it extends the file or lands in a hole), zeroing the gap
+    /// between the old end and the write. The bytes are written before the transaction
+    /// commits, so a block given to the file never shows another file's bytes.
+    fn write_growing(&mut self, fd: u64, offset: u64, data: &[u8]) -> Result<(), FsOpError> {
         let id = self.file(fd)?.inode;
-        let end = offset + len;
+        let end = offset + data.len() as u64;
         let bs = self.g.block_bytes;
         let (first, last) = (offset / bs, end.div_ceil(bs));
         let size = self.size_of(id);
@@ -1065,14 +1089,14 @@ impl Pfs {
         }
         let now = (self.clock)();
         self.txn(|p| {
-            p.allocate(id, first, last)?;
-            let grow = end > p.inode(id).map_or(0, |i| i.size);
+            let size = p.inode(id).map_or(0, |i| i.size);
+            let new_size = size.max(end);
+            p.allocate(id, first, last, Some((offset, end, new_size)))?;
             p.touch(id, |i| {
-                if grow {
-                    i.size = end;
-                }
+                i.size = new_size;
                 (i.mtime_ns, i.ctime_ns) = (now, now);
-            })
+            })?;
+            write_pieces(p.dev.as_ref(), &p.extents(id, offset, end), data)
         })
     }
 

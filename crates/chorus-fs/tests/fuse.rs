@@ -127,6 +127,8 @@ fn programs_use_a_writing_mount_and_a_reading_mount_sees_what_they_did() {
     assert_eq!(e.raw_os_error(), Some(libc_eperm()), "{e}");
     let e = std::os::unix::fs::symlink("db", w.join("link")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc_eperm()), "{e}");
+    assert_eq!(xattr(&w.join("db/sub/moved")), libc::EOPNOTSUPP);
+    assert_eq!(shared_mmap(&w.join("db/sub/moved")), libc::ENODEV);
 
     // The reading mount sees the tree and the bytes, and refuses changes.
     eventually("the reader sees the moved file", || {
@@ -183,7 +185,45 @@ fn programs_use_a_writing_mount_and_a_reading_mount_sees_what_they_did() {
 }
 
 fn libc_eperm() -> i32 {
-    1
+    libc::EPERM
+}
+
+/// The errno of `getxattr` on `path`.
+fn xattr(path: &Path) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = c"user.test";
+    // SAFETY: valid NUL-terminated strings; a null buffer of size 0 asks only the size.
+    let r = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(r, -1, "getxattr answered");
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+/// The errno of a shared writable `mmap` of `path`.
+fn shared_mmap(path: &Path) -> i32 {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: a fresh mapping of an open descriptor; unmapped below if it succeeds.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if m != libc::MAP_FAILED {
+        // SAFETY: the mapping just made.
+        unsafe { libc::munmap(m, 4096) };
+        panic!("a shared writable mmap was allowed");
+    }
+    std::io::Error::last_os_error().raw_os_error().unwrap()
 }
 
 fn which(bin: &str) -> bool {

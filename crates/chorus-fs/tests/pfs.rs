@@ -553,3 +553,61 @@ fn growth_into_owned_blocks_is_journaled_at_fsync_or_close() {
     let report = w.fsck();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
+
+/// Blocks that held another file's bytes are given to writes without zeroing all of
+/// them: what the write covers is written before the transaction commits, and only
+/// the rest below the new size is zeroed. Every block here has held 0xFF bytes, so a
+/// byte the write path forgot to zero shows.
+#[test]
+fn reused_blocks_show_only_zeros_and_the_bytes_written() {
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    mkfs(dev.as_ref(), geometry(), 17, 0).unwrap();
+    let mut w = Pfs::mount(dev.clone(), 1, Access::ReadWrite).unwrap();
+    // Every data block written with 0xFF, then freed.
+    let u = w.usage();
+    let all = u.free_blocks * u.block_bytes;
+    let fd = w.creat("/fill", 0o644).unwrap();
+    for part in 0..4 {
+        w.fallocate(fd, part * all / 4, all / 4).unwrap();
+    }
+    let ff = vec![0xFFu8; u.block_bytes as usize];
+    for b in 0..u.free_blocks {
+        w.pwrite(fd, &ff, b * u.block_bytes).unwrap();
+    }
+    w.close(fd).unwrap();
+    w.unlink("/fill").unwrap();
+    let rw = OpenFlags {
+        read: true,
+        write: true,
+        create: true,
+        ..OpenFlags::default()
+    };
+    let check = |w: &mut Pfs, path: &str, written: &[(u64, &[u8])]| {
+        let size = w.stat(path).unwrap().size;
+        let fd = w.open(path, rw, 0).unwrap();
+        let mut got = vec![7u8; size as usize];
+        assert_eq!(w.pread(fd, &mut got, 0).unwrap(), size as usize);
+        let mut want = vec![0u8; size as usize];
+        for (at, b) in written {
+            want[*at as usize..*at as usize + b.len()].copy_from_slice(b);
+        }
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(bad.is_none(), "{path}: byte {bad:?} differs");
+        w.close(fd).unwrap();
+    };
+    // A write into the middle of a new block (the bytes before it zeroed), then one
+    // past a gap (the gap's part in the next new block zeroed).
+    let fd = w.open("/a", rw, 0o644).unwrap();
+    w.pwrite(fd, &[1u8; 100], 20_000).unwrap();
+    w.pwrite(fd, &[2u8; 10], 40_000).unwrap();
+    w.close(fd).unwrap();
+    check(&mut w, "/a", &[(20_000, &[1u8; 100]), (40_000, &[2u8; 10])]);
+    // A hole filled below the size: the bytes after the write, up to the block's end,
+    // zeroed too.
+    let fd = w.open("/b", rw, 0o644).unwrap();
+    w.ftruncate(fd, 100_000).unwrap();
+    w.pwrite(fd, &[3u8; 10], 50_000).unwrap();
+    w.close(fd).unwrap();
+    check(&mut w, "/b", &[(50_000, &[3u8; 10])]);
+    assert!(w.fsck().problems.is_empty());
+}

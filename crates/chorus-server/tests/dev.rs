@@ -15,7 +15,10 @@ fn chorus() -> Command {
 /// three nodes (base+1..=3, +101..=103, +201..=203, +301..=303) are free now, below the
 /// kernel's ephemeral range (see `common::free_port`), in this process's own stretch.
 fn free_base() -> u16 {
-    let first = std::process::id() % 290;
+    // Tests of this process run at once: each call starts its search elsewhere.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let first = (std::process::id() + call * 97) % 290;
     for k in 0..290u32 {
         let base = 20_000 + (first + k) % 290 * 40;
         let ports = (1..=3).flat_map(|i| [0, 100, 200, 300].map(|off| base + off + i));
@@ -139,4 +142,70 @@ fn dev_cluster_serves_and_a_directory_of_another_mode_is_refused_with_the_way_ou
     let status = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(status.contains("leader"), "{status}");
+}
+
+/// `chorus dev --storage --fs DIR`: a fresh storage cluster, volume `fs` with a file
+/// system on it, mounted at DIR (FUSE); files written there read back and are on the
+/// volume; SIGTERM to the mount (the first pid) unmounts it. Needs /dev/fuse and root
+/// (skipped otherwise, unless CHORUS_REQUIRE_FUSE is set).
+#[test]
+fn dev_storage_mounts_a_file_system_and_a_stop_unmounts_it() {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if !(root && Path::new("/dev/fuse").exists()) {
+        assert!(
+            std::env::var_os("CHORUS_REQUIRE_FUSE").is_none(),
+            "CHORUS_REQUIRE_FUSE is set, but /dev/fuse is missing or this is not root"
+        );
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, mnt) = (tmp.path().join("dev"), tmp.path().join("mnt"));
+    let base = free_base();
+    let run = Running(dir.clone());
+    let o = dev(
+        &dir,
+        base,
+        &[
+            "--storage",
+            "--fs",
+            mnt.to_str().unwrap(),
+            "--fs-size",
+            "128M",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("mounted read-write as host 1 at"), "{out}");
+    let listed = |m: &Path| {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == m.to_str())
+    };
+    assert!(listed(&mnt));
+    std::fs::write(mnt.join("hello"), b"from dev").unwrap();
+    assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"from dev");
+    let ctl = (1..=3)
+        .map(|i| format!("127.0.0.1:{}", base as u32 + i))
+        .collect::<Vec<_>>()
+        .join(",");
+    let o = chorus()
+        .args(["fs", "cat", "fs", "/hello", "--control", &ctl])
+        .output()
+        .unwrap();
+    assert_eq!(text(&o.stdout), "from dev", "{}", text(&o.stderr));
+    // The mount stops first (pids lists it first) and unmounts.
+    let mount_pid = run.pids()[0].clone();
+    Command::new("kill")
+        .args(["-TERM", &mount_pid])
+        .output()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while listed(&mnt) {
+        assert!(Instant::now() < end, "still mounted 20 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.stop();
 }

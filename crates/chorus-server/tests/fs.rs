@@ -369,7 +369,13 @@ async fn sqlite_on_a_mount_survives_its_writer_killed_mid_transaction() {
     );
 
     // Host 3 takes the writer role: SQLite finds its hot journal and rolls back.
-    let w2m = Mounted::start(&ctl, &w2, &["--host-id", "3"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let w2m = Mounted::start(&ctl, &w2, &["--host-id", "3", "--metrics", &metrics]);
     let o = sqlite(
         &w2.join("app.sqlite"),
         "PRAGMA integrity_check; SELECT max(batch), count(*) FROM t;",
@@ -389,6 +395,20 @@ async fn sqlite_on_a_mount_survives_its_writer_killed_mid_transaction() {
     assert!(fsck.contains("clean"), "{fsck}");
     let stat = String::from_utf8(ok(fs(&ctl, &["stat", "fsvol"]))).unwrap();
     assert!(stat.contains("writer host 3"), "{stat}");
+    // The new writer's counters: it won the journal by Disk Paxos, and commits.
+    std::fs::write(w2.join("after-kill"), b"host 3 writes").unwrap();
+    let m = storage::metrics_text(&metrics).expect("the mount serves /metrics");
+    let value = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{m}"))
+    };
+    assert_eq!(value("chorus_fs_writer "), 1, "{m}");
+    assert!(value("chorus_fs_handovers_total ") >= 1, "{m}");
+    assert!(value("chorus_fs_paxos_rounds_total ") >= 2, "{m}");
+    assert_eq!(value("chorus_fs_lost_total "), 0, "{m}");
+    value("chorus_fs_replays_total ");
+    assert!(value("chorus_fs_journal_appends_total ") >= 1, "{m}");
 
     // The reading host sees the same rows.
     let ro = format!("file:{}?immutable=1", r.join("app.sqlite").display());
