@@ -570,10 +570,9 @@ impl Node {
         Err(CommitError::Undecided)
     }
 
-    /// A checkpoint (journal generations): the metaobjects' home copy is rewritten
-    /// whole with the current generation's start (the home copy, which holds the previous
-    /// generation's start or later states, with the previous generation's records
-    /// redone over it), then a Disk Paxos instance begins the next generation: its
+    /// A checkpoint (journal generations): the metaobjects' home copy is brought to the
+    /// current generation's start (the sectors the previous generation's records
+    /// touched, read, those records redone over them, and written back), then a Disk Paxos instance begins the next generation: its
     /// records go in the other half of every host's area, and its anchor names the
     /// current generation's last record as its base. A reader loading the home copy
     /// redoes the base generation over it. If this host dies writing the home copy, the
@@ -589,18 +588,36 @@ impl Node {
             n.roll_back();
             Err(CommitError::Fs(e))
         };
-        // 1. The home copy whole for this generation's start (a checkpoint before this
-        //    one may have died writing it).
+        // 1. The home copy whole for this generation's start. It holds the previous
+        //    generation's start (the last checkpoint wrote it whole) or, in sectors a
+        //    checkpoint that died before this one reached, this generation's start: the
+        //    two differ only in the sectors the previous generation's records touched,
+        //    so only those are read, redone and written back.
         let start = (|| {
-            let mut start = MetaStore::load(dev.as_ref(), self.sb)?;
-            for (_, r) in records_after(dev.as_ref(), &g, uuid, 0, cur.base())? {
+            let records = records_after(dev.as_ref(), &g, uuid, 0, cur.base())?;
+            let mut sectors = std::collections::BTreeMap::new();
+            for (_, r) in &records {
+                for op in &r.ops {
+                    let (offset, _) = self.store.sector_of(op.kind, op.id);
+                    sectors.insert(offset, (op.kind, op.id));
+                }
+            }
+            let mut start = self.store.clone();
+            for &(kind, id) in sectors.values() {
+                start.load_sector(dev.as_ref(), kind, id)?;
+            }
+            for (_, r) in &records {
                 for op in &r.ops {
                     start
                         .redo(op)
                         .map_err(|d| FsError::Layout(format!("checkpoint: {d}")))?;
                 }
             }
-            start.write_all(dev.as_ref())
+            for &(kind, id) in sectors.values() {
+                let (offset, b) = start.sector(kind, id);
+                dev.write(offset, &b)?;
+            }
+            Ok::<(), FsError>(())
         })();
         if let Err(e) = start {
             return fail(self, e);

@@ -129,7 +129,23 @@ const KEEP_SIZE: i32 = 1;
 /// `RENAME_NOREPLACE`.
 const NO_REPLACE: u32 = 1;
 
+/// Answers a call that returns nothing.
+fn done(r: Result<(), FsOpError>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 impl Fuse {
+    /// Answers a call that names an inode.
+    fn entry(&self, r: Result<Stat, FsOpError>, reply: ReplyEntry) {
+        match r {
+            Ok(s) => reply.entry(&self.opts.ttl, &self.attr(&s), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Pfs> {
         self.fs.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -190,10 +206,7 @@ impl Filesystem for Fuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.lock().lookup_in(parent.0, name.as_bytes()) {
-            Ok(s) => reply.entry(&self.opts.ttl, &self.attr(&s), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(self.lock().lookup_in(parent.0, name.as_bytes()), reply)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -262,10 +275,7 @@ impl Filesystem for Fuse {
         }
         let r =
             self.change(|p| p.create_in(parent.0, name.as_bytes(), FileKind::File, mode & !umask));
-        match r {
-            Ok(s) => reply.entry(&self.opts.ttl, &self.attr(&s), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(r, reply)
     }
 
     fn mkdir(
@@ -279,24 +289,21 @@ impl Filesystem for Fuse {
     ) {
         let r =
             self.change(|p| p.create_in(parent.0, name.as_bytes(), FileKind::Dir, mode & !umask));
-        match r {
-            Ok(s) => reply.entry(&self.opts.ttl, &self.attr(&s), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(r, reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.change(|p| p.unlink_in(parent.0, name.as_bytes())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(
+            self.change(|p| p.unlink_in(parent.0, name.as_bytes())),
+            reply,
+        )
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.change(|p| p.rmdir_in(parent.0, name.as_bytes())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(
+            self.change(|p| p.rmdir_in(parent.0, name.as_bytes())),
+            reply,
+        )
     }
 
     fn symlink(
@@ -333,10 +340,7 @@ impl Filesystem for Fuse {
                 bits & NO_REPLACE != 0,
             )
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(r, reply)
     }
 
     fn link(
@@ -447,10 +451,7 @@ impl Filesystem for Fuse {
             let mut p = self.lock();
             (p.pending_sizes() == 0).then(|| p.close(fh.0))
         };
-        match r.unwrap_or_else(|| self.change(|p| p.close(fh.0))) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(r.unwrap_or_else(|| self.change(|p| p.close(fh.0))), reply)
     }
 
     fn fsync(
@@ -468,10 +469,7 @@ impl Filesystem for Fuse {
             let p = self.lock();
             (p.pending_sizes() == 0).then(|| p.fstat(fh.0).map(|_| ()))
         };
-        match r.unwrap_or_else(|| self.change(|p| p.fsync(fh.0))) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(r.unwrap_or_else(|| self.change(|p| p.fsync(fh.0))), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
@@ -519,10 +517,7 @@ impl Filesystem for Fuse {
     ) {
         // Metadata transactions are committed to the journal before they are answered;
         // sizes grown by writes are journaled here.
-        match self.change(|p| p.sync()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(self.change(|p| p.sync()), reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -617,10 +612,7 @@ impl Filesystem for Fuse {
                 p.fallocate(fh.0, offset, length)
             }
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(r, reply)
     }
 }
 

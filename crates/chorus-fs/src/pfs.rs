@@ -335,14 +335,7 @@ impl Pfs {
             return Err(FsOpError::ReadOnly);
         }
         if !self.node.is_writer() {
-            let won = self.node.acquire()?;
-            self.sync_index();
-            if !won {
-                return Err(FsOpError::Busy(format!(
-                    "host {} holds it",
-                    self.node.decision().1.owner
-                )));
-            }
+            self.take_journal()?;
         }
         let added = self.node.grow()?;
         self.sync_index();
@@ -479,14 +472,7 @@ impl Pfs {
             if !self.node.is_writer() {
                 // Another host wrote the journal: what was not journaled is gone.
                 sizes.clear();
-                let won = self.node.acquire()?;
-                self.sync_index();
-                if !won {
-                    return Err(FsOpError::Busy(format!(
-                        "host {} holds it",
-                        self.node.decision().1.owner
-                    )));
-                }
+                self.take_journal()?;
             }
             let r = self.fold_sizes(&sizes).and_then(|()| f(self));
             let v = match r {
@@ -516,6 +502,21 @@ impl Pfs {
         Err(FsOpError::Busy(
             "the journal changed hands under every retry".into(),
         ))
+    }
+
+    /// Wins the journal by Disk Paxos (Fig. 8, steps 1 and 4), replaying what other
+    /// hosts committed; `Busy` if another host won it meanwhile.
+    fn take_journal(&mut self) -> Result<(), FsOpError> {
+        let won = self.node.acquire()?;
+        self.sync_index();
+        if won {
+            Ok(())
+        } else {
+            Err(FsOpError::Busy(format!(
+                "host {} holds it",
+                self.node.decision().1.owner
+            )))
+        }
     }
 
     /// Puts the sizes grown since the last transaction into the one under way.

@@ -252,17 +252,25 @@ impl MetaStore {
 
     /// Reads chunk `c`'s metaobjects from `dev` over the ones held.
     fn load_chunk(&mut self, dev: &dyn Device, c: u32) -> Result<(), FsError> {
-        let sb = self.sb;
         for kind in Kind::ALL {
             let n = self.count(c, kind);
             for first in (0..n).step_by(PER_SECTOR as usize) {
-                let (offset, _) = self.sector_of(kind, MetaId::new(c, first as u32));
-                let count = (n - first).min(PER_SECTOR as usize);
-                let b = dev.read(offset, SECTOR as usize)?;
-                let recs = decode_sector(&b, offset, sb.uuid, kind, c, first as u32, count)?;
-                self.groups[c as usize][slot(kind)][first..first + count].clone_from_slice(&recs);
+                self.load_sector(dev, kind, MetaId::new(c, first as u32))?;
             }
         }
+        Ok(())
+    }
+
+    /// Reads the sector holding (`kind`, `id`) from `dev` over the records held.
+    pub fn load_sector(&mut self, dev: &dyn Device, kind: Kind, id: MetaId) -> Result<(), FsError> {
+        let c = id.chunk();
+        let (offset, first) = self.sector_of(kind, id);
+        let n = self.count(c, kind);
+        let count = (n - first as usize).min(PER_SECTOR as usize);
+        let b = dev.read(offset, SECTOR as usize)?;
+        let recs = decode_sector(&b, offset, self.sb.uuid, kind, c, first, count)?;
+        self.groups[c as usize][slot(kind)][first as usize..first as usize + count]
+            .clone_from_slice(&recs);
         Ok(())
     }
 }

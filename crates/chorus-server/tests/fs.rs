@@ -35,14 +35,14 @@ fn ok(o: std::process::Output) -> Vec<u8> {
     o.stdout
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_file_system_on_a_volume_survives_a_writer_change_and_a_killed_node() {
-    let mut c = Cluster::start(3, 600_000);
+/// Creates volume `fsvol` of `size` bytes, retrying (bounded) until the chunk servers
+/// have joined the control plane.
+async fn create_volume(c: &Cluster, size: u64) {
     let end = Instant::now() + Duration::from_secs(60);
     loop {
         let req = pb::CreateVolumeRequest {
             name: "fsvol".into(),
-            size_bytes: 4 * CHUNK,
+            size_bytes: size,
             ..Default::default()
         };
         let r = on_control(&c.control, Duration::from_secs(30), |mut cl| {
@@ -51,7 +51,7 @@ async fn a_file_system_on_a_volume_survives_a_writer_change_and_a_killed_node() 
         })
         .await;
         match r {
-            Ok(Ok(v)) if v.state == "ready" => break,
+            Ok(Ok(v)) if v.state == "ready" => return,
             r if Instant::now() < end => {
                 eprintln!("create: {r:?}");
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -62,6 +62,12 @@ async fn a_file_system_on_a_volume_survives_a_writer_change_and_a_killed_node() 
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_system_on_a_volume_survives_a_writer_change_and_a_killed_node() {
+    let mut c = Cluster::start(3, 600_000);
+    create_volume(&c, 4 * CHUNK).await;
     let ctl = c.control.join(",");
     let out = ok(fs(
         &ctl,
@@ -258,30 +264,7 @@ async fn sqlite_on_a_mount_survives_its_writer_killed_mid_transaction() {
         return;
     }
     let c = Cluster::start(3, 600_000);
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let req = pb::CreateVolumeRequest {
-            name: "fsvol".into(),
-            size_bytes: 8 * CHUNK,
-            ..Default::default()
-        };
-        let r = on_control(&c.control, Duration::from_secs(30), |mut cl| {
-            let req = req.clone();
-            async move { cl.create_volume(req).await.map(|r| r.into_inner()) }
-        })
-        .await;
-        match r {
-            Ok(Ok(v)) if v.state == "ready" => break,
-            r if Instant::now() < end => {
-                eprintln!("create: {r:?}");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            r => {
-                c.dump_logs();
-                panic!("create: {r:?}");
-            }
-        }
-    }
+    create_volume(&c, 8 * CHUNK).await;
     let ctl = c.control.join(",");
     ok(fs(
         &ctl,
