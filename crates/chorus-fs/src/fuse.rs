@@ -138,6 +138,14 @@ fn done(r: Result<(), FsOpError>, reply: ReplyEmpty) {
 }
 
 impl Fuse {
+    /// Answers a call that gives attributes.
+    fn attr_reply(&self, r: Result<Stat, FsOpError>, reply: ReplyAttr) {
+        match r {
+            Ok(s) => reply.attr(&self.opts.ttl, &self.attr(&s)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     /// Answers a call that names an inode.
     fn entry(&self, r: Result<Stat, FsOpError>, reply: ReplyEntry) {
         match r {
@@ -210,10 +218,7 @@ impl Filesystem for Fuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.lock().stat_ino(ino.0) {
-            Ok(s) => reply.attr(&self.opts.ttl, &self.attr(&s)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.attr_reply(self.lock().stat_ino(ino.0), reply)
     }
 
     fn setattr(
@@ -253,10 +258,7 @@ impl Filesystem for Fuse {
             }
             p.stat_ino(ino.0)
         });
-        match r {
-            Ok(s) => reply.attr(&self.opts.ttl, &self.attr(&s)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.attr_reply(r, reply)
     }
 
     fn mknod(
@@ -356,7 +358,13 @@ impl Filesystem for Fuse {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let f = self.flags(flags);
-        match self.change(|p| p.open_ino(ino.0, f)) {
+        // Only a truncating open changes metadata (and waits for data I/O in flight).
+        let r = if f.truncate {
+            self.change(|p| p.open_ino(ino.0, f))
+        } else {
+            self.lock().open_ino(ino.0, f)
+        };
+        match r {
             Ok(fd) => reply.opened(FileHandle(fd), OPEN_FLAGS),
             Err(e) => reply.error(errno(&e)),
         }
@@ -473,7 +481,7 @@ impl Filesystem for Fuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
-        match self.lock().readdir_ino(ino.0) {
+        match self.lock().parent_ino(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
