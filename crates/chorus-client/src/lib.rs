@@ -236,7 +236,8 @@ impl Client {
                             if matches!(
                                 s.code(),
                                 Code::FailedPrecondition | Code::Unavailable | Code::Unknown
-                            ) && !s.metadata().contains_key(ACCESS_MODE_KEY) =>
+                            ) && !s.metadata().contains_key(ACCESS_MODE_KEY)
+                                && !s.metadata().contains_key(REFUSED_KEY) =>
                         {
                             last = format!("{}: {}", self.endpoints[i], s.message());
                             if s.code() != Code::FailedPrecondition {
@@ -368,10 +369,22 @@ impl Client {
         .await
     }
 
-    /// Hands leadership of `group` to `to`.
+    /// Hands leadership of `group` to `to`; refused if `to` is down or behind (see
+    /// [`Client::transfer_leader_forced`]).
     pub async fn transfer_leader(&mut self, group: u64, to: u64) -> Result<(), ClientError> {
+        self.transfer_leader_forced(group, to, false).await
+    }
+
+    /// Hands leadership of `group` to `to`; with `force`, even to a node the leader has
+    /// not heard from within the lease or that is more than a window behind.
+    pub async fn transfer_leader_forced(
+        &mut self,
+        group: u64,
+        to: u64,
+        force: bool,
+    ) -> Result<(), ClientError> {
         self.on_leader(group, true, |mut c| async move {
-            c.transfer_leader(pb::TransferLeaderRequest { group, to })
+            c.transfer_leader(pb::TransferLeaderRequest { group, to, force })
                 .await
                 .map(|_| ())
         })
@@ -661,6 +674,12 @@ pub const NOT_STARTED_KEY: &str = "chorus-not-started";
 /// not take (an append to a mirror, a mirror write to a primary): no other node would
 /// take it, so it is not retried. The value is the mode of the group's config.
 pub const ACCESS_MODE_KEY: &str = "chorus-access-mode";
+
+/// The gRPC metadata key of a leader's refusal of an operator's change by the strict
+/// check (a voter added directly, a removal that would stop the group, a transfer to a
+/// node down or behind): the leader refused it, so no other node is tried. The value is
+/// `strict`; the message says why and that forcing skips the check.
+pub const REFUSED_KEY: &str = "chorus-refused";
 
 /// Whether a failed call surely did nothing (the connection could not be made, or the
 /// server refused it marked [`NOT_STARTED_KEY`]), so that retrying it elsewhere cannot

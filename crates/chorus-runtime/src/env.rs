@@ -1127,9 +1127,22 @@ impl LogHandle {
         self.g.trim(lsn)
     }
 
-    /// Starts a single-member membership change (leader only; PALF section 5.3).
+    /// Starts a single-member membership change (leader only; PALF section 5.3), with
+    /// no strict check: what the control plane and tests use.
     pub fn change_membership(&self, change: MembershipChange) -> Result<(), Error> {
-        self.g.change(change)
+        self.g.change(change, true)
+    }
+
+    /// As [`LogHandle::change_membership`], an operator's change: refused unless it passes
+    /// the strict reconfiguration check ([`Replica::check_change`]) or `force` is set.
+    ///
+    /// [`Replica::check_change`]: chorus_core::replica::Replica::check_change
+    pub fn change_membership_checked(
+        &self,
+        change: MembershipChange,
+        force: bool,
+    ) -> Result<(), Error> {
+        self.g.change(change, force)
     }
 
     /// Mirrors one group another log committed (PALF section 5.2, `mirror`): `group` is
@@ -1156,9 +1169,17 @@ impl LogHandle {
         self.g.read_groups(from, max_bytes)
     }
 
-    /// Hands leadership to voter `to` (leader only).
+    /// Hands leadership to voter `to` (leader only), with no strict check.
     pub fn transfer_leader(&self, to: NodeId) -> Result<(), Error> {
-        self.g.transfer(to)
+        self.g.transfer(to, true)
+    }
+
+    /// As [`LogHandle::transfer_leader`], an operator's transfer: refused unless the
+    /// target passes the strict check ([`Replica::check_transfer_to`]) or `force` is set.
+    ///
+    /// [`Replica::check_transfer_to`]: chorus_core::replica::Replica::check_transfer_to
+    pub fn transfer_leader_checked(&self, to: NodeId, force: bool) -> Result<(), Error> {
+        self.g.transfer(to, force)
     }
 
     /// Sets this replica's election priority (higher wins after config version).

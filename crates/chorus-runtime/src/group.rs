@@ -905,21 +905,31 @@ impl Group {
         Ok((out, at))
     }
 
-    pub fn change(self: &Arc<Self>, change: MembershipChange) -> Result<(), Error> {
-        self.control(|r, now| r.change_membership(now, change))
-            .map(|_| ())
-            .map_err(|source| Error::Change {
-                group: self.id,
-                source,
-            })
+    pub fn change(self: &Arc<Self>, change: MembershipChange, force: bool) -> Result<(), Error> {
+        self.control(|r, now| {
+            if !force {
+                r.check_change(&change)?;
+            }
+            r.change_membership(now, change)
+        })
+        .map(|_| ())
+        .map_err(|source| Error::Change {
+            group: self.id,
+            source,
+        })
     }
 
-    pub fn transfer(self: &Arc<Self>, to: NodeId) -> Result<(), Error> {
-        self.control(|r, now| r.transfer_leader(now, to))
-            .map_err(|source| Error::Change {
-                group: self.id,
-                source,
-            })
+    pub fn transfer(self: &Arc<Self>, to: NodeId, force: bool) -> Result<(), Error> {
+        self.control(|r, now| {
+            if !force {
+                r.check_transfer_to(to)?;
+            }
+            r.transfer_leader(now, to)
+        })
+        .map_err(|source| Error::Change {
+            group: self.id,
+            source,
+        })
     }
 
     pub fn committed_end(&self) -> Lsn {
@@ -1306,7 +1316,7 @@ fn build_replica(
         Some(d) => {
             tracing::warn!(group = id, from = d.lsn, to = d.next_valid, detail = %d.detail,
                 "log damaged before its tail; repairing from peers");
-            Replica::repairing(cfg, record, d.lsn, d.next_valid, now)
+            Replica::repairing(cfg, record, d.lsn, d.next_valid, log.end_lsn(), now)
         }
         None => Replica::new(cfg, record, log.recovered().map_err(storage(id))?, now),
     })

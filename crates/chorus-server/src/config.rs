@@ -388,6 +388,30 @@ impl Default for ServerConfig {
     }
 }
 
+/// A deliberately broken replica, in test builds only (`--features broken`): the
+/// real-process fault tests (`chorus-nemesis`) must catch it. `CHORUS_BROKEN` names it:
+/// `skip-reconfirmation` or `ack-before-fsync`; unset, the replica is correct.
+#[cfg(feature = "broken")]
+fn broken_from_env() -> Result<chorus_core::replica::Broken, ConfigError> {
+    use chorus_core::replica::Broken;
+    match std::env::var("CHORUS_BROKEN").as_deref() {
+        Err(_) | Ok("") => Ok(Broken::None),
+        Ok(b @ ("skip-reconfirmation" | "ack-before-fsync")) => {
+            eprintln!("chorus: a DELIBERATELY BROKEN replica ({b}): for testing the tests only");
+            Ok(if b == "ack-before-fsync" {
+                Broken::AckBeforeFsync
+            } else {
+                Broken::SkipReconfirmation
+            })
+        }
+        Ok(other) => Err(bad(
+            "CHORUS_BROKEN",
+            other,
+            "skip-reconfirmation or ack-before-fsync",
+        )),
+    }
+}
+
 /// Parses `a=b` pairs of a `--peer` flag or `CHORUS_PEERS`.
 pub fn parse_peer(s: &str) -> Result<(String, String), ConfigError> {
     let (id, addr) = s
@@ -636,6 +660,11 @@ impl ServerConfig {
             commit_mode,
             timed_resend: r.timed_resend,
             ..EnvConfig::new(1, "", "127.0.0.1:0".parse().expect("address")).replica
+        };
+        #[cfg(feature = "broken")]
+        let replica = ReplicaConfig {
+            broken: broken_from_env()?,
+            ..replica
         };
         let mut env = EnvConfig::new(self.node, self.data_dir.clone(), listen);
         env.cluster_id = self.cluster_id;

@@ -141,7 +141,9 @@ pub struct MemberArgs {
 
 #[derive(Subcommand, Debug)]
 enum MemberOp {
-    /// Add a voter.
+    /// Add a voter. Ordered groups: as a learner first, promoted once it has caught up
+    /// (within --catch-up seconds; otherwise it is removed again and the command fails);
+    /// --force adds it as a voter at once. Out-of-order groups: a voter at once.
     Add(MemberNode),
     /// Remove a voter or learner.
     Remove(MemberNode),
@@ -169,6 +171,15 @@ struct MemberNode {
     /// Replication address of a joining node (HOST:PORT).
     #[arg(long)]
     addr: Option<String>,
+    /// Skip the strict reconfiguration check: add a voter directly, promote a learner not
+    /// heard from, remove a voter although the live voters left are fewer than a
+    /// majority.
+    #[arg(long)]
+    force: bool,
+    /// `member add` on an ordered group: seconds the new learner has to catch up before
+    /// it is promoted.
+    #[arg(long, default_value_t = 60)]
+    catch_up: u64,
 }
 
 /// `chorus leader`.
@@ -187,6 +198,10 @@ enum LeaderOp {
         /// The voter to lead.
         #[arg(long)]
         to: u64,
+        /// Transfer even to a voter the leader has not heard from within the lease, or
+        /// that is more than a window behind the committed end.
+        #[arg(long)]
+        force: bool,
     },
     /// Set the election priority of the replica at one endpoint.
     Priority {
@@ -1107,14 +1122,21 @@ async fn member(a: MemberArgs) -> Result<ExitCode, ClientError> {
         MemberOp::Replace { m, old } => (pb::ChangeKind::Replace, m, old),
     };
     let mut c = m.ep.client();
-    c.change_membership(pb::ChangeMembershipRequest {
+    let req = |kind: pb::ChangeKind, force: bool| pb::ChangeMembershipRequest {
         group: m.ep.group,
         kind: kind as i32,
         node: m.node,
         old_node: old,
         node_addr: m.addr.clone().unwrap_or_default(),
-    })
-    .await?;
+        force,
+    };
+    if kind == pb::ChangeKind::AddVoter
+        && !m.force
+        && group_mode(&mut c, m.ep.group).await == "ordered"
+    {
+        return add_through_learner(&mut c, &m, req(pb::ChangeKind::AddLearner, false)).await;
+    }
+    c.change_membership(req(kind, m.force)).await?;
     Ok(done(
         m.ep.output,
         &format!(
@@ -1124,11 +1146,97 @@ async fn member(a: MemberArgs) -> Result<ExitCode, ClientError> {
     ))
 }
 
+/// The mode of `group` as the first node that answers reports it (`ordered` if none
+/// does: the add then goes the safe way).
+async fn group_mode(c: &mut chorus_client::Client, group: u64) -> String {
+    for (_, r) in c.status_all(group).await {
+        if let Some(g) = r
+            .ok()
+            .and_then(|s| s.groups.into_iter().find(|g| g.group == group))
+        {
+            if !g.mode.is_empty() {
+                return g.mode;
+            }
+        }
+    }
+    "ordered".into()
+}
+
+/// `member add` on an ordered group (PALF section 5.3, etcd's learners): the node joins
+/// as a learner, is promoted once it holds the committed log, and is removed again if it
+/// does not within `--catch-up` seconds (a node that is down, does not exist, or does not
+/// host the group), so that a mistyped node id never becomes a voter.
+async fn add_through_learner(
+    c: &mut chorus_client::Client,
+    m: &MemberNode,
+    learner: pb::ChangeMembershipRequest,
+) -> Result<ExitCode, ClientError> {
+    use tonic::Code;
+    let group = m.ep.group;
+    c.change_membership(learner.clone()).await?;
+    let promote = pb::ChangeMembershipRequest {
+        kind: pb::ChangeKind::Promote as i32,
+        node_addr: String::new(),
+        ..learner.clone()
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(m.catch_up);
+    let mut last;
+    loop {
+        match c.change_membership(promote.clone()).await {
+            Ok(()) => {
+                return Ok(done(
+                    m.ep.output,
+                    &format!(
+                        "node {} joined group {group} as a learner, caught up, and its promotion to voter started; `chorus status` shows when it is accepted",
+                        m.node
+                    ),
+                ))
+            }
+            // Not caught up or not heard from yet (refused by the leader), or the
+            // learner's own change still in progress: wait.
+            Err(ClientError::Status { code, message, .. })
+                if matches!(
+                    code,
+                    Code::InvalidArgument | Code::FailedPrecondition | Code::Aborted
+                ) && (message.contains("not caught up")
+                    || message.contains("heard from")
+                    || message.contains("in progress")) =>
+            {
+                last = message;
+            }
+            Err(e) => return Err(e),
+        }
+        if std::time::Instant::now() >= end {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let remove = pb::ChangeMembershipRequest {
+        kind: pb::ChangeKind::Remove as i32,
+        node_addr: String::new(),
+        ..learner
+    };
+    let undo = c.change_membership(remove).await;
+    Err(ClientError::Status {
+        endpoint: String::new(),
+        code: Code::FailedPrecondition,
+        message: format!(
+            "node {} did not catch up as a learner of group {group} within {} s (last refusal: {last}); {} — is it running, does it host group {group}, is --addr right? (`chorus member learner` keeps a learner to catch up at its own pace; --force adds a voter at once)",
+            m.node,
+            m.catch_up,
+            match undo {
+                Ok(()) => "it was removed again".to_string(),
+                Err(e) => format!("removing it again failed ({e}): remove it with `chorus member remove`"),
+            }
+        ),
+    })
+}
+
 async fn leader(a: LeaderArgs) -> Result<ExitCode, ClientError> {
     match a.op {
-        LeaderOp::Transfer { ep, to } => {
+        LeaderOp::Transfer { ep, to, force } => {
             let mut c = ep.client();
-            c.transfer_leader(ep.group, to).await?;
+            c.transfer_leader_forced(ep.group, to, force).await?;
             Ok(done(
                 ep.output,
                 &format!("leadership of group {} is moving to node {to}", ep.group),

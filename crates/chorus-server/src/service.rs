@@ -440,6 +440,12 @@ pub fn status(e: Error) -> Status {
             ChangeError::NotLeader => Status::failed_precondition(msg),
             ChangeError::InProgress | ChangeError::Uncommitted { .. } => Status::aborted(msg),
             ChangeError::Invalid(_) => Status::invalid_argument(msg),
+            ChangeError::Unsafe(_) => {
+                let mut s = Status::failed_precondition(msg);
+                s.metadata_mut()
+                    .insert(chorus_client::REFUSED_KEY, "strict".parse().expect("ASCII"));
+                s
+            }
         },
         Error::Config { .. } => Status::invalid_argument(msg),
         // Stopped before the request reached it: nothing was taken, another node may be
@@ -1016,7 +1022,8 @@ impl pb::chorus_server::Chorus for Service {
         if !r.node_addr.is_empty() {
             self.env.set_peer_addr(r.node, r.node_addr.clone());
         }
-        log.change_membership(change).map_err(status)?;
+        log.change_membership_checked(change, r.force)
+            .map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
 
@@ -1050,7 +1057,7 @@ impl pb::chorus_server::Chorus for Service {
                 .map_err(|e| Status::internal(e.to_string()))?
             }
         };
-        log.transfer_leader(r.to).map_err(status)?;
+        log.transfer_leader_checked(r.to, r.force).map_err(status)?;
         Ok(Response::new(pb::Empty {}))
     }
 

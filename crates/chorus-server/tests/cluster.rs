@@ -571,6 +571,7 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
         node,
         old_node: 0,
         node_addr: addr.to_string(),
+        force: false,
     };
     retry_change(&mut admin, change(pb::ChangeKind::AddLearner, 4, &n4.repl)).await;
     wait_members(&mut admin, |g| g.learners.contains(&4)).await;
@@ -702,6 +703,76 @@ async fn wait_members(c: &mut Client, f: impl Fn(&pb::GroupStatus) -> bool) {
         assert!(Instant::now() < end, "membership change not accepted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The operator's strict check (etcd's strict reconfiguration check), through the CLI and
+/// the API against three real servers: `chorus member add` of a node that does not exist
+/// joins it as a learner, finds it never catches up, removes it again and fails by name; a
+/// voter added directly is refused FAILED_PRECONDITION (not tried at other nodes); with a
+/// follower killed, removing the other follower (the group would stop) and a transfer to
+/// the dead one are refused, and removing the dead one is accepted. The membership is
+/// unchanged by every refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_strict_check_refuses_changes_that_would_cost_availability() {
+    use std::process::Command;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(root.path(), 3);
+    let eps: Vec<String> = nodes.iter().map(|n| n.api.clone()).collect();
+    let leader = leader_of(&eps, Duration::from_secs(20)).await;
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .args(["--endpoints", &eps.join(",")])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let mut admin = Client::new(eps.clone());
+    let same = |g: &pb::GroupStatus| g.voters == vec![1, 2, 3] && g.learners.is_empty();
+
+    let (code, text) = cli(&["member", "add", "--node", "9", "--catch-up", "3"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("did not catch up") && text.contains("removed again"),
+        "{text}"
+    );
+    wait_members(&mut admin, same).await;
+
+    let direct = pb::ChangeMembershipRequest {
+        group: 1,
+        kind: pb::ChangeKind::AddVoter as i32,
+        node: 9,
+        ..Default::default()
+    };
+    match admin.change_membership(direct).await {
+        Err(ClientError::Status { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
+            assert!(message.contains("holding none of the log"), "{message}");
+        }
+        other => panic!("a voter added directly: {other:?}"),
+    }
+
+    let followers: Vec<u64> = (1..=3).filter(|n| *n != leader).collect();
+    let (dead, live) = (followers[0], followers[1]);
+    nodes.iter_mut().find(|n| n.id == dead).unwrap().kill9();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (code, text) = cli(&["member", "remove", "--node", &live.to_string()]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("fewer than a majority"), "{text}");
+    let (code, text) = cli(&["leader", "transfer", "--to", &dead.to_string()]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("has not been heard from"), "{text}");
+    wait_members(&mut admin, same).await;
+    let (code, text) = cli(&["member", "remove", "--node", &dead.to_string()]);
+    assert_eq!(code, Some(0), "{text}");
+    wait_members(&mut admin, |g| !g.voters.contains(&dead)).await;
 }
 
 /// One `chorus server` with two ordered groups; group 2's meta record damaged in both

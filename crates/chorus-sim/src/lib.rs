@@ -422,8 +422,8 @@ impl Cluster {
                 LOG_ID,
             )?;
             let (meta, _) = MetaStorage::open(fs, &node.dir)?;
-            let recovered = match &report.damaged {
-                Some(d) => Err((d.lsn, d.next_valid)),
+            let recovered = match report.damaged.first() {
+                Some(d) => Err((d.lsn, d.next_valid, log.end_lsn())),
                 None => Ok(log.recovered()?),
             };
             Ok::<_, chorus_storage::StorageError>((log, meta, recovered))
@@ -450,10 +450,10 @@ impl Cluster {
         let local = self.local_now(id);
         let replica = match recovered {
             Ok(recovered) => Replica::new(cfg, record, recovered, local),
-            Err((from, to)) => {
+            Err((from, to, end)) => {
                 self.bump("damaged_opens");
                 self.note(format!("node {id} opened with damaged range {from}..{to}"));
-                Replica::repairing(cfg, record, from, to, local)
+                Replica::repairing(cfg, record, from, to, end, local)
             }
         };
         let node = self.nodes.get_mut(&id).expect("node");
@@ -577,6 +577,16 @@ impl Cluster {
     /// As [`Cluster::corrupt_synced_group`], choosing the `index`-th group of the last block
     /// (random if `None`).
     pub fn corrupt_group(&mut self, id: NodeId, index: Option<usize>) -> bool {
+        match index {
+            Some(i) => self.corrupt_groups(id, &[i]),
+            None => self.corrupt_groups(id, &[]),
+        }
+    }
+
+    /// As [`Cluster::corrupt_group`], damaging each of the `indices`-th groups of the last
+    /// block (one random group if `indices` is empty): several damaged stretches in one
+    /// replica's log, each followed by valid groups.
+    pub fn corrupt_groups(&mut self, id: NodeId, indices: &[usize]) -> bool {
         let node = &self.nodes[&id];
         if node.up.is_some() {
             return false;
@@ -609,21 +619,26 @@ impl Cluster {
         if groups.len() < 2 || data[off.min(data.len())..].iter().any(|b| *b != 0) {
             return false;
         }
-        let i = match index {
-            Some(i) if i + 1 < groups.len() => i,
-            Some(_) => return false,
-            None => self.rng.below(groups.len() as u64 - 1) as usize,
+        let picked: Vec<usize> = if indices.is_empty() {
+            vec![self.rng.below(groups.len() as u64 - 1) as usize]
+        } else {
+            indices.to_vec()
         };
-        let (goff, glen) = groups[i];
-        let fs = node.fs.clone();
-        if fs.flip_bits(&path, goff as u64, glen as u64, 1).is_err() {
+        if picked.iter().any(|&i| i + 1 >= groups.len()) {
             return false;
         }
-        self.damaged.insert(id);
-        self.bump("corruptions");
-        self.note(format!(
-            "node {id}: corrupted a synced group at file offset {goff}"
-        ));
+        let fs = node.fs.clone();
+        for i in picked {
+            let (goff, glen) = groups[i];
+            if fs.flip_bits(&path, goff as u64, glen as u64, 1).is_err() {
+                return false;
+            }
+            self.damaged.insert(id);
+            self.bump("corruptions");
+            self.note(format!(
+                "node {id}: corrupted a synced group at file offset {goff}"
+            ));
+        }
         true
     }
 
@@ -1154,6 +1169,11 @@ impl Cluster {
                     .report(now, format!("node {id} halted: {reason}"));
             }
             Out::Rebased(base) => {
+                // A damaged replica rebased at a peer's start (which trimmed the damaged
+                // range) is repaired too.
+                if self.damaged.remove(&id) {
+                    self.bump("damage_rebased");
+                }
                 self.bump("rebases");
                 self.note(format!(
                     "node {id} rebased its log at {} (behind its peer's log start)",

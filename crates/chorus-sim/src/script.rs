@@ -22,9 +22,10 @@
 //! | `timed-resends NODE` | timed resends NODE made as leader ([`chorus_core::replica::ReplicaConfig::timed_resend`]) |
 //! | `resend-due NODE` | how long until NODE's next timed resend is due as leader ([`chorus_core::replica::Replica::resend_due`]), or `none` |
 //! | `crash NODE` · `restart NODE` | process crash (unsynced data lost) and recovery |
-//! | `corrupt NODE [INDEX]` | flip a bit in a synced group (not the last) of a crashed node's last block |
+//! | `corrupt NODE [INDEX...]` | flip a bit in each of these synced groups (random if none; never the last) of a crashed node's last block |
 //! | `priority NODE P` · `transfer NODE TO` | election |
 //! | `member NODE add-learner\|add-voter\|promote\|remove X` · `member NODE replace OLD NEW` | membership |
+//! | `strict member …` · `strict transfer …` | the same after the operator's strict check ([`chorus_core::replica::Replica::check_change`], [`chorus_core::replica::Replica::check_transfer_to`]) |
 //! | `append-many NODE COUNT BYTES` | COUNT appends of BYTES bytes through NODE, 1 ms apart |
 //! | `outcomes NODE` | counts of the results delivered at NODE since the last `results` or `outcomes`, and of the appends whose outcome became unknown |
 //! | `trim NODE LSN` | NODE trims its log below LSN (capped at its committed end); prints its log start |
@@ -115,7 +116,17 @@ fn exec(st: &mut State, line: &str) -> String {
 
 fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
     let mut words = line.split_whitespace();
-    let cmd = words.next().unwrap_or_default();
+    let mut cmd = words.next().unwrap_or_default();
+    // `strict member …` / `strict transfer …`: the operator's strict check first.
+    let strict = cmd == "strict";
+    if strict {
+        cmd = words.next().unwrap_or_default();
+        if cmd != "member" && cmd != "transfer" {
+            return Err(format!(
+                "strict applies to member and transfer, not {cmd:?}"
+            ));
+        }
+    }
     if cmd == "cluster" {
         // Gap and timed resends off unless asked for: the scripts written before they
         // existed keep their trajectories.
@@ -400,11 +411,11 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
         }
         "corrupt" => {
             let n = num(words.next())?;
-            let index = match words.next() {
-                Some(w) => Some(num(Some(w))? as usize),
-                None => None,
-            };
-            if c.corrupt_group(n, index) {
+            let mut indices = Vec::new();
+            for w in words.by_ref() {
+                indices.push(num(Some(w))? as usize);
+            }
+            if c.corrupt_groups(n, &indices) {
                 out.push_str("ok");
             } else {
                 out.push_str("nothing to corrupt (node up, or too few groups)");
@@ -424,6 +435,12 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
         "transfer" => {
             let n = num(words.next())?;
             let to = num(words.next())?;
+            if strict {
+                if let Some(Err(e)) = c.nodes[&n].replica().map(|r| r.check_transfer_to(to)) {
+                    let _ = write!(out, "refused: {e}");
+                    return Ok(out);
+                }
+            }
             match c.transfer(n, to) {
                 Ok(()) => out.push_str("ok"),
                 Err(e) => {
@@ -446,6 +463,12 @@ fn exec_inner(st: &mut State, line: &str) -> Result<String, String> {
                 },
                 _ => return Err(format!("unknown op {op}")),
             };
+            if strict {
+                if let Some(Err(e)) = c.nodes[&n].replica().map(|r| r.check_change(&change)) {
+                    let _ = write!(out, "refused: {e}");
+                    return Ok(out);
+                }
+            }
             match c.change(n, change) {
                 Ok(v) => {
                     let _ = write!(out, "ok version={}.{}", v.proposal_id, v.seq);

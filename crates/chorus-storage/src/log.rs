@@ -148,8 +148,9 @@ pub struct RecoveryReport {
     pub removed_empty_block: Option<u64>,
     /// The end of the log after recovery.
     pub end_lsn: Lsn,
-    /// A damaged range before the tail, when opened with [`LogStorage::open_damaged`].
-    pub damaged: Option<Damage>,
+    /// The damaged ranges before the tail, in LSN order, when opened with
+    /// [`LogStorage::open_damaged`] (empty: none).
+    pub damaged: Vec<Damage>,
     /// A rebase interrupted by a crash after its temporary file was complete, finished
     /// at open: the id of the log's only block, where it now starts
     /// ([`LogStorage::rebase`]).
@@ -193,7 +194,8 @@ pub struct LogStorage {
     /// Everything below is durable. Invariant: `flushed_end <= chain.end_lsn`.
     flushed_end: Lsn,
     failed: Option<String>,
-    damaged: Option<Damage>,
+    /// Damaged ranges not repaired yet, in LSN order, each followed by a valid group.
+    damaged: Vec<Damage>,
     want_direct: bool,
     direct: Option<DirectTail>,
     /// See [`LogOptions::preallocate`].
@@ -259,7 +261,7 @@ impl LogStorage {
             chain: ChainPoint::default(),
             flushed_end: 0,
             failed: None,
-            damaged: None,
+            damaged: Vec::new(),
             want_direct: false,
             direct: None,
             preallocate: opts.preallocate,
@@ -408,9 +410,18 @@ impl LogStorage {
                 if !tolerate_damage {
                     return Err(corrupt);
                 }
-                // Resume after the damage from the next valid group's own header; a second
-                // damaged range, or a torn tail after the damage, is not guessed at.
+                // Resume after the damage from the next valid group's own header. A later
+                // damaged stretch that valid groups follow again is a range of its own,
+                // repaired after this one (each from its own verified copy, so that each
+                // fits one message); a torn tail after the damage is cut.
                 let next_lsn = header.start_lsn() + next;
+                let mut stretches = vec![Damage {
+                    lsn: bad_lsn,
+                    next_valid: next_lsn,
+                    path: s.block_path(tail),
+                    file_offset: BLOCK_HEADER_SIZE as u64 + off,
+                    detail: err.to_string(),
+                }];
                 let h = GroupHeader::decode(&scan.data[next as usize..]).expect("found valid");
                 let mut chain = h.chain_after();
                 if h.verify_body(
@@ -443,19 +454,36 @@ impl LogStorage {
                                 .ctx(&path, "truncate torn tail")?;
                             break;
                         }
-                        Err(_) => return Err(corrupt),
+                        Err(e) => {
+                            let more =
+                                find_valid_header(&scan.data, o as u64 + 1, header.start_lsn())
+                                    .expect("checked in the arm above");
+                            let h = GroupHeader::decode(&scan.data[more as usize..])
+                                .expect("found valid");
+                            let body = scan
+                                .data
+                                .get(
+                                    more as usize + GROUP_HEADER_SIZE
+                                        ..(more + h.total_len()) as usize,
+                                )
+                                .unwrap_or(&[]);
+                            if h.verify_body(body).is_err() {
+                                return Err(corrupt);
+                            }
+                            stretches.push(Damage {
+                                lsn: chain.end_lsn,
+                                next_valid: header.start_lsn() + more,
+                                path: s.block_path(tail),
+                                file_offset: BLOCK_HEADER_SIZE as u64 + o as u64,
+                                detail: e.to_string(),
+                            });
+                            chain = h.chain_after();
+                        }
                     }
                 }
                 scan.chain = chain;
-                let d = Damage {
-                    lsn: bad_lsn,
-                    next_valid: next_lsn,
-                    path: s.block_path(tail),
-                    file_offset: BLOCK_HEADER_SIZE as u64 + off,
-                    detail: err.to_string(),
-                };
-                report.damaged = Some(d.clone());
-                s.damaged = Some(d);
+                report.damaged = stretches.clone();
+                s.damaged = stretches;
             } else {
                 let path = s.block_path(tail);
                 file.set_len(BLOCK_HEADER_SIZE as u64 + off)
@@ -957,19 +985,21 @@ impl LogStorage {
         )
     }
 
-    /// The damaged range found at open, if any (see [`LogStorage::open_damaged`]).
+    /// The first damaged range found at open and not repaired yet, if any (see
+    /// [`LogStorage::open_damaged`]; after [`LogStorage::repair`], the next one).
     pub fn damaged(&self) -> Option<&Damage> {
-        self.damaged.as_ref()
+        self.damaged.first()
     }
 
-    /// Rewrites the damaged range with `bytes`, whole groups fetched from a peer, durably.
+    /// Rewrites the first damaged range with `bytes`, whole groups fetched from a peer,
+    /// durably.
     /// The copy must start at the damage, continue the checksum chain of the groups before
     /// it, end exactly where the next valid group starts, and that group must continue the
     /// copy's chain: together these prove (up to CRC32C) that the copy holds the bytes that
     /// were there. Anything else is refused with nothing written.
     pub fn repair(&mut self, bytes: &[u8]) -> Result<()> {
         self.check_failed()?;
-        let Some(d) = self.damaged.clone() else {
+        let Some(d) = self.damaged.first().cloned() else {
             return Err(StorageError::InvalidAppend {
                 lsn: 0,
                 detail: "no damaged range to repair".into(),
@@ -1012,7 +1042,7 @@ impl LogStorage {
             .ctx(&path, "write repair")
             .and_then(|_| file.sync_data().ctx(&path, "fdatasync"));
         self.fail(r)?;
-        self.damaged = None;
+        self.damaged.remove(0);
         Ok(())
     }
 
@@ -1167,9 +1197,7 @@ impl LogStorage {
         // The direct tail's page is reloaded from the file at the next append.
         self.direct = None;
         // Cutting at or before a damaged range removes it.
-        if self.damaged.as_ref().is_some_and(|d| lsn <= d.lsn) {
-            self.damaged = None;
-        }
+        self.damaged.retain(|d| d.lsn < lsn);
         let r = self.cut(id, lsn, &file);
         self.fail(r)?;
         self.chain = scan.chain;
@@ -1266,7 +1294,7 @@ impl LogStorage {
         self.start_lsn = base.end_lsn;
         self.chain = base;
         self.flushed_end = base.end_lsn;
-        self.damaged = None;
+        self.damaged.clear();
         // As for a freshly created block: the direct tail is opened at the next append,
         // the file holds nothing after its header, and the sync sizes start over.
         self.direct = None;

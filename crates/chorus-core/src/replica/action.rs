@@ -22,6 +22,13 @@ pub enum ReadPurpose {
         /// End of the range asked for.
         to: Lsn,
     },
+    /// Answering `peer`'s repair request for a range wholly below our log start (we
+    /// trimmed it: it is committed): the read is from our start, for the chain point
+    /// there, and the answer is a [`Message::Rebase`] at our start.
+    RepairRebase {
+        /// The damaged replica.
+        peer: NodeId,
+    },
     /// Answering candidate `peer`'s fetch under `pid`.
     Fetch {
         /// The candidate.

@@ -230,7 +230,7 @@ impl Replica {
     }
 
     /// Starts our log again, empty, at `base`: everything below it is committed.
-    fn rebase_log(&mut self, base: ChainPoint, base_pid: u64) {
+    pub(super) fn rebase_log(&mut self, base: ChainPoint, base_pid: u64) {
         let at = base.end_lsn;
         self.log.rebase(base, base_pid);
         self.matched_end = at;

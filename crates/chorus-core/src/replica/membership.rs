@@ -54,6 +54,10 @@ pub enum ChangeError {
         /// The log end.
         end: Lsn,
     },
+    /// The strict check ([`Replica::check_change`], [`Replica::check_transfer_to`]) refused
+    /// a change that would cost the group availability; forcing it skips the check.
+    #[error("strict check: {0} (forcing the change skips this check)")]
+    Unsafe(String),
 }
 
 impl Replica {
@@ -130,6 +134,80 @@ impl Replica {
         new.voters.sort_unstable();
         new.learners.sort_unstable();
         Ok(self.propose_config(new, then_remove))
+    }
+
+    /// The strict reconfiguration check an operator's change passes first unless forced
+    /// (etcd's `--strict-reconfig-check`; PALF adds replicas as learners and promotes
+    /// them once caught up, section 5.3). Refused, naming why:
+    /// - a voter added directly (`AddVoter`, or `Replace` by a node not yet a learner): it
+    ///   holds none of the log, or does not exist, yet every majority needs it at once;
+    ///   add it as a learner, let it catch up, then promote it;
+    /// - a promotion of a learner not heard from within the lease;
+    /// - a removal (or replacement) after which the live voters left are fewer than a
+    ///   majority of the voters left: the group would stop.
+    ///
+    /// Everything else is checked by [`Replica::change_membership`] itself.
+    pub fn check_change(&self, change: &MembershipChange) -> Result<(), ChangeError> {
+        if !self.leading.as_ref().is_some_and(|l| l.serving) {
+            return Err(ChangeError::NotLeader);
+        }
+        let me = self.cfg.id;
+        let cur = &self.meta_want.membership;
+        let member = |n: NodeId| cur.voters.contains(&n) || cur.learners.contains(&n);
+        let live = |n: NodeId| n == me || self.alive(n);
+        let unsafe_ = |s: String| Err(ChangeError::Unsafe(s));
+        match *change {
+            MembershipChange::AddVoter(n) | MembershipChange::Replace { new: n, .. }
+                if !member(n) =>
+            {
+                unsafe_(format!(
+                    "node {n} would be a voter holding none of the log (or a node that does not exist), and every majority of the new membership would need it: add it as a learner, let it catch up, then promote it (`chorus member add` does all three)"
+                ))
+            }
+            MembershipChange::Promote(n) if cur.learners.contains(&n) && !live(n) => unsafe_(
+                format!("learner {n} has not been heard from within the lease: it may be down"),
+            ),
+            MembershipChange::Remove(n) if cur.voters.contains(&n) => {
+                let rest: Vec<NodeId> = cur.voters.iter().copied().filter(|v| *v != n).collect();
+                let up: Vec<NodeId> = rest.iter().copied().filter(|v| live(*v)).collect();
+                if !rest.is_empty() && up.len() < rest.len() / 2 + 1 {
+                    return unsafe_(format!(
+                        "without node {n} the voters would be {rest:?}, of which only {up:?} have been heard from within the lease: fewer than a majority, so the group would stop"
+                    ));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The strict check a leader transfer passes first unless forced: the target must
+    /// have been heard from within the lease and be within one window (`window_bytes`)
+    /// of the committed end. A transfer freezes appends until the target holds the whole
+    /// log, for at most a lease: to a node down or far behind, that is a lease of
+    /// unavailability and then no transfer.
+    pub fn check_transfer_to(&self, to: NodeId) -> Result<(), ChangeError> {
+        let Some(l) = self.leading.as_ref().filter(|l| l.serving) else {
+            return Err(ChangeError::NotLeader);
+        };
+        if to == self.cfg.id || !self.is_voter(to) {
+            return Ok(()); // refused by transfer_leader, by name
+        }
+        if !self.alive(to) {
+            return Err(ChangeError::Unsafe(format!(
+                "node {to} has not been heard from within the lease: it may be down or cut off, and a transfer would freeze appends for a lease"
+            )));
+        }
+        let matched = l.progress.get(&to).map_or(0, |p| p.matched);
+        let committed = self.log.committed;
+        if committed.saturating_sub(matched) > self.cfg.window_bytes {
+            return Err(ChangeError::Unsafe(format!(
+                "node {to} is behind: it holds the log up to LSN {matched}, {} bytes short of the committed end {committed} (more than a window, {} bytes); a transfer would freeze appends while it catches up",
+                committed - matched,
+                self.cfg.window_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// The serving leader proposes `new` (the current config changed): the next version

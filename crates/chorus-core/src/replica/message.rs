@@ -168,7 +168,10 @@ pub enum Message {
         to: Lsn,
         /// Whole groups covering exactly `from..to` when `have`.
         bytes: Vec<u8>,
-        /// Whether the sender holds a copy.
+        /// Whether the sender holds a copy. `have` with no `bytes`: it holds some or all
+        /// of the range (or had it and trimmed it) but cannot send it whole now, so the
+        /// range may be committed: ask again later. Only `have` and `damaged` both unset
+        /// says the sender's log cleanly lacks the range (it ends at or before `from`).
         have: bool,
         /// The sender's own copy is damaged too (it is repairing).
         damaged: bool,

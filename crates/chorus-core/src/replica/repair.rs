@@ -22,6 +22,9 @@ pub(super) struct RepairState {
     pub(super) from: Lsn,
     /// Where it ends.
     pub(super) to: Lsn,
+    /// Where the damaged log ends: a rebase at or above it keeps every group this
+    /// replica holds below the base, which is committed, and nothing it holds above.
+    end: Lsn,
     /// Voters that answered they hold no copy (and are not damaged themselves).
     no_copy: BTreeSet<NodeId>,
     /// Voters whose own copy is damaged.
@@ -39,12 +42,27 @@ impl Replica {
     /// or acknowledge; it asks its peers for a copy of the range, hands the first one to
     /// the driver ([`Action::Repair`]), and the driver restarts it from the repaired
     /// storage. If every other voter reports that it has no copy, it halts.
-    pub fn repairing(cfg: ReplicaConfig, meta: MetaRecord, from: Lsn, to: Lsn, now: Nanos) -> Self {
+    ///
+    /// `end` is where the damaged log ends. A peer that trimmed the whole range (it is
+    /// committed, and the database checkpointed it there) answers with a
+    /// [`Message::Rebase`] at its log start instead of a copy; once that start is at or
+    /// above `end`, the replica takes it: its log starts again, empty, at the base, as a
+    /// follower's behind its leader's start does. Its log is then at least as up to date
+    /// as before (a later end, a proposal id no lower), so its votes stay safe.
+    pub fn repairing(
+        cfg: ReplicaConfig,
+        meta: MetaRecord,
+        from: Lsn,
+        to: Lsn,
+        end: Lsn,
+        now: Nanos,
+    ) -> Self {
         let mut r = Self::new(cfg, meta, RecoveredLog::default(), now);
         r.actions.clear();
         r.repairing = Some(RepairState {
             from,
             to,
+            end,
             no_copy: BTreeSet::new(),
             damaged: BTreeSet::new(),
             last_request: None,
@@ -77,6 +95,12 @@ impl Replica {
                     });
                     return;
                 }
+                if have {
+                    // It holds some of the range but cannot send it whole: not a clean
+                    // lack (the range may be committed). Asked again at the next request.
+                    self.drop_input(Some(from), "repair: peer holds the range but sent no copy");
+                    return;
+                }
                 if damaged {
                     rep.damaged.insert(from);
                 } else {
@@ -88,6 +112,34 @@ impl Replica {
                 // Not voting: our log cannot be vouched for until repaired.
                 self.drop_input(Some(from), "prepare refused: log under repair");
                 self.send_prepare_ack(from, pid, false, ts);
+            }
+            Message::Rebase {
+                base,
+                base_pid,
+                committed,
+                ..
+            } => {
+                let Some(rep) = &self.repairing else { return };
+                if rep.decided {
+                    self.drop_input(Some(from), "rebase after the repair was decided");
+                    return;
+                }
+                if base.end_lsn > committed || !base.end_lsn.is_multiple_of(self.cfg.block_size) {
+                    self.drop_input(
+                        Some(from),
+                        "rebase to a base that is not a committed block start",
+                    );
+                    return;
+                }
+                if base.end_lsn < rep.end.max(rep.to) {
+                    // We hold groups above the base that may be committed with too few
+                    // other copies: dropping them could let a less up-to-date candidate
+                    // win our vote. Asked again until the peer's start passes our end.
+                    self.drop_input(Some(from), "rebase below the damaged log's end");
+                    return;
+                }
+                self.repairing = None;
+                self.rebase_log(base, base_pid);
             }
             Message::RepairRequest { from: f, to } => self.send_damaged(from, f, to),
             Message::Ping { prio, voter, .. } if prio.id == from => {
@@ -150,16 +202,56 @@ impl Replica {
         }
     }
 
+    /// Answers a peer's request for a copy of its damaged range `from..to`. A clean "no
+    /// copy" (`have` and `damaged` unset) is an answer the requester may count towards
+    /// discarding the range as never committed, so it is given only when this log does
+    /// not hold the range: it ends at or before `from` (and does not start after it), or
+    /// its groups have other boundaries there (it diverged before). A copy that storage
+    /// refuses (other bytes with the same boundaries) counts as a lack too. A log that holds part of the range, has not flushed all of it, trimmed it,
+    /// or holds more than one message can carry answers `have` with no bytes: "ask
+    /// again", never counted as a lack; a log that trimmed all of it answers with a
+    /// rebase at its start (see [`Replica::repairing`]) (a committed range told "no copy" by a majority
+    /// would be discarded: found by the real-process nemesis, with bits flipped at rest
+    /// in two places making a range larger than a message).
     pub(super) fn on_repair_request(&mut self, peer: NodeId, from: Lsn, to: Lsn) {
-        let none = Message::RepairResp {
+        let answer = |have| Message::RepairResp {
             from,
             to,
             bytes: Vec::new(),
-            have: false,
+            have,
             damaged: false,
         };
-        if from >= to || to > self.log.flushed || to - from > self.cfg.max_message_bytes as u64 {
-            self.send(peer, none);
+        if from >= to {
+            self.send(peer, answer(false));
+            return;
+        }
+        if self.log.end() <= from && self.log.start <= from {
+            self.send(peer, answer(false));
+            return;
+        }
+        if to <= self.log.start {
+            // Trimmed here: committed. The damaged replica may start again at our start.
+            self.actions.push(Action::ReadLog {
+                purpose: ReadPurpose::RepairRebase { peer },
+                from: self.log.start,
+                max_bytes: 4096,
+            });
+            return;
+        }
+        if from < self.log.start || to > self.log.flushed {
+            self.send(peer, answer(true));
+            return;
+        }
+        if from >= self.log.floor.end_lsn
+            && (self.log.pos_at(from).is_none() || self.log.pos_at(to).is_none())
+        {
+            // Our groups have other boundaries there: our log diverged from the damaged
+            // one at or before `from`, so we do not hold its range.
+            self.send(peer, answer(false));
+            return;
+        }
+        if to - from > self.cfg.max_message_bytes as u64 {
+            self.send(peer, answer(true));
             return;
         }
         self.actions.push(Action::ReadLog {

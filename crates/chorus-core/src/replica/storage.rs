@@ -140,11 +140,14 @@ impl Replica {
             return;
         }
         if let ReadPurpose::Repair { peer, to } = purpose {
-            // Only an exact copy of the range is of use; storage verifies it again.
-            let (bytes, have) = match result {
-                Ok((_, b)) if b.len() as u64 == to - from => (b, true),
-                _ => (Vec::new(), false),
+            // Only an exact copy of the range is of use; storage verifies it again. A
+            // read that failed is "ask again" (`have` with no bytes), never a clean lack:
+            // the range was found in this log when the request came.
+            let bytes = match result {
+                Ok((_, b)) if b.len() as u64 == to - from => b,
+                _ => Vec::new(),
             };
+            let have = true;
             self.send(
                 peer,
                 Message::RepairResp {
@@ -196,6 +199,11 @@ impl Replica {
                 self.send(peer, msg);
             }
             ReadPurpose::Repair { .. } => {}
+            ReadPurpose::RepairRebase { peer } => {
+                // Not as a leader (pid 0, no lease timestamp): a repairing replica takes
+                // only the base from it.
+                self.send_rebase(peer, 0, 0, chain, from);
+            }
             ReadPurpose::Fetch {
                 peer,
                 pid,

@@ -299,6 +299,9 @@ async fn drive_move(
         node: to,
         old_node: from,
         node_addr: target.repl_addr.clone(),
+        // Chunk groups are out of order (no learners, no strict check): the control plane
+        // picked a live, heartbeating target.
+        force: true,
     })
     .await
     .map_err(client_status)

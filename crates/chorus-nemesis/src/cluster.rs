@@ -1,0 +1,283 @@
+//! The `chorus server` processes of a run, one per namespace of a [`Net`], driven by pid:
+//! started, killed with SIGKILL, paused with SIGSTOP, resumed with SIGCONT. While a node
+//! is down its files may be damaged ([`Cluster::flip_bytes`]).
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use crate::net::Net;
+use crate::{Error, Rng};
+
+/// Replication port of every node (each in its own namespace, so all can use it).
+pub const REPL_PORT: u16 = 7000;
+/// Client API port of every node.
+pub const API_PORT: u16 = 7100;
+
+/// The replica timings of a run: short, so that faults bite within seconds.
+#[derive(Clone, Debug)]
+pub struct Timings {
+    /// `replica.lease_ms`.
+    pub lease_ms: u64,
+    /// `replica.heartbeat_ms`.
+    pub heartbeat_ms: u64,
+    /// Environment variables every server starts with (e.g. `CHORUS_BROKEN` for a
+    /// deliberately broken test build).
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            lease_ms: 1000,
+            heartbeat_ms: 100,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// One node.
+///
+/// Invariants: `child` is `Some` exactly while a process started by this harness runs
+/// (or is stopped) and has not been reaped; `paused` only while `child` is `Some`.
+#[derive(Debug)]
+pub struct Node {
+    /// Node id (1-based).
+    pub id: usize,
+    /// Its data directory.
+    pub dir: PathBuf,
+    cfg: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// The cluster of a run.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The network the nodes live in.
+    pub net: Net,
+    /// The nodes, `nodes[i - 1]` is node `i`.
+    pub nodes: Vec<Node>,
+    chorus: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    /// Writes each node's configuration under `root` (serving `groups`, a TOML fragment of
+    /// `[[groups]]` tables) and starts every node.
+    pub fn start(
+        net: Net,
+        chorus: &Path,
+        root: &Path,
+        groups: &str,
+        t: &Timings,
+    ) -> Result<Cluster, Error> {
+        if !chorus.is_file() {
+            return Err(Error::Unavailable(format!(
+                "no chorus binary at {} (build it: cargo build --release -p chorus-server)",
+                chorus.display()
+            )));
+        }
+        let n = net.nodes();
+        let mut nodes = Vec::new();
+        for i in 1..=n {
+            let dir = root.join(format!("n{i}"));
+            let mut peers = String::new();
+            for j in (1..=n).filter(|j| *j != i) {
+                peers.push_str(&format!("\"{j}\" = \"{}:{REPL_PORT}\"\n", net.ip(j)));
+            }
+            let cfg = root.join(format!("n{i}.toml"));
+            let text = format!(
+                "node = {i}\ndata_dir = \"{}\"\nlisten = \"{ip}:{REPL_PORT}\"\napi_listen = \"{ip}:{API_PORT}\"\n\
+                 io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
+                 [replica]\nlease_ms = {}\nheartbeat_ms = {}\nping_ms = {}\nresend_ms = {}\n\n\
+                 [out_of_order]\nelection_timeout_ms = {}\n",
+                dir.display(),
+                t.lease_ms,
+                t.heartbeat_ms,
+                t.heartbeat_ms,
+                2 * t.heartbeat_ms,
+                t.lease_ms,
+                ip = net.ip(i),
+            );
+            std::fs::write(&cfg, text).map_err(|e| Error::io(cfg.display(), e))?;
+            nodes.push(Node {
+                id: i,
+                dir,
+                cfg,
+                log: root.join(format!("n{i}.log")),
+                child: None,
+                paused: false,
+            });
+        }
+        let mut c = Cluster {
+            net,
+            nodes,
+            chorus: chorus.to_path_buf(),
+            env: t.env.clone(),
+        };
+        for i in 1..=n {
+            c.start_node(i)?;
+        }
+        Ok(c)
+    }
+
+    /// The client API endpoint of node `i`.
+    pub fn api(&self, i: usize) -> String {
+        format!("http://{}:{API_PORT}", self.net.ip(i))
+    }
+
+    /// Every node's client API endpoint.
+    pub fn apis(&self) -> Vec<String> {
+        (1..=self.nodes.len()).map(|i| self.api(i)).collect()
+    }
+
+    /// Whether node `i` has a process (running or paused).
+    pub fn is_up(&self, i: usize) -> bool {
+        self.nodes[i - 1].child.is_some()
+    }
+
+    /// Whether node `i` is paused.
+    pub fn is_paused(&self, i: usize) -> bool {
+        self.nodes[i - 1].paused
+    }
+
+    /// Starts node `i` (no-op when it runs).
+    pub fn start_node(&mut self, i: usize) -> Result<(), Error> {
+        let node = &mut self.nodes[i - 1];
+        if node.child.is_some() {
+            return Ok(());
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .map_err(|e| Error::io(node.log.display(), e))?;
+        let err = log.try_clone().map_err(|e| Error::io("log", e))?;
+        let child = self
+            .net
+            .command(i, &self.chorus)
+            .args(["server", "--config"])
+            .arg(&node.cfg)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| Error::Command {
+                cmd: format!("{} server", self.chorus.display()),
+                detail: e.to_string(),
+            })?;
+        node.child = Some(child);
+        node.paused = false;
+        Ok(())
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        if let Some(c) = &self.nodes[i - 1].child {
+            // SAFETY: kill on the pid of our own unreaped child: it cannot name another
+            // process.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
+    /// SIGKILL to node `i`, and reap it.
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, libc::SIGKILL);
+        let node = &mut self.nodes[i - 1];
+        if let Some(mut c) = node.child.take() {
+            let _ = c.wait();
+        }
+        node.paused = false;
+    }
+
+    /// SIGSTOP to node `i`.
+    pub fn pause(&mut self, i: usize) {
+        if self.nodes[i - 1].child.is_some() {
+            self.signal(i, libc::SIGSTOP);
+            self.nodes[i - 1].paused = true;
+        }
+    }
+
+    /// SIGCONT to node `i`.
+    pub fn resume(&mut self, i: usize) {
+        if self.nodes[i - 1].paused {
+            self.signal(i, libc::SIGCONT);
+            self.nodes[i - 1].paused = false;
+        }
+    }
+
+    /// Whether node `i`'s process exited on its own (it should not): its exit status.
+    pub fn exited(&mut self, i: usize) -> Option<String> {
+        let c = self.nodes[i - 1].child.as_mut()?;
+        match c.try_wait() {
+            Ok(Some(st)) => Some(st.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Flips one random bit in each of `count` random places of node `i`'s files (the
+    /// node must be down). Returns what was flipped, as `path@offset^mask`.
+    pub fn flip_bytes(&self, i: usize, rng: &mut Rng, count: usize) -> Vec<String> {
+        assert!(!self.is_up(i), "flip bytes only at rest");
+        let mut files = Vec::new();
+        walk(&self.nodes[i - 1].dir, &mut files);
+        files.retain(|(_, len)| *len > 0);
+        let mut done = Vec::new();
+        for _ in 0..count {
+            if files.is_empty() {
+                break;
+            }
+            let (path, len) = &files[rng.range(0, files.len() as u64) as usize];
+            let off = rng.range(0, *len);
+            let mask = 1u8 << rng.range(0, 8);
+            if flip(path, off, mask).is_ok() {
+                done.push(format!("{}@{off}^{mask:#04x}", path.display()));
+            }
+        }
+        done
+    }
+
+    /// The last `lines` lines of node `i`'s log (for a report).
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.nodes[i - 1].log).unwrap_or_default();
+        let v: Vec<&str> = text.lines().collect();
+        v[v.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        match e.metadata() {
+            Ok(m) if m.is_dir() => walk(&p, out),
+            Ok(m) if m.is_file() => out.push((p, m.len())),
+            _ => {}
+        }
+    }
+}
+
+fn flip(path: &Path, off: u64, mask: u8) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off)?;
+    b[0] ^= mask;
+    f.write_all_at(&b, off)?;
+    f.sync_all()
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 1..=self.nodes.len() {
+            self.resume(i);
+            self.kill(i);
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The history of a run: every operation's invocation and completion times and its
+//! outcome, and every fault the nemesis injected or healed, as JSON lines (one
+//! [`Entry`] per line, in completion order).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// What one record of an append came to, as the client was told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Reported committed at this LSN and CSN: it must be in every node's log there.
+    Committed {
+        /// Its LSN.
+        lsn: u64,
+        /// Its CSN.
+        csn: u64,
+    },
+    /// Reported failed, or refused before it was appended: it must never appear.
+    Failed {
+        /// What the client was told.
+        why: String,
+    },
+    /// The outcome was never learned (the call was cut off, or the replica stopped
+    /// first): it may or may not appear, but at most once.
+    Unknown {
+        /// What the client was told.
+        why: String,
+    },
+}
+
+/// A record a read returned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    /// Its LSN.
+    pub lsn: u64,
+    /// Its CSN.
+    pub csn: u64,
+    /// Its bytes, as text (the workload writes text).
+    pub value: String,
+}
+
+/// An operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// An append of `values` (one call, consecutive records), each with its outcome.
+    Append {
+        /// The records, in order.
+        values: Vec<String>,
+        /// One outcome per value.
+        outcomes: Vec<Outcome>,
+    },
+    /// A read at node `node` from `from`; `error` set when it failed (nothing checked).
+    Read {
+        /// The node asked.
+        node: usize,
+        /// The LSN asked from.
+        from: u64,
+        /// What it returned.
+        records: Vec<Seen>,
+        /// Where the reader continues.
+        next: u64,
+        /// The failure, if it failed.
+        error: Option<String>,
+    },
+    /// A fault injected (`heal` false) or healed (`heal` true).
+    Nemesis {
+        /// What.
+        fault: String,
+        /// Whether this is the heal.
+        heal: bool,
+    },
+}
+
+/// One completed operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The workload process (client task) that ran it; the nemesis is process 0.
+    pub process: u64,
+    /// When it was invoked, in microseconds since the run started.
+    pub invoke_us: u64,
+    /// When it completed.
+    pub complete_us: u64,
+    /// What it was.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// A history being recorded, shared by the workload's tasks.
+#[derive(Clone, Debug)]
+pub struct History {
+    start: Instant,
+    entries: Arc<Mutex<Vec<Entry>>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            start: Instant::now(),
+            entries: Arc::default(),
+        }
+    }
+}
+
+impl History {
+    /// Microseconds since the run started.
+    pub fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    /// Records an operation invoked at `invoke_us` that completes now.
+    pub fn record(&self, process: u64, invoke_us: u64, op: Op) {
+        let e = Entry {
+            process,
+            invoke_us,
+            complete_us: self.now_us(),
+            op,
+        };
+        self.entries.lock().expect("history lock").push(e);
+    }
+
+    /// A fault injected or healed, now.
+    pub fn nemesis(&self, fault: impl Into<String>, heal: bool) {
+        let now = self.now_us();
+        self.record(
+            0,
+            now,
+            Op::Nemesis {
+                fault: fault.into(),
+                heal,
+            },
+        );
+    }
+
+    /// A copy of the entries so far.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.entries.lock().expect("history lock").clone()
+    }
+
+    /// Writes the entries as JSON lines.
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        write_entries(&self.entries(), path)
+    }
+}
+
+/// Writes `entries` as JSON lines.
+pub fn write_entries(entries: &[Entry], path: &Path) -> Result<(), Error> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| Error::io(path.display(), e))?,
+    );
+    for e in entries {
+        serde_json::to_writer(&mut f, e).map_err(|e| Error::io(path.display(), e.into()))?;
+        f.write_all(b"\n")
+            .map_err(|e| Error::io(path.display(), e))?;
+    }
+    f.flush().map_err(|e| Error::io(path.display(), e))
+}
+
+/// Reads a history written by [`History::write`]; a line that is not an entry is an
+/// error naming its line number.
+pub fn read_entries(path: &Path) -> Result<Vec<Entry>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path.display(), e))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let e = serde_json::from_str(line).map_err(|e| {
+            Error::io(
+                format!("{} line {}", path.display(), n + 1),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
+        out.push(e);
+    }
+    Ok(out)
+}

@@ -1,0 +1,97 @@
+//! Real-process fault testing for Chorus, in the manner of Jepsen and etcd's robustness
+//! suite: a cluster of `chorus server` processes with real sockets and real files, faults
+//! injected from outside, a workload that records a history of every operation, and a
+//! checker that judges the whole history against what every node holds afterwards.
+//!
+//! - [`net`]: each node in a network namespace of its own; links cut, one-way or lossy.
+//! - [`cluster`]: the server processes, started, killed, paused and resumed by pid, and
+//!   their files damaged while they are stopped.
+//!
+//! Not yet: clock jumps, full disks and power loss (unsynced writes dropped through a
+//! FUSE layer) as nemeses, and workloads for the out-of-order modes, the volume and the
+//! file system; `docs/reliability.md` lists them.
+//! - [`nemesis`]: the faults and a seeded schedule that mixes them.
+//! - [`history`]: what the workload did, written as JSON lines.
+//! - [`ordered`]: the ordered-append workload and its checker.
+//! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
+//!
+//! `chorus-nemesis --help` runs it by hand; `crates/chorus-server/tests/nemesis.rs` runs
+//! a short mixed run in CI. docs/reliability.md records the runs made.
+
+pub mod cluster;
+pub mod history;
+pub mod nemesis;
+pub mod net;
+pub mod ordered;
+pub mod run;
+
+/// What stopped the harness (not an anomaly: those are the checker's findings).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The machine cannot run this harness.
+    #[error("cannot run real-process fault tests here: {0}")]
+    Unavailable(String),
+    /// A system command failed.
+    #[error("`{cmd}` failed: {detail}")]
+    Command {
+        /// The command.
+        cmd: String,
+        /// Its exit status and what it printed.
+        detail: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The cluster did not come up, or did not settle after the faults healed.
+    #[error("cluster: {0}")]
+    Cluster(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_string(),
+            source,
+        }
+    }
+}
+
+/// A small seeded generator (splitmix64): the nemesis schedule and the workload's
+/// choices follow from the run's seed.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x6a09_e667_f3bc_c909)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi` (`lo` when the range is empty).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.next_u64() % (hi - lo)
+        }
+    }
+
+    /// True with probability `p` percent.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.range(0, 100) < pct
+    }
+}

@@ -1,0 +1,153 @@
+//! `chorus-nemesis`: a cluster of real `chorus server` processes, each in a network
+//! namespace of its own, under a seeded mix of faults (partitions, packet loss, kill -9,
+//! pauses, lagging followers whose leader is then killed, bits flipped at rest), with a
+//! workload whose history is checked afterwards.
+//!
+//! ```text
+//! cargo build --release -p chorus-server -p chorus-nemesis
+//! sudo target/release/chorus-nemesis --duration 3600 --nemesis all --out /tmp/nemesis
+//! ```
+//!
+//! Exit status: 0 the history is valid; 1 the checker found anomalies (listed, with the
+//! seed and the history file); 2 bad arguments or the harness could not run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use chorus_nemesis::cluster::Timings;
+use chorus_nemesis::nemesis::Kind;
+use chorus_nemesis::run::{run, RunOptions};
+
+/// Real-process fault testing of a Chorus cluster.
+#[derive(Parser, Debug)]
+#[command(name = "chorus-nemesis", version)]
+struct Args {
+    /// The `chorus` binary (default: the one beside this binary).
+    #[arg(long)]
+    chorus: Option<PathBuf>,
+    /// Directory for the nodes' data, their logs, the history and the verdict (default:
+    /// a new directory under the system's temporary directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Workload: `ordered` (appends to an ordered group, tail reads).
+    #[arg(long, default_value = "ordered")]
+    workload: String,
+    /// Nodes in the cluster (1 to 15).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=15))]
+    nodes: u8,
+    /// Seconds of faults.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// The seed of the fault schedule (default: from the clock; printed either way).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Faults to mix: partition, loss, kill, pause, flip, lag, all or none
+    /// (comma-separated).
+    #[arg(long, default_value = "all")]
+    nemesis: String,
+    /// Writer tasks.
+    #[arg(long, default_value_t = 8)]
+    writers: usize,
+    /// Reader tasks.
+    #[arg(long, default_value_t = 2)]
+    readers: usize,
+    /// The replicas' lease in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    lease_ms: u64,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    if a.workload != "ordered" {
+        eprintln!(
+            "chorus-nemesis: --workload {:?} is not one of: ordered",
+            a.workload
+        );
+        return ExitCode::from(2);
+    }
+    let kinds = match Kind::parse_list(&a.nemesis) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("chorus-nemesis: --nemesis: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let chorus = a.chorus.unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("chorus")))
+            .unwrap_or_else(|| PathBuf::from("chorus"))
+    });
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+    });
+    let dir = a.out.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("chorus-nemesis-{seed}-{}", std::process::id()))
+    });
+    let o = RunOptions {
+        chorus,
+        dir,
+        nodes: a.nodes as usize,
+        seed,
+        duration: Duration::from_secs(a.duration),
+        kinds,
+        writers: a.writers,
+        readers: a.readers,
+        timings: Timings {
+            lease_ms: a.lease_ms,
+            heartbeat_ms: (a.lease_ms / 10).max(10),
+            env: Vec::new(),
+        },
+    };
+    eprintln!(
+        "chorus-nemesis: seed {seed}, {} nodes, {} s of {}, in {}",
+        o.nodes,
+        a.duration,
+        a.nemesis,
+        o.dir.display()
+    );
+    match run(&o) {
+        Err(e) => {
+            eprintln!("chorus-nemesis: {e}");
+            ExitCode::from(2)
+        }
+        Ok(r) => {
+            let s = &r.verdict.stats;
+            println!(
+                "chorus-nemesis: seed {} faults={} appends={} records={} committed={} failed={} unknown={} (found {}) reads={} read_records={} log_records={} longest_unavailable_ms={} anomalies={} secs={:.1}",
+                r.seed,
+                s.faults,
+                s.appends,
+                s.records,
+                s.committed,
+                s.failed,
+                s.unknown,
+                s.unknown_found,
+                s.reads,
+                s.read_records,
+                s.log_records,
+                s.longest_unavailable_ms,
+                r.verdict.anomalies.len(),
+                r.secs
+            );
+            if r.verdict.anomalies.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                for a in r.verdict.anomalies.iter().take(50) {
+                    println!("ANOMALY: {a}");
+                }
+                println!(
+                    "history: {} (replay the schedule: --seed {})",
+                    r.history.display(),
+                    r.seed
+                );
+                ExitCode::from(1)
+            }
+        }
+    }
+}

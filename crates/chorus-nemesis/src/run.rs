@@ -1,0 +1,267 @@
+//! One run: a cluster in namespaces, the workload, the nemesis for the run's duration,
+//! every fault healed, a barrier append, every node's log read, the history checked, and
+//! the history, the verdict and the nodes' logs kept in the run's directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chorus_client::Client;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, Timings};
+use crate::history::History;
+use crate::nemesis::{self, Kind};
+use crate::net::Net;
+use crate::ordered::{self, Final, Verdict};
+use crate::{Error, Rng};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The `chorus` binary.
+    pub chorus: PathBuf,
+    /// Where the nodes' data, their logs, the history and the verdict go.
+    pub dir: PathBuf,
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// The seed of the fault schedule and the workload's choices.
+    pub seed: u64,
+    /// How long the nemesis runs.
+    pub duration: Duration,
+    /// The faults it may choose.
+    pub kinds: Vec<Kind>,
+    /// Writer tasks.
+    pub writers: usize,
+    /// Reader tasks.
+    pub readers: usize,
+    /// Replica timings.
+    pub timings: Timings,
+}
+
+/// How a run went.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The history file.
+    pub history: PathBuf,
+    /// The checker's verdict.
+    pub verdict: Verdict,
+    /// Every fault injected, in order.
+    pub faults: Vec<String>,
+    /// Whether the kernel could delay and reorder packets (`sch_netem`).
+    pub netem: bool,
+    /// Seconds the whole run took.
+    pub secs: f64,
+}
+
+/// Node `i` (1-based) that says it leads group 1, asking each node for at most `wait`
+/// (a partitioned old leader may still say so until its lease ends).
+pub async fn leader(eps: &[String], wait: Duration) -> Option<usize> {
+    for (i, ep) in eps.iter().enumerate() {
+        let mut c = Client::new(vec![ep.clone()]);
+        c.call_timeout = wait;
+        if let Ok(v) = tokio::time::timeout(wait, c.status_all(ordered::GROUP)).await {
+            if let Some((_, Ok(s))) = v.first() {
+                if s.groups.iter().any(|g| g.role == "leader") {
+                    return Some(i + 1);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Runs the ordered workload under the nemesis and checks it.
+pub fn run(o: &RunOptions) -> Result<Report, Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("tokio runtime", e))?;
+    rt.block_on(run_async(o))
+}
+
+async fn run_async(o: &RunOptions) -> Result<Report, Error> {
+    let t0 = Instant::now();
+    std::fs::create_dir_all(&o.dir).map_err(|e| Error::io(o.dir.display(), e))?;
+    let net = Net::create(o.nodes)?;
+    let netem = net.has_netem();
+    let mut c = Cluster::start(
+        net,
+        &o.chorus,
+        &o.dir,
+        &ordered::groups_toml(o.nodes),
+        &o.timings,
+    )?;
+    let eps = c.apis();
+    let hist = History::default();
+    let mut rng = Rng::new(o.seed);
+    let mut led = false;
+    for _ in 0..300 {
+        if leader(&eps, Duration::from_millis(500)).await.is_some() {
+            led = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !led {
+        return Err(Error::Cluster(format!(
+            "no leader within 30 s; node 1 logged:\n{}",
+            c.log_tail(1, 20)
+        )));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for p in 1..=o.writers as u64 {
+        tasks.push(tokio::spawn(ordered::writer(
+            o.seed.wrapping_mul(1000) + p,
+            eps.clone(),
+            hist.clone(),
+            stop.clone(),
+        )));
+    }
+    for p in 1..=o.readers as u64 {
+        tasks.push(tokio::spawn(ordered::reader(
+            o.seed.wrapping_mul(1000) + 500 + p,
+            eps.clone(),
+            hist.clone(),
+            stop.clone(),
+        )));
+    }
+    let mut faults = Vec::new();
+    let mut exits = Vec::new();
+    let end = Instant::now() + o.duration;
+    let lease = Duration::from_millis(o.timings.lease_ms);
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.range(500, 1500))).await;
+        let l = leader(&eps, Duration::from_millis(300)).await;
+        let Some(f) = nemesis::choose(&mut rng, &o.kinds, o.nodes, l) else {
+            continue;
+        };
+        let what = nemesis::inject(&mut c, &f, &mut rng)?;
+        hist.nemesis(what.clone(), false);
+        faults.push(what);
+        let hold = match f {
+            nemesis::Fault::Pause(_) => lease * 3 / 2 + Duration::from_millis(rng.range(0, 2000)),
+            _ => Duration::from_millis(rng.range(1000, 4000)),
+        };
+        tokio::time::sleep(hold).await;
+        nemesis::heal(&mut c, &f)?;
+        if let nemesis::Fault::Lag { leader, .. } = f {
+            // The election among the others runs without the old leader.
+            tokio::time::sleep(lease * 2).await;
+            c.start_node(leader)?;
+        }
+        hist.nemesis(f.to_string(), true);
+        for i in 1..=o.nodes {
+            if let Some(st) = c.exited(i) {
+                exits.push(format!(
+                    "node {i} exited on its own ({st}); its log ends:\n{}",
+                    c.log_tail(i, 15)
+                ));
+                c.kill(i);
+                c.start_node(i)?;
+            }
+        }
+    }
+    nemesis::heal_all(&mut c)?;
+    hist.nemesis("everything", true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut extra = exits;
+    let barrier = ordered::barrier(eps.clone(), "barrier", &hist, Duration::from_secs(60)).await;
+    let mut finals = Vec::new();
+    match barrier {
+        Err(e) => {
+            extra.push(format!(
+                "no append committed within 60 s after every fault healed (last: {e})"
+            ));
+            // Judge what the nodes hold anyway (lost or doubled records show there too).
+            for (i, ep) in eps.iter().enumerate() {
+                match ordered::read_log(ep).await {
+                    Ok(records) => finals.push(Final {
+                        node: i + 1,
+                        records,
+                    }),
+                    Err(e) => extra.push(format!("node {} could not be read: {e}", i + 1)),
+                }
+            }
+        }
+        Ok(_) => {
+            let last = hist
+                .entries()
+                .iter()
+                .rev()
+                .find_map(|e| match &e.op {
+                    crate::history::Op::Append { values, .. } if e.process == u64::MAX => {
+                        values.first().cloned()
+                    }
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for (i, ep) in eps.iter().enumerate() {
+                let until = Instant::now() + Duration::from_secs(30);
+                let mut log = Vec::new();
+                let caught_up = loop {
+                    if let Ok(l) = ordered::read_log(ep).await {
+                        log = l;
+                        if log.iter().any(|r| r.value == last) {
+                            break true;
+                        }
+                    }
+                    if Instant::now() >= until {
+                        break false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                if !caught_up {
+                    extra.push(format!(
+                        "node {} did not catch up to the barrier within 30 s",
+                        i + 1
+                    ));
+                }
+                finals.push(Final {
+                    node: i + 1,
+                    records: log,
+                });
+            }
+        }
+    }
+    let entries = hist.entries();
+    let history = o.dir.join("history.jsonl");
+    crate::history::write_entries(&entries, &history)?;
+    let mut verdict = if finals.is_empty() {
+        Verdict::default()
+    } else {
+        ordered::check(&entries, &finals)
+    };
+    verdict.anomalies.extend(extra);
+    for f in &finals {
+        write_log(&o.dir.join(format!("n{}.records", f.node)), f)?;
+    }
+    let report = Report {
+        seed: o.seed,
+        history,
+        verdict,
+        faults,
+        netem,
+        secs: t0.elapsed().as_secs_f64(),
+    };
+    let v = serde_json::to_string_pretty(&report).map_err(|e| Error::io("verdict", e.into()))?;
+    std::fs::write(o.dir.join("verdict.json"), v).map_err(|e| Error::io("verdict.json", e))?;
+    Ok(report)
+}
+
+fn write_log(path: &Path, f: &Final) -> Result<(), Error> {
+    let mut s = String::new();
+    for r in &f.records {
+        s.push_str(&format!("{} {} {}\n", r.lsn, r.csn, r.value));
+    }
+    std::fs::write(path, s).map_err(|e| Error::io(path.display(), e))
+}
