@@ -14,9 +14,13 @@ pub const REPL_PORT: u16 = 7000;
 /// Client API port of every node.
 pub const API_PORT: u16 = 7100;
 
-/// The replica timings of a run: short, so that faults bite within seconds.
+/// Where Debian's `faketime` package puts the library ([`NodeOptions::faketime`]).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// How the nodes of a run are set up: short replica timings, so that faults bite within
+/// seconds, and what the disk and clock nemeses need.
 #[derive(Clone, Debug)]
-pub struct Timings {
+pub struct NodeOptions {
     /// `replica.lease_ms`.
     pub lease_ms: u64,
     /// `replica.heartbeat_ms`.
@@ -24,17 +28,33 @@ pub struct Timings {
     /// Environment variables every server starts with (e.g. `CHORUS_BROKEN` for a
     /// deliberately broken test build).
     pub env: Vec<(String, String)>,
+    /// Each node's data directory on a tmpfs of this many MiB (0: on the run's file
+    /// system): a disk the disk nemesis can fill.
+    pub disk_mib: u64,
+    /// Each node runs under libfaketime (Debian's `faketime`), its wall clock
+    /// (CLOCK_REALTIME) offset by what the clock nemesis writes to its control file
+    /// (`nN.faketime`, re-read every second or so). CLOCK_MONOTONIC is left alone.
+    pub faketime: bool,
+    /// `log.min_free_bytes` (None: the server's default, 128 MiB). 0 turns the guard off,
+    /// so that a full disk fails writes with ENOSPC.
+    pub min_free_bytes: Option<u64>,
 }
 
-impl Default for Timings {
+impl Default for NodeOptions {
     fn default() -> Self {
-        Timings {
+        NodeOptions {
             lease_ms: 1000,
             heartbeat_ms: 100,
             env: Vec::new(),
+            disk_mib: 0,
+            faketime: false,
+            min_free_bytes: None,
         }
     }
 }
+
+/// The filler file the disk nemesis writes into a node's data directory.
+const FILLER: &str = "nemesis-filler";
 
 /// One node.
 ///
@@ -61,6 +81,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     chorus: PathBuf,
     env: Vec<(String, String)>,
+    /// Data directories this run mounted a tmpfs on (unmounted at drop).
+    mounted: Vec<PathBuf>,
 }
 
 impl Cluster {
@@ -71,7 +93,7 @@ impl Cluster {
         chorus: &Path,
         root: &Path,
         groups: &str,
-        t: &Timings,
+        t: &NodeOptions,
     ) -> Result<Cluster, Error> {
         if !chorus.is_file() {
             return Err(Error::Unavailable(format!(
@@ -81,8 +103,34 @@ impl Cluster {
         }
         let n = net.nodes();
         let mut nodes = Vec::new();
+        let mut env = t.env.clone();
+        let mut mounted = Vec::new();
+        if t.faketime && !Path::new(LIBFAKETIME).exists() {
+            return Err(Error::Unavailable(format!(
+                "{LIBFAKETIME} not found (Debian package faketime)"
+            )));
+        }
         for i in 1..=n {
             let dir = root.join(format!("n{i}"));
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
+            if t.disk_mib > 0 {
+                crate::net::run_cmd(
+                    std::process::Command::new("mount")
+                        .args([
+                            "-t",
+                            "tmpfs",
+                            "-o",
+                            &format!("size={}m", t.disk_mib),
+                            "tmpfs",
+                        ])
+                        .arg(&dir),
+                )?;
+                mounted.push(dir.clone());
+            }
+            if t.faketime {
+                let f = root.join(format!("n{i}.faketime"));
+                std::fs::write(&f, "+0\n").map_err(|e| Error::io(f.display(), e))?;
+            }
             let mut peers = String::new();
             for j in (1..=n).filter(|j| *j != i) {
                 peers.push_str(&format!("\"{j}\" = \"{}:{REPL_PORT}\"\n", net.ip(j)));
@@ -92,13 +140,15 @@ impl Cluster {
                 "node = {i}\ndata_dir = \"{}\"\nlisten = \"{ip}:{REPL_PORT}\"\napi_listen = \"{ip}:{API_PORT}\"\n\
                  io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
                  [replica]\nlease_ms = {}\nheartbeat_ms = {}\nping_ms = {}\nresend_ms = {}\n\n\
-                 [out_of_order]\nelection_timeout_ms = {}\n",
+                 [out_of_order]\nelection_timeout_ms = {}\n{}",
                 dir.display(),
                 t.lease_ms,
                 t.heartbeat_ms,
                 t.heartbeat_ms,
                 2 * t.heartbeat_ms,
                 t.lease_ms,
+                t.min_free_bytes
+                    .map_or(String::new(), |b| format!("\n[log]\nmin_free_bytes = {b}\n")),
                 ip = net.ip(i),
             );
             std::fs::write(&cfg, text).map_err(|e| Error::io(cfg.display(), e))?;
@@ -111,11 +161,20 @@ impl Cluster {
                 paused: false,
             });
         }
+        if t.faketime {
+            env.push(("LD_PRELOAD".into(), LIBFAKETIME.into()));
+            env.push(("FAKETIME_CACHE_DURATION".into(), "1".into()));
+            // Wall-clock jumps only: with CLOCK_MONOTONIC faked too, libfaketime 0.9.10
+            // stalls the servers' runtime (no node ever connected to another). The
+            // monotonic clock leases use is jumped and skewed by the simulator instead.
+            env.push(("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()));
+        }
         let mut c = Cluster {
             net,
             nodes,
             chorus: chorus.to_path_buf(),
-            env: t.env.clone(),
+            env,
+            mounted,
         };
         for i in 1..=n {
             c.start_node(i)?;
@@ -145,6 +204,7 @@ impl Cluster {
 
     /// Starts node `i` (no-op when it runs).
     pub fn start_node(&mut self, i: usize) -> Result<(), Error> {
+        let faketime = self.faketime();
         let node = &mut self.nodes[i - 1];
         if node.child.is_some() {
             return Ok(());
@@ -160,7 +220,13 @@ impl Cluster {
             .command(i, &self.chorus)
             .args(["server", "--config"])
             .arg(&node.cfg)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(faketime.then(|| {
+                (
+                    "FAKETIME_TIMESTAMP_FILE",
+                    node.cfg.with_extension("faketime"),
+                )
+            }))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -241,6 +307,53 @@ impl Cluster {
         done
     }
 
+    /// Fills node `i`'s disk until `leave` bytes are left (its data directory must be on
+    /// a tmpfs, [`NodeOptions::disk_mib`]). Returns the bytes written.
+    pub fn fill_disk(&self, i: usize, leave: u64) -> Result<u64, Error> {
+        use std::os::fd::AsRawFd;
+        let dir = &self.nodes[i - 1].dir;
+        let free = free_bytes(dir)?;
+        let len = free.saturating_sub(leave);
+        let path = dir.join(FILLER);
+        let f = std::fs::File::create(&path).map_err(|e| Error::io(path.display(), e))?;
+        // The last pages of a tmpfs may go to its own bookkeeping: ask for a little less
+        // each time the whole does not fit.
+        let mut want = len;
+        loop {
+            // SAFETY: fallocate on a file descriptor we own, with no buffer.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, want as libc::off_t) };
+            if r == 0 {
+                return Ok(want);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOSPC) || want < 1 << 20 {
+                return Err(Error::io(path.display(), e));
+            }
+            want -= (want / 1024).max(4096);
+        }
+    }
+
+    /// Frees what [`Cluster::fill_disk`] took.
+    pub fn free_disk(&self, i: usize) -> Result<(), Error> {
+        let path = self.nodes[i - 1].dir.join(FILLER);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path.display(), e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the nodes run under libfaketime ([`NodeOptions::faketime`]).
+    pub fn faketime(&self) -> bool {
+        self.env.iter().any(|(k, _)| k == "LD_PRELOAD")
+    }
+
+    /// Offsets node `i`'s clocks by `secs` from real time (in force within about two
+    /// seconds, when libfaketime next reads the control file).
+    pub fn set_clock(&self, i: usize, secs: f64) -> Result<(), Error> {
+        let f = self.nodes[i - 1].cfg.with_extension("faketime");
+        std::fs::write(&f, format!("{secs:+.6}\n")).map_err(|e| Error::io(f.display(), e))
+    }
+
     /// The last `lines` lines of node `i`'s log (for a report).
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.nodes[i - 1].log).unwrap_or_default();
@@ -273,11 +386,28 @@ fn flip(path: &Path, off: u64, mask: u8) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Bytes an unprivileged process may still write on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| Error::io(dir.display(), std::io::Error::other(e)))?;
+    // SAFETY: statvfs fills the zeroed struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(Error::io(dir.display(), std::io::Error::last_os_error()));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for i in 1..=self.nodes.len() {
             self.resume(i);
             self.kill(i);
+        }
+        for d in &self.mounted {
+            let _ = crate::net::run_cmd(std::process::Command::new("umount").arg("-l").arg(d));
         }
     }
 }

@@ -4,12 +4,13 @@
 //! checker that judges the whole history against what every node holds afterwards.
 //!
 //! - [`net`]: each node in a network namespace of its own; links cut, one-way or lossy.
-//! - [`cluster`]: the server processes, started, killed, paused and resumed by pid, and
-//!   their files damaged while they are stopped.
+//! - [`cluster`]: the server processes, started, killed, paused and resumed by pid, their
+//!   files damaged while they are stopped, their disks (a tmpfs each) filled, their wall
+//!   clocks jumped (libfaketime).
 //!
-//! Not yet: clock jumps, full disks and power loss (unsynced writes dropped through a
-//! FUSE layer) as nemeses, and workloads for the out-of-order modes, the volume and the
-//! file system; `docs/reliability.md` lists them.
+//! Not yet: power loss (unsynced writes dropped through a FUSE layer) and jumps of the
+//! monotonic clock as nemeses, and workloads for the out-of-order modes, the volume and
+//! the file system; `docs/reliability.md` lists them.
 //! - [`nemesis`]: the faults and a seeded schedule that mixes them.
 //! - [`history`]: what the workload did, written as JSON lines.
 //! - [`ordered`]: the ordered-append workload and its checker.

@@ -1,7 +1,7 @@
 //! `chorus-nemesis`: a cluster of real `chorus server` processes, each in a network
 //! namespace of its own, under a seeded mix of faults (partitions, packet loss, kill -9,
-//! pauses, lagging followers whose leader is then killed, bits flipped at rest), with a
-//! workload whose history is checked afterwards.
+//! pauses, lagging followers whose leader is then killed, bits flipped at rest, full
+//! disks, wall-clock jumps), with a workload whose history is checked afterwards.
 //!
 //! ```text
 //! cargo build --release -p chorus-server -p chorus-nemesis
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use chorus_nemesis::cluster::Timings;
+use chorus_nemesis::cluster::NodeOptions;
 use chorus_nemesis::nemesis::Kind;
 use chorus_nemesis::run::{run, RunOptions};
 
@@ -44,8 +44,8 @@ struct Args {
     /// The seed of the fault schedule (default: from the clock; printed either way).
     #[arg(long)]
     seed: Option<u64>,
-    /// Faults to mix: partition, loss, kill, pause, flip, lag, all or none
-    /// (comma-separated).
+    /// Faults to mix: partition, loss, kill, pause, flip, lag, disk, clock, all or none
+    /// (comma-separated; clock needs Debian's faketime).
     #[arg(long, default_value = "all")]
     nemesis: String,
     /// Writer tasks.
@@ -54,6 +54,10 @@ struct Args {
     /// Reader tasks.
     #[arg(long, default_value_t = 2)]
     readers: usize,
+    /// With the disk nemesis: each node's data directory on a tmpfs of this many MiB
+    /// (0: 1024).
+    #[arg(long, default_value_t = 0)]
+    disk_mib: u64,
     /// The replicas' lease in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     lease_ms: u64,
@@ -98,10 +102,11 @@ fn main() -> ExitCode {
         kinds,
         writers: a.writers,
         readers: a.readers,
-        timings: Timings {
+        node: NodeOptions {
             lease_ms: a.lease_ms,
             heartbeat_ms: (a.lease_ms / 10).max(10),
-            env: Vec::new(),
+            disk_mib: a.disk_mib,
+            ..NodeOptions::default()
         },
     };
     eprintln!(

@@ -29,17 +29,28 @@ pub enum Kind {
     /// heals: the follower that fell behind may win the next election, and must learn
     /// the longest log of a majority before it serves (PALF's reconfirmation).
     Lag,
+    /// A node's disk filled (a tmpfs of its own) until 0 to 96 MiB are left: below
+    /// `min_free_bytes` its leaders refuse appends; at 0 its writes fail with ENOSPC and
+    /// its groups stop, to restart by themselves once the filler is gone.
+    Disk,
+    /// A node's wall clock (CLOCK_REALTIME, through libfaketime) jumped forward or back,
+    /// by a few milliseconds (within `max_clock_drift_ppm` over a lease) or by seconds
+    /// (far beyond it), and back to real time at the heal. Leases run on the monotonic
+    /// clock, which is not jumped here (the simulator jumps and skews it).
+    Clock,
 }
 
 impl Kind {
     /// Every kind `all` names.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Partition,
         Kind::Loss,
         Kind::Kill,
         Kind::Pause,
         Kind::Flip,
         Kind::Lag,
+        Kind::Disk,
+        Kind::Clock,
     ];
 
     /// Parses a comma-separated list (`all` for every kind, `none` for no faults).
@@ -55,9 +66,11 @@ impl Kind {
                 "pause" => out.push(Kind::Pause),
                 "flip" => out.push(Kind::Flip),
                 "lag" => out.push(Kind::Lag),
+                "disk" => out.push(Kind::Disk),
+                "clock" => out.push(Kind::Clock),
                 _ => {
                     return Err(format!(
-                        "nemesis `{w}` is not one of partition, loss, kill, pause, flip, lag, all, none"
+                        "nemesis `{w}` is not one of partition, loss, kill, pause, flip, lag, disk, clock, all, none"
                     ))
                 }
             }
@@ -68,7 +81,7 @@ impl Kind {
 }
 
 /// A fault in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Fault {
     /// Directed cuts `(from, to)`: `to` drops what `from` sends (0 is the clients).
     Cuts {
@@ -93,6 +106,20 @@ pub enum Fault {
         /// The leader killed at the heal.
         leader: usize,
     },
+    /// The node's disk filled until `leave` bytes are left.
+    Disk {
+        /// The node.
+        node: usize,
+        /// Bytes left free.
+        leave: u64,
+    },
+    /// The node's clocks offset by `secs`.
+    Clock {
+        /// The node.
+        node: usize,
+        /// The offset from real time, in seconds.
+        secs: f64,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -107,6 +134,10 @@ impl fmt::Display for Fault {
                 f,
                 "node {lagging} cut off to fall behind, then leader {leader} killed as it heals"
             ),
+            Fault::Disk { node, leave } => {
+                write!(f, "disk of node {node} filled, {} MiB left", leave >> 20)
+            }
+            Fault::Clock { node, secs } => write!(f, "clock of node {node} jumped {secs:+.3} s"),
         }
     }
 }
@@ -201,6 +232,25 @@ pub fn choose(rng: &mut Rng, kinds: &[Kind], n: usize, leader: Option<usize>) ->
             let lagging = others[rng.range(0, others.len() as u64) as usize];
             Fault::Lag { lagging, leader }
         }
+        Kind::Disk => Fault::Disk {
+            node: target(rng),
+            leave: [0u64, 1, 32, 96][rng.range(0, 4) as usize] << 20,
+        },
+        Kind::Clock => {
+            let magnitude = if rng.chance(50) {
+                rng.range(1, 6) as f64 / 1e3
+            } else {
+                rng.range(500, 5001) as f64 / 1e3
+            };
+            Fault::Clock {
+                node: target(rng),
+                secs: if rng.chance(50) {
+                    magnitude
+                } else {
+                    -magnitude
+                },
+            }
+        }
     })
 }
 
@@ -241,6 +291,14 @@ pub fn inject(c: &mut Cluster, f: &Fault, rng: &mut Rng) -> Result<String, Error
             }
             Ok(f.to_string())
         }
+        Fault::Disk { node, leave } => {
+            let took = c.fill_disk(*node, *leave)?;
+            Ok(format!("{f} ({} MiB written)", took >> 20))
+        }
+        Fault::Clock { node, secs } => {
+            c.set_clock(*node, *secs)?;
+            Ok(f.to_string())
+        }
         Fault::Flip(n) => {
             c.kill(*n);
             let count = rng.range(1, 4) as usize;
@@ -264,15 +322,22 @@ pub fn heal(c: &mut Cluster, f: &Fault) -> Result<(), Error> {
             c.resume(*n);
             Ok(())
         }
+        Fault::Disk { node, .. } => c.free_disk(*node),
+        Fault::Clock { node, .. } => c.set_clock(*node, 0.0),
     }
 }
 
-/// Heals everything: the network, every paused node, every node down.
+/// Heals everything: the network, every paused node, every node down, every disk filled
+/// and every clock offset.
 pub fn heal_all(c: &mut Cluster) -> Result<(), Error> {
     c.net.heal()?;
     for i in 1..=c.nodes.len() {
         c.resume(i);
         c.start_node(i)?;
+        c.free_disk(i)?;
+        if c.faketime() {
+            c.set_clock(i, 0.0)?;
+        }
     }
     Ok(())
 }

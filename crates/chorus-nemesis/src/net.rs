@@ -49,7 +49,8 @@ pub struct Net {
     netem: bool,
 }
 
-fn run(cmd: &mut Command) -> Result<String, Error> {
+/// Runs `cmd`; its output, or an error naming it with what it printed.
+pub(crate) fn run_cmd(cmd: &mut Command) -> Result<String, Error> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -71,7 +72,7 @@ fn run(cmd: &mut Command) -> Result<String, Error> {
 }
 
 fn ip(args: &[&str]) -> Result<String, Error> {
-    run(Command::new("ip").args(args))
+    run_cmd(Command::new("ip").args(args))
 }
 
 /// Whether `pid` names a live process.
@@ -212,13 +213,13 @@ impl Net {
 
     fn probe_netem(&self) -> bool {
         let ns = self.ns(1);
-        let ok = run(Command::new("ip").args([
+        let ok = run_cmd(Command::new("ip").args([
             "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
             "1ms",
         ]))
         .is_ok();
         if ok {
-            let _ = run(Command::new("ip").args([
+            let _ = run_cmd(Command::new("ip").args([
                 "netns", "exec", &ns, "tc", "qdisc", "del", "dev", "lo", "root",
             ]));
         }

@@ -67,7 +67,14 @@ pub async fn writer(process: u64, eps: Vec<String>, hist: History, stop: Arc<Ato
             )
             .await;
         let outcomes = outcomes(values.len(), r);
+        let settled = outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Committed { .. }));
         hist.record(process, t0, Op::Append { values, outcomes });
+        if !settled {
+            // As a client would: a moment before trying again.
+            tokio::time::sleep(Duration::from_millis(rng.range(10, 50))).await;
+        }
     }
 }
 
@@ -163,7 +170,7 @@ fn seen(records: &[pb::Record]) -> Vec<Seen> {
 pub async fn read_log(ep: &str) -> Result<Vec<Seen>, String> {
     let mut c = client(
         vec![ep.to_string()],
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         Duration::from_secs(2),
     );
     let mut out = Vec::new();
@@ -172,7 +179,7 @@ pub async fn read_log(ep: &str) -> Result<Vec<Seen>, String> {
         let r = c
             .read(GROUP, from, 5_000)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("at LSN {from}, after {} records: {e}", out.len()))?;
         if r.records.is_empty() {
             return Ok(out);
         }

@@ -5,14 +5,14 @@
 //! checker judges against every node's log afterwards. With `--features broken`, a build
 //! whose replicas skip reconfirmation must be caught.
 //!
-//! Needs root, `ip` and `nft`; skipped otherwise, unless `CHORUS_REQUIRE_NETNS=1` (as
+//! Needs root, `ip`, `nft` and libfaketime; skipped otherwise, unless `CHORUS_REQUIRE_NETNS=1` (as
 //! `.ci/run` sets), when a missing piece fails the test. `CHORUS_NEMESIS_SEED` and
 //! `CHORUS_NEMESIS_SECS` replay or lengthen a run; a failure prints the seed, every
 //! anomaly and where the history is.
 
 use std::time::Duration;
 
-use chorus_nemesis::cluster::Timings;
+use chorus_nemesis::cluster::NodeOptions;
 use chorus_nemesis::nemesis::Kind;
 use chorus_nemesis::run::{run, RunOptions};
 
@@ -21,7 +21,11 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 fn available() -> bool {
-    match chorus_nemesis::net::unavailable() {
+    let missing = chorus_nemesis::net::unavailable().or_else(|| {
+        (!std::path::Path::new(chorus_nemesis::cluster::LIBFAKETIME).exists())
+            .then(|| "libfaketime not found (Debian package faketime)".to_string())
+    });
+    match missing {
         None => true,
         Some(why) if std::env::var("CHORUS_REQUIRE_NETNS").as_deref() == Ok("1") => {
             panic!("CHORUS_REQUIRE_NETNS=1 but {why}")
@@ -54,7 +58,7 @@ fn mixed_run(name: &str, kinds: &str, secs: u64) {
         kinds: Kind::parse_list(kinds).unwrap(),
         writers: 4,
         readers: 2,
-        timings: Timings::default(),
+        node: NodeOptions::default(),
     };
     eprintln!("{name}: seed {seed} in {}", dir.display());
     let r = run(&o).unwrap_or_else(|e| panic!("{name}: seed {seed}: {e}"));
@@ -103,9 +107,9 @@ fn teeth_a_build_that_skips_reconfirmation_is_caught() {
             kinds: Kind::parse_list("lag,kill").unwrap(),
             writers: 4,
             readers: 2,
-            timings: Timings {
+            node: NodeOptions {
                 env: vec![("CHORUS_BROKEN".into(), "skip-reconfirmation".into())],
-                ..Timings::default()
+                ..NodeOptions::default()
             },
         };
         let r = run(&o).unwrap_or_else(|e| panic!("teeth: seed {seed}: {e}"));
