@@ -286,12 +286,38 @@ impl Cluster {
     }
 
     /// Flips one random bit in each of `count` random places of node `i`'s files (the
-    /// node must be down). Returns what was flipped, as `path@offset^mask`.
-    pub fn flip_bytes(&self, i: usize, rng: &mut Rng, count: usize) -> Vec<String> {
+    /// node must be down). With `tail_only`, a log's block files other than its last are
+    /// spared (recovery checks the last block at open and repairs it from peers; older
+    /// blocks are checked only when read). Returns what was flipped, as
+    /// `path@offset^mask`.
+    pub fn flip_bytes(
+        &self,
+        i: usize,
+        rng: &mut Rng,
+        count: usize,
+        tail_only: bool,
+    ) -> Vec<String> {
         assert!(!self.is_up(i), "flip bytes only at rest");
         let mut files = Vec::new();
         walk(&self.nodes[i - 1].dir, &mut files);
         files.retain(|(_, len)| *len > 0);
+        if tail_only {
+            let last: Vec<PathBuf> = files
+                .iter()
+                .filter(|(p, _)| p.extension().is_some_and(|e| e == "blk"))
+                .map(|(p, _)| p.clone())
+                .fold(std::collections::BTreeMap::new(), |mut m, p| {
+                    let dir = p.parent().map(Path::to_path_buf);
+                    let e: &mut PathBuf = m.entry(dir).or_insert_with(|| p.clone());
+                    if p > *e {
+                        *e = p;
+                    }
+                    m
+                })
+                .into_values()
+                .collect();
+            files.retain(|(p, _)| p.extension().is_none_or(|e| e != "blk") || last.contains(p));
+        }
         let mut done = Vec::new();
         for _ in 0..count {
             if files.is_empty() {

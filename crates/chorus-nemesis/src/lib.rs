@@ -7,14 +7,14 @@
 //! - [`cluster`]: the server processes, started, killed, paused and resumed by pid, their
 //!   files damaged while they are stopped, their disks (a tmpfs each) filled, their wall
 //!   clocks jumped (libfaketime).
-//!
-//! Not yet: power loss (unsynced writes dropped through a FUSE layer) and jumps of the
-//! monotonic clock as nemeses, and workloads for the out-of-order modes, the volume and
-//! the file system; `docs/reliability.md` lists them.
 //! - [`nemesis`]: the faults and a seeded schedule that mixes them.
 //! - [`history`]: what the workload did, written as JSON lines.
 //! - [`ordered`]: the ordered-append workload and its checker.
 //! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
+//!
+//! Not yet: power loss (unsynced writes dropped through a FUSE layer) and jumps of the
+//! monotonic clock as nemeses, and workloads for the out-of-order modes, the volume and
+//! the file system; `docs/reliability.md` lists them.
 //!
 //! `chorus-nemesis --help` runs it by hand; `crates/chorus-server/tests/nemesis.rs` runs
 //! a short mixed run in CI. docs/reliability.md records the runs made.

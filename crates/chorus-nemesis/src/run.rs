@@ -261,7 +261,10 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
     } else {
         ordered::check(&entries, &finals)
     };
-    verdict.anomalies.extend(extra);
+    // The run's own findings first: they explain the checker's (a node that could not be
+    // read "loses" every record).
+    extra.append(&mut verdict.anomalies);
+    verdict.anomalies = extra;
     for f in &finals {
         write_log(&o.dir.join(format!("n{}.records", f.node)), f)?;
     }
