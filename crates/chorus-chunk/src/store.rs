@@ -102,8 +102,17 @@ pub struct ChunkStore {
     /// temporary file, and a checkpoint's map must never replace a newer one. Taken
     /// before `inner`.
     map_writer: Mutex<()>,
+    /// Block locks, by block number modulo their count: a write into a block holds its
+    /// stripe exclusively, a read holds the stripes of the blocks it covers shared, so a
+    /// read never sees a block half written (an in-place write runs under `inner`'s
+    /// shared lock, beside reads). Taken before `inner`; a write holds one at a time, a
+    /// read takes its stripes in ascending order.
+    stripes: Box<[RwLock<()>]>,
     inner: RwLock<Inner>,
 }
+
+/// Block lock stripes per chunk.
+const STRIPES: usize = 64;
 
 #[derive(Debug)]
 struct Inner {
@@ -237,6 +246,7 @@ impl ChunkStore {
             geometry,
             fs,
             map_writer: Mutex::new(()),
+            stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
             inner: RwLock::new(Inner {
                 data,
                 generation: map.generation,
@@ -327,6 +337,9 @@ impl ChunkStore {
     }
 
     fn write_in_block(&self, block: u32, inside: u64, piece: &[u8]) -> Result<(), ChunkError> {
+        let _stripe = self.stripes[block as usize % STRIPES]
+            .write()
+            .expect("chunk block lock");
         let bb = self.geometry.block_bytes as u64;
         let in_place = |inner: &Inner, slot: u32| {
             let path = self.dir.join(data_name(inner.generation));
@@ -407,9 +420,37 @@ impl ChunkStore {
         Ok(out)
     }
 
+    /// The shared locks of the stripes of the blocks `offset..offset + len` covers, in
+    /// ascending order.
+    fn read_stripes(&self, offset: u64, len: u64) -> Vec<std::sync::RwLockReadGuard<'_, ()>> {
+        let bb = self.geometry.block_bytes as u64;
+        let (first, last) = (offset / bb, offset.saturating_add(len.max(1) - 1) / bb);
+        let mut held: Vec<usize> = (first..=last.min(first + STRIPES as u64 - 1))
+            .map(|b| b as usize % STRIPES)
+            .collect();
+        if last - first + 1 >= STRIPES as u64 {
+            held = (0..STRIPES).collect();
+        }
+        held.sort_unstable();
+        held.dedup();
+        held.into_iter()
+            .map(|i| self.stripes[i].read().expect("chunk block lock"))
+            .collect()
+    }
+
+    /// Every stripe's shared lock, in order: no block is half written while they are
+    /// held.
+    fn all_stripes(&self) -> Vec<std::sync::RwLockReadGuard<'_, ()>> {
+        self.stripes
+            .iter()
+            .map(|l| l.read().expect("chunk block lock"))
+            .collect()
+    }
+
     /// Reads `len` bytes at any `offset` in the chunk; blocks never written read as
     /// zeros.
     pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, ChunkError> {
+        let _stripes = self.read_stripes(offset, len as u64);
         let inner = self.inner.read().expect("chunk");
         self.read_through(&inner, |b| inner.slots.current(b), offset, len)
     }
@@ -418,6 +459,7 @@ impl ChunkStore {
     /// snapshot was taken); blocks it holds nothing for read as zeros.
     /// [`ChunkError::NoSnapshot`] when the chunk holds no such snapshot.
     pub fn read_snapshot(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>, ChunkError> {
+        let _stripes = self.read_stripes(offset, len as u64);
         let inner = self.inner.read().expect("chunk");
         if inner.slots.snapshot_map(id).is_none() {
             return Err(ChunkError::NoSnapshot { id });
@@ -522,6 +564,7 @@ impl ChunkStore {
     /// Every block the current map holds and its bytes, ascending by block.
     pub fn blocks(&self) -> Result<Vec<(u32, Vec<u8>)>, ChunkError> {
         let bb = self.geometry.block_bytes as u64;
+        let _stripes = self.all_stripes();
         let inner = self.inner.read().expect("chunk");
         let path = self.dir.join(data_name(inner.generation));
         let entries = inner.slots.current_entries();
@@ -542,6 +585,7 @@ impl ChunkStore {
     /// current map shares with snapshots travels once).
     pub fn image(&self) -> Result<Image, ChunkError> {
         let bb = self.geometry.block_bytes as u64;
+        let _stripes = self.all_stripes();
         let inner = self.inner.read().expect("chunk");
         let path = self.dir.join(data_name(inner.generation));
         // Data slot → image slot, in the order the maps first name them.

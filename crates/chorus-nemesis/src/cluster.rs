@@ -38,6 +38,13 @@ pub struct NodeOptions {
     /// `log.min_free_bytes` (None: the server's default, 128 MiB). 0 turns the guard off,
     /// so that a full disk fails writes with ENOSPC.
     pub min_free_bytes: Option<u64>,
+    /// Each node's data directory is a power-loss file system ([`crate::lazyfs`]) over
+    /// `nN.disk`: the power nemesis can drop what a node did not sync. Needs FUSE.
+    pub power_loss: bool,
+    /// `out_of_order.compact_bytes` (None: the server's default). The dependent
+    /// workload's checker reads every committed entry back from slot 0, so its runs set
+    /// 0 (never compact).
+    pub ooo_compact_bytes: Option<u64>,
 }
 
 impl Default for NodeOptions {
@@ -49,6 +56,8 @@ impl Default for NodeOptions {
             disk_mib: 0,
             faketime: false,
             min_free_bytes: None,
+            power_loss: false,
+            ooo_compact_bytes: None,
         }
     }
 }
@@ -66,6 +75,10 @@ pub struct Node {
     pub id: usize,
     /// Its data directory.
     pub dir: PathBuf,
+    /// Where its files lie on the disk: `dir`, or the backing directory of the
+    /// power-loss file system mounted at `dir` (faults at rest are made here, not
+    /// through the mount).
+    pub disk: PathBuf,
     cfg: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -83,6 +96,9 @@ pub struct Cluster {
     env: Vec<(String, String)>,
     /// Data directories this run mounted a tmpfs on (unmounted at drop).
     mounted: Vec<PathBuf>,
+    /// Each node's power-loss file system, when [`NodeOptions::power_loss`]
+    /// (`lazy[i - 1]` is node `i`'s).
+    lazy: Vec<Option<crate::lazyfs::LazyFs>>,
 }
 
 impl Cluster {
@@ -110,9 +126,15 @@ impl Cluster {
                 "{LIBFAKETIME} not found (Debian package faketime)"
             )));
         }
+        let mut lazy = Vec::new();
         for i in 1..=n {
             let dir = root.join(format!("n{i}"));
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
+            let disk = if t.power_loss {
+                root.join(format!("n{i}.disk"))
+            } else {
+                dir.clone()
+            };
+            std::fs::create_dir_all(&disk).map_err(|e| Error::io(disk.display(), e))?;
             if t.disk_mib > 0 {
                 crate::net::run_cmd(
                     std::process::Command::new("mount")
@@ -123,10 +145,15 @@ impl Cluster {
                             &format!("size={}m", t.disk_mib),
                             "tmpfs",
                         ])
-                        .arg(&dir),
+                        .arg(&disk),
                 )?;
-                mounted.push(dir.clone());
+                mounted.push(disk.clone());
             }
+            lazy.push(if t.power_loss {
+                Some(crate::lazyfs::LazyFs::mount(&disk, &dir)?)
+            } else {
+                None
+            });
             if t.faketime {
                 let f = root.join(format!("n{i}.faketime"));
                 std::fs::write(&f, "+0\n").map_err(|e| Error::io(f.display(), e))?;
@@ -140,13 +167,15 @@ impl Cluster {
                 "node = {i}\ndata_dir = \"{}\"\nlisten = \"{ip}:{REPL_PORT}\"\napi_listen = \"{ip}:{API_PORT}\"\n\
                  io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
                  [replica]\nlease_ms = {}\nheartbeat_ms = {}\nping_ms = {}\nresend_ms = {}\n\n\
-                 [out_of_order]\nelection_timeout_ms = {}\n{}",
+                 [out_of_order]\nelection_timeout_ms = {}\n{}{}",
                 dir.display(),
                 t.lease_ms,
                 t.heartbeat_ms,
                 t.heartbeat_ms,
                 2 * t.heartbeat_ms,
                 t.lease_ms,
+                t.ooo_compact_bytes
+                    .map_or(String::new(), |b| format!("compact_bytes = {b}\n")),
                 t.min_free_bytes
                     .map_or(String::new(), |b| format!("\n[log]\nmin_free_bytes = {b}\n")),
                 ip = net.ip(i),
@@ -155,6 +184,7 @@ impl Cluster {
             nodes.push(Node {
                 id: i,
                 dir,
+                disk,
                 cfg,
                 log: root.join(format!("n{i}.log")),
                 child: None,
@@ -175,6 +205,7 @@ impl Cluster {
             chorus: chorus.to_path_buf(),
             env,
             mounted,
+            lazy,
         };
         for i in 1..=n {
             c.start_node(i)?;
@@ -260,6 +291,33 @@ impl Cluster {
         node.paused = false;
     }
 
+    /// Nodes `nodes` lose power at once: each one's unsynced writes dropped and its file
+    /// system failing every call from that instant, then each sent SIGKILL and reaped. Returns the bytes dropped per
+    /// node. Needs [`NodeOptions::power_loss`].
+    pub fn lose_power(&mut self, nodes: &[usize]) -> Result<Vec<u64>, Error> {
+        if nodes.iter().any(|&i| self.lazy[i - 1].is_none()) {
+            return Err(Error::Unavailable(
+                "power loss needs each node's data directory on the power-loss file system (NodeOptions::power_loss)".into(),
+            ));
+        }
+        // The power goes first (nothing in flight reaches the disk after it), then the
+        // processes.
+        let lost: Vec<u64> = nodes
+            .iter()
+            .map(|&i| self.lazy[i - 1].as_ref().map_or(0, |l| l.cut_power()))
+            .collect();
+        for &i in nodes {
+            self.signal(i, libc::SIGKILL);
+        }
+        for &i in nodes {
+            self.kill(i);
+            if let Some(l) = &self.lazy[i - 1] {
+                l.restore_power();
+            }
+        }
+        Ok(lost)
+    }
+
     /// SIGSTOP to node `i`.
     pub fn pause(&mut self, i: usize) {
         if self.nodes[i - 1].child.is_some() {
@@ -286,10 +344,13 @@ impl Cluster {
     }
 
     /// Flips one random bit in each of `count` random places of node `i`'s files (the
-    /// node must be down). With `tail_only`, a log's block files other than its last are
-    /// spared (recovery checks the last block at open and repairs it from peers; older
-    /// blocks are checked only when read). Returns what was flipped, as
-    /// `path@offset^mask`.
+    /// node must be down). With `tail_only`, only what a replica repairs by itself is
+    /// damaged: an ordered log's meta and last block file (recovery checks the last block
+    /// at open and repairs it from peers; older blocks are checked only when read), and an
+    /// out-of-order replica's spec, hard state, membership and entries; state machine
+    /// files (a chunk's map and data, a key-value image) are spared, since damage there
+    /// stops the group until the operator replaces the replica (docs/operations.md).
+    /// Returns what was flipped, as `path@offset^mask`.
     pub fn flip_bytes(
         &self,
         i: usize,
@@ -299,7 +360,7 @@ impl Cluster {
     ) -> Vec<String> {
         assert!(!self.is_up(i), "flip bytes only at rest");
         let mut files = Vec::new();
-        walk(&self.nodes[i - 1].dir, &mut files);
+        walk(&self.nodes[i - 1].disk, &mut files);
         files.retain(|(_, len)| *len > 0);
         if tail_only {
             let last: Vec<PathBuf> = files
@@ -317,16 +378,28 @@ impl Cluster {
                 .into_values()
                 .collect();
             files.retain(|(p, _)| p.extension().is_none_or(|e| e != "blk") || last.contains(p));
+            files.retain(|(p, _)| {
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                !p.components().any(|c| c.as_os_str() == "chunk")
+                    && !name.starts_with("kv.")
+                    && !name.starts_with("entries.damaged")
+            });
         }
         let mut done = Vec::new();
         for _ in 0..count {
             if files.is_empty() {
                 break;
             }
-            let (path, len) = &files[rng.range(0, files.len() as u64) as usize];
-            let off = rng.range(0, *len);
+            // One place per file: the files that keep two copies (meta, hard, members,
+            // spec) survive one damaged copy, and two flips at once in one small file are
+            // not what bit rot does.
+            let (path, len) = files.swap_remove(rng.range(0, files.len() as u64) as usize);
+            let off = rng.range(0, len);
             let mask = 1u8 << rng.range(0, 8);
-            if flip(path, off, mask).is_ok() {
+            if flip(&path, off, mask).is_ok() {
                 done.push(format!("{}@{off}^{mask:#04x}", path.display()));
             }
         }
@@ -337,7 +410,7 @@ impl Cluster {
     /// a tmpfs, [`NodeOptions::disk_mib`]). Returns the bytes written.
     pub fn fill_disk(&self, i: usize, leave: u64) -> Result<u64, Error> {
         use std::os::fd::AsRawFd;
-        let dir = &self.nodes[i - 1].dir;
+        let dir = &self.nodes[i - 1].disk;
         let free = free_bytes(dir)?;
         let len = free.saturating_sub(leave);
         let path = dir.join(FILLER);
@@ -361,7 +434,7 @@ impl Cluster {
 
     /// Frees what [`Cluster::fill_disk`] took.
     pub fn free_disk(&self, i: usize) -> Result<(), Error> {
-        let path = self.nodes[i - 1].dir.join(FILLER);
+        let path = self.nodes[i - 1].disk.join(FILLER);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path.display(), e)),
             _ => Ok(()),
@@ -432,6 +505,8 @@ impl Drop for Cluster {
             self.resume(i);
             self.kill(i);
         }
+        // The power-loss mounts before the tmpfs under them.
+        self.lazy.clear();
         for d in &self.mounted {
             let _ = crate::net::run_cmd(std::process::Command::new("umount").arg("-l").arg(d));
         }

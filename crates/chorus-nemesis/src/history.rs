@@ -35,6 +35,30 @@ pub enum Outcome {
     },
 }
 
+/// What one record appended to an out-of-order group came to, as the client was told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Placement {
+    /// Reported committed at this place (slot and index in its entry): it must be in
+    /// every replica's committed entries there, and applied.
+    Committed {
+        /// Its slot.
+        seq: u64,
+        /// Its index among the records of the slot's entry.
+        index: u32,
+    },
+    /// Reported failed, or refused before it was appended: it must never take effect.
+    Failed {
+        /// What the client was told.
+        why: String,
+    },
+    /// The outcome was never learned: it may or may not take effect, but at most once.
+    Unknown {
+        /// What the client was told.
+        why: String,
+    },
+}
+
 /// A record a read returned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seen {
@@ -69,6 +93,54 @@ pub enum Op {
         next: u64,
         /// The failure, if it failed.
         error: Option<String>,
+    },
+    /// A write of `count` blocks from `start` to a parallel group, every block holding
+    /// the write's `value` (each block's bytes say which value and block they are).
+    Write {
+        /// The first block.
+        start: u64,
+        /// How many blocks.
+        count: u64,
+        /// The value, unique in the run (never 0: 0 is a block never written).
+        value: u64,
+        /// What it came to.
+        outcome: Placement,
+    },
+    /// A read of blocks at the leader (linearizable), from `start`: the value each block
+    /// held (0: never written). `bad` names a block whose bytes no write wrote.
+    BlockRead {
+        /// The node that answered.
+        node: usize,
+        /// The first block.
+        start: u64,
+        /// One value per block.
+        values: Vec<u64>,
+        /// Bytes no write wrote, if any block held such.
+        bad: Option<String>,
+    },
+    /// A transaction appended to a dependent group: it declares the keys it read and
+    /// wrote, and sets every written key to `value`.
+    Txn {
+        /// The keys it read.
+        reads: Vec<u64>,
+        /// The keys it wrote.
+        writes: Vec<u64>,
+        /// The value, unique in the run (never 0).
+        value: u64,
+        /// What it came to.
+        outcome: Placement,
+    },
+    /// A read of keys at node `node`, as that replica had applied them: each key's value
+    /// (0: not found), with the replica's first unapplied slot.
+    KeyRead {
+        /// The node asked.
+        node: usize,
+        /// The keys.
+        keys: Vec<u64>,
+        /// One value per key.
+        values: Vec<u64>,
+        /// The replica's first unapplied slot when it answered.
+        applied: u64,
     },
     /// A fault injected (`heal` false) or healed (`heal` true).
     Nemesis {
@@ -181,4 +253,22 @@ pub fn read_entries(path: &Path) -> Result<Vec<Entry>, Error> {
         out.push(e);
     }
     Ok(out)
+}
+
+/// The longest time, in milliseconds, from a heal in `history` to the completion of the
+/// first acknowledged write invoked at or after it; `acked` holds each acknowledged
+/// write's (completion, invocation) times in microseconds. A heal that no acknowledged
+/// write followed counts nothing (the run's final barrier judges that case).
+pub fn longest_unavailable_ms(history: &[Entry], acked: &[(u64, u64)]) -> u64 {
+    let mut longest = 0;
+    for e in history {
+        if let Op::Nemesis { heal: true, .. } = e.op {
+            let t = e.complete_us;
+            let first = acked.iter().filter(|a| a.1 >= t).map(|a| a.0).min();
+            if let Some(c) = first {
+                longest = longest.max((c - t) / 1000);
+            }
+        }
+    }
+    longest
 }

@@ -10,21 +10,29 @@
 //! - [`nemesis`]: the faults and a seeded schedule that mixes them.
 //! - [`history`]: what the workload did, written as JSON lines.
 //! - [`ordered`]: the ordered-append workload and its checker.
+//! - [`blocks`]: parallel block writes and reads at the leader, checked for
+//!   linearizability per block by porcupine ([`porcupine`]).
+//! - [`txn`]: dependent transactions, checked for serial equivalence.
 //! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
 //!
-//! Not yet: power loss (unsynced writes dropped through a FUSE layer) and jumps of the
-//! monotonic clock as nemeses, and workloads for the out-of-order modes, the volume and
+//! - [`lazyfs`]: the power-loss file system (FUSE) under each node's data directory.
+//!
+//! Not yet: jumps of the monotonic clock as a nemesis, and workloads for the volume and
 //! the file system; `docs/reliability.md` lists them.
 //!
 //! `chorus-nemesis --help` runs it by hand; `crates/chorus-server/tests/nemesis.rs` runs
 //! a short mixed run in CI. docs/reliability.md records the runs made.
 
+pub mod blocks;
 pub mod cluster;
 pub mod history;
+pub mod lazyfs;
 pub mod nemesis;
 pub mod net;
 pub mod ordered;
+pub mod porcupine;
 pub mod run;
+pub mod txn;
 
 /// What stopped the harness (not an anomaly: those are the checker's findings).
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,8 @@
 //! `chorus-nemesis`: a cluster of real `chorus server` processes, each in a network
 //! namespace of its own, under a seeded mix of faults (partitions, packet loss, kill -9,
 //! pauses, lagging followers whose leader is then killed, bits flipped at rest, full
-//! disks, wall-clock jumps), with a workload whose history is checked afterwards.
+//! disks, wall-clock jumps, power losses), with a workload (ordered appends, parallel
+//! block writes or dependent transactions) whose history is checked afterwards.
 //!
 //! ```text
 //! cargo build --release -p chorus-server -p chorus-nemesis
@@ -19,7 +20,7 @@ use clap::Parser;
 
 use chorus_nemesis::cluster::NodeOptions;
 use chorus_nemesis::nemesis::Kind;
-use chorus_nemesis::run::{run, RunOptions};
+use chorus_nemesis::run::{run, RunOptions, Workload};
 
 /// Real-process fault testing of a Chorus cluster.
 #[derive(Parser, Debug)]
@@ -32,7 +33,9 @@ struct Args {
     /// a new directory under the system's temporary directory).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Workload: `ordered` (appends to an ordered group, tail reads).
+    /// Workload: `ordered` (appends to an ordered group, tail reads), `parallel` (block
+    /// writes to a parallel group, reads at the leader, checked by porcupine: needs Go)
+    /// or `dependent` (transactions on a dependent group, key reads at any replica).
     #[arg(long, default_value = "ordered")]
     workload: String,
     /// Nodes in the cluster (1 to 15).
@@ -44,8 +47,9 @@ struct Args {
     /// The seed of the fault schedule (default: from the clock; printed either way).
     #[arg(long)]
     seed: Option<u64>,
-    /// Faults to mix: partition, loss, kill, pause, flip, lag, disk, clock, all or none
-    /// (comma-separated; clock needs Debian's faketime).
+    /// Faults to mix: partition, loss, kill, pause, flip, lag, disk, clock, power, all or
+    /// none (comma-separated; rot by hand only; clock needs Debian's faketime, power
+    /// needs /dev/fuse).
     #[arg(long, default_value = "all")]
     nemesis: String,
     /// Writer tasks.
@@ -65,13 +69,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    if a.workload != "ordered" {
-        eprintln!(
-            "chorus-nemesis: --workload {:?} is not one of: ordered",
-            a.workload
-        );
-        return ExitCode::from(2);
-    }
+    let workload = match Workload::parse(&a.workload) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("chorus-nemesis: --workload: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let kinds = match Kind::parse_list(&a.nemesis) {
         Ok(k) => k,
         Err(e) => {
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
         std::env::temp_dir().join(format!("chorus-nemesis-{seed}-{}", std::process::id()))
     });
     let o = RunOptions {
+        workload,
         chorus,
         dir,
         nodes: a.nodes as usize,
@@ -110,7 +115,8 @@ fn main() -> ExitCode {
         },
     };
     eprintln!(
-        "chorus-nemesis: seed {seed}, {} nodes, {} s of {}, in {}",
+        "chorus-nemesis: seed {seed}, {} workload, {} nodes, {} s of {}, in {}",
+        a.workload,
         o.nodes,
         a.duration,
         a.nemesis,

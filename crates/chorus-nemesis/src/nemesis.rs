@@ -43,11 +43,18 @@ pub enum Kind {
     /// (far beyond it), and back to real time at the heal. Leases run on the monotonic
     /// clock, which is not jumped here (the simulator jumps and skews it).
     Clock,
+    /// Power loss: a node (or, one time in three, every node at once) killed with
+    /// SIGKILL and every write it had not synced dropped, through the power-loss file
+    /// system its data directory is mounted on ([`crate::lazyfs`]); restarted at the
+    /// heal.
+    Power,
+    /// As `Power`, every node at once, every time (a whole site's power). Not in `all`.
+    PowerAll,
 }
 
 impl Kind {
     /// Every kind `all` names.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Partition,
         Kind::Loss,
         Kind::Kill,
@@ -56,6 +63,7 @@ impl Kind {
         Kind::Lag,
         Kind::Disk,
         Kind::Clock,
+        Kind::Power,
     ];
 
     /// Parses a comma-separated list (`all` for every kind, `none` for no faults).
@@ -74,9 +82,11 @@ impl Kind {
                 "lag" => out.push(Kind::Lag),
                 "disk" => out.push(Kind::Disk),
                 "clock" => out.push(Kind::Clock),
+                "power" => out.push(Kind::Power),
+                "power-all" => out.push(Kind::PowerAll),
                 _ => {
                     return Err(format!(
-                        "nemesis `{w}` is not one of partition, loss, kill, pause, flip, rot, lag, disk, clock, all, none"
+                        "nemesis `{w}` is not one of partition, loss, kill, pause, flip, rot, lag, disk, clock, power, power-all, all, none"
                     ))
                 }
             }
@@ -120,6 +130,8 @@ pub enum Fault {
         /// Bytes left free.
         leave: u64,
     },
+    /// These nodes lose power: killed, their unsynced writes dropped.
+    Power(Vec<usize>),
     /// The node's clocks offset by `secs`.
     Clock {
         /// The node.
@@ -146,6 +158,7 @@ impl fmt::Display for Fault {
                 write!(f, "disk of node {node} filled, {} MiB left", leave >> 20)
             }
             Fault::Clock { node, secs } => write!(f, "clock of node {node} jumped {secs:+.3} s"),
+            Fault::Power(nodes) => write!(f, "power lost on nodes {nodes:?}"),
         }
     }
 }
@@ -241,6 +254,9 @@ pub fn choose(rng: &mut Rng, kinds: &[Kind], n: usize, leader: Option<usize>) ->
             let lagging = others[rng.range(0, others.len() as u64) as usize];
             Fault::Lag { lagging, leader }
         }
+        Kind::Power if rng.chance(33) => Fault::Power(all.clone()),
+        Kind::PowerAll => Fault::Power(all.clone()),
+        Kind::Power => Fault::Power(vec![target(rng)]),
         Kind::Disk => Fault::Disk {
             node: target(rng),
             leave: [0u64, 1, 32, 96][rng.range(0, 4) as usize] << 20,
@@ -308,6 +324,14 @@ pub fn inject(c: &mut Cluster, f: &Fault, rng: &mut Rng) -> Result<String, Error
             c.set_clock(*node, *secs)?;
             Ok(f.to_string())
         }
+        Fault::Power(nodes) => {
+            let lost: Vec<String> = nodes
+                .iter()
+                .zip(c.lose_power(nodes)?)
+                .map(|(n, b)| format!("node {n}: {b} bytes"))
+                .collect();
+            Ok(format!("{f}: unsynced writes dropped, {}", lost.join(", ")))
+        }
         Fault::Flip(n, tail_only) => {
             c.kill(*n);
             let count = rng.range(1, 4) as usize;
@@ -322,6 +346,12 @@ pub fn heal(c: &mut Cluster, f: &Fault) -> Result<(), Error> {
     match f {
         Fault::Cuts { .. } | Fault::Loss(_) => c.net.heal(),
         Fault::Kill(n) | Fault::Flip(n, _) => c.start_node(*n),
+        Fault::Power(nodes) => {
+            for &n in nodes {
+                c.start_node(n)?;
+            }
+            Ok(())
+        }
         // The leader's restart is the run's, a little later (see `crate::run`).
         Fault::Lag { leader, .. } => {
             c.kill(*leader);

@@ -38,7 +38,7 @@ pub fn groups_toml(nodes: usize) -> String {
     )
 }
 
-fn client(eps: Vec<String>, call: Duration, leader: Duration) -> Client {
+pub(crate) fn client(eps: Vec<String>, call: Duration, leader: Duration) -> Client {
     let mut c = Client::new(eps);
     c.call_timeout = call;
     c.leader_timeout = leader;
@@ -434,15 +434,8 @@ pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
         }
     }
     // Unavailability after each heal.
-    for e in history {
-        if let Op::Nemesis { heal: true, .. } = e.op {
-            let t = e.complete_us;
-            let first = acked.iter().filter(|a| a.1 >= t).map(|a| a.0).min();
-            if let Some(c) = first {
-                st.longest_unavailable_ms = st.longest_unavailable_ms.max((c - t) / 1000);
-            }
-        }
-    }
+    let times: Vec<(u64, u64)> = acked.iter().map(|a| (a.0, a.1)).collect();
+    st.longest_unavailable_ms = crate::history::longest_unavailable_ms(history, &times);
     Verdict {
         anomalies: bad,
         stats: st,

@@ -17,9 +17,46 @@ use crate::net::Net;
 use crate::ordered::{self, Final, Verdict};
 use crate::{Error, Rng};
 
+/// Which workload a run drives, and so which mode its group is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Appends to an ordered (PALF) group, with tail reads ([`ordered`]).
+    Ordered,
+    /// Block writes to a parallel (ParallelRaft) group, with reads at the leader
+    /// ([`crate::blocks`]).
+    Parallel,
+    /// Transactions on a dependent (DP-Raft) group, with key reads at any replica
+    /// ([`crate::txn`]).
+    Dependent,
+}
+
+impl Workload {
+    /// Parses `ordered`, `parallel` or `dependent`.
+    pub fn parse(s: &str) -> Result<Workload, String> {
+        match s {
+            "ordered" => Ok(Workload::Ordered),
+            "parallel" => Ok(Workload::Parallel),
+            "dependent" => Ok(Workload::Dependent),
+            _ => Err(format!(
+                "{s:?} is not a workload (ordered, parallel or dependent)"
+            )),
+        }
+    }
+
+    fn groups_toml(self, nodes: usize) -> String {
+        match self {
+            Workload::Ordered => ordered::groups_toml(nodes),
+            Workload::Parallel => crate::blocks::groups_toml(nodes),
+            Workload::Dependent => crate::txn::groups_toml(nodes),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// The workload (and the group's mode).
+    pub workload: Workload,
     /// The `chorus` binary.
     pub chorus: PathBuf,
     /// Where the nodes' data, their logs, the history and the verdict go.
@@ -94,6 +131,10 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         node.disk_mib = 1024;
     }
     node.faketime |= o.kinds.contains(&Kind::Clock);
+    node.power_loss |= o.kinds.contains(&Kind::Power) || o.kinds.contains(&Kind::PowerAll);
+    if o.workload == Workload::Dependent {
+        node.ooo_compact_bytes = Some(0);
+    }
     if o.kinds.contains(&Kind::Disk) && node.min_free_bytes.is_none() && o.seed % 2 == 1 {
         // Odd seeds turn the free-space guard off: a full disk then fails writes with
         // ENOSPC, stopping groups that restart themselves once there is room.
@@ -103,7 +144,7 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         net,
         &o.chorus,
         &o.dir,
-        &ordered::groups_toml(o.nodes),
+        &o.workload.groups_toml(o.nodes),
         &node,
     )?;
     let eps = c.apis();
@@ -126,20 +167,30 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for p in 1..=o.writers as u64 {
-        tasks.push(tokio::spawn(ordered::writer(
+        let (id, eps, hist, stop) = (
             o.seed.wrapping_mul(1000) + p,
             eps.clone(),
             hist.clone(),
             stop.clone(),
-        )));
+        );
+        tasks.push(match o.workload {
+            Workload::Ordered => tokio::spawn(ordered::writer(id, eps, hist, stop)),
+            Workload::Parallel => tokio::spawn(crate::blocks::writer(id, eps, hist, stop)),
+            Workload::Dependent => tokio::spawn(crate::txn::writer(id, eps, hist, stop)),
+        });
     }
     for p in 1..=o.readers as u64 {
-        tasks.push(tokio::spawn(ordered::reader(
+        let (id, eps, hist, stop) = (
             o.seed.wrapping_mul(1000) + 500 + p,
             eps.clone(),
             hist.clone(),
             stop.clone(),
-        )));
+        );
+        tasks.push(match o.workload {
+            Workload::Ordered => tokio::spawn(ordered::reader(id, eps, hist, stop)),
+            Workload::Parallel => tokio::spawn(crate::blocks::reader(id, eps, hist, stop)),
+            Workload::Dependent => tokio::spawn(crate::txn::reader(id, eps, hist, stop)),
+        });
     }
     let mut faults = Vec::new();
     let mut exits = Vec::new();
@@ -185,6 +236,67 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         let _ = t.await;
     }
     let mut extra = exits;
+    let history = o.dir.join("history.jsonl");
+    let mut verdict = match o.workload {
+        Workload::Ordered => {
+            let (finals, mut found) = settle_ordered(&eps, &hist).await;
+            extra.append(&mut found);
+            for f in &finals {
+                write_log(&o.dir.join(format!("n{}.records", f.node)), f)?;
+            }
+            if finals.is_empty() {
+                Verdict::default()
+            } else {
+                ordered::check(&hist.entries(), &finals)
+            }
+        }
+        Workload::Parallel => {
+            let mut found = crate::blocks::settle(&eps, &hist, Duration::from_secs(60)).await;
+            extra.append(&mut found);
+            crate::blocks::check(&hist.entries(), &o.dir)
+        }
+        Workload::Dependent => {
+            let (finals, mut found) =
+                crate::txn::settle(&eps, &hist, Duration::from_secs(60)).await;
+            extra.append(&mut found);
+            crate::txn::check(&hist.entries(), &finals)
+        }
+    };
+    crate::history::write_entries(&hist.entries(), &history)?;
+    // The run's own findings first: they explain the checker's (a node that could not be
+    // read "loses" every record).
+    extra.append(&mut verdict.anomalies);
+    verdict.anomalies = extra;
+    let report = Report {
+        seed: o.seed,
+        history,
+        verdict,
+        faults,
+        netem,
+        secs: t0.elapsed().as_secs_f64(),
+    };
+    // The first thousand anomalies in the file (a lost stretch repeats one cause).
+    let mut kept = report.clone();
+    let total = kept.verdict.anomalies.len();
+    kept.verdict.anomalies.truncate(1000);
+    if total > 1000 {
+        kept.verdict.anomalies.push(format!(
+            "… and {} more (the run's output counts them all)",
+            total - 1000
+        ));
+    }
+    let v = serde_json::to_string_pretty(&kept).map_err(|e| Error::io("verdict", e.into()))?;
+    std::fs::write(o.dir.join("verdict.json"), v).map_err(|e| Error::io("verdict.json", e))?;
+    Ok(report)
+}
+
+/// After every fault healed, for the ordered workload: a barrier append that must
+/// commit, then every node's whole log once it holds the barrier. Returns the logs and
+/// the run's own findings.
+async fn settle_ordered(eps: &[String], hist: &History) -> (Vec<Final>, Vec<String>) {
+    let mut extra = Vec::new();
+    let eps = eps.to_vec();
+    let hist = hist.clone();
     let barrier = ordered::barrier(eps.clone(), "barrier", &hist, Duration::from_secs(60)).await;
     let mut finals = Vec::new();
     match barrier {
@@ -253,42 +365,7 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             }
         }
     }
-    let entries = hist.entries();
-    let history = o.dir.join("history.jsonl");
-    crate::history::write_entries(&entries, &history)?;
-    let mut verdict = if finals.is_empty() {
-        Verdict::default()
-    } else {
-        ordered::check(&entries, &finals)
-    };
-    // The run's own findings first: they explain the checker's (a node that could not be
-    // read "loses" every record).
-    extra.append(&mut verdict.anomalies);
-    verdict.anomalies = extra;
-    for f in &finals {
-        write_log(&o.dir.join(format!("n{}.records", f.node)), f)?;
-    }
-    let report = Report {
-        seed: o.seed,
-        history,
-        verdict,
-        faults,
-        netem,
-        secs: t0.elapsed().as_secs_f64(),
-    };
-    // The first thousand anomalies in the file (a lost stretch repeats one cause).
-    let mut kept = report.clone();
-    let total = kept.verdict.anomalies.len();
-    kept.verdict.anomalies.truncate(1000);
-    if total > 1000 {
-        kept.verdict.anomalies.push(format!(
-            "… and {} more (the run's output counts them all)",
-            total - 1000
-        ));
-    }
-    let v = serde_json::to_string_pretty(&kept).map_err(|e| Error::io("verdict", e.into()))?;
-    std::fs::write(o.dir.join("verdict.json"), v).map_err(|e| Error::io("verdict.json", e))?;
-    Ok(report)
+    (finals, extra)
 }
 
 fn write_log(path: &Path, f: &Final) -> Result<(), Error> {

@@ -275,6 +275,21 @@ struct Inner {
 
 /// Whether a group failed to open because its files are damaged — as opposed to an IO
 /// error or a setting, which concern the whole node — so the node may go on without it.
+/// The ordered driver step's settings: the defaults, or, in a test-only `broken` build,
+/// a step broken as `CHORUS_BROKEN` names (`flushed-before-sync`: writes reported durable
+/// before their sync; `skip-fsync`: the log's syncs skipped).
+fn step_settings() -> crate::ordered::StepSettings {
+    #[allow(unused_mut)]
+    let mut s = crate::ordered::StepSettings::default();
+    #[cfg(feature = "broken")]
+    match std::env::var("CHORUS_BROKEN").as_deref() {
+        Ok("flushed-before-sync") => s.broken_flushed_before_sync = true,
+        Ok("skip-fsync") => s.broken_skip_fsync = true,
+        _ => {}
+    }
+    s
+}
+
 fn is_damage(e: &Error) -> bool {
     matches!(
         e,
@@ -286,6 +301,7 @@ fn is_damage(e: &Error) -> bool {
                 | StorageError::NotFound { .. },
             ..
         } | Error::Spec { .. }
+            | Error::StateMachineDamaged { .. }
     )
 }
 
@@ -326,7 +342,7 @@ impl Env {
             disk: Arc::new(crate::DiskSpace::new(&cfg.data_dir, cfg.min_free_bytes)),
             restarts: AtomicU64::new(0),
             fs: cfg.fs.clone(),
-            step: Default::default(),
+            step: step_settings(),
         });
         let router = Arc::new(Router {
             groups: RwLock::new(HashMap::new()),

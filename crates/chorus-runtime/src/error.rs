@@ -162,6 +162,18 @@ pub enum Error {
     /// (or did not start) is restarted.
     #[error("group {0} is running on this node; only a stopped group is restarted")]
     GroupRunning(u64),
+    /// An out-of-order group's state machine found its files damaged when opened (the
+    /// group then does not start, as for damaged replica files).
+    #[error("group {group}: its state machine's files in {dir} are damaged: {source}")]
+    StateMachineDamaged {
+        /// The group.
+        group: u64,
+        /// The group's directory.
+        dir: String,
+        /// What the state machine found (an error of kind `InvalidData`).
+        #[source]
+        source: std::io::Error,
+    },
     /// An out-of-order group's spec is not accepted: given to
     /// [`crate::Env::create_ooo_group`], or found damaged in the group's directory (the
     /// group then does not start, [`Error::GroupDamaged`]).

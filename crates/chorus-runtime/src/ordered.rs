@@ -216,6 +216,11 @@ pub struct StepSettings {
     /// must catch it.
     #[cfg(feature = "broken")]
     pub broken_flushed_before_sync: bool,
+    /// Broken on purpose (test-only `broken` build): the runtime's log sync returns
+    /// without `fdatasync`, as with syncs turned off. Real-process power losses must catch
+    /// it (the simulator's step has no sync of its own to skip).
+    #[cfg(feature = "broken")]
+    pub broken_skip_fsync: bool,
 }
 
 /// What [`execute`] did.

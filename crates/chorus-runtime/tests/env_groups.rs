@@ -261,21 +261,20 @@ fn a_group_is_deleted_and_created_again_empty() {
     env.shutdown();
 }
 
-/// A group whose storage failed (its directory taken away under it: its next hard-state
-/// save fails) stops; a restart of a running group is refused; once its directory is
-/// back, a restart starts it from its files, with its data, and it commits again.
+/// A group whose storage failed (a sync fails: the simulated file system's injected
+/// EIO) stops; a restart of a running group is refused; a restart starts it from its
+/// files, with its data, and it commits again.
 #[test]
 fn a_stopped_group_is_restarted() {
     let dir = tempfile::tempdir().unwrap();
-    let env = Env::open(config(dir.path())).unwrap();
+    let sim = Arc::new(chorus_storage::fs::SimFs::new(7));
+    let mut cfg = config(dir.path());
+    cfg.fs = sim.clone();
+    let env = Env::open(cfg).unwrap();
     let h = env.create_ooo_group(spec(3, Mode::Dependent)).unwrap();
     ooo_put(&h, 1, b"before");
     assert!(matches!(env.restart_group(3), Err(Error::GroupRunning(3))));
-    let gdir = group_dir(dir.path(), 3);
-    let away = dir.path().join("away");
-    std::fs::rename(&gdir, &away).unwrap();
-    // Elections keep saving its hard state: a transfer to itself is refused, so force
-    // one by appending until the group stops.
+    sim.fail_next_sync(None);
     let end = Instant::now() + Duration::from_secs(30);
     let mut k = 100;
     while h.node().stopped_reason().is_none() {
@@ -284,7 +283,6 @@ fn a_stopped_group_is_restarted() {
         assert!(Instant::now() < end, "the group never stopped");
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::fs::rename(&away, &gdir).unwrap();
     drop(h);
     let h = env.restart_group(3).unwrap().out_of_order().unwrap();
     assert!(h.node().stopped_reason().is_none());
@@ -309,7 +307,10 @@ fn a_damaged_spec_stops_only_its_group() {
     drop(env);
     let path = group_dir(dir.path(), 2).join(SPEC_FILE);
     let mut b = std::fs::read(&path).unwrap();
+    // Both copies (one damaged copy is repaired from the other).
+    let half = b.len() / 2;
     b[10] ^= 0x01;
+    b[half + 10] ^= 0x01;
     std::fs::write(&path, &b).unwrap();
 
     // Without state machines, a data directory with out-of-order groups is refused.

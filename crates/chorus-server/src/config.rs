@@ -390,24 +390,29 @@ impl Default for ServerConfig {
 
 /// A deliberately broken replica, in test builds only (`--features broken`): the
 /// real-process fault tests (`chorus-nemesis`) must catch it. `CHORUS_BROKEN` names it:
-/// `skip-reconfirmation` or `ack-before-fsync`; unset, the replica is correct.
+/// `skip-reconfirmation` or `ack-before-fsync` (replicas), or `flushed-before-sync` or
+/// `skip-fsync` (the ordered driver step reports writes durable before it syncs them, or
+/// never syncs the log; read by the runtime); unset, the node is correct.
 #[cfg(feature = "broken")]
 fn broken_from_env() -> Result<chorus_core::replica::Broken, ConfigError> {
     use chorus_core::replica::Broken;
     match std::env::var("CHORUS_BROKEN").as_deref() {
         Err(_) | Ok("") => Ok(Broken::None),
-        Ok(b @ ("skip-reconfirmation" | "ack-before-fsync")) => {
-            eprintln!("chorus: a DELIBERATELY BROKEN replica ({b}): for testing the tests only");
-            Ok(if b == "ack-before-fsync" {
-                Broken::AckBeforeFsync
-            } else {
-                Broken::SkipReconfirmation
+        Ok(
+            b @ ("skip-reconfirmation" | "ack-before-fsync" | "flushed-before-sync" | "skip-fsync"),
+        ) => {
+            eprintln!("chorus: a DELIBERATELY BROKEN node ({b}): for testing the tests only");
+            Ok(match b {
+                "ack-before-fsync" => Broken::AckBeforeFsync,
+                "skip-reconfirmation" => Broken::SkipReconfirmation,
+                // The runtime's driver step is the broken part.
+                _ => Broken::None,
             })
         }
         Ok(other) => Err(bad(
             "CHORUS_BROKEN",
             other,
-            "skip-reconfirmation or ack-before-fsync",
+            "skip-reconfirmation, ack-before-fsync, flushed-before-sync or skip-fsync",
         )),
     }
 }

@@ -459,7 +459,6 @@ struct OooRecordRow {
 /// the tail is a problem: the node would recover it from its peers, or refuse to start
 /// in a group with no other voter).
 fn inspect_ooo(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResult<ExitCode> {
-    use chorus_core::format::ooo::{decode_hard, decode_membership};
     let mut r = OooInspectReport {
         dir: dir.display().to_string(),
         kind: "out-of-order",
@@ -485,7 +484,7 @@ fn inspect_ooo(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResul
     };
     let hard = dir.join("hard");
     if hard.exists() {
-        match decode_hard(&std::fs::read(&hard)?) {
+        match chorus_storage::ooo::decode_hard_file(&std::fs::read(&hard)?) {
             Ok(h) => {
                 r.term = Some(h.term);
                 r.voted_for = h.voted_for;
@@ -499,7 +498,7 @@ fn inspect_ooo(dir: &Path, verify: bool, list: bool, output: Output) -> AnyResul
     }
     let members = dir.join("members");
     if members.exists() {
-        match decode_membership(&std::fs::read(&members)?) {
+        match chorus_storage::ooo::decode_membership_file(&std::fs::read(&members)?) {
             Ok(m) => {
                 r.voters = Some(m.voters.clone());
                 r.prev_voters = m.prev.clone();

@@ -414,7 +414,9 @@ pub fn status(e: Error) -> Status {
         // Still held by requests: try again.
         Error::GroupBusy(_) => Status::unavailable(msg),
         Error::Spec { .. } => Status::invalid_argument(msg),
-        Error::GroupDamaged { group, .. } => nothing_done(Status::unavailable(msg), *group),
+        Error::GroupDamaged { group, .. } | Error::StateMachineDamaged { group, .. } => {
+            nothing_done(Status::unavailable(msg), *group)
+        }
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
         Error::Append { source, group } => match source {
             AppendError::NotLeader { leader } => not_leader(msg, *leader),

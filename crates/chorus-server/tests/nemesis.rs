@@ -1,11 +1,14 @@
 //! Real processes under real faults (`chorus-nemesis`): three `chorus server` nodes, each
 //! in a network namespace of its own, under a seeded mix of partitions, packet loss,
 //! kill -9, pauses longer than the lease, lagging followers whose leader is then killed,
-//! and bits flipped at rest, with writers and tail readers recording a history that the
-//! checker judges against every node's log afterwards. With `--features broken`, a build
-//! whose replicas skip reconfirmation must be caught.
+//! bits flipped at rest, full disks, wall-clock jumps and power losses (unsynced writes
+//! dropped), with writers and readers recording a history that the checker judges
+//! against every node afterwards: ordered appends, parallel block writes (linearizable
+//! per block, checked by porcupine) and dependent transactions (serial). With
+//! `--features broken`, builds whose replicas skip reconfirmation, or acknowledge before
+//! they sync, must be caught.
 //!
-//! Needs root, `ip`, `nft` and libfaketime; skipped otherwise, unless `CHORUS_REQUIRE_NETNS=1` (as
+//! Needs root, `ip`, `nft`, libfaketime, /dev/fuse and Go; skipped otherwise, unless `CHORUS_REQUIRE_NETNS=1` (as
 //! `.ci/run` sets), when a missing piece fails the test. `CHORUS_NEMESIS_SEED` and
 //! `CHORUS_NEMESIS_SECS` replay or lengthen a run; a failure prints the seed, every
 //! anomaly and where the history is.
@@ -14,17 +17,37 @@ use std::time::Duration;
 
 use chorus_nemesis::cluster::NodeOptions;
 use chorus_nemesis::nemesis::Kind;
-use chorus_nemesis::run::{run, RunOptions};
+use chorus_nemesis::run::{run, RunOptions, Workload};
+
+/// One cluster at a time: the runs share two cores, and a run starved by another would
+/// measure the machine, not the cluster.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
 fn available() -> bool {
-    let missing = chorus_nemesis::net::unavailable().or_else(|| {
-        (!std::path::Path::new(chorus_nemesis::cluster::LIBFAKETIME).exists())
-            .then(|| "libfaketime not found (Debian package faketime)".to_string())
-    });
+    let missing = chorus_nemesis::net::unavailable()
+        .or_else(|| {
+            (!std::path::Path::new(chorus_nemesis::cluster::LIBFAKETIME).exists())
+                .then(|| "libfaketime not found (Debian package faketime)".to_string())
+        })
+        .or_else(|| {
+            (!std::path::Path::new("/dev/fuse").exists())
+                .then(|| "no /dev/fuse (the power-loss file system)".to_string())
+        })
+        .or_else(|| {
+            std::process::Command::new("go")
+                .arg("version")
+                .output()
+                .is_err()
+                .then(|| "no Go toolchain (the porcupine checker)".to_string())
+        });
     match missing {
         None => true,
         Some(why) if std::env::var("CHORUS_REQUIRE_NETNS").as_deref() == Ok("1") => {
@@ -37,10 +60,11 @@ fn available() -> bool {
     }
 }
 
-fn mixed_run(name: &str, kinds: &str, secs: u64) {
+fn mixed_run(name: &str, workload: Workload, kinds: &str, secs: u64) {
     if !available() {
         return;
     }
+    let _one = one_at_a_time();
     let seed = env_u64("CHORUS_NEMESIS_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -50,6 +74,7 @@ fn mixed_run(name: &str, kinds: &str, secs: u64) {
     });
     let dir = std::env::temp_dir().join(format!("chorus-{name}-{seed}-{}", std::process::id()));
     let o = RunOptions {
+        workload,
         chorus: env!("CARGO_BIN_EXE_chorus").into(),
         dir: dir.clone(),
         nodes: 3,
@@ -80,7 +105,22 @@ fn mixed_run(name: &str, kinds: &str, secs: u64) {
 
 #[test]
 fn ordered_appends_survive_partitions_loss_kills_pauses_lag_and_flipped_bits() {
-    mixed_run("nemesis-ordered", "all", 40);
+    mixed_run("nemesis-ordered", Workload::Ordered, "all", 40);
+}
+
+/// Every fault but `flip`: an out-of-order replica that lost entries on disk neither
+/// votes nor campaigns until a leader restores them, so damage on a majority at once
+/// leaves the group without a leader (a known gap, docs/reliability.md).
+const OOO_FAULTS: &str = "partition,loss,kill,pause,lag,disk,clock,power";
+
+#[test]
+fn parallel_block_writes_stay_linearizable_under_faults() {
+    mixed_run("nemesis-parallel", Workload::Parallel, OOO_FAULTS, 30);
+}
+
+#[test]
+fn dependent_transactions_stay_serial_under_faults() {
+    mixed_run("nemesis-dependent", Workload::Dependent, OOO_FAULTS, 30);
 }
 
 /// Teeth: a build whose replicas skip reconfirmation (a new leader serves its own log
@@ -94,11 +134,13 @@ fn teeth_a_build_that_skips_reconfirmation_is_caught() {
     if !available() {
         return;
     }
+    let _one = one_at_a_time();
     let base = env_u64("CHORUS_NEMESIS_SEED").unwrap_or(1);
     for attempt in 0..5u64 {
         let seed = base + attempt;
         let dir = std::env::temp_dir().join(format!("chorus-teeth-{seed}-{}", std::process::id()));
         let o = RunOptions {
+            workload: Workload::Ordered,
             chorus: env!("CARGO_BIN_EXE_chorus").into(),
             dir: dir.clone(),
             nodes: 3,
@@ -125,4 +167,54 @@ fn teeth_a_build_that_skips_reconfirmation_is_caught() {
         }
     }
     panic!("five runs of a build that skips reconfirmation found no anomaly");
+}
+
+/// Teeth: a build whose log syncs are skipped (replicas acknowledge, vote and commit on
+/// bytes never made durable) loses acknowledged records when power is lost (unsynced
+/// writes dropped by the power-loss file system), and the real-process suite catches it.
+/// Runs of whole-cluster power losses until one finds an anomaly, at most five. (The
+/// simulator's `ack-before-fsync` and `flushed-before-sync` cannot show here: the
+/// runtime's round takes no message and hands the replica no feedback between a write
+/// and its sync, so neither lets an acknowledgement run ahead of the sync.)
+#[cfg(feature = "broken")]
+#[test]
+fn teeth_a_build_that_skips_fsync_is_caught() {
+    if !available() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let base = env_u64("CHORUS_NEMESIS_SEED").unwrap_or(1);
+    for attempt in 0..5u64 {
+        let seed = base + attempt;
+        let dir =
+            std::env::temp_dir().join(format!("chorus-teeth-ack-{seed}-{}", std::process::id()));
+        let o = RunOptions {
+            workload: Workload::Ordered,
+            chorus: env!("CARGO_BIN_EXE_chorus").into(),
+            dir: dir.clone(),
+            nodes: 3,
+            seed,
+            duration: Duration::from_secs(env_u64("CHORUS_NEMESIS_SECS").unwrap_or(30)),
+            kinds: Kind::parse_list("power-all").unwrap(),
+            writers: 4,
+            readers: 2,
+            node: NodeOptions {
+                env: vec![("CHORUS_BROKEN".into(), "skip-fsync".into())],
+                ..NodeOptions::default()
+            },
+        };
+        let r = run(&o).unwrap_or_else(|e| panic!("teeth: seed {seed}: {e}"));
+        eprintln!(
+            "teeth: seed {seed}: {} anomalies, {:?}, faults {:?}",
+            r.verdict.anomalies.len(),
+            r.verdict.stats,
+            r.faults
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        if !r.verdict.anomalies.is_empty() {
+            eprintln!("caught: {}", r.verdict.anomalies[0]);
+            return;
+        }
+    }
+    panic!("five runs of a build that skips fsync found no anomaly");
 }

@@ -1125,7 +1125,9 @@ async fn a_damaged_replica_stops_only_its_group_and_is_replaced() {
         .await;
     let hard = group_dir.join("hard");
     let mut b = std::fs::read(&hard).unwrap();
-    b[9] ^= 0x10; // the term
+    // Both copies (a slot file: one damaged copy alone is repaired from the other).
+    b[40] ^= 0x10;
+    b[4096 + 40] ^= 0x10;
     std::fs::write(&hard, &b).unwrap();
     // Started on it, the node serves; the damaged group is reported stopped.
     cl.nodes[at(gone)].start();

@@ -15,5 +15,6 @@ pub mod log;
 pub use log::{Damage, LogOptions, LogStorage, RecoveryReport, SyncPoint};
 pub mod meta;
 pub mod ooo;
+pub mod slots;
 
 pub use meta::{MetaRecovery, MetaStorage};

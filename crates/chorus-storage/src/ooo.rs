@@ -20,8 +20,12 @@
 //!   syncs overwrite written space instead of growing the file (while syncs carry little
 //!   data, `crate::log::ZERO_AHEAD_BELOW`); recovery takes zeros after the last valid
 //!   record for the end (they are never a torn tail) and cuts them.
-//! - `hard`: the hard state record, replaced crash-atomically (write `hard.tmp`, fsync,
-//!   rename, fsync the directory).
+//! - `hard`: the hard state record, and `members`: the membership last saved (absent
+//!   while the group keeps the voters it was created with). Each is a slot file
+//!   ([`crate::slots`]; magics `b"CHORUSHD"` and `b"CHORUSMB"`): two copies, each written
+//!   and synced in turn, so a torn write or a flipped bit in one leaves the other. A file
+//!   shorter than a slot is the single-record layout written before (crash-atomically
+//!   by rename); it is read as such and rewritten as a slot file when opened.
 //!
 //! Recovery reads every record. A record that fails its checks is a **torn tail** only if
 //! no valid record follows it anywhere in the file — then the file is cut there (those
@@ -47,7 +51,7 @@ use std::sync::Arc;
 
 use chorus_core::format::ooo::{
     decode_entry, decode_hard, decode_membership, encode_entry_into, encode_hard,
-    encode_membership, entry_len, ENTRY_MAGIC, HARD_SIZE_V3, MAX_VOTERS,
+    encode_membership, entry_len, ENTRY_MAGIC,
 };
 use chorus_core::format::FormatError;
 use chorus_core::ooo::replica::{Entry, Hard, Membership};
@@ -55,16 +59,19 @@ use chorus_core::ooo::Seq;
 
 use crate::align::{round_down, DirectAppend};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
+use crate::slots::{Magic, SlotFile, SLOT_SIZE};
 use crate::{Result, StorageError};
 
 const ENTRIES: &str = "entries.log";
 const HARD: &str = "hard";
-const HARD_TMP: &str = "hard.tmp";
 const ENTRIES_TMP: &str = "entries.tmp";
 const MEMBERS: &str = "members";
-const MEMBERS_TMP: &str = "members.tmp";
 const DAMAGED: &str = "entries.damaged";
 const DAMAGED_TMP: &str = "entries.damaged.tmp";
+/// The hard state file's slot magic.
+const HARD_MAGIC: Magic = *b"CHORUSHD";
+/// The membership file's slot magic.
+const MEMBERS_MAGIC: Magic = *b"CHORUSMB";
 
 /// What [`OooStore::open`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -130,6 +137,10 @@ pub struct OooStore {
     want_direct: bool,
     /// The direct-IO handle, opened at the first append that uses it.
     direct: Option<DirectTail>,
+    /// The hard state's slot file; `None` until the first save.
+    hard: Option<SlotFile>,
+    /// The membership's slot file (`None` until the first save) and what it holds.
+    members: Option<(SlotFile, Membership)>,
 }
 
 /// The direct-IO handle of the entries file and its partial last page.
@@ -181,22 +192,15 @@ impl OooStore {
         tolerate: bool,
     ) -> Result<(Self, Hard, Vec<Entry>, OooRecovery)> {
         fs.create_dir_all(dir).map_err(io(dir, "create_dir_all"))?;
-        let hard_path = dir.join(HARD);
-        let hard = if fs.exists(&hard_path).map_err(io(&hard_path, "stat"))? {
-            let f = fs
-                .open(&hard_path, OpenOptions::read_only())
-                .map_err(io(&hard_path, "open"))?;
-            let len = f.len().map_err(io(&hard_path, "stat"))?;
-            let mut b = vec![0u8; len.min(HARD_SIZE_V3 as u64 + 1) as usize];
-            f.read_exact_at(&mut b, 0).map_err(io(&hard_path, "read"))?;
-            decode_hard(&b).map_err(|source| StorageError::CorruptRecord {
-                path: hard_path.clone(),
-                file_offset: 0,
-                source,
-            })?
-        } else {
-            Hard::default()
-        };
+        let hard_file = open_small(&fs, &dir.join(HARD), HARD_MAGIC, "hard state", decode_hard)?;
+        let members = open_small(
+            &fs,
+            &dir.join(MEMBERS),
+            MEMBERS_MAGIC,
+            "membership",
+            decode_membership,
+        )?;
+        let hard = hard_file.as_ref().map_or_else(Hard::default, |h| h.1);
         let stray = dir.join(ENTRIES_TMP);
         if fs.exists(&stray).map_err(io(&stray, "stat"))? {
             // A compaction that crashed before its rename: entries.log is whole.
@@ -248,6 +252,8 @@ impl OooStore {
             sync_bytes: 0,
             want_direct,
             direct: None,
+            hard: hard_file.map(|h| h.0),
+            members,
         };
         if !rec.damaged.is_empty() {
             // The file as found, for whoever wants to look at the damage; an earlier copy
@@ -387,40 +393,55 @@ impl OooStore {
     /// The membership last saved ([`OooStore::save_membership`]), if any: `None` for a
     /// group that has kept the voters it was created with.
     pub fn load_membership(&self) -> Result<Option<Membership>> {
-        let path = self.dir.join(MEMBERS);
-        if !self.fs.exists(&path).map_err(io(&path, "stat"))? {
-            return Ok(None);
-        }
-        let f = self
-            .fs
-            .open(&path, OpenOptions::read_only())
-            .map_err(io(&path, "open"))?;
-        let len = f.len().map_err(io(&path, "stat"))?;
-        // Header, version, two full sets of voters and the joint flag at most.
-        let max = 16 + 16 + 2 * (4 + 8 * MAX_VOTERS as u64) + 1;
-        let mut b = vec![0u8; len.min(max + 1) as usize];
-        f.read_exact_at(&mut b, 0).map_err(io(&path, "read"))?;
-        decode_membership(&b)
-            .map(Some)
-            .map_err(|source| StorageError::CorruptRecord {
-                path,
-                file_offset: 0,
-                source,
-            })
+        Ok(self.members.as_ref().map(|m| m.1.clone()))
     }
 
-    /// Replaces the membership crash-atomically (`members`: written to `members.tmp`,
-    /// synced, renamed over, directory synced).
+    /// Saves the membership durably (`members`, a slot file).
     pub fn save_membership(&mut self, m: &Membership) -> Result<()> {
         self.check()?;
-        self.replace(MEMBERS_TMP, MEMBERS, &encode_membership(m))
-            .map(drop)
+        let bytes = encode_membership(m);
+        let r = match &mut self.members {
+            Some((f, _)) => f.save(&bytes),
+            None => SlotFile::create(
+                self.fs.clone(),
+                &self.dir.join(MEMBERS),
+                MEMBERS_MAGIC,
+                "membership",
+                &bytes,
+            )
+            .map(|f| self.members = Some((f, m.clone()))),
+        };
+        self.fail_on(r)?;
+        if let Some((_, held)) = &mut self.members {
+            *held = m.clone();
+        }
+        Ok(())
     }
 
-    /// Replaces the hard state crash-atomically.
+    /// Saves the hard state durably (`hard`, a slot file).
     pub fn save_hard(&mut self, h: &Hard) -> Result<()> {
         self.check()?;
-        self.replace(HARD_TMP, HARD, &encode_hard(h)).map(drop)
+        let bytes = encode_hard(h);
+        let r = match &mut self.hard {
+            Some(f) => f.save(&bytes),
+            None => SlotFile::create(
+                self.fs.clone(),
+                &self.dir.join(HARD),
+                HARD_MAGIC,
+                "hard state",
+                &bytes,
+            )
+            .map(|f| self.hard = Some(f)),
+        };
+        self.fail_on(r)
+    }
+
+    /// A failure fails the store: what reached the disk is unknown.
+    fn fail_on(&mut self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r
     }
 
     /// Rewrites the entries file to hold only `live` (the latest version of every slot
@@ -475,6 +496,85 @@ impl OooStore {
     pub fn is_empty(&self) -> bool {
         self.end == 0
     }
+}
+
+/// Opens the small record file at `path` (the hard state or the membership), if there
+/// is one: a slot file, or the older single-record layout (shorter than a slot), which
+/// is read and rewritten as a slot file crash-atomically. Neither slot usable, or an
+/// older file that does not decode, is [`StorageError::CorruptRecord`] naming the file.
+fn open_small<T>(
+    fs: &Arc<dyn FileSystem>,
+    path: &Path,
+    magic: Magic,
+    what: &'static str,
+    decode: fn(&[u8]) -> std::result::Result<T, FormatError>,
+) -> Result<Option<(SlotFile, T)>> {
+    if !fs.exists(path).map_err(io(path, "stat"))? {
+        return Ok(None);
+    }
+    let len = {
+        let f = fs
+            .open(path, OpenOptions::read_only())
+            .map_err(io(path, "open"))?;
+        let len = f.len().map_err(io(path, "stat"))?;
+        if len < SLOT_SIZE as u64 {
+            let mut b = vec![0u8; len as usize];
+            f.read_exact_at(&mut b, 0).map_err(io(path, "read"))?;
+            let v = decode(&b).map_err(|source| StorageError::CorruptRecord {
+                path: path.to_path_buf(),
+                file_offset: 0,
+                source,
+            })?;
+            drop(f);
+            let file = SlotFile::create(fs.clone(), path, magic, what, &b)?;
+            return Ok(Some((file, v)));
+        }
+        len
+    };
+    match SlotFile::open(fs.clone(), path, magic, what, decode) {
+        Ok((f, v, _)) => Ok(Some((f, v))),
+        Err(StorageError::Corrupt { source, .. }) => Err(StorageError::CorruptRecord {
+            path: path.to_path_buf(),
+            file_offset: 0,
+            source: FormatError::Malformed {
+                what,
+                detail: format!("{source} ({len} bytes)"),
+            },
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Decodes a small record file's bytes as they lie on disk (for inspection tools): the
+/// newest valid slot of a slot file, or the older single-record layout.
+fn decode_small<T>(
+    b: &[u8],
+    magic: Magic,
+    what: &'static str,
+    decode: fn(&[u8]) -> std::result::Result<T, FormatError>,
+) -> std::result::Result<T, FormatError> {
+    if b.len() < SLOT_SIZE {
+        return decode(b);
+    }
+    let slot = |i: usize| {
+        let s = &b[(i * SLOT_SIZE).min(b.len())..((i + 1) * SLOT_SIZE).min(b.len())];
+        crate::slots::decode_slot(magic, what, s).and_then(|(seq, p)| Ok((seq, decode(p)?)))
+    };
+    match (slot(0), slot(1)) {
+        (Ok(a), Ok(c)) => Ok(if a.0 >= c.0 { a.1 } else { c.1 }),
+        (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok(a.1),
+        (Err(e), Err(_)) => Err(e),
+    }
+}
+
+/// The hard state a `hard` file's bytes hold (either layout).
+pub fn decode_hard_file(b: &[u8]) -> std::result::Result<Hard, FormatError> {
+    decode_small(b, HARD_MAGIC, "hard state", decode_hard)
+}
+
+/// The membership a `members` file's bytes hold (either layout).
+pub fn decode_membership_file(b: &[u8]) -> std::result::Result<Membership, FormatError> {
+    decode_small(b, MEMBERS_MAGIC, "membership", decode_membership)
 }
 
 /// What reading an entries file finds ([`scan_entries`]), changing nothing.
@@ -627,18 +727,69 @@ mod tests {
             prev: None,
         };
         s.save_membership(&last).unwrap();
-        assert_eq!(s.load_membership().unwrap(), Some(last));
-        // A damaged file is refused by name, never taken for the first voters.
+        assert_eq!(s.load_membership().unwrap(), Some(last.clone()));
+        // One damaged copy is survived (and rewritten from the other)...
         let dynfs: Arc<dyn FileSystem> = fs.clone();
         let path = Path::new("/g/members");
         let f = dynfs.open(path, OpenOptions::create()).unwrap();
-        f.write_all_at(&[0xFF], 20).unwrap();
+        f.write_all_at(&[0xFF], 40).unwrap();
         f.sync_data().unwrap();
         let (s, _, _, _) = open(&fs);
-        match s.load_membership() {
+        assert_eq!(s.load_membership().unwrap(), Some(last.clone()));
+        // ...both damaged is refused by name, never taken for the first voters.
+        f.write_all_at(&[0xFF], 40).unwrap();
+        f.write_all_at(&[0xFF], (SLOT_SIZE + 40) as u64).unwrap();
+        f.sync_data().unwrap();
+        match OooStore::open(fs.clone(), Path::new("/g")) {
             Err(StorageError::CorruptRecord { path: p, .. }) => assert_eq!(p, path),
-            other => panic!("{other:?}"),
+            other => panic!("{:?}", other.map(|o| o.1)),
         }
+    }
+
+    /// The hard state survives a flipped bit in either copy and a torn save; a file in
+    /// the single-record layout written before slot files is read and rewritten as one.
+    #[test]
+    fn the_hard_state_survives_damage_to_one_copy_and_older_files_are_migrated() {
+        let fs = Arc::new(SimFs::new(5));
+        let dynfs: Arc<dyn FileSystem> = fs.clone();
+        let path = Path::new("/g/hard");
+        let h = |term| Hard {
+            term,
+            voted_for: Some(2),
+            ..Hard::default()
+        };
+        // The older layout: the record alone.
+        dynfs.create_dir_all(Path::new("/g")).unwrap();
+        let f = dynfs.open(path, OpenOptions::create()).unwrap();
+        f.write_all_at(&encode_hard(&h(3)), 0).unwrap();
+        f.sync_data().unwrap();
+        drop(f);
+        let (mut s, got, _, _) = open(&fs);
+        assert_eq!(got, h(3));
+        assert_eq!(
+            dynfs
+                .open(path, OpenOptions::read_only())
+                .unwrap()
+                .len()
+                .unwrap(),
+            2 * SLOT_SIZE as u64
+        );
+        s.save_hard(&h(4)).unwrap();
+        for at in [9u64, SLOT_SIZE as u64 + 9, 40, SLOT_SIZE as u64 + 40] {
+            let f = dynfs.open(path, OpenOptions::create()).unwrap();
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, at).unwrap();
+            f.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+            f.sync_data().unwrap();
+            let (_, got, _, _) = open(&fs);
+            assert_eq!(got, h(4), "damage at {at}");
+        }
+        // A save torn by a crash leaves the old or the new state, never none.
+        let (mut s, _, _, _) = open(&fs);
+        s.save_hard(&h(5)).unwrap();
+        fs.crash(CrashMode::Prefix);
+        let (_, got, _, _) = open(&fs);
+        assert!(got == h(5) || got == h(4), "{got:?}");
     }
 
     #[test]

@@ -428,9 +428,21 @@ fn start(inner: &Arc<Inner>, spec: OooGroupSpec, dir: PathBuf) -> Result<OooHand
         .state_machines
         .clone()
         .ok_or(Error::NoStateMachines(id))?;
-    let state = factory.open(&spec, &dir).map_err(|e| Error::Io {
-        what: format!("group {id}: open its state machine in {}", dir.display()),
-        source: e,
+    let state = factory.open(&spec, &dir).map_err(|e| {
+        // The state machines report damaged files as InvalidData: the group stays on
+        // disk, not started, as for damage to the replica's own files.
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            Error::StateMachineDamaged {
+                group: id,
+                dir: dir.display().to_string(),
+                source: e,
+            }
+        } else {
+            Error::Io {
+                what: format!("group {id}: open its state machine in {}", dir.display()),
+                source: e,
+            }
+        }
     })?;
     let s = &inner.cfg.ooo;
     let cfg = OooNodeConfig {
@@ -507,8 +519,9 @@ fn read_dir_spec(inner: &Inner, id: GroupId, dir: &Path) -> Result<OooGroupSpec,
 }
 
 /// Opens, at the environment's start, every out-of-order group found in the data
-/// directory. A group damaged beyond what its replica repairs alone — its spec, its hard
-/// state or membership, or entries no other voter holds — stays on disk, not started
+/// directory. A group damaged beyond what its replica repairs alone — its spec or its
+/// hard state or membership in both their copies, entries no other voter holds, or its
+/// state machine's files — stays on disk, not started
 /// ([`NotStarted`]): the node serves its other groups, and the operator replaces the
 /// replica (docs/operations.md, "A damaged replica"). Any other failure is the node's.
 pub(super) fn open_all(inner: &Arc<Inner>, found: Vec<(GroupId, PathBuf)>) -> Result<(), Error> {

@@ -290,14 +290,17 @@ pub fn spec_path(dir: &Path) -> PathBuf {
 
 /// Writes `spec` into `dir` (created if missing) crash-atomically: a temporary file,
 /// synced, renamed over the spec file, then `dir` and its parent synced, so that after a
-/// crash the spec is either absent or whole, and its directory entry survives.
+/// crash the spec is either absent or whole, and its directory entry survives. The file
+/// holds the spec's bytes twice, back to back, so that damage to one copy (a flipped
+/// bit) leaves the other ([`read_spec`] repairs it).
 pub fn write_spec(
     fs: &Arc<dyn FileSystem>,
     dir: &Path,
     spec: &OooGroupSpec,
 ) -> std::io::Result<()> {
     fs.create_dir_all(dir)?;
-    let bytes = spec.encode();
+    let one = spec.encode();
+    let bytes = [one.as_slice(), one.as_slice()].concat();
     let tmp = dir.join(format!("{SPEC_FILE}.tmp"));
     if fs.exists(&tmp)? {
         fs.remove_file(&tmp)?;
@@ -316,8 +319,12 @@ pub fn write_spec(
 }
 
 /// Reads the spec in `dir`: `Ok(None)` for a directory without a spec file (an ordered
-/// group's), `Ok(Some(Err(_)))` for a spec file whose bytes are not a valid spec, and
-/// `Err` when the file cannot be read.
+/// group's), `Ok(Some(Err(_)))` for a spec file whose bytes hold no valid spec, and
+/// `Err` when the file cannot be read (or a damaged copy cannot be rewritten).
+///
+/// The file holds two copies ([`write_spec`]); the first valid one is taken, and a file
+/// with one damaged copy is rewritten whole from the other. A file of one copy (the
+/// layout written before) is read as it is.
 pub fn read_spec(
     fs: &Arc<dyn FileSystem>,
     dir: &Path,
@@ -329,7 +336,7 @@ pub fn read_spec(
     let f = fs.open(&path, OpenOptions::read_only())?;
     let len = f.len()?;
     // A spec is at most a few KiB; a larger file is refused by its length, not read.
-    let max = (HEADER + 16 * MAX_REPLICAS + 2 + MAX_PARAMS + TRAILER) as u64;
+    let max = 2 * (HEADER + 16 * MAX_REPLICAS + 2 + MAX_PARAMS + TRAILER) as u64;
     if len > max {
         return Ok(Some(Err(SpecError::Trailing {
             len: len as usize,
@@ -338,7 +345,26 @@ pub fn read_spec(
     }
     let mut b = vec![0u8; len as usize];
     f.read_exact_at(&mut b, 0)?;
-    Ok(Some(OooGroupSpec::decode(&b)))
+    drop(f);
+    let whole = OooGroupSpec::decode(&b);
+    if whole.is_ok() || b.len() % 2 == 1 {
+        return Ok(Some(whole));
+    }
+    let (x, y) = b.split_at(b.len() / 2);
+    match (OooGroupSpec::decode(x), OooGroupSpec::decode(y)) {
+        (Ok(s), Ok(_)) if x == y => Ok(Some(Ok(s))),
+        // Two valid copies that differ cannot come from one write: neither is trusted.
+        (Ok(_), Ok(_)) => Ok(Some(Err(SpecError::Field {
+            field: "copies",
+            detail: "the file's two copies are both valid but differ".into(),
+        }))),
+        (Ok(s), Err(_)) | (Err(_), Ok(s)) => {
+            write_spec(fs, dir, &s)?;
+            Ok(Some(Ok(s)))
+        }
+        // Both damaged: the first copy's fault names what is wrong.
+        (Err(e), Err(_)) => Ok(Some(Err(e))),
+    }
 }
 
 #[cfg(test)]
@@ -493,5 +519,37 @@ mod tests {
         assert!(!g.join("ooo.spec.tmp").exists());
         std::fs::write(g.join(SPEC_FILE), b"garbage").unwrap();
         assert!(read_spec(&fs, &g).unwrap().unwrap().is_err());
+    }
+
+    /// A flipped bit in either copy is survived and repaired; in both, it is named; a
+    /// file of one copy (the layout written before) still reads.
+    #[test]
+    fn one_damaged_copy_of_a_spec_is_repaired_from_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn FileSystem> = Arc::new(chorus_storage::fs::RealFs::new());
+        let g = dir.path().join("g");
+        write_spec(&fs, &g, &spec()).unwrap();
+        let path = g.join(SPEC_FILE);
+        let good = std::fs::read(&path).unwrap();
+        let half = good.len() / 2;
+        assert_eq!(good[..half], spec().encode()[..]);
+        for at in [0, 9, half - 1, half, half + 20, good.len() - 1] {
+            let mut b = good.clone();
+            b[at] ^= 0x10;
+            std::fs::write(&path, &b).unwrap();
+            assert_eq!(
+                read_spec(&fs, &g).unwrap().unwrap().unwrap(),
+                spec(),
+                "{at}"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), good, "repaired after {at}");
+        }
+        let mut b = good.clone();
+        b[9] ^= 1;
+        b[half + 9] ^= 1;
+        std::fs::write(&path, &b).unwrap();
+        assert!(read_spec(&fs, &g).unwrap().unwrap().is_err());
+        std::fs::write(&path, spec().encode()).unwrap();
+        assert_eq!(read_spec(&fs, &g).unwrap().unwrap().unwrap(), spec());
     }
 }
