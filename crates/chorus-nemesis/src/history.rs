@@ -272,3 +272,36 @@ pub fn longest_unavailable_ms(history: &[Entry], acked: &[(u64, u64)]) -> u64 {
     }
     longest
 }
+
+/// The records every node holds, compared: the reference is the longest list (the lowest
+/// node id among equals), and each node whose records differ from it, or stop short of
+/// it, is an anomaly (`place` names where a record lies, e.g. "LSN 5"). Returns the
+/// reference and the anomalies.
+pub fn compare_nodes<T: PartialEq + Clone + std::fmt::Debug>(
+    nodes: &[(usize, &[T])],
+    place: impl Fn(&T) -> String,
+) -> (Vec<T>, Vec<String>) {
+    let mut bad = Vec::new();
+    let longest = nodes
+        .iter()
+        .max_by_key(|(node, records)| (records.len(), std::cmp::Reverse(*node)));
+    let reference = longest.map(|l| l.1.to_vec()).unwrap_or_default();
+    let ref_node = longest.map_or(0, |l| l.0);
+    for (node, records) in nodes {
+        let common = records.len().min(reference.len());
+        if let Some(i) = (0..common).find(|&i| records[i] != reference[i]) {
+            bad.push(format!(
+                "nodes {node} and {ref_node} disagree at record {i}: {:?} vs {:?}",
+                records[i], reference[i]
+            ));
+        } else if records.len() < reference.len() {
+            bad.push(format!(
+                "node {node} lacks the records from {} on ({} of {})",
+                place(&reference[common]),
+                records.len(),
+                reference.len()
+            ));
+        }
+    }
+    (reference, bad)
+}

@@ -271,32 +271,11 @@ pub struct Verdict {
 /// Judges `history` against the logs `finals` the nodes hold afterwards (see the module
 /// docs for what is checked).
 pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
-    let mut bad = Vec::new();
     let mut st = Stats::default();
     // One log on every node.
-    // The reference is the longest log, the lowest node id among equals.
-    let longest = finals
-        .iter()
-        .max_by_key(|f| (f.records.len(), std::cmp::Reverse(f.node)));
-    let reference = longest.map(|f| f.records.clone()).unwrap_or_default();
-    let ref_node = longest.map_or(0, |f| f.node);
-    for f in finals {
-        let common = f.records.len().min(reference.len());
-        if let Some(i) = (0..common).find(|&i| f.records[i] != reference[i]) {
-            bad.push(format!(
-                "nodes {} and {ref_node} disagree at record {i}: {:?} vs {:?}",
-                f.node, f.records[i], reference[i]
-            ));
-        } else if f.records.len() < reference.len() {
-            bad.push(format!(
-                "node {} lacks the log's records from LSN {} on ({} of {} records)",
-                f.node,
-                reference[common].lsn,
-                f.records.len(),
-                reference.len()
-            ));
-        }
-    }
+    let nodes: Vec<(usize, &[Seen])> = finals.iter().map(|f| (f.node, &f.records[..])).collect();
+    let (reference, mut bad) =
+        crate::history::compare_nodes(&nodes, |r: &Seen| format!("LSN {}", r.lsn));
     st.log_records = reference.len() as u64;
     let mut at: HashMap<&str, (usize, &Seen)> = HashMap::new();
     for (i, r) in reference.iter().enumerate() {

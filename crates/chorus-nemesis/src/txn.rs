@@ -322,30 +322,11 @@ pub async fn settle(
 
 /// Judges `history` against the replicas `finals` (see the module docs).
 pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
-    let mut bad = Vec::new();
     let mut st = Stats::default();
-    let longest = finals
-        .iter()
-        .max_by_key(|f| (f.records.len(), std::cmp::Reverse(f.node)));
-    let reference = longest.map(|f| f.records.clone()).unwrap_or_default();
-    let ref_node = longest.map_or(0, |f| f.node);
-    for f in finals {
-        let common = f.records.len().min(reference.len());
-        if let Some(i) = (0..common).find(|&i| f.records[i] != reference[i]) {
-            bad.push(format!(
-                "nodes {} and {ref_node} disagree at committed record {i}: {:?} vs {:?}",
-                f.node, f.records[i], reference[i]
-            ));
-        } else if f.records.len() < reference.len() {
-            bad.push(format!(
-                "node {} lacks committed records from slot {} on ({} of {})",
-                f.node,
-                reference[common].seq,
-                f.records.len(),
-                reference.len()
-            ));
-        }
-    }
+    let nodes: Vec<(usize, &[Committed])> =
+        finals.iter().map(|f| (f.node, &f.records[..])).collect();
+    let (reference, mut bad) =
+        crate::history::compare_nodes(&nodes, |r: &Committed| format!("slot {}", r.seq));
     st.log_records = reference.len() as u64;
     let mut at: HashMap<u64, &Committed> = HashMap::new();
     for r in &reference {
