@@ -659,7 +659,9 @@ async fn membership_change_under_load_and_a_wiped_node_rejoins() {
 
 /// Asks for a membership change, retrying while it cannot be taken yet: a previous change
 /// is in progress (ABORTED), the leadership moves (not the leader, or no leader found), or
-/// a learner to promote has not caught up. Any other error fails the test at once.
+/// a learner to promote has not caught up or not yet answered the leader (the strict
+/// check's "not heard from within the lease", as `chorus member add` waits it out). Any
+/// other error fails the test at once.
 async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
     use chorus_client::ClientError;
     use tonic::Code;
@@ -675,6 +677,9 @@ async fn retry_change(c: &mut Client, req: pb::ChangeMembershipRequest) {
                                 && message.contains("not the leader"))
                             || (*code == Code::InvalidArgument
                                 && message.contains("has not caught up"))
+                            || (*code == Code::FailedPrecondition
+                                && matches!(req.kind(), pb::ChangeKind::Promote)
+                                && message.contains("has not been heard from"))
                     }
                     ClientError::NoLeader { .. } => true,
                     _ => false,
