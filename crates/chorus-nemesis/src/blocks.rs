@@ -93,7 +93,7 @@ pub fn decode(bytes: &[u8], block: u64) -> Result<u64, String> {
 
 /// Decodes `count` blocks from `start`: their values, and the first block whose bytes
 /// no write wrote.
-fn decode_all(data: &[u8], start: u64) -> (Vec<u64>, Option<String>) {
+pub(crate) fn decode_all(data: &[u8], start: u64) -> (Vec<u64>, Option<String>) {
     let mut bad = None;
     let values = data
         .chunks(BLOCK)

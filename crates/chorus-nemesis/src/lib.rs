@@ -13,12 +13,14 @@
 //! - [`blocks`]: parallel block writes and reads at the leader, checked for
 //!   linearizability per block by porcupine ([`porcupine`]).
 //! - [`txn`]: dependent transactions, checked for serial equivalence.
+//! - [`volume`]: block writes through the storage layer's routing client to a volume of
+//!   several chunk groups, the control plane on every node; checked as [`blocks`] is.
 //! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
 //!
 //! - [`lazyfs`]: the power-loss file system (FUSE) under each node's data directory.
 //!
-//! Not yet: jumps of the monotonic clock as a nemesis, and workloads for the volume and
-//! the file system; `docs/reliability.md` lists them.
+//! Not yet: jumps of the monotonic clock as a nemesis, and a workload for the file
+//! system; `docs/reliability.md` lists them.
 //!
 //! `chorus-nemesis --help` runs it by hand; `crates/chorus-server/tests/nemesis.rs` runs
 //! a short mixed run in CI. docs/reliability.md records the runs made.
@@ -33,6 +35,7 @@ pub mod ordered;
 pub mod porcupine;
 pub mod run;
 pub mod txn;
+pub mod volume;
 
 /// What stopped the harness (not an anomaly: those are the checker's findings).
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,8 @@
 //! namespace of its own, under a seeded mix of faults (partitions, packet loss, kill -9,
 //! pauses, lagging followers whose leader is then killed, bits flipped at rest, full
 //! disks, wall-clock jumps, power losses), with a workload (ordered appends, parallel
-//! block writes or dependent transactions) whose history is checked afterwards.
+//! block writes, dependent transactions or block writes to a volume through the storage
+//! layer) whose history is checked afterwards.
 //!
 //! ```text
 //! cargo build --release -p chorus-server -p chorus-nemesis
@@ -34,8 +35,10 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Workload: `ordered` (appends to an ordered group, tail reads), `parallel` (block
-    /// writes to a parallel group, reads at the leader, checked by porcupine: needs Go)
-    /// or `dependent` (transactions on a dependent group, key reads at any replica).
+    /// writes to a parallel group, reads at the leader, checked by porcupine: needs Go),
+    /// `dependent` (transactions on a dependent group, key reads at any replica) or
+    /// `volume` (block writes and reads through the routing client to a volume of
+    /// several chunk groups, the control plane on every node; checked as `parallel`).
     #[arg(long, default_value = "ordered")]
     workload: String,
     /// Nodes in the cluster (1 to 15).

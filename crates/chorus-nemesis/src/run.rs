@@ -28,6 +28,9 @@ pub enum Workload {
     /// Transactions on a dependent (DP-Raft) group, with key reads at any replica
     /// ([`crate::txn`]).
     Dependent,
+    /// Block writes to a volume of several chunk groups through the routing client, with
+    /// the control plane on every node ([`crate::volume`]).
+    Volume,
 }
 
 impl Workload {
@@ -37,17 +40,22 @@ impl Workload {
             "ordered" => Ok(Workload::Ordered),
             "parallel" => Ok(Workload::Parallel),
             "dependent" => Ok(Workload::Dependent),
+            "volume" => Ok(Workload::Volume),
             _ => Err(format!(
-                "{s:?} is not a workload (ordered, parallel or dependent)"
+                "{s:?} is not a workload (ordered, parallel, dependent or volume)"
             )),
         }
     }
 
-    fn groups_toml(self, nodes: usize) -> String {
+    /// The workload's part of every node's configuration (`apis`: each node's client
+    /// API address, `HOST:PORT`).
+    fn node_toml(self, apis: &[String]) -> String {
+        let nodes = apis.len();
         match self {
             Workload::Ordered => ordered::groups_toml(nodes),
             Workload::Parallel => crate::blocks::groups_toml(nodes),
             Workload::Dependent => crate::txn::groups_toml(nodes),
+            Workload::Volume => crate::volume::node_toml(apis),
         }
     }
 }
@@ -140,13 +148,10 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         // ENOSPC, stopping groups that restart themselves once there is room.
         node.min_free_bytes = Some(0);
     }
-    let mut c = Cluster::start(
-        net,
-        &o.chorus,
-        &o.dir,
-        &o.workload.groups_toml(o.nodes),
-        &node,
-    )?;
+    let apis: Vec<String> = (1..=o.nodes)
+        .map(|i| format!("{}:{}", net.ip(i), crate::cluster::API_PORT))
+        .collect();
+    let mut c = Cluster::start(net, &o.chorus, &o.dir, &o.workload.node_toml(&apis), &node)?;
     let eps = c.apis();
     let hist = History::default();
     let mut rng = Rng::new(o.seed);
@@ -164,6 +169,11 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             c.log_tail(1, 20)
         )));
     }
+    if o.workload == Workload::Volume {
+        crate::volume::create(&eps, Duration::from_secs(60))
+            .await
+            .map_err(|e| Error::Cluster(format!("{e}; node 1 logged:\n{}", c.log_tail(1, 20))))?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for p in 1..=o.writers as u64 {
@@ -177,6 +187,7 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             Workload::Ordered => tokio::spawn(ordered::writer(id, eps, hist, stop)),
             Workload::Parallel => tokio::spawn(crate::blocks::writer(id, eps, hist, stop)),
             Workload::Dependent => tokio::spawn(crate::txn::writer(id, eps, hist, stop)),
+            Workload::Volume => tokio::spawn(crate::volume::writer(id, eps, hist, stop)),
         });
     }
     for p in 1..=o.readers as u64 {
@@ -190,6 +201,7 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             Workload::Ordered => tokio::spawn(ordered::reader(id, eps, hist, stop)),
             Workload::Parallel => tokio::spawn(crate::blocks::reader(id, eps, hist, stop)),
             Workload::Dependent => tokio::spawn(crate::txn::reader(id, eps, hist, stop)),
+            Workload::Volume => tokio::spawn(crate::volume::reader(id, eps, hist, stop)),
         });
     }
     let mut faults = Vec::new();
@@ -252,6 +264,11 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         }
         Workload::Parallel => {
             let mut found = crate::blocks::settle(&eps, &hist, Duration::from_secs(60)).await;
+            extra.append(&mut found);
+            crate::blocks::check(&hist.entries(), &o.dir)
+        }
+        Workload::Volume => {
+            let mut found = crate::volume::settle(&eps, &hist, Duration::from_secs(60)).await;
             extra.append(&mut found);
             crate::blocks::check(&hist.entries(), &o.dir)
         }

@@ -290,6 +290,14 @@ fn step_settings() -> crate::ordered::StepSettings {
     s
 }
 
+/// Test-only `broken` build: whether `CHORUS_BROKEN=skip-fsync` asks every log's syncs
+/// skipped, the out-of-order groups' entries files included (read once per process).
+#[cfg(feature = "broken")]
+pub(crate) fn broken_skip_fsync() -> bool {
+    static SKIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SKIP.get_or_init(|| std::env::var("CHORUS_BROKEN").as_deref() == Ok("skip-fsync"))
+}
+
 fn is_damage(e: &Error) -> bool {
     matches!(
         e,

@@ -392,7 +392,8 @@ impl Default for ServerConfig {
 /// real-process fault tests (`chorus-nemesis`) must catch it. `CHORUS_BROKEN` names it:
 /// `skip-reconfirmation` or `ack-before-fsync` (replicas), or `flushed-before-sync` or
 /// `skip-fsync` (the ordered driver step reports writes durable before it syncs them, or
-/// never syncs the log; read by the runtime); unset, the node is correct.
+/// no group, ordered or out-of-order, ever syncs its log; read by the runtime); unset,
+/// the node is correct.
 #[cfg(feature = "broken")]
 fn broken_from_env() -> Result<chorus_core::replica::Broken, ConfigError> {
     use chorus_core::replica::Broken;

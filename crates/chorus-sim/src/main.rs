@@ -381,7 +381,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     let (bad, totals) = (sum.failed, &sum.totals);
     let t = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
-        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} trims_asked={} trims_done={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={} results_checked_applied={}",
+        "chorus-sim: ooo={mode} seeds={} (from {start}) violations={bad} elapsed={:.1}s appends={} records={} committed={} failed={} crashes={} terms_served={} applied={} messages={} checkpoints={} images_installed={} partial_installs={} partial_refused_live={} unknown_results={} transfers_asked={} transfers_completed={} transfers_not_completed={} changes_asked={} membership_changes={} trims_asked={} trims_done={} pre_votes_live={} pre_votes_refused_by_lease_live={} campaigns_live={} handoffs_live={} hole_resends_live={} timed_resends_live={} groups_split={} conflict_order_checks={} corruptions={} damaged_opens={} votes_refused_lost_live={} vote_parts_sent_live={} results_checked_applied={}",
         reports.len(),
         t0.elapsed().as_secs_f64(),
         t("appends"),
@@ -415,6 +415,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         t("corruptions"),
         t("damaged_opens"),
         t("votes_refused_lost_live"),
+        t("vote_parts_sent_live"),
         t("results_checked_applied"),
     );
     if bad > 0 {

@@ -73,6 +73,22 @@ fn dependent_mode_seeds_are_clean() {
     clean(Mode::Dependent, 0..25);
 }
 
+/// A third of the seeds send votes in pieces of at most 2 KiB (`Msg::VotePart`): under
+/// faults, some vote is too large for one piece and the candidate asks for the rest,
+/// through loss, crashes and competing campaigns, with every check clean.
+#[test]
+fn votes_too_large_for_one_message_go_in_pieces_under_faults() {
+    for mode in [Mode::Parallel { span: 2 }, Mode::Dependent] {
+        let parts: u64 = (0..12)
+            .map(|k| {
+                let r = clean_seed(mode, 3 * k + 2);
+                r.stats.get("vote_parts_sent_live").copied().unwrap_or(0)
+            })
+            .sum();
+        assert!(parts > 0, "{mode:?}: no vote went in pieces");
+    }
+}
+
 /// Seeds that failed during development, kept: 219 and 237 (parallel) left a restarted
 /// follower below the leader's committed head forever (acknowledged slots were never
 /// resent; a restarted follower's head goes down); 144 (dependent) never finished a merge

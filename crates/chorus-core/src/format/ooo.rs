@@ -77,8 +77,9 @@
 //!
 //! A message is one tag byte (1 Vote, 2 VoteReply, 3 Append, 4 Ack, 5 Snapshot, 6
 //! TimeoutNow, 7 Config, 8 ConfigAck, 9 Newer, 10 PreVote, 11 PreVoteReply, 12 AskEnd, 13
-//! End) and its
-//! fields in declaration order: integers as `u64`, `bool` as one byte 0/1, a [`VoteLog`]
+//! End, 14 ReadProbe, 15 ReadProbeAck, 16 VotePart, 17 VoteMore) and its
+//! fields in declaration order: integers as `u64`, `bool` as one byte 0/1, an
+//! `Option<u64>` as a byte 0/1 and a `u64` (0 when absent; anything else is refused), a [`VoteLog`]
 //! as its four `u64` fields, a snapshot piece's data as `u32` length and bytes, a [`CommitWindow`] as
 //! `u64` head and a list of `u64` words, entries as a list of entry records (each a `u32`
 //! length and the record), a vote's versions as a list of (`u32` length, entry record,
@@ -922,13 +923,30 @@ pub fn encode_msg_into(m: &Msg, out: &mut Vec<u8>) {
             out.push(2);
             put_u64(out, *term);
             out.push(u8::from(*granted));
-            put_u32(out, entries.len() as u32);
-            for (e, c) in entries {
-                put_entry(out, e);
-                out.push(u8::from(*c));
-            }
+            put_versions(out, entries);
             put_u64(out, leader_start.0);
             put_u64(out, leader_start.1);
+        }
+        Msg::VotePart {
+            term,
+            from,
+            next,
+            entries,
+            leader_start,
+        } => {
+            out.push(16);
+            put_u64(out, *term);
+            put_u64(out, *from);
+            out.push(u8::from(next.is_some()));
+            put_u64(out, next.unwrap_or(0));
+            put_versions(out, entries);
+            put_u64(out, leader_start.0);
+            put_u64(out, leader_start.1);
+        }
+        Msg::VoteMore { term, from } => {
+            out.push(17);
+            put_u64(out, *term);
+            put_u64(out, *from);
         }
         Msg::Append {
             term,
@@ -1050,6 +1068,25 @@ pub fn encode_msg_into(m: &Msg, out: &mut Vec<u8>) {
     }
 }
 
+/// A vote's versions: a `u32` count, then each as its entry record and a committed byte.
+fn put_versions(out: &mut Vec<u8>, entries: &[(Entry, bool)]) {
+    put_u32(out, entries.len() as u32);
+    for (e, c) in entries {
+        put_entry(out, e);
+        out.push(u8::from(*c));
+    }
+}
+
+fn read_versions(r: &mut Reader<'_>) -> Result<Vec<(Entry, bool)>, FormatError> {
+    let n = r.count("versions", ENTRY_HEADER_SIZE + 5)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let e = read_entry(r)?;
+        entries.push((e, r.flag("committed")?));
+    }
+    Ok(entries)
+}
+
 fn read_entry(r: &mut Reader<'_>) -> Result<Entry, FormatError> {
     let n = r.count("entry record", 1)?;
     decode_entry(r.take(n)?)
@@ -1073,12 +1110,7 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
         2 => {
             let term = r.u64()?;
             let granted = r.flag("granted")?;
-            let n = r.count("versions", ENTRY_HEADER_SIZE + 5)?;
-            let mut entries = Vec::with_capacity(n);
-            for _ in 0..n {
-                let e = read_entry(&mut r)?;
-                entries.push((e, r.flag("committed")?));
-            }
+            let entries = read_versions(&mut r)?;
             Msg::VoteReply {
                 term,
                 granted,
@@ -1086,6 +1118,32 @@ pub fn decode_msg(buf: &[u8]) -> Result<Msg, FormatError> {
                 leader_start: (r.u64()?, r.u64()?),
             }
         }
+        16 => {
+            let term = r.u64()?;
+            let from = r.u64()?;
+            let more = r.flag("has next")?;
+            let next = r.u64()?;
+            if !more && next != 0 {
+                return Err(FormatError::Malformed {
+                    what: WHAT_MSG,
+                    detail: format!(
+                        "vote piece: next slot {next} given on the last piece (must be 0)"
+                    ),
+                });
+            }
+            let entries = read_versions(&mut r)?;
+            Msg::VotePart {
+                term,
+                from,
+                next: more.then_some(next),
+                entries,
+                leader_start: (r.u64()?, r.u64()?),
+            }
+        }
+        17 => Msg::VoteMore {
+            term: r.u64()?,
+            from: r.u64()?,
+        },
         3 => {
             let term = r.u64()?;
             let start = r.u64()?;

@@ -274,7 +274,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
     }
     // Counters of the replicas alive at the end, summed over the nodes (a restart
     // starts a replica's counters afresh, hence "live").
-    let live: [(&'static str, Counter); 18] = [
+    let live: [(&'static str, Counter); 19] = [
         ("superseded_seen_live", |s| s.superseded),
         ("catchup_limited_bytes", |s| s.catchup_bytes),
         ("catchup_deferred", |s| s.catchup_deferred),
@@ -295,6 +295,7 @@ pub fn run_seed(seed: u64, o: &OooOptions) -> OooReport {
         ("memberships_adopted_live", |s| s.memberships_adopted),
         ("lost_restored_live", |s| s.lost_restored),
         ("votes_refused_lost_live", |s| s.votes_refused_lost),
+        ("vote_parts_sent_live", |s| s.vote_parts_sent),
     ];
     for (name, f) in live {
         let sum = sim

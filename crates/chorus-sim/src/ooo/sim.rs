@@ -417,6 +417,11 @@ impl Sim {
             c.max_batch_bytes = 4 << (10 + self.seed / 2 % 3);
             c.catchup_rate = 1 << (20 + self.seed / 8 % 4);
         }
+        // A third of the seeds send votes in pieces of 256 B to 2 KiB, so that a voter's
+        // versions past a candidate's head often take several (`Msg::VotePart`).
+        if self.seed % 3 == 2 {
+            c.vote_bytes = 256 << (self.seed / 3 % 4);
+        }
         c.seed = mix(self.seed, id ^ self.counter << 8);
         // Hole resends after 1, 2 or 3 later acknowledgements, and off on a fifth of the
         // seeds (holes then fill on the resend interval only).

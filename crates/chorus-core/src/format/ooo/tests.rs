@@ -85,6 +85,23 @@ fn record() -> impl Strategy<Value = Record> {
 }
 
 #[test]
+fn a_last_vote_piece_naming_a_next_slot_is_refused() {
+    let m = Msg::VotePart {
+        term: 3,
+        from: 5,
+        next: None,
+        entries: vec![],
+        leader_start: (1, 1),
+    };
+    let mut b = encode_msg(&m);
+    // Tag, term, from, then the has-next byte and the next slot.
+    assert_eq!(b[17], 0);
+    b[18] = 9;
+    let err = decode_msg(&b).unwrap_err().to_string();
+    assert!(err.contains("next slot 9 given on the last piece"), "{err}");
+}
+
+#[test]
 fn a_group_of_no_records_or_of_an_unknown_kind_is_refused() {
     let mut empty = GROUP_MAGIC.to_le_bytes().to_vec();
     empty.extend_from_slice(&0u32.to_le_bytes());
@@ -159,6 +176,9 @@ proptest! {
             Msg::ConfigAck { term, version: (term, 3), head: 11 },
             Msg::Newer { membership: Membership { version: (term, 2), voters: vec![2, 3], prev: None } },
             Msg::VoteReply { term, granted: true, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (4, 5) },
+            Msg::VotePart { term, from: 3, next: Some(9), entries: es.iter().cloned().map(|e| (e, false)).collect(), leader_start: (2, 1) },
+            Msg::VotePart { term, from: 9, next: None, entries: es.iter().cloned().map(|e| (e, true)).collect(), leader_start: (2, 1) },
+            Msg::VoteMore { term, from: 9 },
             Msg::Append { term, start: 9, entries: es.clone(), commits: w, config: (term, 4) },
             Msg::Ack { term, seqs: vec![(1, 2), (3, 4)], head: 5, applied: 3 },
             Msg::Snapshot { term, base: 40, offset: 3, total: 9, part: None, data: vec![1, 2, 3] },

@@ -82,6 +82,15 @@ pub struct OooConfig {
     /// [`crate::rtt`]. Uncommitted only: a slot a majority already holds needs no second
     /// copy to commit, and its holes are the other rules'.
     pub timed_resend: u32,
+    /// Bytes of entries one vote message carries, roughly (record bytes plus a fixed
+    /// allowance per entry; at least one entry). A granted vote carrying more goes in
+    /// pieces ([`Msg::VotePart`]), each asked for by the candidate: a voter whose log
+    /// past the candidate's head is large (holes it has not been sent again) would
+    /// otherwise answer with a message above the transport's frame limit, and no
+    /// candidate could win with its vote.
+    ///
+    /// [`Msg::VotePart`]: super::Msg::VotePart
+    pub vote_bytes: usize,
     /// Seed of the election back-off.
     pub seed: u64,
     /// Whether an election timeout starts a pre-vote ([`Msg::PreVote`]) rather than a
@@ -134,6 +143,7 @@ impl OooConfig {
             conflict_order: false,
             hole_resend: HOLE_RESEND,
             timed_resend: TIMED_RESEND,
+            vote_bytes: VOTE_BYTES,
             seed: id,
             pre_vote: true,
             #[cfg(feature = "broken")]
@@ -169,6 +179,10 @@ impl OooConfig {
         }
     }
 }
+
+/// The default [`OooConfig::vote_bytes`]: 32 MiB, an eighth of the transport's frame
+/// limit, and room for the largest entry body (64 MiB) in a piece of its own.
+pub const VOTE_BYTES: usize = 32 << 20;
 
 /// The default [`OooConfig::hole_resend`]: TCP's three duplicate acknowledgements.
 pub const HOLE_RESEND: u64 = 3;

@@ -4,14 +4,18 @@
 //! the voter's). Memberships rule candidates out too (their epochs, see [`Membership`]),
 //! and a replica recovering lost entries ([`Hard::lost_below`]) neither votes nor
 //! campaigns. A granted vote carries the voter's versions of every slot from the
-//! candidate's first uncommitted one on: all the new leader's merge needs.
+//! candidate's first uncommitted one on: all the new leader's merge needs. One too large
+//! for a message ([`OooConfig::vote_bytes`]) comes in pieces the candidate asks for one
+//! at a time ([`Msg::VotePart`], [`Msg::VoteMore`]).
 //!
 //! [`OooConfig::pre_vote`]: super::OooConfig::pre_vote
+//! [`OooConfig::vote_bytes`]: super::OooConfig::vote_bytes
 //! [`Membership`]: super::Membership
 //! [`Hard::lost_below`]: super::Hard::lost_below
 
 use std::collections::BTreeSet;
 
+use super::entry::entry_bytes;
 use super::membership::epoch;
 use super::{Action, Entry, Msg, OooReplica};
 use crate::format::meta::NodeId;
@@ -64,6 +68,7 @@ impl OooReplica {
         self.hard.voted_for = Some(self.me());
         self.leader = None;
         self.votes.clear();
+        self.vote_parts.clear();
         self.set_role(Role::Candidate);
         self.reset_deadline();
         self.save_hard();
@@ -95,6 +100,7 @@ impl OooReplica {
         // Entries appended but not sent yet: this term's leader will not send them.
         self.outbox.clear();
         self.votes.clear();
+        self.vote_parts.clear();
         self.pre = None;
         self.leader = leader;
         self.set_role(if self.mine.is_empty() {
@@ -235,26 +241,131 @@ impl OooReplica {
             && self.lead.is_none()
             && !abstain
             && grants_vote(&self.vote_log(), &log);
-        let mut entries = Vec::new();
+        let (mut entries, mut next) = (Vec::new(), None);
         if grant {
             self.hard.voted_for = Some(from);
             self.reset_deadline();
-            entries = self
-                .log
-                .range(head..)
-                .map(|(_, s)| (s.entry.clone(), s.committed))
-                .collect();
+            (entries, next) = self.vote_piece(head);
         }
         self.save_hard();
+        let (term, leader_start) = (self.hard.term, self.hard.leader_start);
+        let msg = match next {
+            // Too large for one message: the first piece, the candidate asks for the rest.
+            Some(_) => Msg::VotePart {
+                term,
+                from: head,
+                next,
+                entries,
+                leader_start,
+            },
+            None => Msg::VoteReply {
+                term,
+                granted: grant,
+                entries,
+                leader_start,
+            },
+        };
+        self.actions.push(Action::Send { to: from, msg });
+    }
+
+    /// Our versions from slot `from` on, as many as fit [`OooConfig::vote_bytes`] (at
+    /// least one), and the slot the next piece starts at if any are left.
+    ///
+    /// [`OooConfig::vote_bytes`]: super::OooConfig::vote_bytes
+    fn vote_piece(&self, from: Seq) -> (Vec<(Entry, bool)>, Option<Seq>) {
+        let max = self.cfg.vote_bytes.max(1) as u64;
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        for (&s, slot) in self.log.range(from..) {
+            let b = entry_bytes(&slot.entry);
+            if !out.is_empty() && bytes + b > max {
+                return (out, Some(s));
+            }
+            bytes += b;
+            out.push((slot.entry.clone(), slot.committed));
+        }
+        (out, None)
+    }
+
+    /// A candidate we voted for asks for the next piece of our vote. Answered only while
+    /// the vote stands as given: the same term, our vote its, and nothing taken since
+    /// (no leader of the term yet, so our log past its head is what the first piece
+    /// described the start of), and not recovering lost entries.
+    pub(super) fn on_vote_more(&mut self, from: NodeId, term: u64, start: Seq) {
+        if term != self.hard.term
+            || self.hard.voted_for != Some(from)
+            || self.leader.is_some()
+            || self.lead.is_some()
+            || self.abstains()
+        {
+            return;
+        }
+        let (entries, next) = self.vote_piece(start);
+        self.stats.vote_parts_sent += 1;
         self.actions.push(Action::Send {
             to: from,
-            msg: Msg::VoteReply {
-                term: self.hard.term,
-                granted: grant,
+            msg: Msg::VotePart {
+                term,
+                from: start,
+                next,
                 entries,
                 leader_start: self.hard.leader_start,
             },
         });
+    }
+
+    /// A piece of a granted vote. Pieces are taken strictly in order, each starting
+    /// where the last ended (a duplicate or one out of order is dropped, and the vote
+    /// then simply never completes this campaign); the last completes the vote.
+    pub(super) fn on_vote_part(
+        &mut self,
+        from: NodeId,
+        term: u64,
+        start: Seq,
+        next: Option<Seq>,
+        entries: Vec<(Entry, bool)>,
+        leader_start: (u64, Seq),
+    ) {
+        if term > self.hard.term {
+            self.step_down(term, None);
+            return;
+        }
+        // A candidate that won is merging (still `Candidate` until it serves): the rest
+        // of this vote is no longer needed.
+        if term < self.hard.term
+            || self.role != Role::Candidate
+            || self.lead.is_some()
+            || self.votes.contains_key(&from)
+        {
+            return;
+        }
+        let want = self
+            .vote_parts
+            .get(&from)
+            .map_or(self.commits.head(), |(_, at)| *at);
+        if start != want || next.is_some_and(|n| n <= start) {
+            return;
+        }
+        if entries
+            .iter()
+            .any(|(e, _)| e.seq < start || next.is_some_and(|n| e.seq >= n))
+        {
+            return; // not the range it says it covers: not a piece of this vote
+        }
+        let mut got = self
+            .vote_parts
+            .remove(&from)
+            .map_or(Vec::new(), |((es, _), _)| es);
+        got.extend(entries);
+        match next {
+            Some(n) => {
+                self.vote_parts.insert(from, ((got, leader_start), n));
+                self.actions.push(Action::Send {
+                    to: from,
+                    msg: Msg::VoteMore { term, from: n },
+                });
+            }
+            None => self.on_vote_reply(from, term, true, got, leader_start),
+        }
     }
 
     pub(super) fn on_vote_reply(
@@ -272,6 +383,7 @@ impl OooReplica {
         if term < self.hard.term || !granted || self.role != Role::Candidate {
             return;
         }
+        self.vote_parts.remove(&from);
         self.votes.insert(from, (entries, leader_start));
         if self.quorum_with_me(self.votes.keys().copied()) {
             self.become_leader();

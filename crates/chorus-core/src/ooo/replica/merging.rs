@@ -112,6 +112,7 @@ impl OooReplica {
             merging.insert(e.seq, BTreeSet::new());
         }
         self.votes.clear();
+        self.vote_parts.clear();
         self.leader = Some(me);
         self.hard.leader_start = (term, end);
         self.save_hard();

@@ -35,6 +35,31 @@ pub enum Msg {
         /// The voter's [`Hard::leader_start`].
         leader_start: (u64, Seq),
     },
+    /// A piece of a granted vote too large for one message ([`OooConfig::vote_bytes`]):
+    /// the voter's versions from slot `from` up to `next` (or to its end). The first
+    /// piece answers a [`Msg::Vote`] and starts at the candidate's head; each later one
+    /// answers a [`Msg::VoteMore`]. The vote counts once the last piece has arrived.
+    ///
+    /// [`OooConfig::vote_bytes`]: super::OooConfig::vote_bytes
+    VotePart {
+        /// The voter's term (the candidate's: only a granted vote comes in pieces).
+        term: u64,
+        /// The first slot this piece covers.
+        from: Seq,
+        /// The first slot of the next piece, or `None` if this is the last.
+        next: Option<Seq>,
+        /// The voter's entries in `from..next`, with whether it knows each committed.
+        entries: Vec<(Entry, bool)>,
+        /// The voter's [`Hard::leader_start`].
+        leader_start: (u64, Seq),
+    },
+    /// A candidate asks a voter that granted its vote in pieces for the next one.
+    VoteMore {
+        /// The candidate's term.
+        term: u64,
+        /// The slot the piece starts at (the last piece's `next`).
+        from: Seq,
+    },
     /// Entries (none for a heartbeat) and the leader's commit window.
     Append {
         /// The leader's term.

@@ -135,7 +135,7 @@ use apply::Applier;
 use images::Incoming;
 use leader::Lead;
 
-pub use config::{OooConfig, HOLE_RESEND, TIMED_RESEND};
+pub use config::{OooConfig, HOLE_RESEND, TIMED_RESEND, VOTE_BYTES};
 pub use entry::{Body, Declared, Entry};
 pub use images::Footprint;
 pub use leader::{OooAppendError, Ticket};
@@ -311,6 +311,9 @@ pub struct OooStats {
     /// Entries resent to a follower that had not acknowledged them within the timeout of
     /// [`OooConfig::timed_resend`].
     pub timed_resends: u64,
+    /// Vote pieces sent after the first ([`Msg::VotePart`] answering a
+    /// [`Msg::VoteMore`]): granted votes too large for one message.
+    pub vote_parts_sent: u64,
     /// Votes and pre-votes refused because this replica is recovering entries it lost on
     /// disk ([`Hard::lost_below`]).
     pub votes_refused_lost: u64,
@@ -356,6 +359,10 @@ pub struct OooReplica {
     /// campaigning or leading (a grant that arrives during the merge stays until the next
     /// campaign or step-down).
     votes: BTreeMap<NodeId, Answer>,
+    /// Granted votes of the current term still arriving in pieces ([`Msg::VotePart`]):
+    /// what each voter sent so far and the slot its next piece starts at. Empty unless
+    /// campaigning; a voter is here or in `votes`, never both.
+    vote_parts: BTreeMap<NodeId, (Answer, Seq)>,
     /// During a pre-vote: the term it asks about and the voters that said yes. `None`
     /// while leading.
     pre: Option<(u64, BTreeSet<NodeId>)>,
@@ -472,6 +479,7 @@ impl OooReplica {
             commits: CommitWindow::new(head),
             deadline: 0,
             votes: BTreeMap::new(),
+            vote_parts: BTreeMap::new(),
             pre: None,
             heard: None,
             lead: None,
@@ -728,6 +736,14 @@ impl OooReplica {
                 entries,
                 leader_start,
             } => self.on_vote_reply(from, term, granted, entries, leader_start),
+            Msg::VotePart {
+                term,
+                from: start,
+                next,
+                entries,
+                leader_start,
+            } => self.on_vote_part(from, term, start, next, entries, leader_start),
+            Msg::VoteMore { term, from: start } => self.on_vote_more(from, term, start),
             Msg::Append {
                 term,
                 start,
@@ -853,6 +869,16 @@ impl OooReplica {
         assert!(
             self.votes.is_empty() || self.role == Role::Candidate || self.lead.is_some(),
             "votes held outside a campaign"
+        );
+        assert!(
+            self.vote_parts.is_empty() || self.role == Role::Candidate,
+            "vote pieces held outside a campaign (role {:?}, lead {})",
+            self.role,
+            self.lead.is_some()
+        );
+        assert!(
+            self.vote_parts.keys().all(|n| !self.votes.contains_key(n)),
+            "a vote both complete and arriving in pieces"
         );
         assert!(
             self.outbox.is_empty() || self.is_serving(),

@@ -132,6 +132,8 @@ pub fn kind(m: &Msg) -> &'static str {
     match m {
         Msg::Vote { .. } => "Vote",
         Msg::VoteReply { .. } => "VoteReply",
+        Msg::VotePart { .. } => "VotePart",
+        Msg::VoteMore { .. } => "VoteMore",
         Msg::Append { .. } => "Append",
         Msg::Ack { .. } => "Ack",
         Msg::Snapshot { .. } => "Snapshot",
@@ -154,7 +156,9 @@ pub fn touches(m: &Msg, s: u64) -> bool {
     match m {
         Msg::Append { entries, .. } => entries.iter().any(|e| e.seq == s),
         Msg::Ack { seqs, .. } => seqs.iter().any(|x| x.0 == s),
-        Msg::VoteReply { entries, .. } => entries.iter().any(|x| x.0.seq == s),
+        Msg::VoteReply { entries, .. } | Msg::VotePart { entries, .. } => {
+            entries.iter().any(|x| x.0.seq == s)
+        }
         _ => false,
     }
 }
@@ -188,6 +192,21 @@ pub fn msg(m: &Msg) -> String {
                 leader_start.0
             )
         }
+        Msg::VotePart {
+            term,
+            from,
+            next,
+            entries,
+            ..
+        } => {
+            let v: Vec<String> = entries
+                .iter()
+                .map(|(e, c)| format!("{}{}", entry(e), if *c { "(c)" } else { "" }))
+                .collect();
+            let end = next.map_or("end".to_string(), |n| n.to_string());
+            format!("VotePart t{term} {from}..{end} [{}]", v.join(" "))
+        }
+        Msg::VoteMore { term, from } => format!("VoteMore t{term} from {from}"),
         Msg::Append {
             term,
             entries: es,

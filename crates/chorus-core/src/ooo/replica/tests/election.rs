@@ -150,3 +150,39 @@ fn a_cut_off_follower_returns_without_deposing_the_leader() {
     assert!(net.nodes[&3].is_serving());
     assert_eq!(net.nodes[&3].term(), term + 1);
 }
+
+#[test]
+fn a_vote_too_large_for_one_message_comes_in_pieces_and_counts_once_whole() {
+    // One entry per piece: every vote past the candidate's head is paged.
+    let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.vote_bytes = 1);
+    net.elect(1);
+    // Ten writes reach both followers, but no acknowledgement reaches the leader: nothing
+    // commits, and every follower holds all ten past its head.
+    let tickets: Vec<Ticket> = (0..10).map(|b| net.append_block(b)).collect();
+    net.run_with(|_, _, m| !matches!(m, Msg::Ack { .. }));
+    assert!(tickets.iter().all(|t| !net.committed_on(1, t.eid)));
+    // Node 1 goes away; node 2 campaigns, and node 3's vote arrives piece by piece. The
+    // first piece alone is not a vote: dropping every request for the next one leaves
+    // node 2 a candidate.
+    net.now += 10_000_000_000;
+    let now = net.now;
+    net.node(2).tick(now);
+    net.run_with(|f, t, m| f != 1 && t != 1 && !matches!(m, Msg::VoteMore { .. }));
+    assert!(!net.nodes[&2].is_serving(), "a partial vote counted");
+    assert_eq!(net.nodes[&3].stats().vote_parts_sent, 0);
+    // The next campaign asks for every piece and wins; the merge keeps all ten writes,
+    // and they commit.
+    net.now += 10_000_000_000;
+    let now = net.now;
+    net.node(2).tick(now);
+    net.run_with(without(1));
+    assert!(net.nodes[&2].is_serving(), "node 2 won with the whole vote");
+    assert!(net.nodes[&3].stats().vote_parts_sent >= 9);
+    let head = net.nodes[&2].committed_head();
+    assert!(head > tickets.last().unwrap().seq, "head {head}");
+    for t in &tickets {
+        let held = &net.nodes[&2].log[&t.seq];
+        assert!(held.committed, "slot {} not committed", t.seq);
+        assert_eq!(held.entry.eid, t.eid, "slot {} lost its write", t.seq);
+    }
+}
