@@ -16,6 +16,7 @@
 //! - [`volume`]: block writes through the storage layer's routing client to a volume of
 //!   several chunk groups, the control plane on every node; checked as [`blocks`] is.
 //! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
+//! - [`catchup`]: the recovery time of a follower cut off until it is far behind.
 //!
 //! - [`lazyfs`]: the power-loss file system (FUSE) under each node's data directory.
 //!
@@ -26,6 +27,7 @@
 //! a short mixed run in CI. docs/reliability.md records the runs made.
 
 pub mod blocks;
+pub mod catchup;
 pub mod cluster;
 pub mod history;
 pub mod lazyfs;

@@ -65,6 +65,13 @@ struct Args {
     /// (0: 1024).
     #[arg(long, default_value_t = 0)]
     disk_mib: u64,
+    /// Instead of a fault run: measure how long a follower cut off until it is this many
+    /// MiB behind takes to catch up once the cut heals (ordered group; prints JSON).
+    #[arg(long, default_value_t = 0)]
+    catch_up_mib: u64,
+    /// With `--catch-up-mib`: bytes per record the writers append.
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..=(16 << 20)))]
+    record_bytes: u64,
     /// The replicas' lease in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     lease_ms: u64,
@@ -100,6 +107,41 @@ fn main() -> ExitCode {
     let dir = a.out.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("chorus-nemesis-{seed}-{}", std::process::id()))
     });
+    let node = NodeOptions {
+        lease_ms: a.lease_ms,
+        heartbeat_ms: (a.lease_ms / 10).max(10),
+        disk_mib: a.disk_mib,
+        ..NodeOptions::default()
+    };
+    if a.catch_up_mib > 0 {
+        let o = chorus_nemesis::catchup::CatchUpOptions {
+            chorus,
+            dir,
+            behind_bytes: a.catch_up_mib << 20,
+            record_bytes: a.record_bytes as usize,
+            writers: a.writers,
+            node,
+            timeout: Duration::from_secs(600),
+        };
+        eprintln!(
+            "chorus-nemesis: a follower cut off until {} MiB behind, in {}",
+            a.catch_up_mib,
+            o.dir.display()
+        );
+        return match chorus_nemesis::catchup::catch_up(&o) {
+            Err(e) => {
+                eprintln!("chorus-nemesis: {e}");
+                ExitCode::from(2)
+            }
+            Ok(r) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).unwrap_or_else(|e| e.to_string())
+                );
+                ExitCode::SUCCESS
+            }
+        };
+    }
     let o = RunOptions {
         workload,
         chorus,
@@ -110,12 +152,7 @@ fn main() -> ExitCode {
         kinds,
         writers: a.writers,
         readers: a.readers,
-        node: NodeOptions {
-            lease_ms: a.lease_ms,
-            heartbeat_ms: (a.lease_ms / 10).max(10),
-            disk_mib: a.disk_mib,
-            ..NodeOptions::default()
-        },
+        node,
     };
     eprintln!(
         "chorus-nemesis: seed {seed}, {} workload, {} nodes, {} s of {}, in {}",

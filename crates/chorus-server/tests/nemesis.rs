@@ -140,6 +140,32 @@ fn volume_block_writes_stay_linearizable_under_faults() {
     );
 }
 
+/// A follower cut off from both peers while the leader takes 32 MiB catches up once the
+/// cut heals, within the measurement's timeout (`chorus-nemesis --catch-up-mib`; the
+/// 1 GiB figures are in docs/reliability.md).
+#[test]
+fn a_follower_cut_off_until_far_behind_catches_up() {
+    if !available() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let dir = std::env::temp_dir().join(format!("chorus-catch-up-{}", std::process::id()));
+    let r = chorus_nemesis::catchup::catch_up(&chorus_nemesis::catchup::CatchUpOptions {
+        chorus: env!("CARGO_BIN_EXE_chorus").into(),
+        dir: dir.clone(),
+        behind_bytes: 32 << 20,
+        record_bytes: 64 << 10,
+        writers: 4,
+        node: NodeOptions::default(),
+        timeout: Duration::from_secs(120),
+    })
+    .unwrap_or_else(|e| panic!("catch-up: {e}"));
+    eprintln!("catch-up: {r:?}");
+    assert!(r.behind_bytes >= 32 << 20, "{r:?}");
+    assert!(r.committed_secs >= r.flushed_secs, "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn dependent_transactions_stay_serial_under_faults() {
     mixed_run("nemesis-dependent", Workload::Dependent, OOO_FAULTS, 30);
