@@ -206,21 +206,32 @@ impl Service {
                 "group {group}: node_addr names a joining node's address; a removal has none"
             )));
         }
-        tokio::task::spawn_blocking(move || match g.node().change_membership(change) {
-            None => Err(Status::unavailable(format!("group {group} stopped"))),
-            Some(Ok(())) => Ok(Response::new(pb::Empty {})),
-            Some(Err(e @ E::NotLeader { leader })) => {
-                let mut s = Status::failed_precondition(format!("group {group}: {e}"));
-                if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
-                    s.metadata_mut().insert("chorus-leader", v);
+        let force = r.force;
+        tokio::task::spawn_blocking(move || {
+            match g.node().change_membership_checked(change, force) {
+                None => Err(Status::unavailable(format!("group {group} stopped"))),
+                Some(Ok(())) => Ok(Response::new(pb::Empty {})),
+                Some(Err(e @ E::NotLeader { leader })) => {
+                    let mut s = Status::failed_precondition(format!("group {group}: {e}"));
+                    if let Some(v) = leader.and_then(|l| l.to_string().parse().ok()) {
+                        s.metadata_mut().insert("chorus-leader", v);
+                    }
+                    Err(s)
                 }
-                Err(s)
-            }
-            Some(Err(e @ E::InProgress { .. })) => {
-                Err(Status::failed_precondition(format!("group {group}: {e}")))
-            }
-            Some(Err(e @ E::Invalid { .. })) => {
-                Err(Status::invalid_argument(format!("group {group}: {e}")))
+                Some(Err(e @ E::InProgress { .. })) => {
+                    Err(Status::failed_precondition(format!("group {group}: {e}")))
+                }
+                Some(Err(e @ E::Invalid { .. })) => {
+                    Err(Status::invalid_argument(format!("group {group}: {e}")))
+                }
+                Some(Err(e @ E::Unsafe(_))) => {
+                    // Marked refused, as the ordered groups' strict check is: a client
+                    // does not take it for "not the leader" and try elsewhere.
+                    let mut s = Status::failed_precondition(format!("group {group}: {e}"));
+                    s.metadata_mut()
+                        .insert(chorus_client::REFUSED_KEY, "strict".parse().expect("ASCII"));
+                    Err(s)
+                }
             }
         })
         .await

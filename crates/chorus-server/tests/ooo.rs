@@ -887,6 +887,33 @@ async fn out_of_order_groups_through_the_server() {
         assert!(res[0].seq >= dep_head);
         want_kv[t.write_set[0] as usize] = Some(t.data);
     }
+    // The strict check: with the killed node silent for more than an election timeout
+    // (300 ms), removing the other live voter would leave the group without a majority,
+    // and is refused by name; nothing changes.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let other = (1..=3u64).find(|n| *n != old && *n != new).unwrap();
+    // Every endpoint, in node order: leader hints name nodes by id.
+    let err = Client::new(eps.clone())
+        .change_membership(pb::ChangeMembershipRequest {
+            group: PAR,
+            kind: pb::ChangeKind::Remove as i32,
+            node: other,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            chorus_client::ClientError::Status {
+                code: Code::FailedPrecondition,
+                message,
+                ..
+            } if message.contains("strict check") && message.contains(&format!("without node {other}"))
+        ),
+        "{err}"
+    );
+    voters_become(&live, PAR, &[1, 2, 3]).await;
     // Leaders compact by bytes of entries (and the key-value store by its image's size),
     // not by appends: go on until both bases have passed the old node's heads (bounded).
     let mut i = 100u32;

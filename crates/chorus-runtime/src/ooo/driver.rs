@@ -539,8 +539,8 @@ impl<H: Host> Driver<H> {
             Ev::Transfer(to, reply) => {
                 let _ = reply.send(self.replica.transfer_leader(now, to));
             }
-            Ev::Change(change, reply) => {
-                let _ = reply.send(self.replica.change_membership(now, change));
+            Ev::Change(change, force, reply) => {
+                let _ = reply.send(self.replica.change_membership_checked(now, change, force));
             }
             Ev::Membership(reply) => {
                 let _ = reply.send(self.replica.membership().clone());

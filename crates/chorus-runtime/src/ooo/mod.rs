@@ -70,10 +70,8 @@ use task::{EnvHost, IoTask, Mailbox, OooTask};
 
 /// The smallest frame limit of a node that hosts out-of-order groups: what an
 /// out-of-order message may need ([`crate::Env`] raises its transport's limit to at least
-/// this). Their messages are bounded by the replica's window, not by a byte budget: a vote
-/// reply carries the voter's entries at or above the candidate's head (up to
-/// [`OooConfig::window`] entries of up to `group::MAX_GROUP_BYTES` each, or one larger
-/// record), so the bound is generous.
+/// this). A vote carries at most `vote_bytes` (32 MiB by default) of entries per piece, or
+/// one entry of up to 64 MiB; appends and resends are bounded by their batches.
 pub const MIN_FRAME_BYTES: u32 = 256 << 20;
 
 /// Settings of an out-of-order node.
@@ -474,7 +472,11 @@ pub enum Ev {
     /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
     Transfer(NodeId, Sender<Result<(), OooTransferError>>),
     /// Change the voters ([`OooReplica::change_membership`]).
-    Change(OooMembershipChange, Sender<Result<(), OooChangeError>>),
+    Change(
+        OooMembershipChange,
+        bool,
+        Sender<Result<(), OooChangeError>>,
+    ),
     /// The membership this replica holds.
     Membership(Sender<Membership>),
     /// Committed entries from a slot on (at most a count), with the committed head.
@@ -830,12 +832,25 @@ impl OooNode {
     /// [`Membership`]): on the serving leader, starts the change and returns; the change
     /// completes once a majority of the old and the new voters hold it, then a majority
     /// of the new voters its final stage ([`OooNode::membership`] shows where it is).
-    /// A node to add must be among the configured replicas. `None` if the node stopped.
+    /// A node to add must be among the configured replicas. No strict check (the
+    /// change is forced; [`Self::change_membership_checked`]). `None` if the node
+    /// stopped.
     pub fn change_membership(
         &self,
         change: OooMembershipChange,
     ) -> Option<Result<(), OooChangeError>> {
-        self.ask(|tx| Ev::Change(change, tx))
+        self.change_membership_checked(change, true)
+    }
+
+    /// [`Self::change_membership`] after the strict check unless `force`: a removal that
+    /// would leave fewer voters heard from than a majority is refused
+    /// ([`OooChangeError::Unsafe`]).
+    pub fn change_membership_checked(
+        &self,
+        change: OooMembershipChange,
+        force: bool,
+    ) -> Option<Result<(), OooChangeError>> {
+        self.ask(|tx| Ev::Change(change, force, tx))
     }
 
     /// The membership this replica holds (`prev` set while a change is in its joint

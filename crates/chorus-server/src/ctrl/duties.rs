@@ -299,8 +299,9 @@ async fn drive_move(
         node: to,
         old_node: from,
         node_addr: target.repl_addr.clone(),
-        // Chunk groups are out of order (no learners, no strict check): the control plane
-        // picked a live, heartbeating target.
+        // Chunk groups are out of order (no learners): the control plane picked a live,
+        // heartbeating target, which the group's strict check would count as not heard
+        // from until it joins.
         force: true,
     })
     .await

@@ -123,6 +123,10 @@ pub enum OooChangeError {
         /// The current voters.
         voters: Vec<NodeId>,
     },
+    /// Refused by the strict check ([`OooReplica::strict_check`]): the change would cost
+    /// the group its availability. Forcing the change skips the check.
+    #[error("change refused: strict check: {0} (forcing the change skips this check)")]
+    Unsafe(String),
 }
 
 /// A membership change under way on the leader: its joint stage is accepted by a
@@ -137,6 +141,65 @@ pub(super) struct Change {
 }
 
 impl OooReplica {
+    /// The strict check a change passes first unless forced (etcd's
+    /// `--strict-reconfig-check`, as the ordered replica's): a removal (or replacement)
+    /// after which the voters left that this leader has heard within an election timeout
+    /// are fewer than a majority of the voters left is refused — the group would stop
+    /// until a voter returns. A voter joining counts as heard only once it has answered.
+    /// Everything else is checked by [`Self::change_membership`] itself.
+    pub fn strict_check(&self, change: &OooMembershipChange) -> Result<(), OooChangeError> {
+        let leader = self.leader;
+        let Some(lead) = self.lead.as_ref().filter(|l| l.commit.is_some()) else {
+            return Err(OooChangeError::NotLeader { leader });
+        };
+        let (remove, add) = match *change {
+            OooMembershipChange::AddVoter(_) => return Ok(()),
+            OooMembershipChange::Remove(n) => (n, None),
+            OooMembershipChange::Replace { remove, add } => (remove, Some(add)),
+        };
+        if !self.members.voters.contains(&remove) {
+            return Ok(()); // refused by name by `change_membership`
+        }
+        let (me, now, timeout) = (self.cfg.id, self.now, self.cfg.election_timeout);
+        let live = |n: NodeId| {
+            n == me
+                || lead
+                    .peers
+                    .get(&n)
+                    .is_some_and(|p| now.saturating_sub(p.heard) < timeout)
+        };
+        let mut rest: Vec<NodeId> = self
+            .members
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != remove)
+            .collect();
+        rest.extend(add.filter(|a| !rest.contains(a)));
+        rest.sort_unstable();
+        let up: Vec<NodeId> = rest.iter().copied().filter(|&v| live(v)).collect();
+        if !rest.is_empty() && up.len() < rest.len() / 2 + 1 {
+            return Err(OooChangeError::Unsafe(format!(
+                "without node {remove} the voters would be {rest:?}, of which only {up:?} have been heard from within an election timeout: fewer than a majority, so the group would stop"
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Self::change_membership`] after [`Self::strict_check`], unless `force`.
+    pub fn change_membership_checked(
+        &mut self,
+        now: Nanos,
+        change: OooMembershipChange,
+        force: bool,
+    ) -> Result<(), OooChangeError> {
+        self.now = self.now.max(now);
+        if !force {
+            self.strict_check(&change)?;
+        }
+        self.change_membership(now, change)
+    }
+
     /// Changes the group's voters (PALF section 5.3's membership change, here by joint
     /// consensus outside the log; see [`Membership`]). Appends go on meanwhile: while the
     /// joint membership stands they commit with a majority of both sets. The leader

@@ -128,3 +128,54 @@ fn voters_are_added_and_removed_by_joint_consensus() {
         net.nodes[&s].committed_head()
     );
 }
+
+/// The strict check: with node 3 silent for an election timeout, removing node 2 would
+/// leave voters {1, 3} of which only the leader answers, and is refused by name, changing
+/// nothing; removing the silent node itself, or forcing, goes through.
+#[test]
+fn the_strict_check_refuses_a_removal_that_would_stop_the_group() {
+    let mut net = Net::new(3, Mode::Parallel { span: 2 });
+    net.elect(1);
+    let timeout = net.nodes[&1].cfg.election_timeout;
+    let hb = net.nodes[&1].cfg.heartbeat_interval;
+    let mut waited = 0;
+    while waited <= timeout {
+        net.tick_with(1, hb, without(3));
+        waited += hb;
+    }
+    assert!(net.nodes[&1].is_serving());
+    let now = net.now;
+    let err = net
+        .node(1)
+        .change_membership_checked(now, OooMembershipChange::Remove(2), false)
+        .unwrap_err();
+    assert!(matches!(err, OooChangeError::Unsafe(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("only [1] have been heard"),
+        "{err}"
+    );
+    assert!(
+        net.nodes[&1].changing_to().is_none(),
+        "a refused change started"
+    );
+    // A replacement that brings in a node not yet heard from counts it down too.
+    let err = net
+        .node(1)
+        .strict_check(&OooMembershipChange::Replace { remove: 2, add: 4 })
+        .unwrap_err();
+    assert!(err.to_string().contains("[1, 3, 4]"), "{err}");
+    // Removing the silent node leaves {1, 2}, both heard: allowed.
+    net.node(1)
+        .strict_check(&OooMembershipChange::Remove(3))
+        .unwrap();
+    // Forced, the unsafe removal starts.
+    net.node(1)
+        .change_membership_checked(now, OooMembershipChange::Remove(2), true)
+        .unwrap();
+    assert_eq!(net.nodes[&1].changing_to(), Some(&[1, 3][..]));
+    // A follower refuses: only the serving leader checks.
+    assert!(matches!(
+        net.node(2).strict_check(&OooMembershipChange::Remove(3)),
+        Err(OooChangeError::NotLeader { .. })
+    ));
+}
