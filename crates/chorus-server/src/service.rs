@@ -1050,7 +1050,7 @@ impl pb::chorus_server::Chorus for Service {
             Served::OutOfOrder(g, _) => {
                 return tokio::task::spawn_blocking(move || {
                     use chorus_core::ooo::replica::OooTransferError as E;
-                    match g.node().transfer_leader(r.to) {
+                    match g.node().transfer_leader_checked(r.to, r.force) {
                         None => Err(Status::unavailable(format!("group {} stopped", r.group))),
                         Some(Ok(())) => Ok(Response::new(pb::Empty {})),
                         Some(Err(e @ E::NotLeader { leader })) => {
@@ -1064,10 +1064,20 @@ impl pb::chorus_server::Chorus for Service {
                         Some(Err(e @ E::NotVoter { .. })) => {
                             Err(Status::invalid_argument(format!("group {}: {e}", r.group)))
                         }
+                        Some(Err(e @ (E::NotHeard { .. } | E::Behind { .. }))) => {
+                            // Refused, not "not the leader": a client does not try elsewhere.
+                            let mut s =
+                                Status::failed_precondition(format!("group {}: {e}", r.group));
+                            s.metadata_mut().insert(
+                                chorus_client::REFUSED_KEY,
+                                "strict".parse().expect("ASCII"),
+                            );
+                            Err(s)
+                        }
                     }
                 })
                 .await
-                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(e.to_string()))?;
             }
         };
         log.transfer_leader_checked(r.to, r.force).map_err(status)?;

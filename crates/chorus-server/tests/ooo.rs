@@ -914,6 +914,17 @@ async fn out_of_order_groups_through_the_server() {
         "{err}"
     );
     voters_become(&live, PAR, &[1, 2, 3]).await;
+    // A transfer to the killed node is refused the same way (it would refuse appends for
+    // an election timeout, then give up).
+    let err = Client::new(eps.clone())
+        .transfer_leader(PAR, old)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("strict check") && err.contains(&format!("node {old} has not been heard")),
+        "{err}"
+    );
     // Leaders compact by bytes of entries (and the key-value store by its image's size),
     // not by appends: go on until both bases have passed the old node's heads (bounded).
     let mut i = 100u32;

@@ -536,8 +536,8 @@ impl<H: Host> Driver<H> {
                     self.checkpoint(upto);
                 }
             }
-            Ev::Transfer(to, reply) => {
-                let _ = reply.send(self.replica.transfer_leader(now, to));
+            Ev::Transfer(to, force, reply) => {
+                let _ = reply.send(self.replica.transfer_leader_checked(now, to, force));
             }
             Ev::Change(change, force, reply) => {
                 let _ = reply.send(self.replica.change_membership_checked(now, change, force));

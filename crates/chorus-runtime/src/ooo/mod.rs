@@ -470,7 +470,7 @@ pub enum Ev {
     /// ([`OooNode::compact`]).
     Compact(u64, Sender<u64>),
     /// Hand leadership to this node ([`OooReplica::transfer_leader`]).
-    Transfer(NodeId, Sender<Result<(), OooTransferError>>),
+    Transfer(NodeId, bool, Sender<Result<(), OooTransferError>>),
     /// Change the voters ([`OooReplica::change_membership`]).
     Change(
         OooMembershipChange,
@@ -811,9 +811,21 @@ impl OooNode {
     /// node, a serving leader, refuses appends ([`OooAppendError::Transferring`]) until
     /// `to` has caught up and campaigns, or for an election timeout if it does not.
     /// Returns once the transfer is under way, not when `to` leads: watch
-    /// [`OooNode::status`]. `None` if the node stopped.
+    /// [`OooNode::status`]. No strict check (forced; [`Self::transfer_leader_checked`]).
+    /// `None` if the node stopped.
     pub fn transfer_leader(&self, to: NodeId) -> Option<Result<(), OooTransferError>> {
-        self.ask(|tx| Ev::Transfer(to, tx))
+        self.transfer_leader_checked(to, true)
+    }
+
+    /// [`Self::transfer_leader`] after the strict check unless `force`
+    /// ([`OooReplica::transfer_leader_checked`]): a target not heard from within an
+    /// election timeout, or more than a window behind, is refused.
+    pub fn transfer_leader_checked(
+        &self,
+        to: NodeId,
+        force: bool,
+    ) -> Option<Result<(), OooTransferError>> {
+        self.ask(|tx| Ev::Transfer(to, force, tx))
     }
 
     /// Checkpoints the state machine and compacts the entries below `upto` (capped at

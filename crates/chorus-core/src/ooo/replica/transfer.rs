@@ -36,6 +36,28 @@ pub enum OooTransferError {
         /// The node named.
         to: NodeId,
     },
+    /// Refused by the strict check ([`OooReplica::transfer_leader_checked`]): the target
+    /// has not been heard from within an election timeout.
+    #[error("transfer refused: strict check: node {to} has not been heard from within an election timeout: it may be down or cut off, and a transfer would refuse appends for an election timeout (forcing the transfer skips this check)")]
+    NotHeard {
+        /// The target.
+        to: NodeId,
+    },
+    /// Refused by the strict check: the target is more than a window of slots behind the
+    /// committed head.
+    #[error("transfer refused: strict check: node {to} is behind: its first uncommitted slot is {head}, more than a window ({window} slots) short of the committed head {committed}; a transfer would refuse appends while it catches up (forcing the transfer skips this check)")]
+    Behind {
+        /// The target.
+        to: NodeId,
+        /// Its first uncommitted slot, as it last reported.
+        head: u64,
+        /// This leader's committed head.
+        committed: u64,
+        /// [`OooConfig::window`].
+        ///
+        /// [`OooConfig::window`]: super::OooConfig::window
+        window: u64,
+    },
 }
 
 impl OooReplica {
@@ -73,6 +95,45 @@ impl OooReplica {
         self.check_transfer();
         self.finish();
         Ok(())
+    }
+
+    /// [`Self::transfer_leader`] after the strict check unless `force` (as the ordered
+    /// replica's): the target must have been heard from within an election timeout and
+    /// be at most a window ([`OooConfig::window`]) of slots behind the committed head.
+    /// A transfer refuses appends until the target has caught up, for at most an
+    /// election timeout: to a node down or far behind, that is an election timeout of
+    /// refused appends and then no transfer.
+    ///
+    /// [`OooConfig::window`]: super::OooConfig::window
+    pub fn transfer_leader_checked(
+        &mut self,
+        now: Nanos,
+        to: NodeId,
+        force: bool,
+    ) -> Result<(), OooTransferError> {
+        self.now = self.now.max(now);
+        if !force && to != self.cfg.id && self.members.voters.contains(&to) {
+            if let Some(lead) = self.lead.as_ref().filter(|l| l.commit.is_some()) {
+                let (now, timeout) = (self.now, self.cfg.election_timeout);
+                let Some(p) = lead
+                    .peers
+                    .get(&to)
+                    .filter(|p| now.saturating_sub(p.heard) < timeout)
+                else {
+                    return Err(OooTransferError::NotHeard { to });
+                };
+                let committed = self.commits.head();
+                if committed.saturating_sub(p.head) > self.cfg.window {
+                    return Err(OooTransferError::Behind {
+                        to,
+                        head: p.head,
+                        committed,
+                        window: self.cfg.window,
+                    });
+                }
+            }
+        }
+        self.transfer_leader(now, to)
     }
 
     /// The leader transfer under way, if any: the target.

@@ -186,3 +186,53 @@ fn a_vote_too_large_for_one_message_comes_in_pieces_and_counts_once_whole() {
         assert_eq!(held.entry.eid, t.eid, "slot {} lost its write", t.seq);
     }
 }
+
+#[test]
+fn the_strict_check_refuses_a_transfer_to_a_node_down_or_behind() {
+    let mut net = Net::with(3, Mode::Parallel { span: 2 }, |c| c.window = 4);
+    net.elect(1);
+    let timeout = net.nodes[&1].cfg.election_timeout;
+    let hb = net.nodes[&1].cfg.heartbeat_interval;
+    // Node 3 cut off for more than an election timeout while node 1 commits ten writes
+    // with node 2.
+    for b in 0..10 {
+        net.append_block(b);
+        net.run_with(without(3));
+    }
+    let mut waited = 0;
+    while waited <= timeout {
+        net.tick_with(1, hb, without(3));
+        waited += hb;
+    }
+    let now = net.now;
+    assert_eq!(
+        net.node(1).transfer_leader_checked(now, 3, false),
+        Err(OooTransferError::NotHeard { to: 3 })
+    );
+    assert_eq!(
+        net.nodes[&1].transferring_to(),
+        None,
+        "a refused transfer started"
+    );
+    // Node 3 answers again, but holds nothing of the ten: more than a window behind.
+    // (Only its acknowledgement of a heartbeat reaches the leader: nothing is resent.)
+    net.tick_with(
+        1,
+        hb,
+        |_, _, m| !matches!(m, Msg::Append { entries, .. } if !entries.is_empty()),
+    );
+    let err = net
+        .node(1)
+        .transfer_leader_checked(now, 3, false)
+        .unwrap_err();
+    assert!(
+        matches!(err, OooTransferError::Behind { to: 3, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("is behind"), "{err}");
+    // To node 2, heard and caught up: allowed. Forced, node 3 is allowed too.
+    net.node(1).transfer_leader_checked(now, 2, false).unwrap();
+    assert_eq!(net.nodes[&1].transferring_to(), Some(2));
+    net.node(1).transfer_leader_checked(now, 3, true).unwrap();
+    assert_eq!(net.nodes[&1].transferring_to(), Some(3));
+}
