@@ -338,8 +338,9 @@ pub async fn settle(eps: &[String], hist: &History, deadline: Duration) -> Vec<S
             }
             if Instant::now() >= until {
                 found.push(format!(
-                    "node {}'s volume does not match the leader's 60 s after the heal: {why}",
-                    i + 1
+                    "node {}'s volume does not match the leader's 60 s after the heal: {why} [{}]",
+                    i + 1,
+                    group_states(eps, GROUP).await
                 ));
                 break;
             }
@@ -347,6 +348,41 @@ pub async fn settle(eps: &[String], hist: &History, deadline: Duration) -> Vec<S
         }
     }
     found
+}
+
+/// One line per node on `group` as it reports itself (role, term, first slots not
+/// committed and not applied, compaction base, voters), for the message of a replica that
+/// does not converge: whether it is behind the leader or holds what it should not.
+pub async fn group_states(eps: &[String], group: u64) -> String {
+    let mut c = client(eps.to_vec(), Duration::from_secs(2), Duration::from_secs(1));
+    let mut out = Vec::new();
+    for (i, (_, r)) in c.status_all(group).await.into_iter().enumerate() {
+        out.push(match r {
+            Ok(s) => match s.groups.iter().find(|g| g.group == group) {
+                Some(g) => format!(
+                    "node {}: {} term {} leader {} committed {} applied {} base {} voters {:?}{}{}{}",
+                    i + 1,
+                    g.role,
+                    g.proposal_id,
+                    g.leader,
+                    g.committed_seq,
+                    g.applied_seq,
+                    g.base_seq,
+                    g.voters,
+                    if g.serving { " serving" } else { "" },
+                    if g.recovering_lost { " recovering" } else { "" },
+                    if g.stopped.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" stopped: {}", g.stopped)
+                    },
+                ),
+                None => format!("node {}: no such group", i + 1),
+            },
+            Err(e) => format!("node {}: {e}", i + 1),
+        });
+    }
+    out.join("; ")
 }
 
 /// Judges `history` (see the module docs), running porcupine with its files in `dir`.

@@ -298,9 +298,10 @@ pub async fn settle(control: &[String], hist: &History, deadline: Duration) -> V
             };
             if let Some(why) = why {
                 found.push(format!(
-                    "node {}'s replica of chunk {k} (group {}) does not match 60 s after the heal: {why}",
+                    "node {}'s replica of chunk {k} (group {}) does not match 60 s after the heal: {why} [{}]",
                     i + 1,
-                    chunk.group
+                    chunk.group,
+                    crate::blocks::group_states(control, chunk.group).await
                 ));
             }
         }

@@ -347,7 +347,8 @@ impl<H: Host> Driver<H> {
             });
     }
 
-    fn stop(&mut self, why: String) {
+    /// Stops the driver: it takes no more work, and `why` is what the node reports.
+    pub(crate) fn stop(&mut self, why: String) {
         let _ = self.why.set(why);
         self.failed = true;
     }

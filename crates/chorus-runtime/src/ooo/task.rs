@@ -240,7 +240,20 @@ impl Task for OooTask {
             if events.is_empty() && !due {
                 return;
             }
-            d.round(events);
+            // A panic in the replica or the driver (a bug) stops this group, by name,
+            // rather than leaving it silent: its status then says why, and waiters and
+            // queued requests are refused.
+            let round = std::panic::AssertUnwindSafe(|| d.round(events));
+            if let Err(p) = std::panic::catch_unwind(round) {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into());
+                tracing::error!(panic = %what, "an out-of-order replica panicked (a bug); its group stops");
+                d.stop(format!("panicked (a bug): {what}"));
+                continue;
+            }
             let at = d.wake_at();
             self.wake_at.store(at, Ordering::Release);
             self.env.wake_timer_by(at);

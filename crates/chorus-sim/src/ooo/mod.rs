@@ -148,6 +148,12 @@ pub struct OooOptions {
     /// on the seeds ≡ 2 mod 3, and every result a serving leader reports is checked
     /// against it; off, the trajectories of the seeds found before it replay exactly.
     pub conflict_order: bool,
+    /// With faults, a message is now and then held up for one to three election
+    /// timeouts (one in a thousand; answers to campaigns one in ten): a message that sat
+    /// in a paused process's socket buffer, or on a link retransmitting. A candidate has
+    /// timed out and asks for pre-votes by the time such a vote arrives. Off, the
+    /// trajectories of the seeds found before it replay exactly.
+    pub late_messages: bool,
     /// The replicas commit without conflict order while the checker expects it (takes
     /// effect only in the test-only `broken` build: the check must bite).
     pub broken_conflict_order: bool,
@@ -208,6 +214,7 @@ impl Default for OooOptions {
             pre_vote: true,
             partial_images: true,
             conflict_order: true,
+            late_messages: true,
             broken_conflict_order: false,
             broken_cascade: false,
             broken_trail: false,

@@ -137,6 +137,8 @@ pub(super) struct Sim {
     drng: Rng,
     /// Draws of the operators' trims, apart from `rng`.
     krng: Rng,
+    /// Draws of the late messages ([`OooOptions::late_messages`]), apart from `rng`.
+    lrng: Rng,
     /// Trims asked and not answered yet: the node, the slot asked, the answer's channel.
     trims: Vec<(NodeId, Seq, std::sync::mpsc::Receiver<u64>)>,
     /// Nodes given damage not yet seen recovered (at most one at a time: a second
@@ -178,6 +180,7 @@ impl Sim {
             crng: Rng::new(seed ^ 0x4348_414e_4745_5321),
             drng: Rng::new(seed ^ 0x4441_4d41_4745_4421),
             krng: Rng::new(seed ^ 0x5452_494d_5452_494d),
+            lrng: Rng::new(seed ^ 0x4c41_5445_4d53_4753),
             trims: Vec::new(),
             lost: BTreeSet::new(),
             trace: std::env::var_os("CHORUS_SIM_TRACE").is_some(),
@@ -536,6 +539,14 @@ impl Sim {
                 .below(if self.faults_on { 3 * MS } else { 300_000 });
         if self.faults_on && self.rng.chance(1, 200) {
             delay += 50 * MS;
+        }
+        // Held up for one to three election timeouts ([`OooOptions::late_messages`]).
+        let late = match &msg {
+            Msg::VoteReply { .. } | Msg::VotePart { .. } | Msg::PreVoteReply { .. } => 10,
+            _ => 1000,
+        };
+        if self.faults_on && self.o.late_messages && self.lrng.chance(1, late) {
+            delay += 150 * MS + self.lrng.below(300 * MS);
         }
         if self.faults_on && self.rng.chance(1, 100) {
             let d2 = delay + self.rng.below(5 * MS);

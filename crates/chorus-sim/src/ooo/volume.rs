@@ -83,6 +83,8 @@ pub struct VolumeOptions {
     pub faults: bool,
     /// How leaders hold reads back.
     pub read_barrier: ReadBarrier,
+    /// The chunks' [`OooOptions::late_messages`].
+    pub late_messages: bool,
 }
 
 /// How a chunk leader holds a read back before serving it from its applied state.
@@ -110,6 +112,7 @@ impl Default for VolumeOptions {
             settle_time: 3_000 * MS,
             faults: true,
             read_barrier: ReadBarrier::Confirmed,
+            late_messages: true,
         }
     }
 }
@@ -304,6 +307,7 @@ impl Vol {
                 faults: o.faults,
                 space: o.blocks,
                 client: false,
+                late_messages: o.late_messages,
                 ..OooOptions::default()
             };
             // Each chunk's own seed; its own faults (message loss, crashes inside rounds

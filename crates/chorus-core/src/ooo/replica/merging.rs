@@ -23,6 +23,10 @@ impl OooReplica {
     /// The merge (module docs): decide every slot from our first uncommitted one to the
     /// last any voter holds, write the decisions re-stamped at our term, send them.
     pub(super) fn become_leader(&mut self) {
+        // A candidate whose election timed out asks for pre-votes at the same term
+        // (`pre_campaign` raises nothing), so a late vote of its campaign can still win
+        // that term here: the pre-vote it had begun is over.
+        self.pre = None;
         let me = self.me();
         let term = self.hard.term;
         let h = self.commits.head();

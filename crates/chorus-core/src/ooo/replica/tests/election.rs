@@ -236,3 +236,46 @@ fn the_strict_check_refuses_a_transfer_to_a_node_down_or_behind() {
     net.node(1).transfer_leader_checked(now, 3, true).unwrap();
     assert_eq!(net.nodes[&1].transferring_to(), Some(3));
 }
+
+/// A candidate whose election timed out asks for pre-votes at the same term (the term
+/// is raised only once a quorum says yes), so a vote of its campaign that arrives late
+/// still counts: the votes are promises for that term, and it wins it. Winning must
+/// end the pre-vote it had begun (once a real cluster's group panicked here, in its
+/// invariant check, and stopped answering).
+#[test]
+fn a_vote_that_arrives_after_the_next_pre_vote_began_still_wins_the_term() {
+    use std::cell::RefCell;
+    let mut net = Net::new(3, Mode::Parallel { span: 2 });
+    // Node 1 campaigns; the votes it is granted are held back.
+    let held = RefCell::new(Vec::new());
+    net.now += 10_000_000_000;
+    let now = net.now;
+    net.node(1).tick(now);
+    net.run_with(|f, t, m| {
+        if matches!(m, Msg::VoteReply { granted: true, .. }) {
+            held.borrow_mut().push((f, t, m.clone()));
+            return false;
+        }
+        true
+    });
+    let held = held.into_inner();
+    assert_eq!(net.nodes[&1].role(), Role::Candidate);
+    assert_eq!(net.nodes[&1].term(), 1);
+    assert_eq!(held.len(), 2, "both followers granted");
+    // Its election times out: it asks for pre-votes for term 2, still a candidate at 1.
+    net.now += 10_000_000_000;
+    let now = net.now;
+    net.node(1).tick(now);
+    assert_eq!(net.nodes[&1].stats().pre_votes, 2);
+    assert_eq!(net.nodes[&1].term(), 1);
+    // A vote of term 1 arrives: a majority with its own, so it wins term 1.
+    let (from, to, msg) = held[0].clone();
+    net.node(to).receive(now, from, msg);
+    net.run();
+    assert!(net.nodes[&1].is_serving());
+    assert_eq!(net.nodes[&1].term(), 1);
+    let t = net.append_block(7);
+    net.run();
+    net.tick_all(1_000_000);
+    assert!(net.committed_on(1, t.eid));
+}
