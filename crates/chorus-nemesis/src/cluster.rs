@@ -13,6 +13,8 @@ use crate::{Error, Rng};
 pub const REPL_PORT: u16 = 7000;
 /// Client API port of every node.
 pub const API_PORT: u16 = 7100;
+/// Prometheus metrics port of every node.
+pub const METRICS_PORT: u16 = 7200;
 
 /// Where Debian's `faketime` package puts the library ([`NodeOptions::faketime`]).
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -165,7 +167,7 @@ impl Cluster {
             let cfg = root.join(format!("n{i}.toml"));
             let text = format!(
                 "node = {i}\ndata_dir = \"{}\"\nlisten = \"{ip}:{REPL_PORT}\"\napi_listen = \"{ip}:{API_PORT}\"\n\
-                 io_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
+                 metrics_listen = \"{ip}:{METRICS_PORT}\"\nio_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
                  [replica]\nlease_ms = {}\nheartbeat_ms = {}\nping_ms = {}\nresend_ms = {}\n\n\
                  [out_of_order]\nelection_timeout_ms = {}\n{}{}",
                 dir.display(),
@@ -216,6 +218,41 @@ impl Cluster {
     /// The client API endpoint of node `i`.
     pub fn api(&self, i: usize) -> String {
         format!("http://{}:{API_PORT}", self.net.ip(i))
+    }
+
+    /// The sum over the nodes that answer of every sample of the counter `name` in
+    /// their Prometheus metrics (`GET /metrics`); nodes that do not answer within a
+    /// second add nothing.
+    pub async fn metric_sum(&self, name: &str) -> u64 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sum = 0;
+        for i in 1..=self.nodes.len() {
+            let addr = format!("{}:{METRICS_PORT}", self.net.ip(i));
+            let get = async {
+                let mut s = tokio::net::TcpStream::connect(&addr).await?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\nHost: nemesis\r\n\r\n")
+                    .await?;
+                let mut body = String::new();
+                s.read_to_string(&mut body).await?;
+                Ok::<_, std::io::Error>(body)
+            };
+            let Ok(Ok(body)) = tokio::time::timeout(std::time::Duration::from_secs(1), get).await
+            else {
+                continue;
+            };
+            for line in body.lines() {
+                let Some(rest) = line.strip_prefix(name) else {
+                    continue;
+                };
+                if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                    continue;
+                }
+                if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                    sum += v as u64;
+                }
+            }
+        }
+        sum
     }
 
     /// Every node's client API endpoint.

@@ -170,7 +170,7 @@ fn main() -> ExitCode {
         Ok(r) => {
             let s = &r.verdict.stats;
             println!(
-                "chorus-nemesis: seed {} faults={} appends={} records={} committed={} failed={} unknown={} (found {}) reads={} read_records={} log_records={} longest_unavailable_ms={} anomalies={} secs={:.1}",
+                "chorus-nemesis: seed {} faults={} appends={} records={} committed={} failed={} unknown={} (found {}) reads={} read_records={} log_records={} longest_unavailable_ms={} inbox_overflows={} anomalies={} secs={:.1}",
                 r.seed,
                 s.faults,
                 s.appends,
@@ -183,6 +183,7 @@ fn main() -> ExitCode {
                 s.read_records,
                 s.log_records,
                 s.longest_unavailable_ms,
+                s.inbox_overflows,
                 r.verdict.anomalies.len(),
                 r.secs
             );

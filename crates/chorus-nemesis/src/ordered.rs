@@ -248,6 +248,9 @@ pub struct Stats {
     pub log_records: u64,
     /// The longest time from a heal to the first commit of an append invoked after it.
     pub longest_unavailable_ms: u64,
+    /// Messages and appends the nodes' out-of-order groups shed because their inbox
+    /// was full (`chorus_inbox_overflows_total`, summed over the nodes at the end).
+    pub inbox_overflows: u64,
 }
 
 /// A node's whole log, read after the faults healed.

@@ -279,6 +279,7 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             crate::txn::check(&hist.entries(), &finals)
         }
     };
+    verdict.stats.inbox_overflows = c.metric_sum("chorus_inbox_overflows_total").await;
     crate::history::write_entries(&hist.entries(), &history)?;
     // The run's own findings first: they explain the checker's (a node that could not be
     // read "loses" every record).

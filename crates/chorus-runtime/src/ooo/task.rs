@@ -12,9 +12,10 @@
 //! - State-machine work (applies, checkpoints, images) runs as jobs on the shared apply
 //!   workers ([`crate::pool::ApplyPool`]) and reports back as events ([`Mailbox`]).
 //!
-//! Bounds: a group's inbox holds at most [`MAX_INBOX`] events; past it, messages are
-//! dropped and counted (the protocol resends) and appends refused
-//! ([`super::OooNodeError::Busy`], nothing appended). The IO queue and the apply jobs are
+//! Bounds: a group's inbox holds at most [`MAX_INBOX`] messages and appends; past it,
+//! messages are dropped and counted (the protocol resends) and appends refused
+//! ([`super::OooNodeError::Busy`], nothing appended). Reports of the group's own IO and
+//! jobs and control requests are never dropped (a lost report would stall it for good). The IO queue and the apply jobs are
 //! bounded by the replica's window (entries in flight) and by one checkpoint and the
 //! images of the followers being caught up.
 
@@ -36,6 +37,16 @@ use crate::transport::Transport;
 
 /// Events a group's inbox holds at most.
 pub(super) const MAX_INBOX: usize = 65_536;
+
+/// Whether a full inbox may shed `ev`: a peer's message (the protocol resends what is
+/// lost) or an append (refused, so its writer knows nothing was appended). Never a report
+/// of the group's own IO or state-machine jobs: the driver waits for each (a slot applied,
+/// a batch synced, an image taken or installed), so one lost would stall the group for
+/// good, and they are bounded by what it has in flight. Nor a control request: each has
+/// a caller waiting for its answer, so they are bounded by the callers.
+fn sheddable(ev: &Ev) -> bool {
+    matches!(ev, Ev::Msg(..) | Ev::Append(..))
+}
 
 /// Rounds a task runs before it lets other tasks have its worker (it is queued again).
 const MAX_ROUNDS: u32 = 64;
@@ -165,11 +176,12 @@ impl OooTask {
     }
 
     /// Queues an event and schedules the driver. Past [`MAX_INBOX`] a message is
-    /// dropped and an append refused, nothing appended.
+    /// dropped and an append refused, nothing appended; every other event is queued
+    /// whatever the length ([`sheddable`]).
     pub(super) fn push(self: &Arc<Self>, ev: Ev) {
         {
             let mut q = self.inbox.lock().expect("inbox");
-            if q.len() >= MAX_INBOX {
+            if q.len() >= MAX_INBOX && sheddable(&ev) {
                 drop(q);
                 self.overflowed.fetch_add(1, Ordering::Relaxed);
                 if let Ev::Append(_, _, reply) = ev {
@@ -351,6 +363,47 @@ impl Task for IoTask {
                 self.queue.lock().expect("io queue").clear();
                 self.mail.post(Ev::IoFailed(e.to_string()));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full inbox sheds peers' messages and appends only: a dropped report of an apply,
+    /// a sync or an image would leave the driver waiting for it for ever.
+    #[test]
+    fn a_full_inbox_sheds_messages_and_appends_never_reports() {
+        let (reply, _rx) = super::super::Reply::channel();
+        assert!(sheddable(&Ev::Msg(2, Msg::TimeoutNow { term: 1 })));
+        assert!(sheddable(&Ev::Append(
+            chorus_core::ooo::replica::Declared::Blocks(Vec::new()),
+            Vec::new(),
+            reply
+        )));
+        let (tx, _r) = std::sync::mpsc::channel();
+        for ev in [
+            Ev::Applied(7),
+            Ev::Synced {
+                upto: 1,
+                syncs: 1,
+                len: 0,
+            },
+            Ev::IoFailed("x".into()),
+            Ev::Checkpointed(3),
+            Ev::Image {
+                to: 2,
+                base: 3,
+                part: None,
+                image: Vec::new(),
+            },
+            Ev::Installed(3, false),
+            Ev::InstallFailed(3, "x".into()),
+            Ev::SmFailed("x".into()),
+            Ev::Status(tx),
+        ] {
+            assert!(!sheddable(&ev));
         }
     }
 }
