@@ -21,6 +21,11 @@ use tonic::{Code, Status};
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     tonic::include_proto!("chorus.v1");
+
+    /// `proto/chorus.proto` compiled, as an encoded `google.protobuf.FileDescriptorSet`:
+    /// what a server's reflection service describes.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/chorus_descriptor.bin"));
 }
 
 use pb::chorus_client::ChorusClient;

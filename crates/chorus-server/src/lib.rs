@@ -16,6 +16,7 @@ pub mod ooo;
 pub mod remote;
 pub mod server;
 pub mod service;
+pub mod standard;
 pub mod state_machines;
 pub mod volume_bench;
 pub mod volume_cli;

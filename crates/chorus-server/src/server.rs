@@ -214,10 +214,21 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             }
             tracing::info!("shutting down");
         };
+        // The standard services (`standard`): health per group, and reflection.
+        let (health, health_svc) = tonic_health::server::health_reporter();
+        tokio::spawn(crate::standard::run_health(
+            env.clone(),
+            health,
+            controller.is_some(),
+        ));
+        let (reflect_v1, reflect_v1alpha) = crate::standard::reflection(controller.is_some())?;
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(svc)
             .add_optional_service(control_svc)
+            .add_service(health_svc)
+            .add_service(reflect_v1)
+            .add_service(reflect_v1alpha)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
         if let Some(c) = controller {
