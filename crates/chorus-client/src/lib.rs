@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Types and stubs generated from `proto/chorus.proto`.
@@ -30,6 +30,7 @@ pub mod pb {
 
 use pb::chorus_client::ChorusClient;
 
+pub mod security;
 pub mod split;
 pub mod volume;
 
@@ -162,10 +163,10 @@ impl Client {
             return Ok(c.clone());
         }
         let ep = &self.endpoints[i];
-        let e = Endpoint::from_shared(ep.clone())
-            .map_err(|e| ClientError::BadEndpoint {
+        let e = security::endpoint(ep)
+            .map_err(|detail| ClientError::BadEndpoint {
                 endpoint: ep.clone(),
-                detail: e.to_string(),
+                detail,
             })?
             .connect_timeout(Duration::from_secs(2))
             .timeout(self.call_timeout)

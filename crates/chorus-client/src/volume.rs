@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::pb;
@@ -209,16 +209,8 @@ pub struct VolumeClient {
     pub call_timeout: Duration,
 }
 
-fn with_scheme(ep: &str) -> String {
-    if ep.contains("://") {
-        ep.to_string()
-    } else {
-        format!("http://{ep}")
-    }
-}
-
 async fn connect(ep: &str, timeout: Duration) -> Result<Channel, String> {
-    Endpoint::from_shared(with_scheme(ep))
+    crate::security::endpoint(ep)
         .map_err(|e| format!("endpoint `{ep}`: {e}"))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)

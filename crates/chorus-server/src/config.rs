@@ -324,6 +324,29 @@ fn default_server_name() -> String {
     "localhost".into()
 }
 
+/// TLS on the client API (`api_listen`), optionally mutual.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTlsSection {
+    /// This node's API certificate chain (PEM), presented to clients; also this node's
+    /// client certificate when it calls other nodes' APIs (the control plane's agent and
+    /// duties, chunk copies).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA certificate(s) (PEM) that sign every node's API certificate: this node
+    /// checks the other nodes' against it when it calls them.
+    pub ca: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (PEM): mutual TLS.
+    /// Unset, any client that trusts the node's certificate may connect.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// The name every node's API certificate carries, checked when this node calls
+    /// another (default: the host of the address called).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
 /// The whole server configuration.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -356,6 +379,8 @@ pub struct ServerConfig {
     pub log: LogSection,
     /// Mutual TLS for replication.
     pub tls: Option<TlsSection>,
+    /// TLS on the client API.
+    pub api_tls: Option<ApiTlsSection>,
     /// Settings of out-of-order (parallel and dependent mode) groups.
     pub out_of_order: OutOfOrderSection,
     /// The storage layer's control plane, and this node's part in it.
@@ -381,6 +406,7 @@ impl Default for ServerConfig {
             replica: ReplicaSection::default(),
             log: LogSection::default(),
             tls: None,
+            api_tls: None,
             out_of_order: OutOfOrderSection::default(),
             control: ControlSection::default(),
             log_filter: "info".into(),

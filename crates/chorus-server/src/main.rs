@@ -42,6 +42,39 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Client commands: the CA certificate (PEM) that signs the nodes' API certificates;
+    /// connections are then TLS (nodes with `[api_tls]`).
+    #[arg(long, global = true, env = "CHORUS_CA", value_name = "PEM")]
+    ca: Option<std::path::PathBuf>,
+    /// Client commands: this client's certificate (PEM), for nodes that require client
+    /// certificates (`api_tls.client_ca`); with --key.
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_CERT",
+        value_name = "PEM",
+        requires = "ca"
+    )]
+    cert: Option<std::path::PathBuf>,
+    /// Client commands: the private key (PEM) of --cert.
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_KEY",
+        value_name = "PEM",
+        requires = "ca"
+    )]
+    key: Option<std::path::PathBuf>,
+    /// Client commands: the name the nodes' API certificates carry (default: the host of
+    /// each endpoint).
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_TLS_NAME",
+        value_name = "NAME",
+        requires = "ca"
+    )]
+    tls_name: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -159,6 +192,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Server(_)) {
         die_quietly_on_a_closed_pipe();
+    }
+    if let Some(ca) = &cli.ca {
+        match chorus_client::security::ClientTls::load(
+            ca,
+            cli.cert.as_deref(),
+            cli.key.as_deref(),
+            cli.tls_name.clone(),
+        ) {
+            Ok(t) => chorus_client::security::set_default_tls(Some(t)),
+            Err(e) => {
+                eprintln!("chorus: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
     }
     let r = match cli.cmd {
         Cmd::Demo {

@@ -87,6 +87,12 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let (env_cfg, api, metrics) = cfg.to_env_config()?;
+    // TLS on the client API, checked before anything starts: a file missing or not PEM
+    // is named now rather than at the first connection.
+    let api_tls = match &cfg.api_tls {
+        Some(t) => Some(api_tls(t)?),
+        None => None,
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log_filter))
         .map_err(|e| crate::config::ConfigError {
@@ -222,7 +228,11 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             controller.is_some(),
         ));
         let (reflect_v1, reflect_v1alpha) = crate::standard::reflection(controller.is_some())?;
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(t) = api_tls {
+            builder = builder.tls_config(t)?;
+        }
+        builder
             .tcp_nodelay(true)
             .add_service(svc)
             .add_optional_service(control_svc)
@@ -245,4 +255,28 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             Ok(ExitCode::from(EXIT_USAGE))
         }
     }
+}
+
+/// The client API's TLS from `[api_tls]`: the server's side, and (set as this process's
+/// default, [`chorus_client::security`]) this node's side when it calls other nodes.
+fn api_tls(t: &crate::config::ApiTlsSection) -> AnyResult<tonic::transport::ServerTlsConfig> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let read = |what: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| format!("api_tls.{what} `{}`: {e}", p.display()))
+    };
+    let (cert, key) = (read("cert", &t.cert)?, read("key", &t.key)?);
+    let mut server = ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key));
+    if let Some(ca) = &t.client_ca {
+        server = server.client_ca_root(Certificate::from_pem(read("client_ca", ca)?));
+    }
+    let (cert_path, key_path) = (t.cert.as_path(), t.key.as_path());
+    let client = chorus_client::security::ClientTls::load(
+        &t.ca,
+        t.client_ca.is_some().then_some(cert_path),
+        t.client_ca.is_some().then_some(key_path),
+        t.server_name.clone(),
+    )
+    .map_err(|e| format!("api_tls: {e}"))?;
+    chorus_client::security::set_default_tls(Some(client));
+    Ok(server)
 }

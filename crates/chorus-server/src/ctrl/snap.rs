@@ -28,7 +28,7 @@ use std::time::Duration;
 use chorus_client::pb;
 use chorus_client::pb::chorus_client::ChorusClient;
 use chorus_ctrl::{Command, SnapshotState, VolumeState};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::Controller;
@@ -42,12 +42,7 @@ const COPY_SECTORS: u64 = 256;
 
 /// Connects to a chunk server's client API.
 pub(super) async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status> {
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    let ch = Endpoint::from_shared(uri)
+    let ch = chorus_client::security::endpoint(addr)
         .map_err(|e| Status::invalid_argument(format!("address `{addr}`: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(CALL_TIMEOUT)
