@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use tonic::transport::Channel;
+pub use security::Conn;
 use tonic::{Code, Status};
 
 /// Types and stubs generated from `proto/chorus.proto`.
@@ -105,7 +105,7 @@ impl ClientError {
 #[derive(Clone, Debug)]
 pub struct Client {
     endpoints: Vec<String>,
-    conns: Vec<Option<ChorusClient<Channel>>>,
+    conns: Vec<Option<ChorusClient<Conn>>>,
     leader: std::collections::HashMap<u64, usize>,
     /// How long leader-only operations keep looking for a leader.
     pub leader_timeout: Duration,
@@ -158,7 +158,7 @@ impl Client {
     }
 
     /// The gRPC stub for endpoint `i`, connecting if needed.
-    pub async fn conn(&mut self, i: usize) -> Result<ChorusClient<Channel>, ClientError> {
+    pub async fn conn(&mut self, i: usize) -> Result<ChorusClient<Conn>, ClientError> {
         if let Some(c) = &self.conns[i] {
             return Ok(c.clone());
         }
@@ -178,7 +178,7 @@ impl Client {
             endpoint: ep.clone(),
             detail: format!("{e}: {}", source_chain(&e)),
         })?;
-        let c = ChorusClient::new(ch)
+        let c = ChorusClient::new(security::authed(ch))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         self.conns[i] = Some(c.clone());
@@ -195,7 +195,7 @@ impl Client {
         mut call: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(ChorusClient<Channel>) -> Fut,
+        F: FnMut(ChorusClient<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         if self.endpoints.is_empty() {
@@ -316,7 +316,7 @@ impl Client {
     }
 
     /// Endpoint `i` and a connection to it (an index past the list is `NoEndpoints`).
-    async fn at(&mut self, i: usize) -> Result<(String, ChorusClient<Channel>), ClientError> {
+    async fn at(&mut self, i: usize) -> Result<(String, ChorusClient<Conn>), ClientError> {
         let ep = self
             .endpoints
             .get(i)
@@ -400,7 +400,7 @@ impl Client {
     /// Runs `call` on the first endpoint that answers (reads work on any replica).
     async fn on_any<T, F, Fut>(&mut self, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(ChorusClient<Channel>) -> Fut,
+        F: FnMut(ChorusClient<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let mut last = ClientError::NoEndpoints;

@@ -1,5 +1,6 @@
-//! TLS for the client API: how this process's clients reach nodes whose `api_listen`
-//! serves TLS (`[api_tls]` in a node's configuration, docs/operations.md).
+//! TLS and bearer tokens for the client API: how this process's clients reach nodes whose
+//! `api_listen` serves TLS (`[api_tls]` in a node's configuration) or requires a token
+//! (`[api_auth]`, docs/operations.md).
 //!
 //! A process sets it once ([`set_default_tls`]): the `chorus` CLI from `--ca`, `--cert`,
 //! `--key` and `--tls-name` (or `CHORUS_CA`, `CHORUS_CERT`, `CHORUS_KEY`,
@@ -8,11 +9,17 @@
 //! [`crate::Client`], [`crate::VolumeClient`] — is TLS: an endpoint written `host:port` or
 //! `http://host:port` is dialled as `https://host:port`, since a node serving TLS refuses
 //! plain text anyway. Without it, connections are plain text, as before.
+//!
+//! A token ([`set_default_token`]: the CLI's `--token` or `CHORUS_TOKEN`, a node's
+//! `api_auth.node_token_file`) goes on every call as `authorization: Bearer <token>`.
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// The TLS a client presents and checks.
 #[derive(Clone, Debug)]
@@ -147,4 +154,52 @@ pub fn endpoint(ep: &str) -> Result<Endpoint, String> {
         Some(t) => e.tls_config(t.config()).map_err(|e| e.to_string()),
         None => Ok(e),
     }
+}
+
+static TOKEN: RwLock<Option<AsciiMetadataValue>> = RwLock::new(None);
+
+/// Why a token was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("the token is not printable ASCII (a bearer token is sent as an HTTP header)")]
+pub struct BadToken;
+
+/// Sets (or with `None` clears) the bearer token every call opened from now on carries.
+pub fn set_default_token(token: Option<&str>) -> Result<(), BadToken> {
+    let v = match token {
+        Some(t) => {
+            let t = t.trim();
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(BadToken);
+            }
+            Some(
+                AsciiMetadataValue::try_from(format!("Bearer {t}").as_str())
+                    .map_err(|_| BadToken)?,
+            )
+        }
+        None => None,
+    };
+    *TOKEN.write().unwrap_or_else(|e| e.into_inner()) = v;
+    Ok(())
+}
+
+/// Adds `authorization: Bearer <token>` to every request (nothing without a token).
+#[derive(Clone, Debug)]
+pub struct Bearer(Option<AsciiMetadataValue>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(r)
+    }
+}
+
+/// A connection whose calls carry this process's token ([`set_default_token`]).
+pub type Conn = InterceptedService<Channel, Bearer>;
+
+/// `ch` with this process's token on every call.
+pub fn authed(ch: Channel) -> Conn {
+    let token = TOKEN.read().unwrap_or_else(|e| e.into_inner()).clone();
+    InterceptedService::new(ch, Bearer(token))
 }

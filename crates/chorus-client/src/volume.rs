@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::transport::Channel;
+
+use crate::security::Conn;
 use tonic::{Code, Status};
 
 use crate::pb;
@@ -192,7 +194,7 @@ struct Shared {
     /// The leader last seen per chunk group.
     leaders: Mutex<HashMap<u64, u64>>,
     /// One connection per chunk server address.
-    conns: Mutex<HashMap<String, ChorusClient<Channel>>>,
+    conns: Mutex<HashMap<String, ChorusClient<Conn>>>,
     /// Maps pulled or pushed (for tests and status).
     refreshes: std::sync::atomic::AtomicU64,
 }
@@ -263,7 +265,7 @@ pub async fn on_control<T, F, Fut>(
     mut call: F,
 ) -> Result<Result<T, Status>, String>
 where
-    F: FnMut(ControlClient<Channel>) -> Fut,
+    F: FnMut(ControlClient<Conn>) -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
 {
     if control.is_empty() {
@@ -281,7 +283,7 @@ where
                     continue;
                 }
             };
-            match call(ControlClient::new(ch)).await {
+            match call(ControlClient::new(crate::security::authed(ch))).await {
                 Err(s) if s.code() == Code::FailedPrecondition || s.code() == Code::Unavailable => {
                     last[i] = format!("{ep}: {:?}: {}", s.code(), s.message());
                 }
@@ -335,7 +337,9 @@ impl VolumeClient {
                     let Ok(ch) = connect(ep, Duration::from_secs(2)).await else {
                         continue;
                     };
-                    let r = ControlClient::new(ch).stat_volume(req.clone()).await;
+                    let r = ControlClient::new(crate::security::authed(ch))
+                        .stat_volume(req.clone())
+                        .await;
                     if let Ok(Ok(m)) = r.map(|r| VolumeMap::from_info(r.into_inner())) {
                         if newer(&m, &best) {
                             best = m;
@@ -388,7 +392,7 @@ impl VolumeClient {
         Ok(m)
     }
 
-    async fn conn(&self, addr: &str) -> Result<ChorusClient<Channel>, String> {
+    async fn conn(&self, addr: &str) -> Result<ChorusClient<Conn>, String> {
         if let Some(c) = self
             .shared
             .conns
@@ -399,7 +403,7 @@ impl VolumeClient {
             return Ok(c.clone());
         }
         let ch = connect(addr, self.call_timeout).await?;
-        let c = ChorusClient::new(ch)
+        let c = ChorusClient::new(crate::security::authed(ch))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         self.shared

@@ -381,6 +381,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsSection>,
     /// TLS on the client API.
     pub api_tls: Option<ApiTlsSection>,
+    /// Who may call the client API (bearer tokens, per group and operation class).
+    pub api_auth: Option<crate::auth::ApiAuthSection>,
     /// Settings of out-of-order (parallel and dependent mode) groups.
     pub out_of_order: OutOfOrderSection,
     /// The storage layer's control plane, and this node's part in it.
@@ -407,6 +409,7 @@ impl Default for ServerConfig {
             log: LogSection::default(),
             tls: None,
             api_tls: None,
+            api_auth: None,
             out_of_order: OutOfOrderSection::default(),
             control: ControlSection::default(),
             log_filter: "info".into(),

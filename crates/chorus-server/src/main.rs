@@ -75,6 +75,16 @@ struct Cli {
         requires = "ca"
     )]
     tls_name: Option<String>,
+    /// Client commands: the bearer token sent on every call (nodes with `[api_auth]`).
+    /// Prefer the environment variable: a command line is visible to other users.
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -192,6 +202,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Server(_)) {
         die_quietly_on_a_closed_pipe();
+    }
+    if let Some(t) = &cli.token {
+        if let Err(e) = chorus_client::security::set_default_token(Some(t)) {
+            eprintln!("chorus: --token: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
     }
     if let Some(ca) = &cli.ca {
         match chorus_client::security::ClientTls::load(

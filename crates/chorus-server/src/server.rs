@@ -93,6 +93,18 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         Some(t) => Some(api_tls(t)?),
         None => None,
     };
+    // Who may call (`auth`): token files read now, a bad one named at start.
+    let authz = std::sync::Arc::new(match &cfg.api_auth {
+        Some(a) => {
+            if let Some(f) = &a.node_token_file {
+                let t = crate::auth::read_token("api_auth.node_token_file", f)?;
+                chorus_client::security::set_default_token(Some(&t))
+                    .map_err(|e| format!("api_auth.node_token_file: {e}"))?;
+            }
+            crate::auth::Authz::load(a)?
+        }
+        None => crate::auth::Authz::default(),
+    });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log_filter))
         .map_err(|e| crate::config::ConfigError {
@@ -151,7 +163,12 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .enable_all()
         .build()?;
     let code = rt.block_on(async move {
-        let svc = ChorusServer::new(Service::new(env.clone()))
+        if authz.enabled() && api_tls.is_none() {
+            tracing::warn!(
+                "[api_auth] without [api_tls]: bearer tokens cross the network in plain text"
+            );
+        }
+        let svc = ChorusServer::new(Service::with_auth(env.clone(), authz.clone()))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         // The control plane: served here if this node hosts the control group.
@@ -170,7 +187,7 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
             tokio::spawn(serve_metrics_with(env.clone(), l, extra));
         }
         let control_svc = controller.clone().map(|c| {
-            ControlServer::new(crate::ctrl::service::ControlService::new(c))
+            ControlServer::new(crate::ctrl::service::ControlService::new(c, authz.clone()))
                 .max_decoding_message_size(64 << 20)
                 .max_encoding_message_size(64 << 20)
         });

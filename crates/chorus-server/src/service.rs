@@ -12,6 +12,8 @@ use chorus_core::ooo::parallel::BlockRange;
 use chorus_core::ooo::replica::{Body, Declared, Mode, OooAppendError};
 use chorus_core::replica::{AppendError, ChangeError, MirrorError, Role};
 use chorus_runtime::env::{GroupMode, HostedGroup, OooHandle};
+
+use crate::auth::{Authz, Class};
 use chorus_runtime::{Env, Error, LogHandle, MembershipChange, Outcome};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -86,6 +88,8 @@ fn ooo_entry(e: chorus_core::ooo::replica::Entry) -> Result<pb::OutOfOrderEntry,
 #[derive(Clone, Debug)]
 pub struct Service {
     env: Env,
+    /// Who may call what ([`crate::auth`]); open when no identity is configured.
+    auth: std::sync::Arc<Authz>,
 }
 
 /// A group a request names, resolved once per request: each handler matches on its mode.
@@ -109,7 +113,12 @@ impl Served {
 impl Service {
     /// Serves the groups of every mode `env` hosts.
     pub fn new(env: Env) -> Self {
-        Self { env }
+        Self::with_auth(env, std::sync::Arc::new(Authz::default()))
+    }
+
+    /// Serves `env`, checking every call against `auth` ([`crate::auth`]).
+    pub fn with_auth(env: Env, auth: std::sync::Arc<Authz>) -> Self {
+        Self { env, auth }
     }
 
     /// Group `id` of any mode: the one place a request's group is looked up, and where
@@ -706,6 +715,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Append, Some(req.get_ref().group))?;
         let req = req.into_inner();
         if req.records.len() > MAX_APPEND_BATCH {
             return Err(Status::invalid_argument(format!(
@@ -722,6 +733,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         self.ordered(r.group, "Read")?;
         let env = self.env.clone();
@@ -739,6 +752,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::TailRequest>,
     ) -> Result<Response<Self::TailStream>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = self.ordered(r.group, "Tail")?;
         let env = self.env.clone();
@@ -765,6 +780,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::LocateRequest>,
     ) -> Result<Response<pb::LocateResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = self.ordered(r.group, "Locate")?;
         let found = tokio::task::spawn_blocking(move || log.locate(r.csn))
@@ -781,6 +798,14 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.auth.check(
+            req.metadata(),
+            Class::Read,
+            match req.get_ref().group {
+                0 => None,
+                g => Some(g),
+            },
+        )?;
         let g = req.into_inner().group;
         let ids: Vec<u64> = if g == 0 {
             self.env.list_groups().into_iter().map(|l| l.id).collect()
@@ -867,6 +892,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::CreateGroupRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         if r.group == 0 {
             return Err(Status::invalid_argument("group id 0 is reserved"));
@@ -933,6 +960,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::DeleteGroupRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let (group, me) = (r.group, self.env.node());
         let voter = |voters: &[u64]| -> Result<(), Status> {
@@ -988,6 +1017,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::RestartGroupRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let group = req.into_inner().group;
         let env = self.env.clone();
         tokio::task::spawn_blocking(move || env.restart_group(group).map(drop))
@@ -1008,6 +1039,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ChangeMembershipRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let change = match pb::ChangeKind::try_from(r.kind) {
             Ok(pb::ChangeKind::AddLearner) => MembershipChange::AddLearner(r.node),
@@ -1044,6 +1077,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = match self.served(r.group)? {
             Served::Ordered(log) => log,
@@ -1088,6 +1123,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::SetPriorityRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = self.ordered(r.group, "SetPriority")?;
         log.set_priority(r.priority);
@@ -1095,6 +1132,8 @@ impl pb::chorus_server::Chorus for Service {
     }
 
     async fn trim(&self, req: Request<pb::TrimRequest>) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         match self.served(r.group)? {
             Served::Ordered(log) => {
@@ -1126,6 +1165,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::MirrorRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Append, Some(req.get_ref().group))?;
         let req = req.into_inner();
         if req.groups.len() > MAX_APPEND_BATCH {
             return Err(Status::invalid_argument(format!(
@@ -1141,6 +1182,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::SetAccessModeRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = self.ordered(r.group, "SetAccessMode")?;
         let mode = AccessMode::from_name(&r.mode).ok_or_else(|| {
@@ -1157,6 +1200,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ReadGroupsRequest>,
     ) -> Result<Response<pb::ReadGroupsResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let log = self.ordered(r.group, "ReadGroups")?;
         let max = if r.max_bytes == 0 {
@@ -1183,6 +1228,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::AppendOutOfOrderRequest>,
     ) -> Result<Response<pb::AppendOutOfOrderResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Append, Some(req.get_ref().group))?;
         let req = req.into_inner();
         if req.records.len() > MAX_APPEND_BATCH {
             return Err(Status::invalid_argument(format!(
@@ -1219,6 +1266,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ReadBlocksRequest>,
     ) -> Result<Response<pb::ReadBlocksResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ReadBlocks")?;
         chunk_io::read_blocks(g, sm, r).await.map(Response::new)
@@ -1228,6 +1277,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ChunkSnapshotRequest>,
     ) -> Result<Response<pb::ChunkSnapshotResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ChunkSnapshot")?;
         chunk_io::chunk_snapshot(g, sm, r).await.map(Response::new)
@@ -1237,6 +1288,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ChunkScrubRequest>,
     ) -> Result<Response<pb::ChunkScrubResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Admin, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let (g, sm) = self.out_of_order(r.group, "ChunkScrub")?;
         chunk_io::chunk_scrub(g, sm, r).await.map(Response::new)
@@ -1246,6 +1299,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::ReadOutOfOrderRequest>,
     ) -> Result<Response<pb::ReadOutOfOrderResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let (g, _) = self.out_of_order(r.group, "ReadOutOfOrder")?;
         read_ooo_batch(g, r.group, r.from_seq, r.max_records)
@@ -1259,6 +1314,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::TailOutOfOrderRequest>,
     ) -> Result<Response<Self::TailOutOfOrderStream>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         let head = self
             .out_of_order(r.group, "TailOutOfOrder")?
@@ -1290,6 +1347,8 @@ impl pb::chorus_server::Chorus for Service {
         &self,
         req: Request<pb::GetKeysRequest>,
     ) -> Result<Response<pb::GetKeysResponse>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
         if r.keys.len() > 100_000 {
             return Err(Status::invalid_argument(format!(

@@ -223,7 +223,7 @@ fn status_exit(s: &Status) -> u8 {
 
 async fn control<T, F, Fut>(c: &Control, call: F) -> Result<T, (u8, String)>
 where
-    F: FnMut(pb::control_client::ControlClient<tonic::transport::Channel>) -> Fut,
+    F: FnMut(pb::control_client::ControlClient<chorus_client::Conn>) -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
 {
     match on_control(&c.control, Duration::from_secs(30), call).await {

@@ -10,37 +10,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-
 mod common;
+use common::tls::Ca;
 use common::{free_port, Server};
-
-struct Ca {
-    params: CertificateParams,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        std::fs::write(dir.join(format!("{name}.pem")), pem).unwrap();
-        Self { params, key }
-    }
-
-    /// Writes `NAME.pem` and `NAME.key`: a certificate for "localhost" signed by this CA.
-    fn issue(&self, dir: &Path, name: &str) {
-        let key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        let cert = params
-            .signed_by(&key, &Issuer::from_params(&self.params, &self.key))
-            .unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
 
 fn chorus(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_chorus"))

@@ -31,7 +31,7 @@ fn cluster() -> Cluster {
 /// Calls the control plane until it answers (a leader may still be elected).
 async fn ctl<T, F, Fut>(control: &[String], call: F) -> Result<T, tonic::Status>
 where
-    F: FnMut(pb::control_client::ControlClient<tonic::transport::Channel>) -> Fut,
+    F: FnMut(pb::control_client::ControlClient<chorus_client::Conn>) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     on_control(control, Duration::from_secs(30), call)

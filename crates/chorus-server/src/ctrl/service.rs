@@ -10,6 +10,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::{node_info, snapshot_info, volume_info, Controller};
+use crate::auth::{Authz, Class};
 
 /// The first chunk group id: chunk groups are numbered from 2^40 up, so that they never
 /// meet the groups an operator creates by hand (the control group among them).
@@ -29,12 +30,15 @@ const MAX_CHUNKS: u64 = 1 << 16;
 #[derive(Clone, Debug)]
 pub struct ControlService {
     c: Arc<Controller>,
+    /// Who may call what ([`crate::auth`]): the control plane's operations name no one
+    /// group, so each needs an identity allowed every group.
+    auth: Arc<Authz>,
 }
 
 impl ControlService {
-    /// Serves `c`.
-    pub fn new(c: Arc<Controller>) -> Self {
-        Self { c }
+    /// Serves `c`, checking every call against `auth`.
+    pub fn new(c: Arc<Controller>, auth: Arc<Authz>) -> Self {
+        Self { c, auth }
     }
 
     /// Chunk groups for `count` new chunks placed on live nodes, numbered from the
@@ -79,6 +83,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let r = req.into_inner();
         if r.node == 0 {
             return Err(Status::invalid_argument("node id 0 is reserved"));
@@ -113,6 +118,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let r = req.into_inner();
         let chunk_bytes = if r.chunk_bytes == 0 {
             self.c.cfg.chunk_bytes
@@ -171,6 +177,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::VolumeName>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
+        self.auth.check(req.metadata(), Class::Read, None)?;
         let name = req.into_inner().name;
         self.c
             .volume_info(&name)
@@ -180,8 +187,9 @@ impl Control for ControlService {
 
     async fn list_volumes(
         &self,
-        _req: Request<pb::Empty>,
+        req: Request<pb::Empty>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        self.auth.check(req.metadata(), Class::Read, None)?;
         let volumes = self
             .c
             .with_meta(|m| m.volumes().values().map(|v| volume_info(m, v)).collect());
@@ -192,6 +200,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::GrowVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let r = req.into_inner();
         let name = r.name.clone();
         let grown = self
@@ -249,6 +258,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::VolumeName>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let name = req.into_inner().name;
         self.c
             .propose(Command::DeleteVolume { name: name.clone() })
@@ -260,8 +270,9 @@ impl Control for ControlService {
 
     async fn list_nodes(
         &self,
-        _req: Request<pb::Empty>,
+        req: Request<pb::Empty>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.auth.check(req.metadata(), Class::Read, None)?;
         // Liveness is the leader's: only it hears the heartbeats.
         if !self.c.is_leader() {
             return Err(self.c.not_leader());
@@ -294,6 +305,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::DrainNodeRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let id = req.into_inner().node;
         self.c
             .propose(Command::SetNodeState {
@@ -308,6 +320,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::CreateSnapshotRequest>,
     ) -> Result<Response<pb::SnapshotInfo>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         self.do_create_snapshot(req.into_inner())
             .await
             .map(Response::new)
@@ -317,6 +330,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::SnapshotName>,
     ) -> Result<Response<pb::Empty>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let r = req.into_inner();
         let id = self.snapshot_id(&r.volume, &r.name)?;
         self.c
@@ -334,6 +348,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::CloneVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
+        self.auth.check(req.metadata(), Class::Admin, None)?;
         let r = req.into_inner();
         let id = self.snapshot_id(&r.source_volume, &r.snapshot)?;
         self.c
@@ -370,6 +385,7 @@ impl Control for ControlService {
         &self,
         req: Request<pb::VolumeName>,
     ) -> Result<Response<Self::WatchVolumeStream>, Status> {
+        self.auth.check(req.metadata(), Class::Read, None)?;
         let name = req.into_inner().name;
         let first = self
             .c

@@ -28,7 +28,6 @@ use std::time::Duration;
 use chorus_client::pb;
 use chorus_client::pb::chorus_client::ChorusClient;
 use chorus_ctrl::{Command, SnapshotState, VolumeState};
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::Controller;
@@ -41,7 +40,7 @@ const ROUNDS: usize = 20;
 const COPY_SECTORS: u64 = 256;
 
 /// Connects to a chunk server's client API.
-pub(super) async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status> {
+pub(super) async fn connect(addr: &str) -> Result<ChorusClient<chorus_client::Conn>, Status> {
     let ch = chorus_client::security::endpoint(addr)
         .map_err(|e| Status::invalid_argument(format!("address `{addr}`: {e}")))?
         .connect_timeout(Duration::from_secs(2))
@@ -49,7 +48,7 @@ pub(super) async fn connect(addr: &str) -> Result<ChorusClient<Channel>, Status>
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("{addr}: unreachable: {e}")))?;
-    Ok(ChorusClient::new(ch).max_decoding_message_size(64 << 20))
+    Ok(ChorusClient::new(chorus_client::security::authed(ch)).max_decoding_message_size(64 << 20))
 }
 
 /// A chunk's replicas' client addresses, the first (preferred leader) first.
@@ -71,7 +70,7 @@ pub(super) async fn at_leader<T, F, Fut>(
     mut f: F,
 ) -> Result<(T, String), Status>
 where
-    F: FnMut(ChorusClient<Channel>) -> Fut,
+    F: FnMut(ChorusClient<chorus_client::Conn>) -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
 {
     let mut last = Status::unavailable(format!("chunk group {group}: no replica tried"));

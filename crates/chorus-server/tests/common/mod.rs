@@ -1,6 +1,8 @@
 //! What the process-level tests share: free loopback ports and a `chorus server` child
 //! that is SIGKILLed when dropped.
 
+pub mod tls;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
