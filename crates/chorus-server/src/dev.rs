@@ -54,6 +54,12 @@ pub struct DevArgs {
     /// With --fs: the volume's size.
     #[arg(long, requires = "fs", default_value = "256M", value_parser = crate::volume_cli::parse_bytes)]
     pub fs_size: u64,
+    /// A secured cluster: a CA, node and client certificates and an operator token are
+    /// generated in DIR/tls (kept across runs); replication and the client API are mutual
+    /// TLS, and the API needs the operator's token (`[tls]`, `[api_tls]`, `[api_auth]`).
+    /// Prints the environment variables client commands need.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Group 1's mode in `chorus dev`.
@@ -78,9 +84,79 @@ impl DevMode {
     }
 }
 
+/// With `--tls`: generates DIR/tls once — `ca.pem` and `ca.key`, `node<i>.pem` and
+/// `.key` for every node, `client.pem` and `.key`, and `operator.token` — every
+/// certificate naming "localhost". A later run reuses what is there (a node added by a
+/// larger `--nodes` gets its certificate then).
+fn tls_files(dir: &Path, nodes: u64) -> AnyResult<PathBuf> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let t = dir.join("tls");
+    std::fs::create_dir_all(&t)?;
+    let (ca_pem, ca_key) = (t.join("ca.pem"), t.join("ca.key"));
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let key = if ca_key.exists() {
+        KeyPair::from_pem(&std::fs::read_to_string(&ca_key)?)?
+    } else {
+        let key = KeyPair::generate()?;
+        std::fs::write(&ca_pem, params.self_signed(&key)?.pem())?;
+        std::fs::write(&ca_key, key.serialize_pem())?;
+        key
+    };
+    let issuer = Issuer::from_params(&params, &key);
+    let names = (1..=nodes)
+        .map(|i| format!("node{i}"))
+        .chain(["client".to_string()]);
+    for name in names {
+        let (cert, k) = (t.join(format!("{name}.pem")), t.join(format!("{name}.key")));
+        if cert.exists() && k.exists() {
+            continue;
+        }
+        let key = KeyPair::generate()?;
+        let c = CertificateParams::new(vec!["localhost".to_string()])?.signed_by(&key, &issuer)?;
+        std::fs::write(&cert, c.pem())?;
+        std::fs::write(&k, key.serialize_pem())?;
+    }
+    let token = t.join("operator.token");
+    if !token.exists() {
+        let mut b = [0u8; 24];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        std::fs::write(&token, hex + "\n")?;
+    }
+    Ok(t)
+}
+
 fn node_config(a: &DevArgs, dir: &Path, i: u64) -> ServerConfig {
     let p = |off: u64, j: u64| format!("127.0.0.1:{}", a.base_port as u64 + off + j);
+    let t = dir.join("tls");
+    let (cert, key) = (
+        t.join(format!("node{i}.pem")),
+        t.join(format!("node{i}.key")),
+    );
     ServerConfig {
+        tls: a.tls.then(|| crate::config::TlsSection {
+            ca: t.join("ca.pem"),
+            cert: cert.clone(),
+            key: key.clone(),
+            server_name: "localhost".into(),
+        }),
+        api_tls: a.tls.then(|| crate::config::ApiTlsSection {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: t.join("ca.pem"),
+            client_ca: Some(t.join("ca.pem")),
+            server_name: Some("localhost".into()),
+        }),
+        api_auth: a.tls.then(|| crate::auth::ApiAuthSection {
+            node_token_file: Some(t.join("operator.token")),
+            identities: vec![crate::auth::IdentitySection {
+                name: "operator".into(),
+                token_file: t.join("operator.token"),
+                groups: None,
+                allow: vec!["read".into(), "append".into(), "admin".into()],
+            }],
+        }),
         node: i,
         data_dir: dir.join(format!("n{i}")),
         listen: p(100, i),
@@ -128,11 +204,30 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("create {}: {e}", a.dir.display()))?;
     let dir = std::fs::canonicalize(&a.dir)?;
     let exe = std::env::current_exe()?;
+    // A secured cluster: this process polls it as the operator, over mutual TLS.
+    let tls_env = if a.tls {
+        let t = tls_files(&dir, a.nodes)?;
+        chorus_client::security::set_default_tls(Some(chorus_client::security::ClientTls::load(
+            &t.join("ca.pem"),
+            Some(&t.join("client.pem")),
+            Some(&t.join("client.key")),
+            Some("localhost".into()),
+        )?));
+        let token = crate::auth::read_token("operator.token", &t.join("operator.token"))?;
+        chorus_client::security::set_default_token(Some(&token))?;
+        Some(format!(
+            "export CHORUS_CA={d}/ca.pem CHORUS_CERT={d}/client.pem CHORUS_KEY={d}/client.key CHORUS_TLS_NAME=localhost CHORUS_TOKEN=$(cat {d}/operator.token)",
+            d = t.display()
+        ))
+    } else {
+        None
+    };
     let mut children: Vec<(u64, Child)> = Vec::new();
     let mut endpoints = Vec::new();
     for i in 1..=a.nodes {
         let cfg = node_config(&a, &dir, i);
-        endpoints.push(format!("http://{}", cfg.api_listen));
+        let scheme = if a.tls { "https" } else { "http" };
+        endpoints.push(format!("{scheme}://{}", cfg.api_listen));
         let cfg_path = dir.join(format!("n{i}.toml"));
         std::fs::write(&cfg_path, toml::to_string(&cfg)?)?;
         let log = std::fs::File::create(dir.join(format!("n{i}.log")))?;
@@ -245,6 +340,11 @@ pub fn run(a: DevArgs) -> AnyResult<ExitCode> {
     } else {
         format!(" --endpoints {eps}")
     };
+    if let Some(env) = &tls_env {
+        println!("Secured (mutual TLS, operator token): client commands need, in their shell:");
+        println!("  {env}");
+        println!();
+    }
     println!("Try, in another terminal:");
     if a.storage {
         let ctl = if a.base_port == 7000 {

@@ -209,3 +209,71 @@ fn dev_storage_mounts_a_file_system_and_a_stop_unmounts_it() {
     }
     run.stop();
 }
+
+/// `chorus dev --tls`: a secured cluster (mutual TLS on replication and on the API, the
+/// operator's token) leads; client commands with the variables it prints are served,
+/// without them refused; a second run reuses the generated files.
+#[test]
+fn dev_tls_cluster_serves_only_the_operator() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("chorus-dev");
+    let base = free_base();
+    let eps: Vec<String> = (1..=3)
+        .map(|i| format!("https://127.0.0.1:{}", base + i))
+        .collect();
+    let eps = eps.join(",");
+    let running = Running(dir.clone());
+    let out = dev(&dir, base, &["--tls"]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.contains("export CHORUS_CA="), "{said}");
+    let t = dir.join("tls");
+    let token = std::fs::read_to_string(t.join("operator.token")).unwrap();
+    let secured = |args: &[&str]| {
+        chorus()
+            .env("CHORUS_CA", t.join("ca.pem"))
+            .env("CHORUS_CERT", t.join("client.pem"))
+            .env("CHORUS_KEY", t.join("client.key"))
+            .env("CHORUS_TLS_NAME", "localhost")
+            .env("CHORUS_TOKEN", token.trim())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = secured(&["append", "--endpoints", &eps, "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = secured(&["read", "--endpoints", &eps]);
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stderr));
+    // No token: refused by name. No certificates at all: the handshake fails.
+    let out = chorus()
+        .env("CHORUS_CA", t.join("ca.pem"))
+        .env("CHORUS_CERT", t.join("client.pem"))
+        .env("CHORUS_KEY", t.join("client.key"))
+        .env("CHORUS_TLS_NAME", "localhost")
+        .env_remove("CHORUS_TOKEN")
+        .args(["read", "--endpoints", &eps])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no bearer token"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = chorus()
+        .args(["read", "--endpoints", &eps.replace("https", "http")])
+        .env_remove("CHORUS_CA")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "served in plain text");
+    // Again on the same directory: the same CA and token, and the data kept.
+    running.stop();
+    let out = dev(&dir, base, &["--tls"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(t.join("operator.token")).unwrap(),
+        token
+    );
+    let out = secured(&["read", "--endpoints", &eps]);
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stderr));
+}
