@@ -387,6 +387,8 @@ pub struct ServerConfig {
     pub out_of_order: OutOfOrderSection,
     /// The storage layer's control plane, and this node's part in it.
     pub control: ControlSection,
+    /// Archiving the ordered groups this node leads to object storage (PALF section 5.2).
+    pub archive: Option<crate::archive::ArchiveSection>,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `chorus_runtime=debug`.
     pub log_filter: String,
 }
@@ -412,6 +414,7 @@ impl Default for ServerConfig {
             api_auth: None,
             out_of_order: OutOfOrderSection::default(),
             control: ControlSection::default(),
+            archive: None,
             log_filter: "info".into(),
         }
     }

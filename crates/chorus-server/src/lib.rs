@@ -3,6 +3,7 @@
 //! (`chorus dev`), the client commands and the local tools. The binary (`src/main.rs`)
 //! only parses the command line and dispatches here.
 
+pub mod archive;
 pub mod auth;
 pub mod bench;
 mod chunk_io;

@@ -136,6 +136,12 @@ enum Cmd {
     /// once the mirror holds, committed, what the primary had committed; with it, it goes
     /// on. Failover: `chorus group access-mode --mode append` on the mirror.
     Mirror(remote::MirrorArgs),
+    /// What the archive holds (`[archive]`: each group's committed log in object storage).
+    Archive(chorus_server::archive::cli::ArchiveArgs),
+    /// Write a group's archived log into an ordered group in access mode raw-write, at its
+    /// LSNs and CSNs, up to an LSN or CSN (or, with --follow, as the archive grows: a
+    /// mirror fed from the archive); --promote then makes it a primary.
+    Restore(chorus_server::archive::cli::RestoreArgs),
     /// The applied state of an out-of-order group's state machine (parallel: blocks
     /// of its volume; dependent: keys of its key-value store) on every endpoint.
     State(remote::StateArgs),
@@ -249,6 +255,8 @@ fn main() -> ExitCode {
         Cmd::Leader(a) => remote::run(remote::Remote::Leader(a)),
         Cmd::Group(a) => remote::run(remote::Remote::Group(a)),
         Cmd::Mirror(a) => remote::run(remote::Remote::Mirror(a)),
+        Cmd::Archive(a) => chorus_server::archive::cli::archive(a),
+        Cmd::Restore(a) => chorus_server::archive::cli::restore(a),
         Cmd::State(a) => remote::run(remote::Remote::State(a)),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Volume(a) => chorus_server::volume_cli::volume(a),

@@ -116,6 +116,12 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // The archive (`[archive]`): opened now, so bad settings or key files are named at
+    // start; nothing is read from it until the archiver runs.
+    let archive = match &cfg.archive {
+        Some(a) => Some((crate::archive::Archive::open(&a.target()?)?, a.clone())),
+        None => None,
+    };
     let env = Env::open(env_cfg)?;
     for g in &cfg.groups {
         if let Some(spec) = crate::ooo::parse_spec(g, cfg.node)? {
@@ -168,7 +174,19 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
                 "[api_auth] without [api_tls]: bearer tokens cross the network in plain text"
             );
         }
-        let svc = ChorusServer::new(Service::with_auth(env.clone(), authz.clone()))
+        let archive_stats = archive.as_ref().map(|(a, section)| {
+            let stats = std::sync::Arc::new(crate::archive::archiver::ArchiverStats::default());
+            tokio::spawn(crate::archive::archiver::run(
+                env.clone(),
+                a.clone(),
+                section.clone(),
+                stats.clone(),
+            ));
+            stats
+        });
+        let svc = Service::with_auth(env.clone(), authz.clone())
+            .with_archive(archive.map(|(a, section)| (a, section.groups)));
+        let svc = ChorusServer::new(svc)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         // The control plane: served here if this node hosts the control group.
@@ -181,8 +199,15 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
         };
         if let Some(m) = metrics {
             let l = tokio::net::TcpListener::bind(m).await?;
-            let extra = controller.clone().map(|c| {
-                std::sync::Arc::new(move || c.render_metrics()) as crate::metrics_http::ExtraMetrics
+            let (ctl, arch) = (controller.clone(), archive_stats.clone());
+            let extra = (ctl.is_some() || arch.is_some()).then(|| {
+                std::sync::Arc::new(move || {
+                    let mut b = ctl.as_ref().map(|c| c.render_metrics()).unwrap_or_default();
+                    if let Some(a) = &arch {
+                        b.push_str(&a.render_metrics());
+                    }
+                    b
+                }) as crate::metrics_http::ExtraMetrics
             });
             tokio::spawn(serve_metrics_with(env.clone(), l, extra));
         }

@@ -33,6 +33,9 @@ pub struct Service {
     env: Env,
     /// Who may call what ([`crate::auth`]); open when no identity is configured.
     auth: std::sync::Arc<Authz>,
+    /// The archive and the groups it covers (empty: all ordered groups), when `[archive]`
+    /// is on: a trim of a covered group stays below what it holds.
+    archive: Option<(crate::archive::Archive, Vec<u64>)>,
 }
 
 /// A group a request names, resolved once per request: each handler matches on its mode.
@@ -61,7 +64,17 @@ impl Service {
 
     /// Serves `env`, checking every call against `auth` ([`crate::auth`]).
     pub fn with_auth(env: Env, auth: std::sync::Arc<Authz>) -> Self {
-        Self { env, auth }
+        Self {
+            env,
+            auth,
+            archive: None,
+        }
+    }
+
+    /// With `archive` (and the groups it covers) guarding trims.
+    pub fn with_archive(mut self, archive: Option<(crate::archive::Archive, Vec<u64>)>) -> Self {
+        self.archive = archive;
+        self
     }
 
     /// Group `id` of any mode: the one place a request's group is looked up, and where
@@ -619,6 +632,15 @@ impl pb::chorus_server::Chorus for Service {
         let r = req.into_inner();
         match self.served(r.group)? {
             Served::Ordered(log) => {
+                // Nothing not yet archived is deleted (PALF section 5.2).
+                if let Some((a, groups)) = &self.archive {
+                    if groups.is_empty() || groups.contains(&r.group) {
+                        let start = log.status().start_lsn;
+                        a.check_trim(r.group, start, r.lsn)
+                            .await
+                            .map_err(Status::failed_precondition)?;
+                    }
+                }
                 tokio::task::spawn_blocking(move || log.trim(r.lsn))
                     .await
                     .map_err(|e| Status::internal(e.to_string()))?
