@@ -64,6 +64,10 @@ pub enum Error {
     /// The cluster did not come up, or did not settle after the faults healed.
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The run was interrupted ([`run::interrupt`]): its faults were healed, its workload
+    /// stopped, and its processes and namespaces removed; nothing was checked.
+    #[error("interrupted after {0:.1} s: faults healed, processes and namespaces removed; nothing checked")]
+    Interrupted(f64),
 }
 
 impl Error {

@@ -77,7 +77,39 @@ struct Args {
     lease_ms: u64,
 }
 
+/// SIGINT and SIGTERM go to one thread (blocked in every other, which inherit the mask):
+/// the first asks the run to heal and clean up ([`chorus_nemesis::run::interrupt`]), a
+/// second ends the process at once (a later run removes what it left: `net`'s owner
+/// files).
+fn catch_signals() {
+    // SAFETY: plain libc calls on a local signal set, before any other thread exists.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            loop {
+                let mut sig = 0;
+                if libc::sigwait(&set, &mut sig) != 0 {
+                    return;
+                }
+                n += 1;
+                if n == 1 {
+                    eprintln!("chorus-nemesis: signal {sig}: healing and cleaning up (again to quit at once)");
+                    chorus_nemesis::run::interrupt();
+                } else {
+                    std::process::exit(130);
+                }
+            }
+        });
+    }
+}
+
 fn main() -> ExitCode {
+    catch_signals();
     let a = Args::parse();
     let workload = match Workload::parse(&a.workload) {
         Ok(w) => w,
@@ -163,6 +195,10 @@ fn main() -> ExitCode {
         o.dir.display()
     );
     match run(&o) {
+        Err(e @ chorus_nemesis::Error::Interrupted(_)) => {
+            eprintln!("chorus-nemesis: {e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("chorus-nemesis: {e}");
             ExitCode::from(2)

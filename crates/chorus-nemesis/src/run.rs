@@ -119,6 +119,34 @@ pub async fn leader(eps: &[String], wait: Duration) -> Option<usize> {
     None
 }
 
+/// Set by [`interrupt`]; read by the nemesis loop.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks a [`run`] in progress to stop early (a signal, an operator's Ctrl-C): it heals
+/// every fault at once, stops its workload and returns [`Error::Interrupted`], removing
+/// its processes, mounts and namespaces on the way out as on any return. Without this a
+/// signal would kill the harness mid-fault, leaving its `chorus server` processes and
+/// namespaces behind.
+pub fn interrupt() {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Sleeps `d`, or less once [`interrupt`] was called.
+async fn nap(d: Duration) {
+    let end = Instant::now() + d;
+    while !interrupted() {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        tokio::time::sleep((end - now).min(Duration::from_millis(100))).await;
+    }
+}
+
 /// Runs the ordered workload under the nemesis and checks it.
 pub fn run(o: &RunOptions) -> Result<Report, Error> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -208,8 +236,11 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
     let mut exits = Vec::new();
     let end = Instant::now() + o.duration;
     let lease = Duration::from_millis(o.node.lease_ms);
-    while Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(rng.range(500, 1500))).await;
+    while Instant::now() < end && !interrupted() {
+        nap(Duration::from_millis(rng.range(500, 1500))).await;
+        if interrupted() {
+            break;
+        }
         let l = leader(&eps, Duration::from_millis(300)).await;
         let Some(f) = nemesis::choose(&mut rng, &o.kinds, o.nodes, l) else {
             continue;
@@ -221,11 +252,11 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             nemesis::Fault::Pause(_) => lease * 3 / 2 + Duration::from_millis(rng.range(0, 2000)),
             _ => Duration::from_millis(rng.range(1000, 4000)),
         };
-        tokio::time::sleep(hold).await;
+        nap(hold).await;
         nemesis::heal(&mut c, &f)?;
         if let nemesis::Fault::Lag { leader, .. } = f {
             // The election among the others runs without the old leader.
-            tokio::time::sleep(lease * 2).await;
+            nap(lease * 2).await;
             c.start_node(leader)?;
         }
         hist.nemesis(f.to_string(), true);
@@ -242,6 +273,13 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
     }
     nemesis::heal_all(&mut c)?;
     hist.nemesis("everything", true);
+    if interrupted() {
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        return Err(Error::Interrupted(t0.elapsed().as_secs_f64()));
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
