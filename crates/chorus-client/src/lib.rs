@@ -32,6 +32,7 @@ use pb::chorus_client::ChorusClient;
 
 pub mod security;
 pub mod split;
+pub mod stream;
 pub mod volume;
 
 pub use volume::{VolumeClient, VolumeError, VolumeMap};
@@ -427,16 +428,50 @@ impl Client {
         from_lsn: u64,
         max_records: u32,
     ) -> Result<pb::ReadResponse, ClientError> {
-        self.on_any(|mut c| async move {
-            c.read(pb::ReadRequest {
-                group,
-                from_lsn,
-                max_records,
-            })
+        self.read_at_csn(group, from_lsn, max_records, AtCsn::default())
             .await
-            .map(|r| r.into_inner())
-        })
-        .await
+    }
+
+    /// Reads committed records of `group` from `from_lsn` once the replica that answers
+    /// (the first endpoint that does: list a follower first for a follower read) holds
+    /// every record with a CSN up to `at.min_csn` (PALF section 4.2), waiting up to
+    /// `at.wait` for it. The response's `readable_csn` is the replica's. A wait longer
+    /// than [`Client::call_timeout`] allows is asked for in turns, each shorter than it.
+    /// Past the wait: [`ClientError::Status`] `DEADLINE_EXCEEDED`, naming the group, the
+    /// CSN asked and the one reached.
+    pub async fn read_at_csn(
+        &mut self,
+        group: u64,
+        from_lsn: u64,
+        max_records: u32,
+        at: AtCsn,
+    ) -> Result<pb::ReadResponse, ClientError> {
+        let until = tokio::time::Instant::now() + at.wait;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            // Each turn well inside the call timeout, so the server's answer (the read,
+            // or DEADLINE_EXCEEDED naming the CSNs) is not cut off here.
+            let turn = left.min(self.call_timeout * 3 / 4);
+            let wait_ms = wait_ms(turn);
+            let r = self
+                .on_any(|mut c| async move {
+                    c.read(pb::ReadRequest {
+                        group,
+                        from_lsn,
+                        max_records,
+                        min_csn: at.min_csn,
+                        wait_ms,
+                    })
+                    .await
+                    .map(|r| r.into_inner())
+                })
+                .await;
+            match r {
+                Err(ClientError::Status { code, .. })
+                    if code == Code::DeadlineExceeded && turn < left => {}
+                r => return r,
+            }
+        }
     }
 
     /// Reads committed entries of out-of-order `group` from slot `from_seq` on, in slot
@@ -484,14 +519,45 @@ impl Client {
         group: u64,
         from_lsn: u64,
     ) -> Result<tonic::Streaming<pb::ReadResponse>, ClientError> {
+        self.tail_at_csn(group, from_lsn, AtCsn::default()).await
+    }
+
+    /// As [`Client::tail`], from a replica that first waits, up to `at.wait` (at most
+    /// 60 s), until it holds every record with a CSN up to `at.min_csn` (see
+    /// [`Client::read_at_csn`]); past it the stream ends `DEADLINE_EXCEEDED` naming the
+    /// CSNs. The wait is on the stream, so the call timeout does not bound it.
+    pub async fn tail_at_csn(
+        &mut self,
+        group: u64,
+        from_lsn: u64,
+        at: AtCsn,
+    ) -> Result<tonic::Streaming<pb::ReadResponse>, ClientError> {
+        let wait_ms = wait_ms(at.wait);
         self.on_any(|mut c| async move {
             c.tail(pb::TailRequest {
                 group,
                 from_lsn,
                 max_records: 0,
+                min_csn: at.min_csn,
+                wait_ms,
             })
             .await
             .map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// Follows the role of `group`'s replica at the first endpoint that answers (PALF's
+    /// monitor_role): its role, leader, proposal id (term) and readable CSN now, then one
+    /// event per change. The stream ends `NOT_FOUND` once the group is deleted there.
+    pub async fn watch_role(
+        &mut self,
+        group: u64,
+    ) -> Result<tonic::Streaming<pb::RoleEvent>, ClientError> {
+        self.on_any(|mut c| async move {
+            c.watch_role(pb::WatchRoleRequest { group })
+                .await
+                .map(|r| r.into_inner())
         })
         .await
     }
@@ -667,6 +733,30 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// How a read waits for a CSN (PALF section 4.2, follower reads): see `ReadRequest`'s
+/// `min_csn` and `wait_ms`. The default reads at once, as before.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtCsn {
+    /// Answer only once the replica's readable CSN is at least this, e.g. the CSN an
+    /// append returned: the answer then misses no record with a CSN up to it (0: at once).
+    pub min_csn: u64,
+    /// How long the replica may wait for it (zero: not at all).
+    pub wait: Duration,
+}
+
+impl AtCsn {
+    /// Wait up to `wait` for `min_csn`.
+    pub fn new(min_csn: u64, wait: Duration) -> Self {
+        Self { min_csn, wait }
+    }
+}
+
+/// A wait as `wait_ms` carries it (rounded up, so a wait under a millisecond still
+/// waits; at most `u32::MAX`).
+fn wait_ms(d: Duration) -> u32 {
+    d.as_nanos().div_ceil(1_000_000).min(u32::MAX.into()) as u32
 }
 
 /// The gRPC metadata key a server's refusal carries when it did nothing with the request

@@ -179,7 +179,7 @@ fn strangers_change_nothing() {
             assert!(
                 matches!(
                     a,
-                    Action::Dropped { .. } | Action::Send { .. } | Action::Commit { end: 0 }
+                    Action::Dropped { .. } | Action::Send { .. } | Action::Commit { end: 0, .. }
                 ),
                 "seed {seed}: a stranger caused {a:?}"
             );

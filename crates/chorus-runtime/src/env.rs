@@ -755,6 +755,12 @@ impl Env {
         }
     }
 
+    /// Whether [`Env::shutdown`] ran: its groups are gone because the node stops, not
+    /// because they were deleted.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
+    }
+
     fn check_running(&self) -> Result<(), Error> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
@@ -1141,6 +1147,79 @@ impl LogHandle {
     /// The current role.
     pub fn role(&self) -> RoleInfo {
         *self.g.subscribe_role().borrow()
+    }
+
+    /// This replica's readable CSN: every record with a CSN at most this one is committed
+    /// and in this replica's log, so a read here sees all of them, and every record still
+    /// to come gets a larger CSN (PALF section 4.2, follower reads). It is the largest
+    /// CSN below the committed end this replica knows, which a follower learns from its
+    /// leader, piggybacked on replication, and caps at what it holds itself.
+    pub fn readable_csn(&self) -> Csn {
+        self.g.readable_csn()
+    }
+
+    /// Subscribes to the readable CSN ([`LogHandle::readable_csn`]): it is published after
+    /// the committed end it belongs to, so a reader woken by it finds the records there.
+    /// A removed or stopped group wakes its receivers without a change.
+    pub fn subscribe_readable_csn(&self) -> watch::Receiver<Csn> {
+        self.g.subscribe_readable()
+    }
+
+    /// Waits until the readable CSN reaches `csn` and returns it: a read started then
+    /// sees every record with a CSN at most `csn` (PALF section 4.2). Woken as the
+    /// commit point advances, without polling. Ends with an error if, before that, the
+    /// group stops here ([`Error::NotRunning`], with why), is taken off this node (deleted
+    /// or restarted: [`Error::NotRunning`]) or the node shuts down ([`Error::Shutdown`]).
+    /// It has no deadline of its own: the caller bounds it (and reports
+    /// [`Error::CsnNotReached`]).
+    pub async fn wait_readable_csn(&self, csn: Csn) -> Result<Csn, Error> {
+        let mut rx = self.g.subscribe_readable();
+        loop {
+            // Seen before the checks: a removal or stop after them wakes `changed`.
+            let reached = *rx.borrow_and_update();
+            if reached >= csn {
+                return Ok(reached);
+            }
+            self.check_live()?;
+            // The handle holds the sender, so the watch does not close under it.
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// Whether this incarnation of the group was taken off the node (deleted, restarted,
+    /// or the node shut down): a watcher of it then looks the group up again. Its
+    /// watches ([`LogHandle::subscribe_role`], [`LogHandle::subscribe_readable_csn`]) are
+    /// woken when this happens.
+    pub fn is_removed(&self) -> bool {
+        self.g.is_removed()
+    }
+
+    /// Why this incarnation stopped (its storage failed, its replica halted), if it did;
+    /// it stays hosted, stopped, until restarted ([`Env::restart_group`]).
+    pub fn stopped_reason(&self) -> Option<String> {
+        self.g.stopped_reason()
+    }
+
+    /// Whether this incarnation of the group still runs here: [`Error::Shutdown`] once the
+    /// node shuts down, [`Error::NotRunning`] once it was taken off this node (deleted or
+    /// restarted: take a new handle) or stopped (its storage failed, its replica halted).
+    pub fn check_live(&self) -> Result<(), Error> {
+        if self.g.env_stopped() {
+            return Err(Error::Shutdown);
+        }
+        if self.g.is_removed() {
+            return Err(Error::NotRunning {
+                group: self.g.id,
+                reason: "this replica was taken off the node (deleted or restarted)".into(),
+            });
+        }
+        match self.g.stopped_reason() {
+            Some(reason) => Err(Error::NotRunning {
+                group: self.g.id,
+                reason,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Deletes this replica's log below `lsn` (committed only): whole block files, so the

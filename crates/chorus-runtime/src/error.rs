@@ -1,7 +1,7 @@
 //! Errors of the runtime and its API.
 
 use chorus_core::replica::{AppendError, ChangeError, MirrorError};
-use chorus_core::Lsn;
+use chorus_core::{Csn, Lsn};
 use chorus_storage::StorageError;
 
 /// What went wrong in the runtime. Every variant names what it refers to.
@@ -98,6 +98,25 @@ pub enum Error {
         lsn: Lsn,
         /// The committed end.
         committed: Lsn,
+    },
+    /// A read at a CSN (PALF section 4.2, follower reads) gave up waiting: this
+    /// replica's readable CSN did not reach the one asked for within the wait (the
+    /// replica is cut off from its leader or behind it, or nothing with that CSN has
+    /// committed yet). Nothing was read.
+    #[error(
+        "group {group}: readable CSN {reached} on this node did not reach CSN {csn} within \
+         {waited_ms} ms (this replica is behind or cut off from its leader, or no record \
+         with that CSN has committed yet)"
+    )]
+    CsnNotReached {
+        /// The log group.
+        group: u64,
+        /// The CSN asked for.
+        csn: Csn,
+        /// The readable CSN reached when the wait ended.
+        reached: Csn,
+        /// How long the read waited, in milliseconds.
+        waited_ms: u64,
     },
     /// A read named an LSN that is not the start of a record.
     #[error("group {group}: LSN {lsn} is not the start of a record")]

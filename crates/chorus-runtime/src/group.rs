@@ -125,6 +125,10 @@ pub struct GroupStatus {
     pub flushed_end: Lsn,
     /// Committed end known to this replica.
     pub committed_end: Lsn,
+    /// This replica's readable CSN: every record with a CSN at most this one is
+    /// committed and in its log, readable here, and every later record gets a larger
+    /// CSN (PALF section 4.2, follower reads). The largest CSN below the committed end.
+    pub readable_csn: Csn,
     /// The membership this replica holds.
     pub membership: Membership,
     /// Leader only: each follower's matched (durable and agreeing) end LSN.
@@ -288,6 +292,12 @@ pub(crate) struct Group {
     index: Mutex<ReadIndex>,
     commit_tx: watch::Sender<Lsn>,
     commit_cv: (Mutex<Lsn>, Condvar),
+    /// The readable CSN ([`GroupStatus::readable_csn`]), published after the committed
+    /// end it belongs to, so a reader woken by it finds the records in the log.
+    readable_tx: watch::Sender<Csn>,
+    /// The role, leader and proposal id, published after every round that changed them
+    /// (PALF's monitor_role): not only on role changes, as a follower hearing a new
+    /// leader keeps its role.
     role_tx: watch::Sender<RoleInfo>,
     /// Why the group stopped (the first reason wins); read on every append without a lock.
     stopped: std::sync::OnceLock<String>,
@@ -350,11 +360,8 @@ impl Group {
         let (meta, _) = MetaStorage::open(fs, dir).map_err(storage(id))?;
         let replica = build_replica(&env, id, &log, &meta)?;
         let committed = replica.committed_end();
-        let role = RoleInfo {
-            role: replica.role(),
-            proposal_id: replica.proposal_id(),
-            leader: replica.leader(),
-        };
+        let readable = replica.committed_csn();
+        let role = role_info(&replica);
         let g = Arc::new(Self {
             id,
             dir: dir.to_path_buf(),
@@ -376,6 +383,7 @@ impl Group {
             index: Mutex::new(ReadIndex::default()),
             commit_tx: watch::Sender::new(committed),
             commit_cv: (Mutex::new(committed), Condvar::new()),
+            readable_tx: watch::Sender::new(readable),
             role_tx: watch::Sender::new(role),
             stopped: std::sync::OnceLock::new(),
             stopped_by_full_disk: AtomicBool::new(false),
@@ -450,6 +458,7 @@ impl Group {
         let _entered = span.enter();
         let now = self.env.now();
         let mut results = Vec::new();
+        let role;
         let actions = {
             let mut c = self.core.lock().expect("core");
             // The group commit point: whatever appenders put in the lane while the last
@@ -478,9 +487,11 @@ impl Group {
             if self.resend_at.swap(due, Ordering::SeqCst) != due {
                 self.env.wake_timer_by(due);
             }
+            role = role_info(&c.replica);
             round.actions
         };
         if actions.is_empty() && results.is_empty() {
+            self.publish_role(role);
             return Stepped::Idle;
         }
         let done = match ordered::execute(actions, &mut GroupHost(self), &self.env.step) {
@@ -506,6 +517,9 @@ impl Group {
                 .feedback
                 .extend(done.feedback);
         }
+        // After the round's actions (a new leader's first writes, a deposed one's
+        // answers), as the replica stood when the round was taken.
+        self.publish_role(role);
         for (tx, r) in results {
             let _ = tx.send(r);
         }
@@ -601,16 +615,41 @@ impl Group {
         }
     }
 
-    fn publish_commit(&self, end: Lsn) {
+    /// Publishes a committed end and its readable CSN ([`ordered::Host::committed`]):
+    /// the CSN after the end, so that whoever sees the CSN reads with the end.
+    fn publish_commit(&self, end: Lsn, csn: Csn) {
         self.commit_tx.send_if_modified(|c| {
             let changed = end > *c;
             *c = (*c).max(end);
             changed
         });
-        let (m, cv) = &self.commit_cv;
-        let mut c = m.lock().expect("commit");
-        *c = (*c).max(end);
-        cv.notify_all();
+        {
+            let (m, cv) = &self.commit_cv;
+            let mut c = m.lock().expect("commit");
+            *c = (*c).max(end);
+            cv.notify_all();
+        }
+        self.readable_tx.send_if_modified(|c| {
+            let changed = csn > *c;
+            *c = (*c).max(csn);
+            changed
+        });
+    }
+
+    /// Publishes the replica's role, leader and proposal id if they changed.
+    fn publish_role(&self, role: RoleInfo) {
+        self.role_tx.send_if_modified(|r| {
+            let changed = *r != role;
+            *r = role;
+            changed
+        });
+    }
+
+    /// Wakes whoever waits on the readable CSN or the role without changing them: the
+    /// group stopped or is removed, which they look at when woken.
+    fn wake_watchers(&self) {
+        self.readable_tx.send_modify(|_| {});
+        self.role_tx.send_modify(|_| {});
     }
 
     fn restart_replica(&self) -> Result<(), Error> {
@@ -634,6 +673,9 @@ impl Group {
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
         c.waiters.clear();
+        let role = role_info(&c.replica);
+        drop(c);
+        self.publish_role(role);
         Ok(())
     }
 
@@ -651,6 +693,11 @@ impl Group {
         c.replica.storage_failed(now);
         let _ = c.replica.take_actions();
         c.waiters.clear();
+        // The replica stepped down; its actions, the role's among them, are dropped.
+        let role = role_info(&c.replica);
+        drop(c);
+        self.publish_role(role);
+        self.wake_watchers();
     }
 
     // ------------------------------------------------------------------ API
@@ -951,6 +998,30 @@ impl Group {
         self.role_tx.subscribe()
     }
 
+    pub fn readable_csn(&self) -> Csn {
+        *self.readable_tx.borrow()
+    }
+
+    pub fn subscribe_readable(&self) -> watch::Receiver<Csn> {
+        self.readable_tx.subscribe()
+    }
+
+    /// Why the group stopped, if it did.
+    pub fn stopped_reason(&self) -> Option<String> {
+        self.stopped.get().cloned()
+    }
+
+    /// Whether this incarnation was taken off its node (deleted, restarted, or the node
+    /// shut down).
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the node's workers stopped (the node shuts down).
+    pub fn env_stopped(&self) -> bool {
+        self.env.pool.is_stopped()
+    }
+
     /// Waits (blocking) until the committed end passes `lsn` or `timeout` elapses.
     pub fn wait_committed_past(&self, lsn: Lsn, timeout: Duration) -> Lsn {
         let (m, cv) = &self.commit_cv;
@@ -982,6 +1053,7 @@ impl Group {
             end_lsn: io.log.end_lsn(),
             flushed_end: io.log.flushed_end(),
             committed_end: r.committed_end(),
+            readable_csn: self.readable_csn(),
             membership: r.membership().clone(),
             followers: r.follower_progress(),
             pending_appends: r.pending_appends(),
@@ -1196,6 +1268,7 @@ impl Group {
         self.removed.store(true, Ordering::SeqCst);
         self.core.lock().expect("core").waiters.clear();
         self.wake_all_readers();
+        self.wake_watchers();
     }
 }
 
@@ -1241,8 +1314,8 @@ impl ordered::Host for GroupHost<'_> {
         }
     }
 
-    fn committed(&mut self, end: Lsn) {
-        self.0.publish_commit(end);
+    fn committed(&mut self, end: Lsn, csn: Csn) {
+        self.0.publish_commit(end, csn);
     }
 
     fn note(&mut self, note: Note<'_>) {
@@ -1260,12 +1333,9 @@ impl ordered::Host for GroupHost<'_> {
                 g.counters.meta_saves.fetch_add(1, Ordering::Relaxed);
             }
             Note::Role { role, pid, leader } => {
+                // Published at the end of the round ([`Group::publish_role`]), with the
+                // leader changes that come without a role change.
                 tracing::info!(group = g.id, node = g.env.node, ?role, pid, ?leader, "role");
-                g.role_tx.send_replace(RoleInfo {
-                    role,
-                    proposal_id: pid,
-                    leader,
-                });
             }
             Note::ConfigCommitted(version) => {
                 tracing::info!(group = g.id, ?version, "membership accepted by a majority");
@@ -1277,6 +1347,8 @@ impl ordered::Host for GroupHost<'_> {
             Note::Halted(reason) => {
                 tracing::error!(group = g.id, %reason, "group halted");
                 let _ = g.stopped.set(reason.to_string());
+                // Watchers of the role and readable CSN learn of the stop.
+                g.wake_watchers();
             }
             Note::Rebased(base) => {
                 g.index.lock().expect("index").blocks.clear();
@@ -1299,6 +1371,16 @@ impl ordered::Host for GroupHost<'_> {
                 tracing::warn!(group = g.id, lsn, "discarded uncommitted damaged log tail");
             }
         }
+    }
+}
+
+/// The replica's role as the role watch publishes it ([`Replica::role_info`]).
+fn role_info(r: &Replica) -> RoleInfo {
+    let (role, proposal_id, leader) = r.role_info();
+    RoleInfo {
+        role,
+        proposal_id,
+        leader,
     }
 }
 

@@ -202,8 +202,10 @@ pub trait Host {
     fn meta<R>(&mut self, f: impl FnOnce(&mut MetaStorage) -> R) -> R;
     /// Queues a message for a peer (a lost one is the protocol's to resend).
     fn send(&mut self, to: NodeId, msg: Message);
-    /// The log is committed up to `end`, and every write of the round is in the log.
-    fn committed(&mut self, end: Lsn);
+    /// The log is committed up to `end`, and every write of the round is in the log;
+    /// `csn` is the largest CSN below `end`, the replica's readable CSN from now on
+    /// ([`Action::Commit`]).
+    fn committed(&mut self, end: Lsn, csn: Csn);
     /// Something happened; see [`Note`].
     fn note(&mut self, note: Note<'_>);
 }
@@ -303,7 +305,7 @@ pub fn execute<H: Host>(
             }
             Action::Role { role, pid, leader } => host.note(Note::Role { role, pid, leader }),
             // Handed over after the batch's writes (see the module docs).
-            Action::Commit { end } => commit = Some(end),
+            Action::Commit { end, csn } => commit = Some((end, csn)),
             Action::ConfigCommitted { version } => host.note(Note::ConfigCommitted(version)),
             Action::Repair { lsn, bytes, peer } => match host.log(|log| log.repair(&bytes)) {
                 Ok(()) => {
@@ -339,8 +341,8 @@ pub fn execute<H: Host>(
             }
         }
     }
-    if let Some(end) = commit {
-        host.committed(end);
+    if let Some((end, csn)) = commit {
+        host.committed(end, csn);
     }
     Ok(done)
 }
@@ -414,6 +416,8 @@ mod tests {
         log: LogStorage,
         meta: MetaStorage,
         committed: Vec<Lsn>,
+        /// The readable CSNs handed over, each checked against the log.
+        csns: Vec<Csn>,
         sent: usize,
     }
 
@@ -430,13 +434,24 @@ mod tests {
         fn send(&mut self, _to: NodeId, _msg: Message) {
             self.sent += 1;
         }
-        fn committed(&mut self, end: Lsn) {
+        fn committed(&mut self, end: Lsn, csn: Csn) {
             assert!(
                 self.log.end_lsn() >= end,
                 "commit point {end} handed over before the log holds it (ends at {})",
                 self.log.end_lsn()
             );
+            // The readable CSN is exactly the largest CSN the log holds below `end`.
+            let held = self
+                .log
+                .chain_at(end)
+                .expect("the commit point is a boundary");
+            assert_eq!(
+                csn, held.max_csn,
+                "readable CSN {csn} handed over with commit point {end}; the log's is {}",
+                held.max_csn
+            );
             self.committed.push(end);
+            self.csns.push(csn);
         }
         fn note(&mut self, _note: Note<'_>) {}
     }
@@ -474,6 +489,7 @@ mod tests {
             log,
             meta,
             committed: Vec::new(),
+            csns: Vec::new(),
             sent: 0,
         };
         (r, host)
@@ -536,6 +552,34 @@ mod tests {
             round.answers
         );
         assert!(h.committed.last().copied() >= Some(ticket.lsn));
+    }
+
+    /// The readable CSN handed over with each commit point is the largest CSN the log
+    /// holds below it (the host checks each against storage), never goes back, and
+    /// reaches the CSN of every committed record, a reference CSN's jump included.
+    #[test]
+    fn the_readable_csn_follows_the_commit_point() {
+        let (mut r, mut h) = single_voter();
+        let mut now = 0;
+        while r.role() != chorus_core::replica::Role::Leader {
+            now += 10_000_000;
+            assert!(now < 10_000_000_000, "a single voter never led");
+            settle(&mut r, &mut h, now);
+        }
+        settle(&mut r, &mut h, now);
+        let mut last = 0;
+        for (i, ref_csn) in [0, 0, 1_000, 0].into_iter().enumerate() {
+            let t = r
+                .append(now, format!("r{i}").as_bytes(), ref_csn)
+                .expect("append");
+            assert!(t.csn > last && t.csn >= ref_csn);
+            last = t.csn;
+            settle(&mut r, &mut h, now);
+            assert_eq!(h.csns.last().copied(), Some(t.csn), "after record {i}");
+            assert_eq!(r.committed_csn(), t.csn);
+        }
+        assert!(h.csns.windows(2).all(|w| w[0] <= w[1]), "{:?}", h.csns);
+        assert_eq!(last, 1_001);
     }
 
     /// A write at an LSN other than the log's end is the replica's bug: the step refuses

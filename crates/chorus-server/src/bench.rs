@@ -55,8 +55,12 @@ use crate::{AnyResult, Endpoints, Output, EXIT_UNREACHABLE};
 pub enum ClientPath {
     /// In the leader's process, through the embedded API (`--local` only).
     Embedded,
-    /// In this process, through the gRPC service.
+    /// In this process, through the gRPC service: one unary `Append` per record.
     Grpc,
+    /// In this process, through the gRPC service's `AppendStream`: the clients' records
+    /// share a few streams, batched with a short linger (`chorus_client::stream`; ordered
+    /// groups only).
+    GrpcStream,
 }
 
 impl ClientPath {
@@ -64,6 +68,7 @@ impl ClientPath {
         match self {
             ClientPath::Embedded => "embedded",
             ClientPath::Grpc => "grpc",
+            ClientPath::GrpcStream => "grpc-stream",
         }
     }
 }
@@ -125,7 +130,8 @@ pub struct BenchArgs {
     /// port to another process between choosing and binding is retried with fresh ones.
     #[arg(long, default_value_t = 0, value_parser = parse_base_port)]
     base_port: u16,
-    /// gRPC connections the clients share (default: one per client up to 32).
+    /// gRPC connections the clients share (default: one per client up to 32; with
+    /// `--path grpc-stream`, streams, default 2).
     #[arg(long)]
     connections: Option<usize>,
     /// Also write the result JSON to this file.
@@ -400,6 +406,8 @@ impl Workload {
 enum Conn {
     Embedded(LogHandle),
     Grpc(Client, u64),
+    /// An ordered group through a shared `AppendStream`.
+    GrpcStream(chorus_client::stream::AppendStream),
     /// An out-of-order group over gRPC.
     GrpcOutOfOrder(Client, u64),
 }
@@ -421,6 +429,10 @@ impl Conn {
                     .map_err(|e| e.to_string())?;
                 Ok(r.first()
                     .is_some_and(|r| r.outcome == pb::Outcome::Committed as i32))
+            }
+            Conn::GrpcStream(s) => {
+                let r = s.append(rec.to_vec()).await.map_err(|e| e.to_string())?;
+                Ok(r.unknown.is_empty() && r.outcome == pb::Outcome::Committed as i32)
             }
             Conn::GrpcOutOfOrder(c, group) => {
                 let r = c
@@ -669,7 +681,11 @@ async fn remote(a: &BenchArgs) -> Result<Value, (u8, String)> {
         &mut || {},
     )
     .await;
-    Ok(base_result(a, &w, &m, "grpc", None))
+    let path = a
+        .path
+        .filter(|p| *p == ClientPath::GrpcStream)
+        .unwrap_or(ClientPath::Grpc);
+    Ok(base_result(a, &w, &m, path.name(), None))
 }
 
 /// The mode of `group` (`ordered`, `parallel`, `dependent`) from the first endpoint whose
@@ -720,6 +736,27 @@ async fn grpc_conns(
     let mut conns = Vec::with_capacity(n);
     let probe = vec![0u8; w.record_size(a.size) as usize];
     let mut rng = Rng::new(0x0070_726f_6265);
+    if a.path == Some(ClientPath::GrpcStream) {
+        if !matches!(w, Workload::Ordered) {
+            return Err(ClientError::BadEndpoint {
+                endpoint: endpoints.join(","),
+                detail: "--path grpc-stream is for ordered groups".into(),
+            });
+        }
+        // Few streams: the fewer, the larger their batches. One probe each opens it at
+        // the leader before the clock starts.
+        let streams = a.connections.unwrap_or(2).clamp(1, a.clients as usize);
+        for _ in 0..streams {
+            let s = chorus_client::stream::AppendStream::new(
+                Client::new(endpoints.clone()),
+                group,
+                Default::default(),
+            );
+            s.append(probe.clone()).await?;
+            conns.push(Conn::GrpcStream(s));
+        }
+        return Ok(conns);
+    }
     for _ in 0..n {
         let mut c = Client::new(endpoints.clone());
         if let Workload::Ordered = w {
@@ -938,7 +975,7 @@ impl LocalCluster {
         // On the gRPC path the clients' process (this one) is part of what runs; its CPU
         // counts too.
         let extra: Vec<u32> = match path {
-            ClientPath::Grpc => vec![std::process::id()],
+            ClientPath::Grpc | ClientPath::GrpcStream => vec![std::process::id()],
             ClientPath::Embedded => vec![],
         };
         let sampler = Sampler::new(&replicas, &extra, &self.dir).map_err(|e| e.to_string())?;

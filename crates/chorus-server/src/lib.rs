@@ -20,6 +20,7 @@ pub mod server;
 pub mod service;
 pub mod standard;
 pub mod state_machines;
+pub mod status_page;
 pub mod volume_bench;
 pub mod volume_cli;
 

@@ -101,6 +101,9 @@ enum Cmd {
     Tail(remote::TailArgs),
     /// Find the first committed record with a CSN at least the given one.
     Locate(remote::LocateArgs),
+    /// Follow the role of a group's replica on every endpoint (PALF's monitor_role): one
+    /// line per replica now, then one per change of its role, leader or proposal id.
+    WatchRole(remote::WatchRoleArgs),
     /// Members, roles, LSNs and replication lag of a group on every endpoint.
     Status(remote::StatusArgs),
     /// Delete the committed log below an LSN on every node of a group (ordered groups).
@@ -249,6 +252,7 @@ fn main() -> ExitCode {
         Cmd::Read(a) => remote::run(remote::Remote::Read(a)),
         Cmd::Tail(a) => remote::run(remote::Remote::Tail(a)),
         Cmd::Locate(a) => remote::run(remote::Remote::Locate(a)),
+        Cmd::WatchRole(a) => remote::run(remote::Remote::WatchRole(a)),
         Cmd::Status(a) => remote::run(remote::Remote::Status(a)),
         Cmd::Trim(a) => remote::run(remote::Remote::Trim(a)),
         Cmd::Member(a) => remote::run(remote::Remote::Member(a)),

@@ -3,16 +3,18 @@
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
-use chorus_client::{pb, Client, ClientError};
+use chorus_client::{pb, AtCsn, Client, ClientError};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tonic::Code;
 
 use crate::{AnyResult, Endpoints, Output, EXIT_PROBLEM, EXIT_REFUSED, EXIT_UNREACHABLE};
 
+mod follower;
 mod mirror;
 mod trim;
 
+pub use follower::WatchRoleArgs;
 pub use mirror::MirrorArgs;
 
 /// `chorus append`.
@@ -85,6 +87,8 @@ pub struct ReadArgs {
     /// Most records to print.
     #[arg(long, default_value_t = 100)]
     max: u32,
+    #[command(flatten)]
+    at: follower::CsnArgs,
 }
 
 /// `chorus tail`.
@@ -98,6 +102,8 @@ pub struct TailArgs {
     /// Keep following the committed tail (until interrupted).
     #[arg(short, long)]
     follow: bool,
+    #[command(flatten)]
+    at: follower::CsnArgs,
 }
 
 /// `chorus locate`.
@@ -317,6 +323,8 @@ pub enum Remote {
     Trim(TrimArgs),
     /// mirror
     Mirror(MirrorArgs),
+    /// watch-role
+    WatchRole(WatchRoleArgs),
 }
 
 /// Runs a client command on a small async runtime, mapping errors to exit codes.
@@ -337,6 +345,7 @@ pub fn run(cmd: Remote) -> AnyResult<ExitCode> {
             Remote::State(a) => state(a).await,
             Remote::Trim(a) => trim::trim(a).await,
             Remote::Mirror(a) => mirror::mirror(a).await,
+            Remote::WatchRole(a) => follower::watch_role(a).await,
         }
     });
     match r {
@@ -666,14 +675,17 @@ async fn state(a: StateArgs) -> Result<ExitCode, ClientError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_records(out: Output, recs: &[pb::Record]) {
+/// Prints records, one per line; in JSON each carries the readable CSN of the replica
+/// that answered (`ReadResponse.readable_csn`).
+fn print_records(out: Output, r: &pb::ReadResponse) {
     let mut so = std::io::stdout().lock();
-    for r in recs {
+    let readable = r.readable_csn;
+    for r in &r.records {
         let _ = match out {
             Output::Json => writeln!(
                 so,
                 "{}",
-                json!({"lsn": r.lsn, "csn": r.csn, "data": printable(&r.data)})
+                json!({"lsn": r.lsn, "csn": r.csn, "data": printable(&r.data), "readable_csn": readable})
             ),
             Output::Table => writeln!(so, "{:>14} {:>10}  {}", r.lsn, r.csn, printable(&r.data)),
         };
@@ -771,7 +783,7 @@ async fn read_ooo(a: &ReadArgs, c: &mut Client) -> Result<ExitCode, ClientError>
 
 async fn read(a: ReadArgs) -> Result<ExitCode, ClientError> {
     let mut c = a.ep.client();
-    let r = match c.read(a.ep.group, a.from, a.max).await {
+    let r = match c.read_at_csn(a.ep.group, a.from, a.max, a.at.at()).await {
         // An out-of-order group: read its slots instead.
         Err(e) if is_ooo_group(&e) => return read_ooo(&a, &mut c).await,
         r => r?,
@@ -779,13 +791,14 @@ async fn read(a: ReadArgs) -> Result<ExitCode, ClientError> {
     if a.ep.output == Output::Table {
         println!("{:>14} {:>10}  DATA", "LSN", "CSN");
     }
-    print_records(a.ep.output, &r.records);
+    print_records(a.ep.output, &r);
     if a.ep.output == Output::Table {
         println!(
-            "({} records; next LSN {}; committed end {})",
+            "({} records; next LSN {}; committed end {}; readable CSN {})",
             r.records.len(),
             r.next_lsn,
-            r.committed_end
+            r.committed_end,
+            r.readable_csn
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -808,21 +821,30 @@ fn stream_error(st: tonic::Status) -> ClientError {
 
 async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
     let mut c = a.ep.client();
+    let at = a.at.at();
+    // With --min-csn, the table says once what the serving replica could read.
+    let mut say_readable = at.min_csn > 0 && a.ep.output == Output::Table;
     if !a.follow {
         let mut from = a.from;
+        // Only the first read waits for --min-csn: the later ones go on from there.
+        let mut at = at;
         loop {
-            let r = match c.read(a.ep.group, from, 1000).await {
+            let r = match c.read_at_csn(a.ep.group, from, 1000, at).await {
                 Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
                 r => r?,
             };
-            print_records(a.ep.output, &r.records);
+            at = AtCsn::default();
+            if std::mem::take(&mut say_readable) {
+                eprintln!("(readable CSN {})", r.readable_csn);
+            }
+            print_records(a.ep.output, &r);
             if r.records.is_empty() || r.next_lsn >= r.committed_end {
                 return Ok(ExitCode::SUCCESS);
             }
             from = r.next_lsn;
         }
     }
-    let s = match c.tail(a.ep.group, a.from).await {
+    let s = match c.tail_at_csn(a.ep.group, a.from, at).await {
         Err(e) if is_ooo_group(&e) => return tail_ooo(&a, &mut c).await,
         s => s?,
     };
@@ -830,12 +852,16 @@ async fn tail(a: TailArgs) -> Result<ExitCode, ClientError> {
     follow(
         s,
         a.from,
+        // A stream opened again elsewhere waits for --min-csn there too.
         move |from| {
             let mut c = ep.client();
-            async move { c.tail(group, from).await }
+            async move { c.tail_at_csn(group, from, at).await }
         },
         move |r: &pb::ReadResponse| {
-            print_records(out, &r.records);
+            if std::mem::take(&mut say_readable) {
+                eprintln!("(readable CSN {})", r.readable_csn);
+            }
+            print_records(out, r);
             r.next_lsn
         },
     )

@@ -117,6 +117,25 @@ fn tokens_name_identities_and_each_is_held_to_its_groups_and_classes() {
     refused(&o, "PermissionDenied", "identity `app` may not admin");
     let o = chorus(dir, &ep, Some(APP), &["status", "-g", "0"]);
     refused(&o, "PermissionDenied", "covers every group");
+    // Follower reads and the role stream are reads, held to the same rules.
+    let o = chorus(dir, &ep, None, &["watch-role", "-g", "1"]);
+    refused(&o, "Unauthenticated", "no bearer token");
+    let o = chorus(dir, &ep, Some(APP), &["watch-role", "-g", "2"]);
+    refused(&o, "PermissionDenied", "may not use group 2");
+    let o = chorus(
+        dir,
+        &ep,
+        Some(APP),
+        &["read", "-g", "2", "--min-csn", "1", "--wait", "1s"],
+    );
+    refused(&o, "PermissionDenied", "may not use group 2");
+    let o = chorus(
+        dir,
+        &ep,
+        Some(APP),
+        &["tail", "-f", "-g", "2", "--min-csn", "1", "--wait", "1s"],
+    );
+    refused(&o, "PermissionDenied", "may not use group 2");
     // What each may do, it does; nothing refused happened.
     for (token, group) in [(READER, "1"), (READER, "2"), (APP, "1"), (OPS, "2")] {
         let o = chorus(dir, &ep, Some(token), &["read", "-g", group, "-o", "json"]);

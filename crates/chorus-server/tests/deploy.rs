@@ -48,7 +48,10 @@ fn every_example_node_configuration_is_accepted() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 3, "deploy/config holds the three hosts' configurations");
+    assert_eq!(
+        seen, 3,
+        "deploy/config holds the three hosts' configurations"
+    );
 }
 
 #[test]
@@ -82,6 +85,9 @@ fn the_systemd_unit_verifies() {
         String::from_utf8_lossy(&o.stderr)
     );
     // Complaints about the unit name its file; others (the host's own units) do not.
-    let about_ours: Vec<&str> = text.lines().filter(|l| l.contains("chorus.service")).collect();
+    let about_ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("chorus.service"))
+        .collect();
     assert!(o.status.success() && about_ours.is_empty(), "{text}");
 }

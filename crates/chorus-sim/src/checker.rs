@@ -266,6 +266,37 @@ impl Checker {
         self.checked.insert(node, end);
     }
 
+    /// A replica handed over readable CSN `csn` with committed end `end`: it must be
+    /// exactly the largest CSN its log holds below `end` (PALF section 4.2, follower
+    /// reads). More would let a follower answer a read at a CSN it does not hold; less
+    /// would keep readers waiting for records it has.
+    pub fn on_readable_csn(
+        &mut self,
+        now: u64,
+        node: NodeId,
+        end: Lsn,
+        csn: u64,
+        log: &LogStorage,
+    ) {
+        // Below the log's start (trimmed) there is nothing to compare with.
+        let Ok(held) = log.chain_at(end) else { return };
+        if csn != held.max_csn {
+            let how = if csn > held.max_csn {
+                "overstated: reads there could miss records"
+            } else {
+                "understated"
+            };
+            self.violation(
+                now,
+                format!(
+                    "node {node}: readable CSN {csn} at committed end {end}, but its log's \
+                     largest CSN below it is {} ({how})",
+                    held.max_csn
+                ),
+            );
+        }
+    }
+
     /// A replica crashed: results of its accepted appends may never come.
     pub fn on_crash(&mut self, node: NodeId, inc: u32) {
         let keys: Vec<_> = self

@@ -1136,14 +1136,15 @@ impl Cluster {
         let now = self.now;
         match o {
             Out::Send(to, msg) => self.send(id, to, msg),
-            Out::Committed(end) => {
+            Out::Committed(end, csn) => {
                 // The checker reads the node's own log: what it calls committed must
-                // match the history.
+                // match the history, and its readable CSN the log.
                 let Self { nodes, checker, .. } = self;
                 let Some(up) = nodes[&id].up.as_ref() else {
                     return false;
                 };
                 checker.on_commit(now, id, inc, end, &up.log);
+                checker.on_readable_csn(now, id, end, csn, &up.log);
             }
             Out::Role { role, pid, leader } => {
                 self.checker.on_role(now, id, role, pid);
@@ -1204,7 +1205,7 @@ impl Cluster {
 /// runs).
 enum Out {
     Send(NodeId, Message),
-    Committed(chorus_core::Lsn),
+    Committed(chorus_core::Lsn, chorus_core::Csn),
     Role {
         role: Role,
         pid: u64,
@@ -1247,8 +1248,8 @@ impl ordered::Host for StepHost<'_> {
         self.out.push(Out::Send(to, msg));
     }
 
-    fn committed(&mut self, end: chorus_core::Lsn) {
-        self.out.push(Out::Committed(end));
+    fn committed(&mut self, end: chorus_core::Lsn, csn: chorus_core::Csn) {
+        self.out.push(Out::Committed(end, csn));
     }
 
     fn note(&mut self, note: ordered::Note<'_>) {

@@ -113,6 +113,12 @@ pub enum Action {
     Commit {
         /// New committed end.
         end: Lsn,
+        /// The largest CSN below `end`: every record with a CSN at most this one is
+        /// committed once the log holds `end`, and every later record gets a larger CSN
+        /// (PALF section 4.2), so a replica that has `end` in its log can serve reads at
+        /// this CSN (its readable CSN). Never more than the truth; see
+        /// [`Replica::committed_csn`](super::Replica::committed_csn).
+        csn: Csn,
     },
     /// A membership became accepted by a majority (leader only).
     ConfigCommitted {

@@ -93,7 +93,10 @@ impl Replica {
     fn advance_committed(&mut self, end: Lsn) {
         debug_assert!(end > self.log.committed);
         self.log.committed = end;
-        self.actions.push(Action::Commit { end });
+        // The index reaches back to the committed point (it is pruned only below it), so
+        // the CSN there is exact: the readable CSN (PALF section 4.2, follower reads).
+        let csn = self.log.csn_at(end);
+        self.actions.push(Action::Commit { end, csn });
         self.resolve_pending();
         let keep_from = self.pending.front().map_or(end, |g| g.lsn.min(end));
         self.log.prune(keep_from, self.cfg.max_index_groups);

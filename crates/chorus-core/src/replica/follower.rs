@@ -239,7 +239,12 @@ impl Replica {
         self.last_csn = self.last_csn.max(base.max_csn);
         self.rebased += 1;
         self.actions.push(Action::Rebase { base });
-        self.actions.push(Action::Commit { end: at });
+        // Everything below the base is committed (and gone here): the base's CSN is
+        // readable in the sense that no record at or below it is still to come.
+        self.actions.push(Action::Commit {
+            end: at,
+            csn: base.max_csn,
+        });
         // Our pending groups below `base` were committed or not on the leader, whose log
         // there is gone: their results cannot be known any more.
         while self.pending.front().is_some_and(|g| g.lsn < at) {

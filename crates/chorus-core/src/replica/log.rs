@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::format::group::ChainPoint;
-use crate::Lsn;
+use crate::{Csn, Lsn};
 
 use super::message::LogPos;
 
@@ -125,6 +125,28 @@ impl LogView {
         }
     }
 
+    /// The largest CSN of the records below `lsn`, from the chain points the index holds
+    /// (each carries the largest CSN before it): exact when `lsn` is an indexed boundary
+    /// or past the log's end, else that of the last boundary known below it. Never more
+    /// than the truth, since CSNs grow with LSNs (PALF section 4.2), which is what a
+    /// readable CSN needs (a follower must not claim records it does not hold); below
+    /// the floor, where nothing is known, 0.
+    pub fn csn_at(&self, lsn: Lsn) -> Csn {
+        if lsn >= self.chain.end_lsn {
+            return self.chain.max_csn;
+        }
+        if lsn < self.floor.end_lsn {
+            return 0;
+        }
+        // Groups wholly below `lsn`: the last one's chain point is the last boundary at
+        // or below it (the floor when there is none).
+        let below = self.index.partition_point(|g| g.end() <= lsn);
+        match below {
+            0 => self.floor.max_csn,
+            i => self.index[i - 1].after.max_csn,
+        }
+    }
+
     /// Proposal id of the group ending at `lsn` (a boundary), if known.
     pub fn pid_ending_at(&self, lsn: Lsn) -> u64 {
         if lsn == self.floor.end_lsn {
@@ -213,5 +235,70 @@ impl LogView {
             out.extend_from_slice(b);
         }
         Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(end_lsn: Lsn, max_csn: Csn) -> ChainPoint {
+        ChainPoint {
+            end_lsn,
+            acc_crc: end_lsn as u32,
+            next_group_seq: 0,
+            max_csn,
+        }
+    }
+
+    /// The readable CSN's source: at every boundary the exact largest CSN below it,
+    /// between boundaries that of the boundary below (never more than the truth), past
+    /// the end the log's largest, below the floor nothing.
+    #[test]
+    fn csn_at_is_exact_at_boundaries_and_never_more_than_the_truth() {
+        // Floor at 100 (CSN 7), then groups [100, 160) with CSNs up to 9, [160, 200)
+        // empty (a StartWorking group keeps the chain's CSN), [200, 260) up to 12.
+        let mut v = LogView::new(
+            RecoveredLog {
+                start: 0,
+                floor: point(100, 7),
+                floor_pid: 1,
+                groups: vec![
+                    GroupMeta {
+                        lsn: 100,
+                        pid: 1,
+                        after: point(160, 9),
+                    },
+                    GroupMeta {
+                        lsn: 160,
+                        pid: 2,
+                        after: point(200, 9),
+                    },
+                    GroupMeta {
+                        lsn: 200,
+                        pid: 2,
+                        after: point(260, 12),
+                    },
+                ],
+                committed: 160,
+            },
+            1 << 20,
+        );
+        assert_eq!(v.csn_at(100), 7);
+        assert_eq!(v.csn_at(130), 7, "inside a group: the boundary below");
+        assert_eq!(v.csn_at(160), 9);
+        assert_eq!(v.csn_at(200), 9);
+        assert_eq!(v.csn_at(259), 9);
+        assert_eq!(v.csn_at(260), 12);
+        assert_eq!(v.csn_at(10_000), 12);
+        assert_eq!(v.csn_at(99), 0, "below the floor nothing is known");
+        // Pruning moves the floor up; the boundaries kept answer as before.
+        v.prune(200, 1);
+        assert_eq!(v.floor.end_lsn, 200);
+        assert_eq!(v.csn_at(200), 9);
+        assert_eq!(v.csn_at(260), 12);
+        // A rebase starts the log at the leader's start, whose CSN it carries.
+        v.rebase(point(1000, 40), 3);
+        assert_eq!(v.csn_at(1000), 40);
     }
 }

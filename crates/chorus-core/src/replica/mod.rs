@@ -448,7 +448,11 @@ impl Replica {
             actions: Vec::new(),
             cfg,
         };
-        r.actions.push(Action::Commit { end: committed });
+        let csn = r.log.csn_at(committed);
+        r.actions.push(Action::Commit {
+            end: committed,
+            csn,
+        });
         r
     }
 
@@ -493,6 +497,24 @@ impl Replica {
     /// The committed end LSN known here.
     pub fn committed_end(&self) -> Lsn {
         self.log.committed
+    }
+
+    /// The largest CSN below the committed end: this replica's readable CSN once its
+    /// log holds the committed end (PALF section 4.2, follower reads), as the last
+    /// [`Action::Commit`] carried it. Never more than the truth.
+    pub fn committed_csn(&self) -> Csn {
+        self.log.csn_at(self.log.committed)
+    }
+
+    /// The role as [`Action::Role`] reports it: the role, the proposal id it is held
+    /// under (a candidate's, the one it campaigns with) and the leader followed (itself
+    /// when leading). The leader can change while the role does not (a follower hearing
+    /// a new leader): a watcher of roles compares this after each step.
+    pub fn role_info(&self) -> (Role, u64, Option<NodeId>) {
+        let pid = self
+            .proposal_id()
+            .max(self.campaign.as_ref().map_or(0, |c| c.pid));
+        (self.role, pid, self.leader())
     }
 
     /// The log end (written, maybe not flushed).
@@ -644,10 +666,7 @@ impl Replica {
     fn set_role(&mut self, role: Role) {
         if self.role != role {
             self.role = role;
-            let pid = self
-                .proposal_id()
-                .max(self.campaign.as_ref().map_or(0, |c| c.pid));
-            let leader = self.leader();
+            let (role, pid, leader) = self.role_info();
             self.actions.push(Action::Role { role, pid, leader });
         }
     }

@@ -28,8 +28,8 @@ use chorus_core::replica::{Outcome, Role};
 use super::apply::{apply_entry, guarded, ApplyCtx};
 use super::io::IoOp;
 use super::{
-    AckClock, Ev, OooCounters, OooLatency, OooNodeError, OooRead, OooResult, OooStateMachine,
-    OooStatus, Reply,
+    AckClock, Ev, OooCounters, OooLatency, OooNodeError, OooRead, OooResult, OooRole,
+    OooStateMachine, OooStatus, Reply,
 };
 
 /// Events a round takes at most before it lets the replica act (the rest wait for the
@@ -142,6 +142,9 @@ pub struct Driver<H: Host> {
     why: Arc<OnceLock<String>>,
     /// The committed head, published at the end of every round.
     committed: tokio::sync::watch::Sender<u64>,
+    /// The role, term, leader and whether serving, published at the end of every round
+    /// that changed them.
+    role: tokio::sync::watch::Sender<OooRole>,
     /// The writers of each group entry in flight, by entry id, in record order.
     waiters: HashMap<u64, Vec<Reply>>,
     /// Records taken and not packed yet into group entries.
@@ -196,6 +199,10 @@ pub struct DriverOutputs {
     pub why: Arc<OnceLock<String>>,
     /// The committed head, published at the end of every round.
     pub committed: tokio::sync::watch::Sender<u64>,
+    /// The replica's role ([`OooRole`]), published at the end of every round that
+    /// changed it (PALF's monitor_role); its receivers are woken, unchanged, when a
+    /// failure stops the driver.
+    pub role: tokio::sync::watch::Sender<OooRole>,
     /// Latency histograms, recorded as the driver runs.
     pub lat: Arc<OooLatency>,
 }
@@ -239,6 +246,7 @@ impl<H: Host> Driver<H> {
             lat: out.lat,
             why: out.why,
             committed: out.committed,
+            role: out.role,
             waiters: HashMap::new(),
             staged: Vec::new(),
             staged_since: None,
@@ -351,6 +359,8 @@ impl<H: Host> Driver<H> {
     pub(crate) fn stop(&mut self, why: String) {
         let _ = self.why.set(why);
         self.failed = true;
+        // Whoever follows the role learns of the stop (they look at `why` when woken).
+        self.role.send_modify(|_| {});
     }
 
     /// The replica (the simulator reads it for its checks).
@@ -471,6 +481,9 @@ impl<H: Host> Driver<H> {
         let head = self.replica.committed_head();
         self.committed
             .send_if_modified(|h| std::mem::replace(h, head) != head);
+        let role = OooRole::of(&self.replica);
+        self.role
+            .send_if_modified(|r| std::mem::replace(r, role) != role);
     }
 
     fn event(&mut self, ev: Ev) {
@@ -643,6 +656,7 @@ impl<H: Host> Driver<H> {
             recovering_lost: self.replica.is_recovering_lost(),
             stats: self.replica.stats(),
             counters: self.c,
+            followers: self.replica.follower_heads(),
         }
     }
 

@@ -257,7 +257,7 @@ pub enum OooNodeError {
 }
 
 /// What the driver reports about its replica.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OooStatus {
     /// The group's mode.
     pub mode: Mode,
@@ -283,6 +283,35 @@ pub struct OooStatus {
     pub stats: OooStats,
     /// The driver's counters.
     pub counters: OooCounters,
+    /// Leader only (empty otherwise): each follower's first slot not known committed and
+    /// first slot not applied, as it last acknowledged them.
+    pub followers: Vec<(NodeId, u64, u64)>,
+}
+
+/// An out-of-order replica's role as [`OooNode::subscribe_role`] publishes it (PALF's
+/// monitor_role, section 3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OooRole {
+    /// Role.
+    pub role: Role,
+    /// Term.
+    pub term: u64,
+    /// The leader this replica knows of.
+    pub leader: Option<NodeId>,
+    /// Leading and serving appends (its merge finished).
+    pub serving: bool,
+}
+
+impl OooRole {
+    /// The role `r` holds now.
+    pub fn of(r: &OooReplica) -> Self {
+        Self {
+            role: r.role(),
+            term: r.term(),
+            leader: r.leader(),
+            serving: r.is_serving(),
+        }
+    }
 }
 
 /// What the driver counted since it started.
@@ -532,6 +561,8 @@ pub struct OooNode {
     unregister: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// The committed head, published by the driver at the end of every round.
     committed: tokio::sync::watch::Sender<u64>,
+    /// The role, published by the driver at the end of every round that changed it.
+    role: tokio::sync::watch::Sender<OooRole>,
     latency: Arc<OooLatency>,
     /// Set by the driver when a failure stops it (storage, state machine): why.
     stopped: Arc<OnceLock<String>>,
@@ -605,6 +636,7 @@ impl OooNode {
             .collect();
         let latency = Arc::new(OooLatency::new(peers.iter().copied()));
         let committed = tokio::sync::watch::Sender::new(replica.committed_head());
+        let role = tokio::sync::watch::Sender::new(OooRole::of(&replica));
         let stopped = Arc::new(OnceLock::new());
         let disk_full = Arc::new(AtomicBool::new(false));
         let inflight = Arc::new(AtomicUsize::new(0));
@@ -638,6 +670,7 @@ impl OooNode {
                 DriverOutputs {
                     why: stopped.clone(),
                     committed: committed.clone(),
+                    role: role.clone(),
                     lat: latency.clone(),
                 },
                 OooCounters {
@@ -666,6 +699,7 @@ impl OooNode {
             mail,
             unregister: Mutex::new(None),
             committed,
+            role,
             latency,
             stopped,
             disk_full,
@@ -715,6 +749,14 @@ impl OooNode {
     /// instead of polling. It closes once the node is dropped.
     pub fn subscribe_committed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.committed.subscribe()
+    }
+
+    /// Follows this replica's role, term and leader (PALF's monitor_role): the receiver
+    /// sees each change the driver publishes at the end of a round, and is woken without
+    /// a change when a failure stops the node ([`OooNode::stopped_reason`]). It closes
+    /// once the node is dropped (deleted or restarted).
+    pub fn subscribe_role(&self) -> tokio::sync::watch::Receiver<OooRole> {
+        self.role.subscribe()
     }
 
     /// Hands the replica a message from peer `from` (the environment's router calls

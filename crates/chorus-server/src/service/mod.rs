@@ -24,7 +24,9 @@ use crate::ooo::{check_record, GroupStateMachine};
 /// Largest batch of records in one `Append` call.
 pub const MAX_APPEND_BATCH: usize = 10_000;
 
+mod follower;
 mod reply;
+mod stream;
 pub(crate) use reply::*;
 
 /// The service.
@@ -224,6 +226,15 @@ impl pb::chorus_server::Chorus for Service {
         write_batch(&req.records, |r| log.append(r, ref_csn)).await
     }
 
+    type AppendStreamStream = Follow<pb::AppendStreamResponse>;
+
+    async fn append_stream(
+        &self,
+        req: Request<tonic::Streaming<pb::AppendStreamRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        stream::serve(self, req)
+    }
+
     async fn read(
         &self,
         req: Request<pb::ReadRequest>,
@@ -231,7 +242,11 @@ impl pb::chorus_server::Chorus for Service {
         self.auth
             .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
         let r = req.into_inner();
-        self.ordered(r.group, "Read")?;
+        let log = self.ordered(r.group, "Read")?;
+        // A follower read (PALF section 4.2): nothing is read before the replica holds
+        // every record up to min_csn.
+        follower::wait_min_csn(&log, r.group, r.min_csn, r.wait_ms).await?;
+        drop(log);
         let env = self.env.clone();
         let resp = tokio::task::spawn_blocking(move || {
             read_batch(&env, r.group, r.from_lsn, r.max_records)
@@ -252,13 +267,21 @@ impl pb::chorus_server::Chorus for Service {
         let r = req.into_inner();
         let log = self.ordered(r.group, "Tail")?;
         let env = self.env.clone();
+        let tail = log.subscribe_tail();
+        // The first read waits for min_csn, as Read does (on the stream: the call has
+        // answered, so the client's call timeout does not bound the wait).
+        let mut first = (r.min_csn > 0).then_some(log);
         Ok(Response::new(follow(
             r.group,
             r.from_lsn,
-            log.subscribe_tail(),
+            tail,
             move |from| {
                 let env = env.clone();
+                let first = first.take();
                 async move {
+                    if let Some(log) = first {
+                        follower::wait_min_csn(&log, r.group, r.min_csn, r.wait_ms).await?;
+                    }
                     let b = tokio::task::spawn_blocking(move || {
                         read_batch(&env, r.group, from, r.max_records)
                     })
@@ -268,6 +291,24 @@ impl pb::chorus_server::Chorus for Service {
                     Ok((!b.records.is_empty()).then_some((b, next)))
                 }
             },
+        )))
+    }
+
+    type WatchRoleStream = Follow<pb::RoleEvent>;
+
+    async fn watch_role(
+        &self,
+        req: Request<pb::WatchRoleRequest>,
+    ) -> Result<Response<Self::WatchRoleStream>, Status> {
+        self.auth
+            .check(req.metadata(), Class::Read, Some(req.get_ref().group))?;
+        let group = req.into_inner().group;
+        // Looked up here, so that a group not hosted is the call's answer.
+        let first = self.served(group)?;
+        Ok(Response::new(follower::watch_role(
+            self.env.clone(),
+            group,
+            first,
         )))
     }
 

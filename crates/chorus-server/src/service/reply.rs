@@ -256,6 +256,8 @@ pub fn status(e: Error) -> Status {
             nothing_done(Status::unavailable(msg), *group)
         }
         Error::NotCommitted { .. } | Error::Trimmed { .. } => Status::out_of_range(msg),
+        // A read at a CSN gave up waiting for it (nothing was read).
+        Error::CsnNotReached { .. } => Status::deadline_exceeded(msg),
         Error::Append { source, group } => match source {
             AppendError::NotLeader { leader } => not_leader(msg, *leader),
             AppendError::Transferring => Status::failed_precondition(msg),
@@ -348,6 +350,7 @@ pub(super) fn group_status(s: chorus_runtime::GroupStatus) -> pb::GroupStatus {
         end_lsn: s.end_lsn,
         flushed_lsn: s.flushed_end,
         committed_lsn: s.committed_end,
+        readable_csn: s.readable_csn,
         voters: s.membership.voters.clone(),
         learners: s.membership.learners.clone(),
         config_proposal_id: s.membership.version.proposal_id,
@@ -424,6 +427,9 @@ pub(super) fn read_batch(
 ) -> Result<pb::ReadResponse, Status> {
     let log = env.group(group).map_err(status)?;
     let max = if max == 0 { 1000 } else { max.min(100_000) } as usize;
+    // Taken before the read: every record with a CSN up to it is in what follows `from`
+    // or before it (see ReadResponse.readable_csn).
+    let readable_csn = log.readable_csn();
     let mut reader = log.reader(from);
     let mut records = Vec::new();
     let mut bytes = 0usize;
@@ -444,6 +450,7 @@ pub(super) fn read_batch(
         records,
         next_lsn: reader.position(),
         committed_end: log.committed_end(),
+        readable_csn,
     })
 }
 

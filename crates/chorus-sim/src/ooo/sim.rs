@@ -898,6 +898,7 @@ impl Sim {
         let n = self.nodes.get_mut(&id).expect("node");
         let sm = Arc::new(SimSm::open(id, n.image.clone(), hard.base));
         let committed = tokio::sync::watch::Sender::new(replica.committed_head());
+        let role = tokio::sync::watch::Sender::new(chorus_runtime::ooo::OooRole::of(&replica));
         let log_bytes = store.len();
         n.why = Arc::new(OnceLock::new());
         let d = Driver::new(
@@ -910,6 +911,7 @@ impl Sim {
             DriverOutputs {
                 why: n.why.clone(),
                 committed,
+                role,
                 lat: Arc::new(OooLatency::new(peers)),
             },
             OooCounters::default(),

@@ -566,6 +566,17 @@ impl OooReplica {
         self.applier.head()
     }
 
+    /// Leader only (empty otherwise): each follower's first slot not known committed and
+    /// first slot not applied, as it last acknowledged them.
+    pub fn follower_heads(&self) -> Vec<(NodeId, Seq, Seq)> {
+        self.lead.as_ref().map_or_else(Vec::new, |l| {
+            l.peers
+                .iter()
+                .map(|(&id, p)| (id, p.head, p.applied))
+                .collect()
+        })
+    }
+
     /// The slot after the last one this replica holds (its base when it holds none): a
     /// state machine restarted from a checkpoint may already hold writes of any slot
     /// below it, applied before the restart ([`Self::recover`] then replays them).
