@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The benchmark matrix: Chorus, etcd-raft, openraft and the disk's ceiling, side by side.
+"""The benchmark matrix: Chorus, etcd-raft, openraft, raft-rs and the disk's ceiling, side by side.
 
 Run through bench/run.sh, which builds everything first. For every point (clients, record
 size) and every repeat, each system runs once, in an order rotated per repeat and point, so
@@ -33,8 +33,9 @@ CHORUS = os.path.join(ROOT, "target", "release", "chorus")
 CHORUS_BENCH = os.path.join(ROOT, "target", "release", "chorus-bench")
 ETCD = os.path.join(ROOT, "bench", "peers", "etcd-raft", "run.sh")
 OPENRAFT = os.path.join(ROOT, "bench", "peers", "openraft", "run.sh")
+RAFTRS = os.path.join(ROOT, "bench", "peers", "raft-rs", "run.sh")
 
-SYSTEMS = ["chorus-embedded", "chorus-grpc", "etcd-raft", "openraft", "ceiling"]
+SYSTEMS = ["chorus-embedded", "chorus-grpc", "etcd-raft", "openraft", "raft-rs", "ceiling"]
 MODES = ["piggyback", "sync", "async"]
 # Medians of these result fields are reported per point.
 FIELDS = [
@@ -45,10 +46,10 @@ FIELDS = [
 # appends/s of the first over the second, at the same (clients, size); the ceiling at the
 # same size (it has one client).
 RATIOS = [
-    ("chorus-embedded", "etcd-raft"), ("chorus-embedded", "openraft"),
-    ("chorus-grpc", "etcd-raft"), ("chorus-grpc", "openraft"),
+    ("chorus-embedded", "etcd-raft"), ("chorus-embedded", "openraft"), ("chorus-embedded", "raft-rs"),
+    ("chorus-grpc", "etcd-raft"), ("chorus-grpc", "openraft"), ("chorus-grpc", "raft-rs"),
     ("chorus-embedded", "ceiling"), ("chorus-grpc", "ceiling"),
-    ("etcd-raft", "ceiling"), ("openraft", "ceiling"),
+    ("etcd-raft", "ceiling"), ("openraft", "ceiling"), ("raft-rs", "ceiling"),
 ]
 # Ports: chorus uses BASE, BASE+10, BASE+20 (+ node index 0..2); the peers BASE..BASE+2.
 PORTS_USED = {
@@ -56,6 +57,7 @@ PORTS_USED = {
     "chorus": lambda b: [b + o + i for o in (0, 10, 20) for i in (1, 2, 3)] if b else [],
     "etcd-raft": lambda b: [b + i for i in range(3)],
     "openraft": lambda b: [b + i for i in range(3)],
+    "raft-rs": lambda b: [b + i for i in range(3)],
 }
 
 
@@ -74,6 +76,9 @@ def command(system, mode, clients, size, args, data, out_json):
     if system == "openraft":
         return [OPENRAFT, data, str(clients), str(size), f"{w}s", f"{d}s"], \
             {"OPENRAFT_BASE_PORT": str(args.openraft_port)}
+    if system == "raft-rs":
+        return [RAFTRS, data, str(clients), str(size), f"{w}s", f"{d}s"], \
+            {"RAFTRS_BASE_PORT": str(args.raftrs_port)}
     if system == "ceiling":
         return [CHORUS_BENCH, "ceiling", "--dir", data, "--size", str(size), "--warmup",
                 str(w), "--duration", str(d), "--json", out_json], {}
@@ -87,6 +92,8 @@ def ports_of(system, args):
         return PORTS_USED["etcd-raft"](args.etcd_port)
     if system == "openraft":
         return PORTS_USED["openraft"](args.openraft_port)
+    if system == "raft-rs":
+        return PORTS_USED["raft-rs"](args.raftrs_port)
     return []
 
 
@@ -199,7 +206,7 @@ def key(r):
 
 
 def label(section, system, path, mode):
-    """chorus-embedded / chorus-grpc / etcd-raft / openraft / ceiling in the main matrix;
+    """chorus-embedded / chorus-grpc / etcd-raft / openraft / raft-rs / ceiling in the main matrix;
     chorus-embedded-<mode> in the commit-mode comparison."""
     if system != "chorus":
         return system
@@ -293,7 +300,7 @@ def print_table(s):
     print("Main matrix (medians; ratios are appends/s of this row over the other system at "
           "the same point; the ceiling has 1 client)")
     hdr = ["system", "clients", "size", "appends/s", "MB/s", "p50 µs", "p99 µs", "p999 µs",
-           "WA", "fsync/s", "dev flush/s", "CPU s/M", "×etcd-raft", "×openraft", "×ceiling",
+           "WA", "fsync/s", "dev flush/s", "CPU s/M", "×etcd-raft", "×openraft", "×raft-rs", "×ceiling",
            "failed"]
     order = {n: i for i, n in enumerate(SYSTEMS)}
     rows = [[p["label"], fmt(p["clients"]), fmt(p["size"]), fmt(p["appends_per_sec"]),
@@ -302,6 +309,7 @@ def print_table(s):
              fmt(p["cpu_sec_per_million"], 1),
              ratio(p, "etcd-raft") if p["system"] == "chorus" else "-",
              ratio(p, "openraft") if p["system"] == "chorus" else "-",
+             ratio(p, "raft-rs") if p["system"] == "chorus" else "-",
              ratio(p, "ceiling"), f"{p['failed']}/{p['runs']}"]
             for p in sorted(main, key=lambda p: (p["size"], p["label"] != "ceiling", p["clients"],
                                                  order.get(p["label"], 99)))]
@@ -444,6 +452,7 @@ def main():
     ap.add_argument("--chorus-port", type=int, default=0, help="chorus --base-port (0: free ports chosen by the OS)")
     ap.add_argument("--etcd-port", type=int, default=7150, help="ETCD_RAFT_BASE_PORT")
     ap.add_argument("--openraft-port", type=int, default=7250, help="OPENRAFT_BASE_PORT")
+    ap.add_argument("--raftrs-port", type=int, default=7350, help="RAFTRS_BASE_PORT")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The benchmark matrix: Chorus (embedded and gRPC clients), etcd-raft, openraft and the
-# disk's ceiling, side by side, alternating, with medians; then the commit-point modes.
+# The benchmark matrix: Chorus (embedded and gRPC clients), etcd-raft, openraft, raft-rs
+# (with raft-engine) and the disk's ceiling, side by side, alternating, with medians; then
+# the commit-point modes.
 #
-#   bench/run.sh                 # the whole matrix (129 runs: about 35 minutes, 30 with --duration 8)
+#   bench/run.sh                 # the whole matrix (150 runs: about 40 minutes, 35 with --duration 8)
 #   bench/run.sh --smoke         # one short point per system (about 2 minutes after builds)
 #   bench/run.sh --help          # every option (bench/matrix.py)
 #
@@ -29,6 +30,9 @@ if ! (cd bench/peers/etcd-raft && go build -o bin/etcd-raft-peer .); then
 fi
 if ! (cd bench/peers/openraft && cargo build --release --locked); then
   echo "run.sh: warning: openraft peer does not build; its runs will fail" >&2
+fi
+if ! (cd bench/peers/raft-rs && cargo build --release --locked); then
+  echo "run.sh: warning: raft-rs peer does not build; its runs will fail" >&2
 fi
 
 EXTRA=()

@@ -141,8 +141,7 @@ func (t *transport) allConnected() bool {
 
 // send queues messages for their peers; it never blocks on the network.
 func (t *transport) send(msgs []raftpb.Message) {
-	for i := range msgs {
-		m := msgs[i]
+	for _, m := range msgs {
 		pc := t.out[m.To]
 		if pc == nil {
 			continue
@@ -179,7 +178,7 @@ func (pc *peerConn) unreachable() {
 func (pc *peerConn) writeLoop() {
 	var (
 		batch []raftpb.Message
-		buf   []byte
+		buf   = make([]byte, 4, 64<<10)
 	)
 	for {
 		conn := pc.dial()
@@ -310,7 +309,10 @@ func (t *transport) readLoop(c net.Conn) {
 			}
 		}
 	}()
-	var hdr [4]byte
+	var (
+		hdr  [4]byte
+		body []byte
+	)
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -327,10 +329,14 @@ func (t *transport) readLoop(c net.Conn) {
 			log.Printf("frame from %d too large: %d", from, n)
 			return
 		}
-		body := make([]byte, n)
+		if cap(body) < int(n) {
+			body = make([]byte, n)
+		}
+		body = body[:n]
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
+		// proto.Unmarshal copies bytes fields, so body can be reused.
 		var m raftpb.Message
 		if err := m.Unmarshal(body); err != nil {
 			log.Printf("unmarshal from %d: %v", from, err)

@@ -9,6 +9,8 @@
 # Ports: OPENRAFT_BASE_PORT (default 7201) -> BASE, BASE+1, BASE+2.
 # OPENRAFT_HOST overrides the loopback address (default 127.0.0.1).
 # OPENRAFT_STRACE=FILE runs every node under `strace -f -c -e trace=fdatasync -o FILE.nN`.
+# OPENRAFT_VERIFY=1: after the run, node 1 checks that every acknowledged write is in at least
+# 2 of the 3 nodes' log files, and the check's line is printed to stderr.
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
@@ -62,9 +64,13 @@ for id in 2 3; do
   wrap "$id" "$BIN" --id "$id" --peers "$PEERS" --data "$DATA_ROOT/n$id" >"$DATA_ROOT/n$id.log" 2>&1 &
   PIDS+=($!)
 done
+VERIFY=()
+if [[ -n ${OPENRAFT_VERIFY:-} ]]; then
+  VERIFY=(--verify-logs "$DATA_ROOT/n1,$DATA_ROOT/n2,$DATA_ROOT/n3")
+fi
 wrap 1 "$BIN" --id 1 --peers "$PEERS" --data "$DATA_ROOT/n1" \
   --clients "$CLIENTS" --size "$SIZE" --warmup "$WARMUP" --duration "$DURATION" \
-  --sample-pids "${PIDS[0]},${PIDS[1]}" --out "$OUT" "${@:6}" >"$DATA_ROOT/n1.log" 2>&1 &
+  --sample-pids "${PIDS[0]},${PIDS[1]}" --out "$OUT" "${VERIFY[@]}" "${@:6}" >"$DATA_ROOT/n1.log" 2>&1 &
 LEADER=$!
 PIDS+=("$LEADER")
 
@@ -77,4 +83,5 @@ if [[ $rc -ne 0 || ! -s $OUT ]]; then
 fi
 cleanup
 PIDS=()
+grep -E '^(check|verify):' "$DATA_ROOT/n1.log" >&2 || true
 cat "$OUT"
