@@ -82,14 +82,8 @@ def test_from_env_reads_what_chorus_dev_prints(tls_cluster, monkeypatch):
         assert all(isinstance(o, Committed) for o in c.append(GROUP, uniq(1, "env")))
 
 
-@pytest.mark.xfail(
-    raises=NoLeader,
-    strict=False,
-    reason="chorus dev --tls gives the CA and every certificate it signs the same subject "
-    "(CN=rcgen self signed cert), so BoringSSL (gRPC's) takes a node's certificate for "
-    "self-signed: CERTIFICATE_VERIFY_FAILED (rustls accepts it). Needs a fix in "
-    "crates/chorus-server/src/dev.rs (a distinct DN for the CA).",
-)
+# chorus dev --tls names each certificate's subject (the CA's differs from every leaf's):
+# BoringSSL, unlike rustls, refuses a leaf whose subject is its issuer's.
 def test_chorus_dev_tls_certificates_verify_with_boringssl(dev_tls_cluster):
     with Client(
         dev_tls_cluster.endpoints, leader_timeout=1.0, **dev_tls_cluster.tls_kwargs()

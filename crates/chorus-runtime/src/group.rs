@@ -1128,13 +1128,21 @@ impl Group {
         from: Lsn,
         out: &mut VecDeque<Record>,
     ) -> Result<(), Error> {
+        // A position inside the group must be one of its records: a reader stops only
+        // at group boundaries and record starts, so anything else is a caller's bad LSN,
+        // and skipping to the next record would hide it.
+        let not_a_record = Err(Error::NotARecord {
+            group: self.id,
+            lsn: from,
+        });
         if g.entries == 0 {
-            return Ok(());
+            return if from > g.lsn { not_a_record } else { Ok(()) };
         }
         let (h, body) = self.read_stored_group(g.lsn)?;
         if h.is_padding() {
-            return Ok(());
+            return if from > g.lsn { not_a_record } else { Ok(()) };
         }
+        let mut found = from <= g.lsn;
         for e in EntryIter::new(&body) {
             let e = e.map_err(|source| Error::Storage {
                 group: self.id,
@@ -1146,6 +1154,7 @@ impl Group {
                 },
             })?;
             let lsn = entry_lsn(g.lsn, e.offset);
+            found |= lsn == from;
             if lsn >= from {
                 out.push_back(Record {
                     lsn,
@@ -1154,7 +1163,12 @@ impl Group {
                 });
             }
         }
-        Ok(())
+        if found {
+            Ok(())
+        } else {
+            out.clear();
+            not_a_record
+        }
     }
 
     /// The end of what may be read here: committed, and present in the local log.

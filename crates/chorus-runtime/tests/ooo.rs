@@ -153,6 +153,10 @@ struct Cluster {
     freeze: Vec<Duration>,
     /// Each node's free-space guard (floor 0: never low, until a test raises it).
     disks: Vec<Arc<DiskSpace>>,
+    /// While a node is stopped, its old replication port, bound and not listening: the
+    /// others' dials to it are refused, as to a crashed process, rather than reaching a
+    /// listener another test of this binary opened on the freed port meanwhile.
+    held: Vec<Option<socket2::Socket>>,
 }
 
 impl Cluster {
@@ -197,6 +201,7 @@ impl Cluster {
             disks: (0..n)
                 .map(|_| Arc::new(DiskSpace::new(std::env::temp_dir(), 0)))
                 .collect(),
+            held: (0..n).map(|_| None).collect(),
         };
         for i in 0..n {
             c.restart(i);
@@ -249,12 +254,20 @@ impl Cluster {
     fn stop(&mut self, i: usize) {
         self.nodes[i] = None;
         if let Some(env) = self.envs[i].take() {
+            let addr = env.replication_addr();
             env.shutdown();
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket");
+            // Best effort: another test may have taken the port already.
+            if sock.bind(&addr.into()).is_ok() {
+                self.held[i] = Some(sock);
+            }
         }
         self.states[i].crash();
     }
 
     fn restart(&mut self, i: usize) {
+        self.held[i] = None;
         let (env, node) = self.start(i);
         self.envs[i] = Some(env);
         self.nodes[i] = Some(node);
@@ -596,7 +609,15 @@ fn run(mode: Mode) {
     while dropped(&c) < before + 2 {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the leader never redialled the stopped follower"
+            "the leader never redialled the stopped follower: frames dropped {} -> {}, \
+             port held {}, statuses {:?}",
+            before,
+            dropped(&c),
+            c.held[f].is_some(),
+            (0..3)
+                .filter(|&i| i != f)
+                .map(|i| c.nodes[i].as_ref().and_then(|n| n.status()))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

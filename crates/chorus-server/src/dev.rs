@@ -89,11 +89,32 @@ impl DevMode {
 /// certificate naming "localhost". A later run reuses what is there (a node added by a
 /// larger `--nodes` gets its certificate then).
 fn tls_files(dir: &Path, nodes: u64) -> AnyResult<PathBuf> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rcgen::KeyPair;
+    use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer};
     let t = dir.join("tls");
     std::fs::create_dir_all(&t)?;
     let (ca_pem, ca_key) = (t.join("ca.pem"), t.join("ca.key"));
+    // Each certificate has a subject of its own (CN "Chorus dev CA", "node1", "client"):
+    // OpenSSL and BoringSSL (Python's and Go's gRPC) refuse a chain whose leaf has the
+    // same subject as its issuer. Files made before subjects were set are made anew.
+    let marker = t.join("subjects-v2");
+    if !marker.exists() {
+        for e in std::fs::read_dir(&t)? {
+            let p = e?.path();
+            if matches!(p.extension().and_then(|x| x.to_str()), Some("pem" | "key")) {
+                std::fs::remove_file(p)?;
+            }
+        }
+        std::fs::write(&marker, "certificates name their subjects\n")?;
+    }
+    let dn = |cn: &str| {
+        let mut d = DistinguishedName::new();
+        d.push(DnType::OrganizationName, "Chorus dev");
+        d.push(DnType::CommonName, cn);
+        d
+    };
     let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = dn("Chorus dev CA");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let key = if ca_key.exists() {
         KeyPair::from_pem(&std::fs::read_to_string(&ca_key)?)?
@@ -113,7 +134,9 @@ fn tls_files(dir: &Path, nodes: u64) -> AnyResult<PathBuf> {
             continue;
         }
         let key = KeyPair::generate()?;
-        let c = CertificateParams::new(vec!["localhost".to_string()])?.signed_by(&key, &issuer)?;
+        let mut p = CertificateParams::new(vec!["localhost".to_string()])?;
+        p.distinguished_name = dn(&name);
+        let c = p.signed_by(&key, &issuer)?;
         std::fs::write(&cert, c.pem())?;
         std::fs::write(&k, key.serialize_pem())?;
     }

@@ -115,6 +115,8 @@ pub fn run(a: ServerArgs) -> AnyResult<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // The archive (`[archive]`): opened now, so bad settings or key files are named at
     // start; nothing is read from it until the archiver runs.

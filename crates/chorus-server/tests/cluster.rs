@@ -234,6 +234,7 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
         .await
         .unwrap();
     assert_eq!(r[0].outcome, pb::Outcome::Committed as i32);
+    bad_reads_and_appends_get_their_codes(&eps, leader, r[0].lsn).await;
     let got = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let m = tail.message().await.unwrap().expect("the stream ended");
@@ -254,6 +255,72 @@ async fn bad_input_over_the_wire_leaves_the_node_serving() {
     assert!(st.status_all(1).await[0].1.is_ok());
     // And, on the same running cluster, `chorus trim`.
     trim_with_the_cli(root.path(), &nodes).await;
+}
+
+/// On every node of group 1: a Read past the committed end is OUT_OF_RANGE and one from
+/// inside a record (`lsn + 1`, `lsn` a record) NOT_FOUND, never an empty or shifted
+/// answer; an Append of no records is INVALID_ARGUMENT, followers included; a follower's
+/// refusal names the leader as a node, not in Rust's notation.
+async fn bad_reads_and_appends_get_their_codes(eps: &[String], leader: u64, lsn: u64) {
+    // Nothing else appends meanwhile: once every node knows the leader's committed end,
+    // the ends stay put.
+    let end = committed_end(&eps[(leader - 1) as usize]).await;
+    for ep in eps {
+        let t = Instant::now();
+        while committed_end(ep).await != end {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{ep} never reached {end}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for (i, ep) in eps.iter().enumerate() {
+        let mut c = Client::new(vec![ep.clone()]);
+        let mut raw = c.conn(0).await.unwrap();
+        let read = |from: u64| pb::ReadRequest {
+            group: 1,
+            from_lsn: from,
+            max_records: 1,
+            ..Default::default()
+        };
+        let e = raw.read(read(end + 1)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange, "{ep}: {e:?}");
+        assert!(e.message().contains(&format!("{}", end + 1)), "{e:?}");
+        // At the end: empty, as a poller expects.
+        let at_end = raw.read(read(end)).await.unwrap().into_inner();
+        assert!(at_end.records.is_empty(), "{ep}: {at_end:?}");
+        if lsn < end {
+            let e = raw.read(read(lsn + 1)).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::NotFound, "{ep}: {e:?}");
+            assert!(e.message().contains("not the start of a record"), "{e:?}");
+            let ok = raw.read(read(lsn)).await.unwrap().into_inner();
+            assert_eq!(ok.records[0].lsn, lsn, "{ep}");
+        }
+        let e = raw
+            .append(pb::AppendRequest {
+                group: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{ep}: {e:?}");
+        if i as u64 + 1 != leader {
+            let e = raw
+                .append(pb::AppendRequest {
+                    group: 1,
+                    records: vec![b"to a follower".to_vec()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{ep}: {e:?}");
+            assert!(
+                !e.message().contains("Some(") && !e.message().contains("None"),
+                "{e:?}"
+            );
+        }
+    }
 }
 
 /// The `chorus` binary with `args`: exit code, stdout, stderr.

@@ -17,7 +17,7 @@ use super::{Nanos, Replica, Ticket};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AppendError {
     /// Not the serving leader; `leader` is a hint.
-    #[error("not the leader (leader hint: {leader:?})")]
+    #[error("not the leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,

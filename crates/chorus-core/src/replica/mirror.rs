@@ -36,7 +36,7 @@ pub(super) fn access_mode_refusal(what: &str, mode: AccessMode, switching: bool)
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MirrorError {
     /// Not the serving leader; `leader` is a hint.
-    #[error("not the leader (leader hint: {leader:?})")]
+    #[error("not the leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,

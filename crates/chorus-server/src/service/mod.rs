@@ -215,6 +215,14 @@ impl pb::chorus_server::Chorus for Service {
         self.auth
             .check(req.metadata(), Class::Append, Some(req.get_ref().group))?;
         let req = req.into_inner();
+        // Refused on every node alike (a follower would otherwise answer an empty batch
+        // with an empty success before it looked at its role).
+        if req.records.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "group {}: an append needs at least one record",
+                req.group
+            )));
+        }
         if req.records.len() > MAX_APPEND_BATCH {
             return Err(Status::invalid_argument(format!(
                 "{} records in one append; at most {MAX_APPEND_BATCH}",
@@ -776,6 +784,14 @@ impl pb::chorus_server::Chorus for Service {
         self.auth
             .check(req.metadata(), Class::Append, Some(req.get_ref().group))?;
         let req = req.into_inner();
+        // Refused on every node alike (a follower would otherwise answer an empty batch
+        // with an empty success before it looked at its role).
+        if req.records.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "group {}: an append needs at least one record",
+                req.group
+            )));
+        }
         if req.records.len() > MAX_APPEND_BATCH {
             return Err(Status::invalid_argument(format!(
                 "{} records in one append; at most {MAX_APPEND_BATCH}",

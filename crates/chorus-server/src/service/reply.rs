@@ -430,6 +430,16 @@ pub(super) fn read_batch(
     // Taken before the read: every record with a CSN up to it is in what follows `from`
     // or before it (see ReadResponse.readable_csn).
     let readable_csn = log.readable_csn();
+    // At the committed end a read is empty (nothing yet: a poller's normal answer); past
+    // it the LSN is not committed here, which the caller must learn rather than wait on.
+    let committed = log.committed_end();
+    if from > committed {
+        return Err(status(chorus_runtime::Error::NotCommitted {
+            group,
+            lsn: from,
+            committed,
+        }));
+    }
     let mut reader = log.reader(from);
     let mut records = Vec::new();
     let mut bytes = 0usize;

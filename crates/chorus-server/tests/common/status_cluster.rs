@@ -62,8 +62,10 @@ impl Cluster {
                  [[groups]]\nid = {ORDERED}\nvoters = [1, 2, 3]\n\n\
                  [[groups]]\nid = {PARALLEL}\nvoters = [1, 2, 3]\nmode = \"parallel\"\n\n\
                  [out_of_order]\nelection_timeout_ms = 300\n\n\
-                 [control]\ngroup = {CTRL}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\nheartbeat_ms = 200\n",
+                 [control]\ngroup = {CTRL}\nendpoints = [{endpoints}]\nrack = \"r{i}\"\nheartbeat_ms = 200\n\n\
+                 [archive]\nurl = \"file://{}\"\ngroups = [{ORDERED}]\nflush_ms = 200\n",
                 dir.path().join(format!("n{i}")).display(),
+                dir.path().join("archive").display(),
             )
             .unwrap();
             let mut n = Server::new(cfg, dir.path().join(format!("n{i}.log")));

@@ -189,7 +189,7 @@ pub struct Ticket {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OooAppendError {
     /// Not a serving leader.
-    #[error("not the serving leader (leader hint: {leader:?})")]
+    #[error("not the serving leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,

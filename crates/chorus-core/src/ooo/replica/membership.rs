@@ -103,7 +103,7 @@ pub enum OooMembershipChange {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OooChangeError {
     /// Only a serving leader changes the membership.
-    #[error("not the serving leader (leader hint: {leader:?})")]
+    #[error("not the serving leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,

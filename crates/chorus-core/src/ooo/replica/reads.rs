@@ -59,7 +59,7 @@ pub struct ReadTicket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OooReadIndexError {
     /// Only the serving leader serves leader reads; it may have been deposed since.
-    #[error("not the serving leader (leader hint: {leader:?})")]
+    #[error("not the serving leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,

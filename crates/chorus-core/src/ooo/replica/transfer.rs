@@ -25,7 +25,7 @@ pub(super) struct Transfer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OooTransferError {
     /// Only a serving leader (its merge done) hands leadership over.
-    #[error("not the serving leader (leader hint: {leader:?})")]
+    #[error("not the serving leader ({})", crate::LeaderHint(*.leader))]
     NotLeader {
         /// The leader this replica follows, if any.
         leader: Option<NodeId>,
