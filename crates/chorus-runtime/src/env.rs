@@ -277,13 +277,15 @@ struct Inner {
 /// error or a setting, which concern the whole node — so the node may go on without it.
 /// The ordered driver step's settings: the defaults, or, in a test-only `broken` build,
 /// a step broken as `CHORUS_BROKEN` names (`flushed-before-sync`: writes reported durable
-/// before their sync; `skip-fsync`: the log's syncs skipped).
+/// before their sync; `ack-past-sync-point`: a sync reported as covering what was written
+/// while it ran; `skip-fsync`: the log's syncs skipped).
 fn step_settings() -> crate::ordered::StepSettings {
     #[allow(unused_mut)]
     let mut s = crate::ordered::StepSettings::default();
     #[cfg(feature = "broken")]
     match std::env::var("CHORUS_BROKEN").as_deref() {
         Ok("flushed-before-sync") => s.broken_flushed_before_sync = true,
+        Ok("ack-past-sync-point") => s.broken_ack_past_sync_point = true,
         Ok("skip-fsync") => s.broken_skip_fsync = true,
         _ => {}
     }
@@ -338,9 +340,19 @@ impl Env {
             start: Instant::now(),
             transport: std::sync::OnceLock::new(),
             pool: Pool::new(cfg.pass_groups),
-            apply: crate::pool::ApplyPool::start(cfg.apply_threads).map_err(|e| Error::Io {
-                what: "start apply workers".into(),
-                source: e,
+            apply: crate::pool::ApplyPool::start("apply", cfg.apply_threads).map_err(|e| {
+                Error::Io {
+                    what: "start apply workers".into(),
+                    source: e,
+                }
+            })?,
+            // As many sync threads as IO workers: each worker may have a group whose sync
+            // runs while it goes on writing.
+            syncers: crate::pool::ApplyPool::start("sync", cfg.io_workers).map_err(|e| {
+                Error::Io {
+                    what: "start sync threads".into(),
+                    source: e,
+                }
             })?,
             replica: cfg.replica.clone(),
             log: cfg.log,
@@ -739,6 +751,8 @@ impl Env {
         // The out-of-order groups finish their work while the workers still run it.
         self.inner.ooo.clear();
         self.inner.transport.shutdown();
+        // Syncs in flight finish first (each then wakes its group on the pool).
+        self.inner.shared.syncers.shutdown();
         self.inner.shared.pool.shutdown();
         self.inner.shared.apply.shutdown();
         let groups: Vec<_> = self

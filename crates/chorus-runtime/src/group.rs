@@ -206,6 +206,9 @@ pub(crate) struct EnvShared {
     pub pool: Pool,
     /// The apply workers out-of-order groups share ([`crate::pool::ApplyPool`]).
     pub apply: crate::pool::ApplyPool,
+    /// The threads ordered groups' log syncs run on ([`Group::start_sync`]), so that a
+    /// group's next batch is written while its last one syncs.
+    pub syncers: crate::pool::ApplyPool,
     pub replica: ReplicaConfig,
     pub log: LogOptions,
     pub fsync_hist: crate::metrics::Histogram,
@@ -283,6 +286,9 @@ pub(crate) struct Group {
     pub resend_at: AtomicU64,
     /// The log IO is idle (everything written is flushed): small lanes freeze at once.
     io_idle: AtomicBool,
+    /// A log sync is in flight on a sync thread ([`Group::start_sync`]): at most one at a
+    /// time. Whoever clears it checks for writes made meanwhile and starts the next.
+    syncing: AtomicBool,
     /// The lane appenders fill without locks (PALF section 6), if one is open.
     lane: ArcSwapOption<LaneBuf<Slot>>,
     /// Size of the last closed lane, to size the next one's buffers.
@@ -372,6 +378,7 @@ impl Group {
             last_tick: AtomicU64::new(0),
             resend_at: AtomicU64::new(u64::MAX),
             io_idle: AtomicBool::new(true),
+            syncing: AtomicBool::new(false),
             lane: ArcSwapOption::empty(),
             lane_hint: AtomicU64::new(0),
             core: Mutex::new(Core {
@@ -433,11 +440,9 @@ impl Group {
             match self.round() {
                 Stepped::Idle => return,
                 Stepped::Again => {}
-                Stepped::Wrote => {
-                    if !self.sync_log() {
-                        return;
-                    }
-                }
+                // The sync runs on a sync thread; the next rounds may write the next batch
+                // meanwhile (pipelined group commit, see `crate::ordered`).
+                Stepped::Wrote => self.start_sync(),
             }
         }
     }
@@ -538,10 +543,49 @@ impl Group {
         }
     }
 
-    /// Makes what the last rounds wrote durable (one `fdatasync`, with no lock held) and
-    /// queues [`Feedback::Flushed`] for the next round. Returns false when the sync
-    /// failed: the group has stopped ([`Group::storage_failed`]).
-    pub(crate) fn sync_log(&self) -> bool {
+    /// Starts a sync of the log on a sync thread, unless one is in flight (that one
+    /// starts the next when it ends, for what was written meanwhile). Pipelined group
+    /// commit, as PALF's IO workers do it: the group goes on with rounds, and may write
+    /// its next batch, while the last batch syncs. Each sync covers the log up to the
+    /// point taken when it began and is reported ([`Feedback::Flushed`]) only up to
+    /// there ([`ordered::sync_finished`]), so nothing written during a sync is
+    /// acknowledged or voted before a sync of its own; the replica learns of each sync
+    /// in the group's next round, which the sync thread schedules.
+    pub(crate) fn start_sync(self: &Arc<Self>) {
+        if self.syncing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let g = self.clone();
+        self.env.syncers.submit(Box::new(move || g.sync_loop()));
+    }
+
+    /// A sync thread's part: syncs, then again while more was written meanwhile; then
+    /// wakes the group for its reports.
+    fn sync_loop(self: &Arc<Self>) {
+        loop {
+            let ok = self.sync_once();
+            self.syncing.store(false, Ordering::SeqCst);
+            if !ok {
+                break;
+            }
+            // A round that wrote while this sync ran found it in flight and left its
+            // batch to us (it saw `syncing` set after its write, so its write is seen
+            // here; or it saw it clear and started a sync of its own, which the swap
+            // below then finds).
+            let more = {
+                let io = self.io.read().expect("io");
+                io.log.end_lsn() > io.log.flushed_end()
+            };
+            if !more || self.syncing.swap(true, Ordering::AcqRel) {
+                break;
+            }
+        }
+        self.schedule();
+    }
+
+    /// One `fdatasync` of the log up to its end now; queues [`Feedback::Flushed`] for
+    /// the next round. Returns false when the sync failed (the group stops).
+    fn sync_once(&self) -> bool {
         let t0 = Instant::now();
         let point = self.io.read().expect("io").log.sync_point();
         let r = point.and_then(|p| {
@@ -553,19 +597,16 @@ impl Group {
             };
             #[cfg(not(feature = "broken"))]
             let r = p.sync();
-            self.io.write().expect("io").log.synced(&p, r)
+            let mut io = self.io.write().expect("io");
+            ordered::sync_finished(&mut io.log, &p, r, &self.env.step)
         });
         let took = t0.elapsed().as_nanos() as u64;
         self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.counters.fsync_nanos.fetch_add(took, Ordering::Relaxed);
         self.env.fsync_hist.record(took);
         match r {
-            Ok(end) => {
-                self.core
-                    .lock()
-                    .expect("core")
-                    .feedback
-                    .push(Feedback::Flushed(end));
+            Ok(flushed) => {
+                self.core.lock().expect("core").feedback.push(flushed);
                 true
             }
             Err(e) => {

@@ -15,9 +15,13 @@
 //!    the log), and the answers go out after that (whoever is told "Committed" must be
 //!    able to read the record at once).
 //! 3. The host syncs the log if the round wrote ([`Executed::wrote`]) and reports
-//!    [`Feedback::Flushed`] with the end it made durable; the replica counts its own copy
-//!    and acknowledges only then. The runtime syncs at once with no lock held; the
-//!    simulator syncs after a seeded disk delay, one sync in flight at a time.
+//!    [`Feedback::Flushed`] with the end it made durable ([`sync_finished`]); the replica
+//!    counts its own copy and acknowledges only then. Syncs are pipelined, as PALF's IO
+//!    workers pipeline group commit: one sync is in flight at a time, covering the log up
+//!    to the [`SyncPoint`] taken when it began, while the next rounds go on writing; what
+//!    they wrote waits for the next sync, which starts as the last one ends. The runtime
+//!    syncs on its sync threads with no lock held; the simulator after a seeded disk
+//!    delay.
 //!
 //! Nothing in a round is acknowledged or voted before what it depends on is durable: the
 //! replica emits acknowledgements and votes only after [`Feedback::Flushed`] and
@@ -27,7 +31,7 @@ use chorus_core::format::group::ChainPoint;
 use chorus_core::format::meta::{ConfigVersion, NodeId};
 use chorus_core::replica::{Action, Message, Nanos, Outcome, ReadPurpose, Replica, Role};
 use chorus_core::{Csn, Lsn};
-use chorus_storage::{LogStorage, MetaStorage, StorageError};
+use chorus_storage::{LogStorage, MetaStorage, StorageError, SyncPoint};
 
 /// A report of the host's IO for the replica's next round.
 #[derive(Debug)]
@@ -223,6 +227,32 @@ pub struct StepSettings {
     /// it (the simulator's step has no sync of its own to skip).
     #[cfg(feature = "broken")]
     pub broken_skip_fsync: bool,
+    /// Broken on purpose (test-only `broken` build): a finished sync reports the log
+    /// durable up to everything written so far ([`sync_finished`]), past the point it
+    /// covered: a batch written while the previous sync ran is acknowledged before its own
+    /// sync. The simulator must catch it.
+    #[cfg(feature = "broken")]
+    pub broken_ack_past_sync_point: bool,
+}
+
+/// The report of a finished log sync: `point` was taken when the sync began
+/// ([`LogStorage::sync_point`]) and `r` is what its `fdatasync` returned. The log is
+/// durable up to the point's end and no further, whatever was written while the sync ran
+/// (that waits for the next sync). A failed sync fails the log (it is never retried and
+/// trusted, DESIGN.md principle 4).
+pub fn sync_finished(
+    log: &mut LogStorage,
+    point: &SyncPoint,
+    r: Result<(), StorageError>,
+    set: &StepSettings,
+) -> Result<Feedback, StorageError> {
+    let end = log.synced(point, r)?;
+    #[cfg(feature = "broken")]
+    if set.broken_ack_past_sync_point {
+        return Ok(Feedback::Flushed(log.end_lsn()));
+    }
+    let _ = set;
+    Ok(Feedback::Flushed(end))
 }
 
 /// What [`execute`] did.

@@ -218,21 +218,20 @@ pub(crate) struct ApplyPool {
 }
 
 impl ApplyPool {
-    /// Starts `n` apply workers.
-    pub fn start(n: usize) -> std::io::Result<Self> {
+    /// Starts `n` workers, named `chorus-<name>-<i>` (the apply workers, and the ordered
+    /// groups' sync threads: [`crate::group::Group::start_sync`]).
+    pub fn start(name: &str, n: usize) -> std::io::Result<Self> {
         let queue: Arc<WorkQueue<Job>> = Arc::default();
         let mut threads = Vec::new();
         for i in 0..n {
             let q = queue.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("chorus-apply-{i}"))
+                .name(format!("chorus-{name}-{i}"))
                 .spawn(move || {
                     while let Some(job) = q.pop() {
                         let job = std::panic::AssertUnwindSafe(job);
                         if std::panic::catch_unwind(job).is_err() {
-                            tracing::error!(
-                                "a job panicked on an apply worker; the worker goes on"
-                            );
+                            tracing::error!("a job panicked on a worker; the worker goes on");
                         }
                     }
                 });

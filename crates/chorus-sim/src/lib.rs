@@ -28,7 +28,7 @@ use chorus_core::rng::Rng;
 use chorus_runtime::ordered;
 use chorus_storage::fs::FileSystem;
 use chorus_storage::fs::{CrashMode, SimFs};
-use chorus_storage::{LogOptions, LogStorage, MetaStorage};
+use chorus_storage::{LogOptions, LogStorage, MetaStorage, StorageError, SyncPoint};
 
 use checker::{Accepted, Checker};
 
@@ -172,7 +172,11 @@ struct Up {
     replica: Replica,
     log: LogStorage,
     meta: MetaStorage,
-    sync_busy: bool,
+    /// The log sync in flight, if any (one at a time, as the runtime's): the point it
+    /// covers, taken when it began, and its `fdatasync`'s result if that already ran
+    /// (`None`: it runs when the sync ends). Writes go on meanwhile; what they add waits
+    /// for the next sync, started as this one ends ([`ordered::sync_finished`]).
+    sync: Option<(SyncPoint, Option<Result<(), StorageError>>)>,
     /// IO reports for the replica's next round ([`ordered::take_round`]).
     feedback: Vec<ordered::Feedback>,
     /// A tick is due: the next round ticks the replica after the IO reports, as the
@@ -461,7 +465,7 @@ impl Cluster {
             replica,
             log,
             meta,
-            sync_busy: false,
+            sync: None,
             feedback: Vec::new(),
             tick_due: false,
             resend_tick: None,
@@ -933,10 +937,18 @@ impl Cluster {
                     return;
                 }
                 let Some(up) = &mut n.up else { return };
-                up.sync_busy = false;
-                match up.log.sync() {
+                let Some((point, r)) = up.sync.take() else {
+                    return;
+                };
+                let r = r.unwrap_or_else(|| point.sync());
+                match ordered::sync_finished(&mut up.log, &point, r, &self.opts.step) {
                     Ok(flushed) => {
-                        up.feedback.push(ordered::Feedback::Flushed(flushed));
+                        up.feedback.push(flushed);
+                        // Written while it ran: the next sync starts now.
+                        if up.log.end_lsn() > up.log.flushed_end() {
+                            let disk = n.disk;
+                            self.start_sync(node, inc, disk);
+                        }
                         self.pump(node);
                     }
                     Err(_) => self.storage_failure(node),
@@ -953,6 +965,30 @@ impl Cluster {
             }
             Event::Restart { node } => self.restart(node),
         }
+    }
+
+    /// Starts a sync of node `id`'s log up to its end now, ending after a seeded disk
+    /// delay. Its `fdatasync` runs now or as it ends (seeded): run now, what is written
+    /// during the delay stays unsynced, so a crash may lose that later batch and keep
+    /// this one — and a step that reports the later batch durable with this sync is
+    /// caught.
+    fn start_sync(&mut self, id: NodeId, inc: u32, (lo, hi): (Nanos, Nanos)) {
+        let early = self.rng.chance(1, 2);
+        let up = self
+            .nodes
+            .get_mut(&id)
+            .expect("node")
+            .up
+            .as_mut()
+            .expect("up");
+        let point = match up.log.sync_point() {
+            Ok(p) => p,
+            Err(_) => return self.storage_failure(id),
+        };
+        let r = early.then(|| point.sync());
+        up.sync = Some((point, r));
+        let at = self.now + self.rng.range(lo, hi.max(lo + 1));
+        self.schedule(at, Event::SyncDone { node: id, inc });
     }
 
     fn storage_failure(&mut self, id: NodeId) {
@@ -1104,11 +1140,9 @@ impl Cluster {
                 return;
             }
             let (lo, hi) = node.disk;
-            let Some(up) = &mut node.up else { return };
-            if done.wrote && !up.sync_busy {
-                up.sync_busy = true;
-                let at = now + self.rng.range(lo, hi.max(lo + 1));
-                self.schedule(at, Event::SyncDone { node: id, inc });
+            let Some(up) = &node.up else { return };
+            if done.wrote && up.sync.is_none() {
+                self.start_sync(id, inc, (lo, hi));
             }
             let up = self
                 .nodes

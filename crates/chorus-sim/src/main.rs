@@ -94,7 +94,7 @@ struct Args {
     #[arg(long)]
     mirror: bool,
     /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase,
-    /// flushed-before-sync (the production driver step)
+    /// flushed-before-sync or ack-past-sync-point (the production driver step)
     /// or mirror-start-working (with --mirror); with --ooo: no-ghost-guard, no-lost-guard
     /// ack-before-sync or ack-before-apply (the production driver) (needs the `broken`
     /// feature).
@@ -158,9 +158,13 @@ fn main() -> ExitCode {
                     opts.cluster.step.broken_flushed_before_sync = true;
                     Broken::None
                 }
+                "ack-past-sync-point" => {
+                    opts.cluster.step.broken_ack_past_sync_point = true;
+                    Broken::None
+                }
                 _ => {
                     eprintln!(
-                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync, guess-on-rebase, mirror-start-working or flushed-before-sync"
+                        "chorus-sim: --broken {b:?} is not skip-reconfirmation, ack-before-fsync, guess-on-rebase, mirror-start-working, flushed-before-sync or ack-past-sync-point"
                     );
                     return ExitCode::from(2);
                 }

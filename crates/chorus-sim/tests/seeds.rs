@@ -106,6 +106,21 @@ fn regression_seeds() {
     assert!(r.violations.is_empty(), "seed 101006: {:#?}", r.violations);
 }
 
+/// Pipelined syncs (a batch written while the one before it syncs, each reported only up
+/// to the point its sync began at). Seeds 290 and 100095 caught writes made after an
+/// `fdatasync` failed and before the failure was reported: the next block's creation
+/// synced them beside the write the failure lost, leaving a hole inside a complete block,
+/// which recovery refuses to open. A failed sync now stops the log's writes as it returns.
+#[test]
+fn pipelined_sync_seeds() {
+    let r = run_seed(290, &RunOptions::default());
+    assert!(r.violations.is_empty(), "seed 290: {:#?}", r.violations);
+    let mut o = RunOptions::default();
+    o.cluster.commit_mode = CommitMode::Sync;
+    let r = run_seed(100_095, &o);
+    assert!(r.violations.is_empty(), "seed 100095: {:#?}", r.violations);
+}
+
 /// Mirror groups (PALF section 5.2): a simulated primary's groups mirrored under the full
 /// fault mix, with failovers and switchovers. Seeds 7, 21, 26, 31, 35, 36 and 37 caught a
 /// design in which a mirror's new leader re-sealed the last group of its log under its own

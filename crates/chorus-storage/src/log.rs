@@ -209,6 +209,12 @@ pub struct LogStorage {
     /// [`SyncPoint`] taken before one synced bytes that were then discarded, so its
     /// outcome says nothing about what was written after.
     generation: u64,
+    /// Set by a [`SyncPoint::sync`] that failed, as it returns, before its outcome is
+    /// recorded ([`LogStorage::synced`]): from then on nothing is written. With syncs
+    /// pipelined, a write made between a failed `fdatasync` and the report of it could be
+    /// made durable (by the next block's creation, or by writeback) beside the earlier
+    /// write the failure lost, leaving a hole before valid groups.
+    sync_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The name of the temporary file in the log directory that holds the new block header
@@ -268,6 +274,7 @@ impl LogStorage {
             zeroed: BLOCK_HEADER_SIZE as u64,
             sync_bytes: 0,
             generation: 0,
+            sync_failed: Arc::default(),
         }
     }
 
@@ -629,6 +636,11 @@ impl LogStorage {
             Some(reason) => Err(StorageError::Failed {
                 reason: reason.clone(),
             }),
+            None if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) => {
+                Err(StorageError::Failed {
+                    reason: "an fdatasync of the log failed".into(),
+                })
+            }
             None => Ok(()),
         }
     }
@@ -695,6 +707,9 @@ impl LogStorage {
             // so recovery needs to scan only the last block.
             let path = self.block_path(tail);
             self.blocks[&tail].sync_data().ctx(&path, "fdatasync")?;
+            // A pipelined sync of this block that failed meanwhile may have lost writes
+            // this sync did not: the block must stay the tail, where recovery looks.
+            self.check_failed()?;
             // The new block header carries the chain at its start.
             self.create_block(id, before)?;
         }
@@ -810,6 +825,7 @@ impl LogStorage {
             path: self.block_path(tail),
             end: self.chain.end_lsn,
             generation: self.generation,
+            failed: self.sync_failed.clone(),
         })
     }
 
@@ -838,6 +854,8 @@ pub struct SyncPoint {
     path: PathBuf,
     end: Lsn,
     generation: u64,
+    /// The log's [`LogStorage::sync_failed`].
+    failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SyncPoint {
@@ -846,9 +864,14 @@ impl SyncPoint {
         self.end
     }
 
-    /// One `fdatasync` of the tail block file.
+    /// One `fdatasync` of the tail block file. A failure stops the log's writes at once,
+    /// before it is reported (see [`LogStorage::synced`]).
     pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().ctx(&self.path, "fdatasync")
+        let r = self.file.sync_data().ctx(&self.path, "fdatasync");
+        if r.is_err() {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
     }
 }
 
