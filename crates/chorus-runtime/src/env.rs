@@ -56,6 +56,13 @@ pub struct EnvConfig {
     /// wake-up, one `send` per peer and the wait for their syncs (docs/architecture.md, "Passes");
     /// 1 steps each group on its own. Default [`DEFAULT_PASS_GROUPS`].
     pub pass_groups: usize,
+    /// Pipelined group commit for ordered groups: a group's log sync runs on a sync
+    /// thread while its next rounds write the next batch (one sync in flight per group,
+    /// each reported only up to the point it began at). Off: the IO worker syncs after
+    /// each write before the group's next round. Off by default: on the 2-core machine of
+    /// docs/benchmarks.md the hand-off to the sync thread costs more CPU than the overlap
+    /// saves (`chorus bench --pipelined-sync`).
+    pub pipelined_sync: bool,
     /// Threads shared by every out-of-order group's state machine: applying released
     /// entries, checkpoints, images ([`crate::ooo`]).
     pub apply_threads: usize,
@@ -102,6 +109,7 @@ impl EnvConfig {
             peers: HashMap::new(),
             io_workers: 4,
             pass_groups: DEFAULT_PASS_GROUPS,
+            pipelined_sync: false,
             apply_threads: 2,
             replica: ReplicaConfig {
                 // Adaptive group replication (PALF section 6): with the log IO idle, a group
@@ -346,13 +354,20 @@ impl Env {
                     source: e,
                 }
             })?,
-            // As many sync threads as IO workers: each worker may have a group whose sync
-            // runs while it goes on writing.
-            syncers: crate::pool::ApplyPool::start("sync", cfg.io_workers).map_err(|e| {
-                Error::Io {
-                    what: "start sync threads".into(),
-                    source: e,
-                }
+            // With pipelined syncs, as many sync threads as IO workers: each worker may
+            // have a group whose sync runs while it goes on writing.
+            pipelined_sync: cfg.pipelined_sync,
+            syncers: crate::pool::ApplyPool::start(
+                "sync",
+                if cfg.pipelined_sync {
+                    cfg.io_workers
+                } else {
+                    0
+                },
+            )
+            .map_err(|e| Error::Io {
+                what: "start sync threads".into(),
+                source: e,
             })?,
             replica: cfg.replica.clone(),
             log: cfg.log,

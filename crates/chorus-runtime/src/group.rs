@@ -206,8 +206,11 @@ pub(crate) struct EnvShared {
     pub pool: Pool,
     /// The apply workers out-of-order groups share ([`crate::pool::ApplyPool`]).
     pub apply: crate::pool::ApplyPool,
-    /// The threads ordered groups' log syncs run on ([`Group::start_sync`]), so that a
-    /// group's next batch is written while its last one syncs.
+    /// [`crate::EnvConfig::pipelined_sync`].
+    pub pipelined_sync: bool,
+    /// The threads ordered groups' log syncs run on with pipelined syncs
+    /// ([`Group::start_sync`]), so that a group's next batch is written while its last
+    /// one syncs; none without.
     pub syncers: crate::pool::ApplyPool,
     pub replica: ReplicaConfig,
     pub log: LogOptions,
@@ -440,9 +443,11 @@ impl Group {
             match self.round() {
                 Stepped::Idle => return,
                 Stepped::Again => {}
-                // The sync runs on a sync thread; the next rounds may write the next batch
-                // meanwhile (pipelined group commit, see `crate::ordered`).
-                Stepped::Wrote => self.start_sync(),
+                Stepped::Wrote => {
+                    if !self.sync_after_write() {
+                        return;
+                    }
+                }
             }
         }
     }
@@ -540,6 +545,18 @@ impl Group {
             Stepped::Wrote
         } else {
             Stepped::Again
+        }
+    }
+
+    /// After a round that wrote: with pipelined syncs, starts one on a sync thread (the
+    /// next rounds may write the next batch meanwhile, see `crate::ordered`); without,
+    /// syncs here. False when the sync failed (the group stops).
+    pub(crate) fn sync_after_write(self: &Arc<Self>) -> bool {
+        if self.env.pipelined_sync {
+            self.start_sync();
+            true
+        } else {
+            self.sync_once()
         }
     }
 

@@ -14,11 +14,12 @@
 //!    worker holds a [`Cork`].
 //! 2. **Send.** The cork ends: each peer's frames of every group leave in one `send`.
 //!    Followers get the records before the leader syncs, as when a group runs alone.
-//! 3. **Sync.** Every log written in step 1 gets a sync started on the node's sync
-//!    threads ([`Group::start_sync`]; one in flight per group, the next batch written
-//!    meanwhile), and each group gets [`crate::ordered::Feedback::Flushed`] for the
-//!    round after its sync returns. Nothing is acknowledged or voted before its own log's
-//!    sync returned: the replica learns of the sync only in the group's next round.
+//! 3. **Sync.** Every log written in step 1 is synced ([`Group::sync_after_write`]: on
+//!    the worker, or with [`crate::EnvConfig::pipelined_sync`] started on the node's sync
+//!    threads, one in flight per group, the next batch written meanwhile), and each group
+//!    gets [`crate::ordered::Feedback::Flushed`] for the round after its sync returns.
+//!    Nothing is acknowledged or voted before its own log's sync returned: the replica
+//!    learns of the sync only in the group's next round.
 //!
 //! Then again, with the groups that still have work, for at most [`PASS_ROUNDS`]
 //! times while other tasks wait; a group still busy after that goes back to the end of
@@ -28,8 +29,10 @@
 //! same groups. A group that ran out of work lets go of the worker
 //! (`SchedState::finish`), or stays in the pass when work arrived meanwhile.
 //!
-//! The syncs of a pass run on the sync threads, several at once, while the worker goes
-//! on with the groups that still have work.
+//! The syncs of a pass run one after another on the worker (the node's other workers run
+//! their passes, and their syncs, at the same time), or with pipelined syncs on the sync
+//! threads, several at once, while the worker goes on with the groups that still have
+//! work.
 
 use std::sync::Arc;
 
@@ -79,8 +82,11 @@ pub(crate) fn run(pool: &Pool, groups: &mut Vec<Arc<Group>>) {
             }
         }
         for g in wrote.drain(..) {
-            g.start_sync();
-            next.push(g);
+            if g.sync_after_write() {
+                next.push(g);
+            } else {
+                release(g, &mut next);
+            }
         }
         std::mem::swap(groups, &mut next);
     }

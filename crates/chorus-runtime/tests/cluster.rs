@@ -30,6 +30,8 @@ fn config(node: NodeId, dir: &Path) -> EnvConfig {
     };
     c.log.block_size = 1 << 20;
     c.io_workers = 2;
+    // Both write paths in every cluster: even nodes pipeline their syncs.
+    c.pipelined_sync = node.is_multiple_of(2);
     c
 }
 

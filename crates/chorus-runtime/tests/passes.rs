@@ -23,6 +23,8 @@ fn config(node: u64, dir: &Path) -> EnvConfig {
         ..ReplicaConfig::default()
     };
     c.log.block_size = 1 << 20;
+    // Both write paths under passes: even nodes pipeline their syncs.
+    c.pipelined_sync = node.is_multiple_of(2);
     // One worker: every group with work waits for it, so passes are full and long.
     c.io_workers = 1;
     c.pass_groups = 4;

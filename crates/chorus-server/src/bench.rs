@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// `[log] preallocate` setting; 0: none).
     #[arg(long, default_value_t = chorus_storage::log::DEFAULT_PREALLOCATE)]
     preallocate: u64,
+    /// With `--local`: pipelined group commit on every node (the `[log] pipelined_sync`
+    /// setting): a batch is written while the one before it syncs.
+    #[arg(long)]
+    pipelined_sync: bool,
     /// With `--local`: first port; node i uses API base+i, replication base+10+i, metrics
     /// base+20+i. 0 (the default) lets the OS choose free ports, and a start that loses a
     /// port to another process between choosing and binding is retried with fresh ones.
@@ -807,6 +811,7 @@ fn node_config(a: &BenchArgs, mode: DevMode, dir: &Path, i: u64, ports: &Ports) 
     };
     c.replica.commit_mode = a.commit_mode.clone();
     c.log.preallocate = a.preallocate;
+    c.log.pipelined_sync = a.pipelined_sync;
     // Node 1 leads: the clients are co-located with it (PALF section 8.1).
     if i == 1 {
         c.replica.priority = 100;

@@ -291,6 +291,11 @@ pub struct LogSection {
     /// system holding `data_dir` has fewer bytes than this available, so a full disk does
     /// not stop the node's groups; appends resume once space is freed. 0: no guard.
     pub min_free_bytes: u64,
+    /// Pipelined group commit for ordered groups: a group's next batch is written while
+    /// its last one syncs, on sync threads (docs/architecture.md, the runtime). Off by
+    /// default: on a 2-core machine the hand-off costs more than the overlap saves
+    /// (docs/benchmarks.md).
+    pub pipelined_sync: bool,
 }
 
 impl Default for LogSection {
@@ -301,6 +306,7 @@ impl Default for LogSection {
             direct_io: d.direct_io,
             preallocate: d.preallocate,
             min_free_bytes: chorus_runtime::DEFAULT_MIN_FREE_BYTES,
+            pipelined_sync: false,
         }
     }
 }
@@ -720,6 +726,7 @@ impl ServerConfig {
             preallocate: self.log.preallocate,
         };
         env.min_free_bytes = self.log.min_free_bytes;
+        env.pipelined_sync = self.log.pipelined_sync;
         // The node's out-of-order groups: hosted, opened and restarted by its
         // environment, with the server's state machines.
         let o = &self.out_of_order;
