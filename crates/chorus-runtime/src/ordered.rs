@@ -16,12 +16,13 @@
 //!    able to read the record at once).
 //! 3. The host syncs the log if the round wrote ([`Executed::wrote`]) and reports
 //!    [`Feedback::Flushed`] with the end it made durable ([`sync_finished`]); the replica
-//!    counts its own copy and acknowledges only then. Syncs are pipelined, as PALF's IO
-//!    workers pipeline group commit: one sync is in flight at a time, covering the log up
-//!    to the [`SyncPoint`] taken when it began, while the next rounds go on writing; what
+//!    counts its own copy and acknowledges only then. One sync is in flight at a time,
+//!    covering the log up to the [`SyncPoint`] taken when it began; rounds may go on
+//!    writing while it runs (pipelined group commit, as PALF's IO workers do it), and what
 //!    they wrote waits for the next sync, which starts as the last one ends. The runtime
-//!    syncs on its sync threads with no lock held; the simulator after a seeded disk
-//!    delay.
+//!    syncs on the IO worker before the group's next round, or with pipelined syncs
+//!    (`EnvConfig::pipelined_sync`) on its sync threads, with no lock held; the simulator
+//!    after a seeded disk delay, writing meanwhile.
 //!
 //! Nothing in a round is acknowledged or voted before what it depends on is durable: the
 //! replica emits acknowledgements and votes only after [`Feedback::Flushed`] and
