@@ -30,7 +30,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
@@ -624,8 +624,60 @@ impl Filesystem for Fuse {
     }
 }
 
+/// How long [`Mount::unmount`] waits for the mount's last users to let go.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(10);
+
+/// Unmounts `dir`, where `session` is mounted, and joins the session's thread.
+///
+/// `umount(2)` answers `EBUSY` while anything still holds the mount: a file a process
+/// has open on it, or the copy of every descriptor that a child forked by another
+/// thread keeps until it execs (test binaries and servers spawn commands from other
+/// threads). Those go by themselves, so this waits up to `wait` for the mount to be
+/// unused (`MNT_EXPIRE` tells without unmounting) before unmounting; fuser's own
+/// unmount fails at the first `EBUSY` and gives the session up. Not being root, it
+/// unmounts at once through `fusermount3`, which cannot tell.
+pub fn unmount_session(
+    dir: &Path,
+    session: BackgroundSession,
+    wait: Duration,
+) -> std::io::Result<()> {
+    let named = |e: std::io::Error, busy: bool| {
+        let why = if busy {
+            format!(" (still in use after {wait:?})")
+        } else {
+            String::new()
+        };
+        std::io::Error::new(e.kind(), format!("unmount {}: {e}{why}", dir.display()))
+    };
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| named(std::io::Error::other(e), false))?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_EXPIRE) };
+        let e = std::io::Error::last_os_error();
+        match (r, e.raw_os_error()) {
+            // Unused (and now marked expired), or unmounted by this very call (a mount
+            // marked expired and unused since, by an earlier call here).
+            (0, _) => return session.join().map_err(|e| named(e, false)),
+            (_, Some(libc::EAGAIN)) | (_, Some(libc::EPERM)) => {
+                return session.umount_and_join().map_err(|e| named(e, false))
+            }
+            (_, Some(libc::EBUSY)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            // Not a mount point any more: unmounted from outside; the session ends.
+            (_, Some(libc::EINVAL)) => return session.join().map_err(|e| named(e, false)),
+            (_, Some(libc::EBUSY)) => return Err(named(e, true)),
+            _ => return Err(named(e, false)),
+        }
+    }
+}
+
 /// A mounted file system: the kernel session and the poller. Dropping it unmounts.
 pub struct Mount {
+    /// Where it is mounted.
+    dir: PathBuf,
     session: Option<BackgroundSession>,
     stop: Arc<AtomicBool>,
     poller: Option<JoinHandle<()>>,
@@ -655,7 +707,7 @@ impl Mount {
         self.stop.store(true, Ordering::SeqCst);
         // The mount first: the poller may be waiting on the volume.
         let r = match self.session.take() {
-            Some(s) if !s.guard.is_finished() => s.umount_and_join(),
+            Some(s) if !s.guard.is_finished() => unmount_session(&self.dir, s, UNMOUNT_WAIT),
             Some(s) => s.join(),
             None => Ok(()),
         };
@@ -726,6 +778,7 @@ pub fn mount(fs: Pfs, dir: &Path, opts: MountOptions) -> std::io::Result<Mount> 
         }
     };
     Ok(Mount {
+        dir: dir.to_path_buf(),
         session: Some(session),
         stop,
         poller: Some(poller),

@@ -42,6 +42,9 @@ const TTL: Duration = Duration::ZERO;
 /// writes a node has issued but whose sync has not returned are exposed to a power cut
 /// for at least this long.
 const SYNC_LATENCY: Duration = Duration::from_millis(2);
+
+/// How long an unmount waits for the mount's last users to let go before it fails.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(10);
 /// The root's inode number (FUSE's).
 const ROOT: u64 = 1;
 
@@ -806,9 +809,8 @@ impl LazyFs {
 
     fn shut(&mut self) -> Result<(), Error> {
         match self.session.take() {
-            Some(s) => s
-                .umount_and_join()
-                .map_err(|e| Error::io(format!("unmount {}", self.mount.display()), e)),
+            Some(s) => chorus_fs::fuse::unmount_session(&self.mount, s, UNMOUNT_WAIT)
+                .map_err(|e| Error::io(self.mount.display(), e)),
             None => Ok(()),
         }
     }
@@ -873,5 +875,33 @@ mod tests {
         drop(f);
         fs.unmount().unwrap();
         assert_eq!(std::fs::read(backing.join("d/a")).unwrap(), b"Syn");
+    }
+
+    /// An unmount while a file is still open on the mount waits for it to close (as a
+    /// forked child's copy of a descriptor closes when it execs) instead of failing.
+    #[test]
+    fn an_unmount_waits_for_the_mounts_last_user() {
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root || !Path::new("/dev/fuse").exists() {
+            assert!(
+                std::env::var("CHORUS_REQUIRE_FUSE").as_deref() != Ok("1"),
+                "CHORUS_REQUIRE_FUSE=1 but there is no /dev/fuse or no root"
+            );
+            eprintln!("skipped: needs root and /dev/fuse");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+        let fs = LazyFs::mount(&backing, &mnt).unwrap();
+        let f = std::fs::File::create(mnt.join("held")).unwrap();
+        let start = std::time::Instant::now();
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(f);
+        });
+        fs.unmount().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(300));
+        holder.join().unwrap();
+        assert!(backing.join("held").exists());
     }
 }
