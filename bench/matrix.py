@@ -35,7 +35,8 @@ ETCD = os.path.join(ROOT, "bench", "peers", "etcd-raft", "run.sh")
 OPENRAFT = os.path.join(ROOT, "bench", "peers", "openraft", "run.sh")
 RAFTRS = os.path.join(ROOT, "bench", "peers", "raft-rs", "run.sh")
 
-SYSTEMS = ["chorus-embedded", "chorus-grpc", "etcd-raft", "openraft", "raft-rs", "ceiling"]
+SYSTEMS = ["chorus-embedded", "chorus-grpc-stream", "chorus-grpc", "etcd-raft", "openraft", "raft-rs",
+           "ceiling"]
 MODES = ["piggyback", "sync", "async"]
 # Medians of these result fields are reported per point.
 FIELDS = [
@@ -47,8 +48,10 @@ FIELDS = [
 # same size (it has one client).
 RATIOS = [
     ("chorus-embedded", "etcd-raft"), ("chorus-embedded", "openraft"), ("chorus-embedded", "raft-rs"),
+    ("chorus-grpc-stream", "etcd-raft"), ("chorus-grpc-stream", "openraft"), ("chorus-grpc-stream", "raft-rs"),
     ("chorus-grpc", "etcd-raft"), ("chorus-grpc", "openraft"), ("chorus-grpc", "raft-rs"),
-    ("chorus-embedded", "ceiling"), ("chorus-grpc", "ceiling"),
+    ("chorus-grpc-stream", "chorus-embedded"), ("chorus-grpc", "chorus-embedded"),
+    ("chorus-embedded", "ceiling"), ("chorus-grpc-stream", "ceiling"), ("chorus-grpc", "ceiling"),
     ("etcd-raft", "ceiling"), ("openraft", "ceiling"), ("raft-rs", "ceiling"),
 ]
 # Ports: chorus uses BASE, BASE+10, BASE+20 (+ node index 0..2); the peers BASE..BASE+2.
@@ -275,6 +278,10 @@ def summarize(raw, floor):
         if g and g["p50_us"] and latency_target is not None:
             latency_target["chorus_grpc_p50_us"] = g["p50_us"]
             latency_target["grpc_ratio"] = g["p50_us"] / floor["floor_us"]
+        g = find("chorus-grpc-stream", 1, 512)
+        if g and g["p50_us"] and latency_target is not None:
+            latency_target["chorus_grpc_stream_p50_us"] = g["p50_us"]
+            latency_target["grpc_stream_over_embedded_us"] = g["p50_us"] - one["p50_us"]
     return {"points": points, "ratios": ratios, "speedups": speedups, "floor": floor,
             "latency_target": latency_target}
 
@@ -300,8 +307,8 @@ def print_table(s):
     print("Main matrix (medians; ratios are appends/s of this row over the other system at "
           "the same point; the ceiling has 1 client)")
     hdr = ["system", "clients", "size", "appends/s", "MB/s", "p50 µs", "p99 µs", "p999 µs",
-           "WA", "fsync/s", "dev flush/s", "CPU s/M", "×etcd-raft", "×openraft", "×raft-rs", "×ceiling",
-           "failed"]
+           "WA", "fsync/s", "dev flush/s", "CPU s/M", "×etcd-raft", "×openraft", "×raft-rs", "×embedded",
+           "×ceiling", "failed"]
     order = {n: i for i, n in enumerate(SYSTEMS)}
     rows = [[p["label"], fmt(p["clients"]), fmt(p["size"]), fmt(p["appends_per_sec"]),
              fmt(p["mb_per_sec"], 1), fmt(p["p50_us"]), fmt(p["p99_us"]), fmt(p["p999_us"]),
@@ -310,6 +317,7 @@ def print_table(s):
              ratio(p, "etcd-raft") if p["system"] == "chorus" else "-",
              ratio(p, "openraft") if p["system"] == "chorus" else "-",
              ratio(p, "raft-rs") if p["system"] == "chorus" else "-",
+             ratio(p, "chorus-embedded") if p["label"] in ("chorus-grpc", "chorus-grpc-stream") else "-",
              ratio(p, "ceiling"), f"{p['failed']}/{p['runs']}"]
             for p in sorted(main, key=lambda p: (p["size"], p["label"] != "ceiling", p["clients"],
                                                  order.get(p["label"], 99)))]
@@ -337,7 +345,9 @@ def print_table(s):
         t = s["latency_target"]
         print(f"\nlatency floor (fdatasync p50 + 2 loopback RTT): {t['floor_us']:.0f} µs; "
               f"chorus-embedded 1-client p50 {t['chorus_embedded_p50_us']} µs = {t['ratio']:.2f}× floor"
-              + (f"; chorus-grpc {t['chorus_grpc_p50_us']} µs = {t['grpc_ratio']:.2f}×" if "grpc_ratio" in t else ""))
+              + (f"; chorus-grpc {t['chorus_grpc_p50_us']} µs = {t['grpc_ratio']:.2f}×" if "grpc_ratio" in t else "")
+              + (f"; chorus-grpc-stream {t['chorus_grpc_stream_p50_us']} µs = embedded "
+                 f"{t['grpc_stream_over_embedded_us']:+.0f} µs" if "chorus_grpc_stream_p50_us" in t else ""))
         fl = s.get("floor") or {}
         if fl.get("fdatasync_pair_p50_us"):
             print(f"  (one fdatasync alone: {fl['fdatasync_p50_us']:.0f} µs p50; two at once on this one disk, "

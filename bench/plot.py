@@ -14,15 +14,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {
     "chorus-embedded": dict(color="#d62728", marker="o"),
+    "chorus-grpc-stream": dict(color="#e377c2", marker="X"),
     "chorus-grpc": dict(color="#ff7f0e", marker="s"),
     "etcd-raft": dict(color="#1f77b4", marker="^"),
     "openraft": dict(color="#2ca02c", marker="v"),
+    "raft-rs": dict(color="#17becf", marker="*"),
     "chorus-embedded-piggyback": dict(color="#d62728", marker="o"),
     "chorus-embedded-sync": dict(color="#9467bd", marker="D"),
     "chorus-embedded-async": dict(color="#8c564b", marker="P"),
     "ceiling": dict(color="gray"),
 }
-LINES = ["chorus-embedded", "chorus-grpc", "etcd-raft", "openraft"]
+LINES = ["chorus-embedded", "chorus-grpc-stream", "chorus-grpc", "etcd-raft", "openraft", "raft-rs"]
 
 
 def num(v):

@@ -3,7 +3,7 @@
 # (with raft-engine) and the disk's ceiling, side by side, alternating, with medians; then
 # the commit-point modes.
 #
-#   bench/run.sh                 # the whole matrix (150 runs: about 40 minutes, 35 with --duration 8)
+#   bench/run.sh                 # the whole matrix (168 runs: about 45 minutes, 40 with --duration 8)
 #   bench/run.sh --smoke         # one short point per system (about 2 minutes after builds)
 #   bench/run.sh --help          # every option (bench/matrix.py)
 #

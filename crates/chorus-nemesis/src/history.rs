@@ -142,6 +142,16 @@ pub enum Op {
         /// The replica's first unapplied slot when it answered.
         applied: u64,
     },
+    /// A file created holding `value`'s block and synced (`value` not 0), or unlinked
+    /// and synced (`value` 0), on the file system's writing host.
+    FileOp {
+        /// The file's path.
+        name: String,
+        /// What it holds after the operation (0: it is gone).
+        value: u64,
+        /// What it came to (committed: the sync returned).
+        outcome: Placement,
+    },
     /// A fault injected (`heal` false) or healed (`heal` true).
     Nemesis {
         /// What.

@@ -15,13 +15,16 @@
 //! - [`txn`]: dependent transactions, checked for serial equivalence.
 //! - [`volume`]: block writes through the storage layer's routing client to a volume of
 //!   several chunk groups, the control plane on every node; checked as [`blocks`] is.
+//! - [`fs`]: the file system's library on such a volume: block writes in place into
+//!   files, files created and unlinked, other hosts reading; the blocks checked as
+//!   [`blocks`] are, the files against what their acknowledged operations left.
 //! - [`run`]: one whole run: cluster, workload, nemesis, heal, check, report.
-//! - [`catchup`]: the recovery time of a follower cut off until it is far behind.
+//! - [`catchup`]: the recovery time of a follower cut off until it is far behind, for
+//!   each mode.
 //!
 //! - [`lazyfs`]: the power-loss file system (FUSE) under each node's data directory.
 //!
-//! Not yet: jumps of the monotonic clock as a nemesis, and a workload for the file
-//! system; `docs/reliability.md` lists them.
+//! Not yet: jumps of the monotonic clock as a nemesis; `docs/reliability.md` lists it.
 //!
 //! `chorus-nemesis --help` runs it by hand; `crates/chorus-server/tests/nemesis.rs` runs
 //! a short mixed run in CI. docs/reliability.md records the runs made.
@@ -29,6 +32,7 @@
 pub mod blocks;
 pub mod catchup;
 pub mod cluster;
+pub mod fs;
 pub mod history;
 pub mod lazyfs;
 pub mod nemesis;

@@ -66,7 +66,8 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     disk_mib: u64,
     /// Instead of a fault run: measure how long a follower cut off until it is this many
-    /// MiB behind takes to catch up once the cut heals (ordered group; prints JSON).
+    /// MiB behind takes to catch up once the cut heals (a group of `--workload`'s mode:
+    /// ordered, parallel or dependent; prints JSON).
     #[arg(long, default_value_t = 0)]
     catch_up_mib: u64,
     /// With `--catch-up-mib`: bytes per record the writers append.
@@ -147,6 +148,7 @@ fn main() -> ExitCode {
     };
     if a.catch_up_mib > 0 {
         let o = chorus_nemesis::catchup::CatchUpOptions {
+            workload,
             chorus,
             dir,
             behind_bytes: a.catch_up_mib << 20,

@@ -31,18 +31,22 @@ pub enum Workload {
     /// Block writes to a volume of several chunk groups through the routing client, with
     /// the control plane on every node ([`crate::volume`]).
     Volume,
+    /// Block writes into files and files created and unlinked through the file system's
+    /// library on such a volume, read by other hosts ([`crate::fs`]).
+    Fs,
 }
 
 impl Workload {
-    /// Parses `ordered`, `parallel` or `dependent`.
+    /// Parses `ordered`, `parallel`, `dependent`, `volume` or `fs`.
     pub fn parse(s: &str) -> Result<Workload, String> {
         match s {
             "ordered" => Ok(Workload::Ordered),
             "parallel" => Ok(Workload::Parallel),
             "dependent" => Ok(Workload::Dependent),
             "volume" => Ok(Workload::Volume),
+            "fs" => Ok(Workload::Fs),
             _ => Err(format!(
-                "{s:?} is not a workload (ordered, parallel, dependent or volume)"
+                "{s:?} is not a workload (ordered, parallel, dependent, volume or fs)"
             )),
         }
     }
@@ -55,7 +59,7 @@ impl Workload {
             Workload::Ordered => ordered::groups_toml(nodes),
             Workload::Parallel => crate::blocks::groups_toml(nodes),
             Workload::Dependent => crate::txn::groups_toml(nodes),
-            Workload::Volume => crate::volume::node_toml(apis),
+            Workload::Volume | Workload::Fs => crate::volume::node_toml(apis),
         }
     }
 }
@@ -197,11 +201,20 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             c.log_tail(1, 20)
         )));
     }
-    if o.workload == Workload::Volume {
-        crate::volume::create(&eps, Duration::from_secs(60))
-            .await
-            .map_err(|e| Error::Cluster(format!("{e}; node 1 logged:\n{}", c.log_tail(1, 20))))?;
-    }
+    let created = match o.workload {
+        Workload::Volume => crate::volume::create(&eps, Duration::from_secs(60)).await,
+        Workload::Fs => crate::fs::create(&eps, Duration::from_secs(60)).await,
+        _ => Ok(()),
+    };
+    created.map_err(|e| Error::Cluster(format!("{e}; node 1 logged:\n{}", c.log_tail(1, 20))))?;
+    let fs_writer = match o.workload {
+        Workload::Fs => Some(
+            crate::fs::Writer::open(&eps)
+                .await
+                .ok_or_else(|| Error::Cluster("the file system's volume did not open".into()))?,
+        ),
+        _ => None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for p in 1..=o.writers as u64 {
@@ -216,7 +229,18 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             Workload::Parallel => tokio::spawn(crate::blocks::writer(id, eps, hist, stop)),
             Workload::Dependent => tokio::spawn(crate::txn::writer(id, eps, hist, stop)),
             Workload::Volume => tokio::spawn(crate::volume::writer(id, eps, hist, stop)),
+            Workload::Fs => {
+                let w = fs_writer.clone().expect("opened above");
+                tokio::spawn(crate::fs::writer(id, w, hist, stop))
+            }
         });
+    }
+    if let Some(w) = &fs_writer {
+        tasks.push(tokio::spawn(crate::fs::meta_writer(
+            w.clone(),
+            hist.clone(),
+            stop.clone(),
+        )));
     }
     for p in 1..=o.readers as u64 {
         let (id, eps, hist, stop) = (
@@ -230,6 +254,14 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
             Workload::Parallel => tokio::spawn(crate::blocks::reader(id, eps, hist, stop)),
             Workload::Dependent => tokio::spawn(crate::txn::reader(id, eps, hist, stop)),
             Workload::Volume => tokio::spawn(crate::volume::reader(id, eps, hist, stop)),
+            // Reading hosts 2 to 15 (16 is the final read's).
+            Workload::Fs => tokio::spawn(crate::fs::reader(
+                id,
+                1 + (p as u32 - 1) % 14 + 1,
+                eps,
+                hist,
+                stop,
+            )),
         });
     }
     let mut faults = Vec::new();
@@ -307,6 +339,12 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         }
         Workload::Volume => {
             let mut found = crate::volume::settle(&eps, &hist, Duration::from_secs(60)).await;
+            extra.append(&mut found);
+            crate::blocks::check(&hist.entries(), &o.dir)
+        }
+        Workload::Fs => {
+            let w = fs_writer.as_ref().expect("opened above");
+            let mut found = crate::fs::settle(&eps, w, &hist, Duration::from_secs(60)).await;
             extra.append(&mut found);
             crate::blocks::check(&hist.entries(), &o.dir)
         }

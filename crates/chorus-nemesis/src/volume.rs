@@ -59,13 +59,25 @@ pub fn node_toml(apis: &[String]) -> String {
 
 /// Creates the volume once every node has registered, within `wait`.
 pub async fn create(control: &[String], wait: Duration) -> Result<(), String> {
+    create_volume(control, VOLUME, CHUNKS * CHUNK_BYTES, CHUNK_BYTES, wait).await
+}
+
+/// Creates volume `name` of `size` bytes in chunks of `chunk` bytes, each with a replica
+/// on every node, once every node has registered, within `wait`.
+pub async fn create_volume(
+    control: &[String],
+    name: &str,
+    size: u64,
+    chunk: u64,
+    wait: Duration,
+) -> Result<(), String> {
     let end = Instant::now() + wait;
     let mut last = String::new();
     while Instant::now() < end {
         let req = pb::CreateVolumeRequest {
-            name: VOLUME.into(),
-            size_bytes: CHUNKS * CHUNK_BYTES,
-            chunk_bytes: CHUNK_BYTES,
+            name: name.into(),
+            size_bytes: size,
+            chunk_bytes: chunk,
             block_bytes: BLOCK as u32,
         };
         let r = on_control(control, Duration::from_secs(5), |mut c| {
@@ -86,7 +98,7 @@ pub async fn create(control: &[String], wait: Duration) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     Err(format!(
-        "volume `{VOLUME}` not created within {wait:?} (last: {last})"
+        "volume `{name}` not created within {wait:?} (last: {last})"
     ))
 }
 

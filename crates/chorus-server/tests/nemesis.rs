@@ -140,30 +140,59 @@ fn volume_block_writes_stay_linearizable_under_faults() {
     );
 }
 
+/// The file-system workload: block writes in place into files and files created and
+/// unlinked through the file system's library on a volume, read by other hosts replaying
+/// the journal; the volume run's faults.
+#[test]
+fn file_system_blocks_and_files_stay_consistent_under_faults() {
+    mixed_run(
+        "nemesis-fs",
+        Workload::Fs,
+        "partition,loss,kill,pause,lag,clock",
+        30,
+    );
+}
+
 /// A follower cut off from both peers while the leader takes 32 MiB catches up once the
-/// cut heals, within the measurement's timeout (`chorus-nemesis --catch-up-mib`; the
-/// 1 GiB figures are in docs/reliability.md).
+/// cut heals, within the measurement's timeout, in each mode (`chorus-nemesis
+/// --catch-up-mib`; the 1 GiB figures are in docs/reliability.md). The out-of-order
+/// groups compact every 8 MiB, so the leader has compacted what the follower lacks and
+/// must send it an image.
 #[test]
 fn a_follower_cut_off_until_far_behind_catches_up() {
     if !available() {
         return;
     }
     let _one = one_at_a_time();
-    let dir = std::env::temp_dir().join(format!("chorus-catch-up-{}", std::process::id()));
-    let r = chorus_nemesis::catchup::catch_up(&chorus_nemesis::catchup::CatchUpOptions {
-        chorus: env!("CARGO_BIN_EXE_chorus").into(),
-        dir: dir.clone(),
-        behind_bytes: 32 << 20,
-        record_bytes: 64 << 10,
-        writers: 4,
-        node: NodeOptions::default(),
-        timeout: Duration::from_secs(120),
-    })
-    .unwrap_or_else(|e| panic!("catch-up: {e}"));
-    eprintln!("catch-up: {r:?}");
-    assert!(r.behind_bytes >= 32 << 20, "{r:?}");
-    assert!(r.committed_secs >= r.flushed_secs, "{r:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+    for workload in [Workload::Ordered, Workload::Parallel, Workload::Dependent] {
+        let dir = std::env::temp_dir().join(format!(
+            "chorus-catch-up-{}-{workload:?}",
+            std::process::id()
+        ));
+        let ordered = workload == Workload::Ordered;
+        let r = chorus_nemesis::catchup::catch_up(&chorus_nemesis::catchup::CatchUpOptions {
+            workload,
+            chorus: env!("CARGO_BIN_EXE_chorus").into(),
+            dir: dir.clone(),
+            behind_bytes: 32 << 20,
+            record_bytes: 64 << 10,
+            writers: 4,
+            node: NodeOptions {
+                ooo_compact_bytes: (!ordered).then_some(8 << 20),
+                ..NodeOptions::default()
+            },
+            timeout: Duration::from_secs(120),
+        })
+        .unwrap_or_else(|e| panic!("catch-up, {workload:?}: {e}"));
+        eprintln!("catch-up: {r:?}");
+        assert!(r.behind_bytes >= 32 << 20, "{r:?}");
+        assert!(r.committed_secs >= r.flushed_secs, "{r:?}");
+        if !ordered {
+            assert!(r.behind_slots > 0, "{r:?}");
+            assert!(r.by_image, "the leader compacted what it lacked: {r:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]
@@ -259,4 +288,13 @@ fn teeth_a_volume_on_a_build_that_skips_fsync_is_caught() {
         "power-all",
         "not linearizable",
     );
+}
+
+/// Teeth for the file system: on the same build (no log or entries file synced) a
+/// whole-cluster power loss loses block writes and file creations the file system
+/// acknowledged, and the file-system workload's checkers catch it.
+#[cfg(feature = "broken")]
+#[test]
+fn teeth_a_file_system_on_a_build_that_skips_fsync_is_caught() {
+    teeth("skip-fsync", Workload::Fs, "power-all", "");
 }
