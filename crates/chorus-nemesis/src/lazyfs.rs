@@ -827,17 +827,26 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// Whether FUSE mounts can be made here (root and /dev/fuse); says so when not, and
+    /// fails instead with CHORUS_REQUIRE_FUSE=1.
+    fn fuse_here() -> bool {
+        let root = unsafe { libc::geteuid() } == 0;
+        if root && Path::new("/dev/fuse").exists() {
+            return true;
+        }
+        assert!(
+            std::env::var("CHORUS_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "CHORUS_REQUIRE_FUSE=1 but there is no /dev/fuse or no root"
+        );
+        eprintln!("skipped: needs root and /dev/fuse");
+        false
+    }
+
     /// Unsynced writes vanish at a power loss; synced ones, metadata and truncations
     /// stay. Needs root and /dev/fuse (skipped otherwise, unless CHORUS_REQUIRE_FUSE=1).
     #[test]
     fn a_power_loss_drops_exactly_what_was_not_synced() {
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root || !Path::new("/dev/fuse").exists() {
-            assert!(
-                std::env::var("CHORUS_REQUIRE_FUSE").as_deref() != Ok("1"),
-                "CHORUS_REQUIRE_FUSE=1 but there is no /dev/fuse or no root"
-            );
-            eprintln!("skipped: needs root and /dev/fuse");
+        if !fuse_here() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -881,13 +890,7 @@ mod tests {
     /// forked child's copy of a descriptor closes when it execs) instead of failing.
     #[test]
     fn an_unmount_waits_for_the_mounts_last_user() {
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root || !Path::new("/dev/fuse").exists() {
-            assert!(
-                std::env::var("CHORUS_REQUIRE_FUSE").as_deref() != Ok("1"),
-                "CHORUS_REQUIRE_FUSE=1 but there is no /dev/fuse or no root"
-            );
-            eprintln!("skipped: needs root and /dev/fuse");
+        if !fuse_here() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
