@@ -284,7 +284,8 @@ pub async fn settle(eps: &[String], hist: &History, deadline: Duration) -> Vec<S
     };
     if !committed {
         found.push(format!(
-            "no write committed within {deadline:?} after every fault healed (last: {last})"
+            "no write committed within {deadline:?} after every fault healed (last: {last}) [{}]",
+            group_states(eps, GROUP).await
         ));
     }
     // The leader's volume, as the last read of every block.

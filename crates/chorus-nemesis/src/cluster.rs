@@ -165,11 +165,14 @@ impl Cluster {
                 peers.push_str(&format!("\"{j}\" = \"{}:{REPL_PORT}\"\n", net.ip(j)));
             }
             let cfg = root.join(format!("n{i}.toml"));
+            // Blocks of 4 MiB, so a run of a minute seals several and the nemesis's flips
+            // meet older blocks (the scrubber's work), not only the tail.
+            const BLOCK_SIZE: u64 = 4 << 20;
             let text = format!(
                 "node = {i}\ndata_dir = \"{}\"\nlisten = \"{ip}:{REPL_PORT}\"\napi_listen = \"{ip}:{API_PORT}\"\n\
                  metrics_listen = \"{ip}:{METRICS_PORT}\"\nio_workers = 2\nlog_filter = \"info\"\n\n[peers]\n{peers}\n{groups}\n\
                  [replica]\nlease_ms = {}\nheartbeat_ms = {}\nping_ms = {}\nresend_ms = {}\n\n\
-                 [out_of_order]\nelection_timeout_ms = {}\n{}{}",
+                 [out_of_order]\nelection_timeout_ms = {}\n{}\n[log]\nblock_size = {BLOCK_SIZE}\n{}",
                 dir.display(),
                 t.lease_ms,
                 t.heartbeat_ms,
@@ -179,7 +182,7 @@ impl Cluster {
                 t.ooo_compact_bytes
                     .map_or(String::new(), |b| format!("compact_bytes = {b}\n")),
                 t.min_free_bytes
-                    .map_or(String::new(), |b| format!("\n[log]\nmin_free_bytes = {b}\n")),
+                    .map_or(String::new(), |b| format!("min_free_bytes = {b}\n")),
                 ip = net.ip(i),
             );
             std::fs::write(&cfg, text).map_err(|e| Error::io(cfg.display(), e))?;
@@ -381,9 +384,9 @@ impl Cluster {
     }
 
     /// Flips one random bit in each of `count` random places of node `i`'s files (the
-    /// node must be down). With `tail_only`, only what a replica repairs by itself is
-    /// damaged: an ordered log's meta and last block file (recovery checks the last block
-    /// at open and repairs it from peers; older blocks are checked only when read), and an
+    /// node must be down). With `repairable`, only what a replica repairs by itself is
+    /// damaged: an ordered log's meta and any block file (recovery checks the last block
+    /// at open, the scrubber the older ones, and either is repaired from peers), and an
     /// out-of-order replica's spec, hard state, membership and entries; state machine
     /// files (a chunk's map and data, a key-value image) are spared, since damage there
     /// stops the group until the operator replaces the replica (docs/operations.md).
@@ -393,28 +396,17 @@ impl Cluster {
         i: usize,
         rng: &mut Rng,
         count: usize,
-        tail_only: bool,
+        repairable: bool,
     ) -> Vec<String> {
         assert!(!self.is_up(i), "flip bytes only at rest");
         let mut files = Vec::new();
         walk(&self.nodes[i - 1].disk, &mut files);
         files.retain(|(_, len)| *len > 0);
-        if tail_only {
-            let last: Vec<PathBuf> = files
-                .iter()
-                .filter(|(p, _)| p.extension().is_some_and(|e| e == "blk"))
-                .map(|(p, _)| p.clone())
-                .fold(std::collections::BTreeMap::new(), |mut m, p| {
-                    let dir = p.parent().map(Path::to_path_buf);
-                    let e: &mut PathBuf = m.entry(dir).or_insert_with(|| p.clone());
-                    if p > *e {
-                        *e = p;
-                    }
-                    m
-                })
-                .into_values()
-                .collect();
-            files.retain(|(p, _)| p.extension().is_none_or(|e| e != "blk") || last.contains(p));
+        if repairable {
+            // Any block of an ordered log (the scrubber finds damage in the sealed ones
+            // and repairs it from peers, recovery at open the tail's); not a chunk's data
+            // or a state machine's files, which nothing repairs from peers yet, nor the
+            // copy of a damaged file kept for the operator.
             files.retain(|(p, _)| {
                 let name = p
                     .file_name()

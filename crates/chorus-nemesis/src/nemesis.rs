@@ -23,12 +23,12 @@ pub enum Kind {
     Kill,
     /// SIGSTOP of a node (the leader half the time) for longer than a lease, then SIGCONT.
     Pause,
-    /// A node killed, one to three bits flipped at rest in its meta files and the last
-    /// block of its log (what recovery checks at open and repairs from peers), restarted.
+    /// A node killed, one to three bits flipped at rest in its meta files and any block
+    /// of its log (the tail's damage found by recovery at open, the older blocks' by the
+    /// scrubber, and either repaired from peers) or its out-of-order entries, restarted.
     Flip,
-    /// As `Flip`, in any block of the log, older ones included. Not in `all`: damage in
-    /// an older block is found only when read and is not repaired (a known gap,
-    /// `docs/reliability.md`): reads of it fail on that node for good.
+    /// As `Flip`, in any file, a chunk's data and a state machine's files included. Not
+    /// in `all`: those are not repaired from peers (a known gap, `docs/reliability.md`).
     Rot,
     /// A follower cut off long enough to fall behind, then the leader killed as the cut
     /// heals: the follower that fell behind may win the next election, and must learn
@@ -112,8 +112,8 @@ pub enum Fault {
     Kill(usize),
     /// The node is stopped.
     Pause(usize),
-    /// The node is killed and bits in its files flipped (`tail_only`: not in a log's
-    /// older blocks).
+    /// The node is killed and bits in its files flipped (`true`: only in files its
+    /// replicas repair from peers, `Kind::Flip`; `false`: anywhere, `Kind::Rot`).
     Flip(usize, bool),
     /// `lagging` is cut off from every other node; at the heal, `leader` is killed as
     /// the cut heals, and restarted a little later.
@@ -332,10 +332,10 @@ pub fn inject(c: &mut Cluster, f: &Fault, rng: &mut Rng) -> Result<String, Error
                 .collect();
             Ok(format!("{f}: unsynced writes dropped, {}", lost.join(", ")))
         }
-        Fault::Flip(n, tail_only) => {
+        Fault::Flip(n, repairable) => {
             c.kill(*n);
             let count = rng.range(1, 4) as usize;
-            let flipped = c.flip_bytes(*n, rng, count, *tail_only);
+            let flipped = c.flip_bytes(*n, rng, count, *repairable);
             Ok(format!("{f}: {}", flipped.join(", ")))
         }
     }

@@ -257,7 +257,8 @@ pub async fn settle(
     };
     if barrier.is_none() {
         found.push(format!(
-            "no transaction committed within {deadline:?} after every fault healed (last: {last})"
+            "no transaction committed within {deadline:?} after every fault healed (last: {last}) [{}]",
+            crate::blocks::group_states(eps, GROUP).await
         ));
     }
     let past = barrier.map_or(0, |s| s + 1);

@@ -82,6 +82,8 @@ pub struct EnvConfig {
     /// The file system the groups' logs and meta records are on: the real one by
     /// default. Tests put a full disk here ([`chorus_storage::fs::Fillable`]).
     pub fs: Arc<dyn chorus_storage::fs::FileSystem>,
+    /// Scrubbing of the ordered groups' sealed log blocks ([`crate::scrub`]).
+    pub scrub: crate::ScrubOptions,
     /// Settings every out-of-order group of this node shares.
     pub ooo: OooGroupSettings,
     /// Opens the state machines of out-of-order groups. None: this node hosts none (a
@@ -126,6 +128,7 @@ impl EnvConfig {
             tls: None,
             min_free_bytes: DEFAULT_MIN_FREE_BYTES,
             fs: Arc::new(chorus_storage::fs::RealFs),
+            scrub: crate::ScrubOptions::default(),
             ooo: OooGroupSettings::default(),
             state_machines: None,
         }
@@ -490,6 +493,28 @@ impl Env {
             })?;
         let _ = env.inner.shared.timer.set(timer.thread().clone());
         *env.inner.timer.lock().expect("timer") = Some(timer);
+        let (list, stop) = (Arc::downgrade(&env.inner), Arc::downgrade(&env.inner));
+        let scrub = env.inner.cfg.scrub;
+        std::thread::Builder::new()
+            .name("chorus-scrub".into())
+            .spawn(move || {
+                crate::scrub::run(
+                    scrub,
+                    || {
+                        let inner = list.upgrade()?;
+                        let groups = inner.router.groups.read().expect("groups");
+                        Some(groups.values().cloned().collect())
+                    },
+                    || {
+                        stop.upgrade()
+                            .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
+                    },
+                )
+            })
+            .map_err(|e| Error::Io {
+                what: "start scrubber".into(),
+                source: e,
+            })?;
         for g in env.inner.router.groups.read().expect("groups").values() {
             env.inner.shared.pool.schedule(g);
         }

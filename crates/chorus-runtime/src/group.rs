@@ -31,6 +31,7 @@ use chorus_core::replica::{
 };
 use chorus_core::{Csn, Lsn};
 use chorus_storage::fs::FileSystem;
+use chorus_storage::log::{Damage, SealedBlock};
 use chorus_storage::{LogOptions, LogStorage, MetaStorage, StorageError};
 use tokio::sync::{oneshot, watch};
 
@@ -149,6 +150,9 @@ pub struct GroupStatus {
     /// Times this replica's log was started again, empty, at its leader's log start
     /// because it had fallen behind it, since the group opened.
     pub rebased: u64,
+    /// Damaged log ranges (found at open or by the scrubber) replaced with a peer's copy,
+    /// since the group opened.
+    pub repaired: u64,
     /// Times this replica told a follower (or a candidate) behind its log start to start
     /// its log again there ([`chorus_core::replica::Message::Rebase`]), since the group
     /// opened.
@@ -191,6 +195,8 @@ pub struct GroupCounters {
     /// Times this replica's log was started again at its leader's log start because it
     /// had fallen behind it (the leader had trimmed what it needed).
     pub rebased: AtomicU64,
+    /// Damaged log ranges replaced with a peer's copy.
+    pub repaired: AtomicU64,
     /// Appends whose outcome became unknown because the log they were written at was
     /// trimmed on the leader before this replica learned it ([`Error::OutcomeUnknown`]).
     pub unknown: AtomicU64,
@@ -255,8 +261,8 @@ struct Core {
     feedback: Vec<Feedback>,
 }
 
-struct Io {
-    log: LogStorage,
+pub(crate) struct Io {
+    pub(crate) log: LogStorage,
     meta: MetaStorage,
 }
 
@@ -297,7 +303,10 @@ pub(crate) struct Group {
     /// Size of the last closed lane, to size the next one's buffers.
     lane_hint: AtomicU64,
     core: Mutex<Core>,
-    io: RwLock<Io>,
+    pub(crate) io: RwLock<Io>,
+    /// Damage the scrubber found in a sealed block, for the next round to take
+    /// (`crate::scrub`, `Group::take_scrub_damage`).
+    pub(crate) scrub_damage: Mutex<Option<(SealedBlock, Damage)>>,
     index: Mutex<ReadIndex>,
     commit_tx: watch::Sender<Lsn>,
     commit_cv: (Mutex<Lsn>, Condvar),
@@ -399,12 +408,13 @@ impl Group {
             stopped_by_full_disk: AtomicBool::new(false),
             restart_tried: AtomicU64::new(0),
             removed: AtomicBool::new(false),
+            scrub_damage: Mutex::new(None),
             counters: GroupCounters::default(),
         });
         Ok(g)
     }
 
-    fn schedule(self: &Arc<Self>) {
+    pub(crate) fn schedule(self: &Arc<Self>) {
         self.env.pool.schedule(self);
     }
 
@@ -466,6 +476,10 @@ impl Group {
             pid = tracing::field::Empty
         );
         let _entered = span.enter();
+        if let Err(e) = self.take_scrub_damage() {
+            self.storage_failed(e);
+            return Stepped::Idle;
+        }
         let now = self.env.now();
         let mut results = Vec::new();
         let role;
@@ -538,7 +552,6 @@ impl Group {
                 self.storage_failed(e);
                 return Stepped::Idle;
             }
-            self.core.lock().expect("core").feedback.clear();
             return Stepped::Again;
         }
         if done.wrote {
@@ -710,7 +723,9 @@ impl Group {
         self.role_tx.send_modify(|_| {});
     }
 
-    fn restart_replica(&self) -> Result<(), Error> {
+    /// Rebuilds the replica from storage (after a repair, a discarded damaged tail, or
+    /// damage the scrubber found).
+    pub(crate) fn restart_replica(&self) -> Result<(), Error> {
         self.index.lock().expect("index").blocks.clear();
         let io = self.io.read().expect("io");
         let replica = build_replica(&self.env, self.id, &io.log, &io.meta)?;
@@ -728,6 +743,8 @@ impl Group {
             .rebases_sent_before
             .fetch_add(c.replica.rebases_sent(), Ordering::Relaxed);
         c.replica = replica;
+        // Reports for the old incarnation mean nothing to the new one.
+        c.feedback.clear();
         // Appends of the old incarnation have no result any more (only a leader has them,
         // and a repairing replica is never leader); their futures report Unknown.
         c.waiters.clear();
@@ -1122,6 +1139,7 @@ impl Group {
             timed_resends: self.counters.timed_resends_before.load(Ordering::Relaxed)
                 + r.timed_resends(),
             rebased: self.counters.rebased.load(Ordering::Relaxed),
+            repaired: self.counters.repaired.load(Ordering::Relaxed),
             rebases_sent: self.counters.rebases_sent_before.load(Ordering::Relaxed)
                 + r.rebases_sent(),
             outcomes_unknown: self.counters.unknown.load(Ordering::Relaxed),
@@ -1434,6 +1452,7 @@ impl ordered::Host for GroupHost<'_> {
                 );
             }
             Note::Repaired { lsn, peer } => {
+                g.counters.repaired.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(group = g.id, lsn, peer, "repaired damaged log range");
             }
             Note::RepairRefused { lsn, peer, error } => {

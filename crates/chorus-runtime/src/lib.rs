@@ -53,6 +53,7 @@ pub mod ordered;
 mod pass;
 mod pool;
 pub mod sched;
+pub mod scrub;
 pub mod transport;
 
 pub use chorus_core::format::meta::{AccessMode, Membership, NodeId};
@@ -62,3 +63,4 @@ pub use disk::DiskSpace;
 pub use env::{Env, EnvConfig, LogHandle, LogReader, Replayer, DEFAULT_MIN_FREE_BYTES};
 pub use error::Error;
 pub use group::{AppendFuture, AppendResult, Appended, GroupId, GroupStatus, Record, RoleInfo};
+pub use scrub::ScrubOptions;

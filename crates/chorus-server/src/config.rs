@@ -296,6 +296,13 @@ pub struct LogSection {
     /// default: on a 2-core machine the hand-off costs more than the overlap saves
     /// (docs/benchmarks.md).
     pub pipelined_sync: bool,
+    /// Bytes per second at most that the scrubber reads of the ordered groups' sealed
+    /// log blocks, checking every group's checksums and repairing damage from peers; 0
+    /// turns it off.
+    pub scrub_bytes_per_sec: u64,
+    /// Seconds from the start of one scrub pass to the start of the next (the first pass
+    /// starts with the node). At least 1.
+    pub scrub_interval_secs: u64,
 }
 
 impl Default for LogSection {
@@ -307,6 +314,8 @@ impl Default for LogSection {
             preallocate: d.preallocate,
             min_free_bytes: chorus_runtime::DEFAULT_MIN_FREE_BYTES,
             pipelined_sync: false,
+            scrub_bytes_per_sec: chorus_runtime::scrub::DEFAULT_SCRUB_BYTES_PER_SEC,
+            scrub_interval_secs: chorus_runtime::scrub::DEFAULT_SCRUB_INTERVAL.as_secs(),
         }
     }
 }
@@ -727,6 +736,10 @@ impl ServerConfig {
         };
         env.min_free_bytes = self.log.min_free_bytes;
         env.pipelined_sync = self.log.pipelined_sync;
+        env.scrub = chorus_runtime::ScrubOptions {
+            bytes_per_sec: self.log.scrub_bytes_per_sec,
+            interval: std::time::Duration::from_secs(self.log.scrub_interval_secs.max(1)),
+        };
         // The node's out-of-order groups: hosted, opened and restarted by its
         // environment, with the server's state machines.
         let o = &self.out_of_order;

@@ -21,7 +21,9 @@
 //!   from a peer.
 //!
 //! Corruption in older blocks is found when the range is read (every read checks the
-//! group's header and body checksums) and by `chorus inspect --verify`.
+//! group's header and body checksums), by `chorus inspect --verify`, and by a scrub of
+//! the sealed blocks ([`SealedBlock`], module `scrub`), whose findings go to the same
+//! repair as damage found at open ([`LogStorage::note_damage`]).
 //!
 //! # Zeros ahead of the end
 //!
@@ -70,6 +72,9 @@ use chorus_core::Lsn;
 use crate::align::{round_down, DirectAppend};
 use crate::error::{IoContext, Result, StorageError};
 use crate::fs::{FileSystem, FsFile, OpenOptions, DIRECT_IO_ALIGN};
+
+mod scrub;
+pub use scrub::SealedBlock;
 
 /// Default bytes of log per block file (64 MiB).
 pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 20;
@@ -520,29 +525,41 @@ impl LogStorage {
     fn read_block_header(&self, path: &Path, file: &dyn FsFile, id: u64) -> Result<BlockHeader> {
         let mut buf = vec![0u8; BLOCK_HEADER_SIZE];
         let n = file.read_at(&mut buf, 0).ctx(path, "read block header")?;
-        let h = BlockHeader::decode(&buf[..n]).map_err(|source| StorageError::Corrupt {
+        Self::check_block_header(path, &buf[..n], id, self.block_size, self.log_id)
+    }
+
+    /// Decodes block `id`'s header from `buf` (read from `path`) and checks that it
+    /// belongs to this log, at this place, with this block size.
+    fn check_block_header(
+        path: &Path,
+        buf: &[u8],
+        id: u64,
+        block_size: u64,
+        log_id: u64,
+    ) -> Result<BlockHeader> {
+        let h = BlockHeader::decode(buf).map_err(|source| StorageError::Corrupt {
             path: path.to_path_buf(),
             file_offset: 0,
-            lsn: id * self.block_size,
+            lsn: id * block_size,
             source,
         })?;
-        if h.log_id != self.log_id {
+        if h.log_id != log_id {
             return Err(StorageError::ForeignBlock {
                 path: path.to_path_buf(),
-                expected: self.log_id,
+                expected: log_id,
                 found: h.log_id,
             });
         }
-        if h.block_size != self.block_size {
+        if h.block_size != block_size {
             return Err(StorageError::BlockSizeMismatch {
                 path: path.to_path_buf(),
-                configured: self.block_size,
+                configured: block_size,
                 on_disk: h.block_size,
             });
         }
         if h.block_id != id {
             return Err(StorageError::Layout {
-                dir: self.dir.clone(),
+                dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
                 detail: format!("{} holds block {}", path.display(), h.block_id),
             });
         }
@@ -1051,15 +1068,26 @@ impl LogStorage {
                 chain.end_lsn, d.next_valid
             )));
         }
-        let mut hb = [0u8; GROUP_HEADER_SIZE];
-        let next_off = BLOCK_HEADER_SIZE as u64 + d.next_valid % self.block_size;
-        file.read_exact_at(&mut hb, next_off).ctx(&path, "read")?;
-        let next = GroupHeader::decode(&hb).map_err(|e| refuse(e.to_string()))?;
-        next.verify_chain(&chain).map_err(|e| {
-            refuse(format!(
-                "the group after the damage does not continue the copy: {e}"
-            ))
-        })?;
+        if d.next_valid % self.block_size == 0 {
+            // Damage a scrub found running to its block's end (`scrub`): the next block's
+            // header carries the chain on.
+            let next = self.block_start_chain(d.next_valid / self.block_size)?;
+            if next != chain {
+                return Err(refuse(format!(
+                    "the next block's start {next:?} does not continue the copy {chain:?}"
+                )));
+            }
+        } else {
+            let mut hb = [0u8; GROUP_HEADER_SIZE];
+            let next_off = BLOCK_HEADER_SIZE as u64 + d.next_valid % self.block_size;
+            file.read_exact_at(&mut hb, next_off).ctx(&path, "read")?;
+            let next = GroupHeader::decode(&hb).map_err(|e| refuse(e.to_string()))?;
+            next.verify_chain(&chain).map_err(|e| {
+                refuse(format!(
+                    "the group after the damage does not continue the copy: {e}"
+                ))
+            })?;
+        }
         let r = file
             .write_all_at(bytes, d.file_offset)
             .ctx(&path, "write repair")

@@ -563,6 +563,113 @@ fn two_damaged_stretches_are_repaired_one_after_the_other() {
     assert_eq!(log.end_lsn(), end);
 }
 
+/// Bits flipped at rest in blocks below the tail, which opening does not scan, are found
+/// by a scrub of the sealed blocks and repaired from a peer's copy through the same path
+/// as damage found at open: one stretch in the middle of block 0, and one in the last
+/// group of block 1 (the range then ends at block 2's start, whose header carries the
+/// chain on).
+#[test]
+fn a_scrub_finds_damage_in_sealed_blocks_and_a_peers_copy_repairs_it() {
+    let (fs, dyn_fs, dir) = sim();
+    let (_peer_fs, peer_dyn, peer_dir) = sim();
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    let mut peer = LogStorage::create(peer_dyn.clone(), &peer_dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(11);
+    // Group boundaries: (start, end) of each group written.
+    let mut groups = Vec::new();
+    while log.end_lsn() < 2 * BS + BS / 2 {
+        let start = log.end_lsn();
+        let g = next_groups(&mut rng, &log.chain(), 3);
+        log.append(&g).unwrap();
+        peer.append(&g).unwrap();
+        groups.push((start, log.end_lsn()));
+    }
+    log.sync().unwrap();
+    peer.sync().unwrap();
+    let end = log.end_lsn();
+    assert_eq!(log.sealed_block_ids(), vec![0, 1]);
+    assert!(log.sealed_block(2).is_none(), "the tail is not sealed");
+    for id in [0, 1] {
+        assert_eq!(log.sealed_block(id).unwrap().verify().unwrap(), None);
+    }
+    // A group in the middle of block 0, and the padding group that fills block 1 up to
+    // block 2's start (written with the first group of block 2).
+    let (mid_from, mid_to) = groups[groups.len() / 8];
+    let &(last_from, _) = groups
+        .iter()
+        .find(|(s, e)| *s < 2 * BS && *e > 2 * BS)
+        .unwrap();
+    assert!(mid_to < BS && (BS..2 * BS).contains(&last_from));
+    let file = |id: u64| dir.join("log").join(block_file_name(id));
+    fs.flip_bits(&file(0), BLOCK_HEADER_SIZE as u64 + mid_from + 70, 8, 1)
+        .unwrap();
+    fs.flip_bits(
+        &file(1),
+        BLOCK_HEADER_SIZE as u64 + (last_from - BS) + 40,
+        8,
+        1,
+    )
+    .unwrap();
+    // Opening scans only the tail: nothing is found there.
+    drop(log);
+    let (mut log, report) = LogStorage::open_damaged(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    assert!(report.damaged.is_empty() && log.damaged().is_none());
+    let mut found = Vec::new();
+    for id in log.sealed_block_ids() {
+        let b = log.sealed_block(id).unwrap();
+        let d = b.verify().unwrap().expect("damage found");
+        found.push((d.lsn, d.next_valid));
+        assert!(log.note_damage(&b, d.clone()));
+        assert!(!log.note_damage(&b, d), "noted once");
+    }
+    assert_eq!(found, vec![(mid_from, mid_to), (last_from, 2 * BS)]);
+    for (from, to) in found {
+        assert_eq!(log.damaged().map(|d| d.lsn), Some(from));
+        let (_, copy) = peer.read_range(from, (to - from) as usize).unwrap();
+        // A copy one group short does not end where the damage does: refused.
+        if to - from > 1 {
+            assert!(log.repair(&copy[..copy.len() - 1]).is_err());
+        }
+        log.repair(&copy).unwrap();
+    }
+    assert!(log.damaged().is_none());
+    for id in log.sealed_block_ids() {
+        assert_eq!(log.sealed_block(id).unwrap().verify().unwrap(), None);
+    }
+    drop(log);
+    fs.crash(CrashMode::Prefix);
+    let (log, _) = LogStorage::open(dyn_fs, &dir, opts(), LOG_ID).unwrap();
+    assert_eq!(log.iter_from(0).filter(|g| g.is_err()).count(), 0);
+    assert_eq!(log.end_lsn(), end);
+}
+
+/// Damage a scrub found in a block that was trimmed since is not taken.
+#[test]
+fn damage_in_a_block_trimmed_since_the_scrub_read_it_is_ignored() {
+    let (fs, dyn_fs, dir) = sim();
+    let mut log = LogStorage::create(dyn_fs.clone(), &dir, opts(), LOG_ID).unwrap();
+    let mut rng = Rng::new(12);
+    while log.end_lsn() < BS + BS / 2 {
+        let g = next_groups(&mut rng, &log.chain(), 3);
+        log.append(&g).unwrap();
+    }
+    log.sync().unwrap();
+    drop(log);
+    fs.flip_bits(
+        &dir.join("log").join(block_file_name(0)),
+        BLOCK_HEADER_SIZE as u64 + 100,
+        8,
+        1,
+    )
+    .unwrap();
+    let (mut log, _) = LogStorage::open_damaged(dyn_fs, &dir, opts(), LOG_ID).unwrap();
+    let b = log.sealed_block(0).unwrap();
+    let d = b.verify().unwrap().expect("damage found");
+    log.trim(BS).unwrap();
+    assert!(!log.note_damage(&b, d));
+    assert!(log.damaged().is_none());
+}
+
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let (fs, dyn_fs, dir) = sim();

@@ -101,7 +101,7 @@ const ORDERED_COUNTERS: [(&str, &str, OrderedCounter); 3] = [
 ];
 
 /// Families of ordered groups only, read from their status.
-const ORDERED_STATUS: [(&str, Kind, &str, OrderedGauge); 9] = [
+const ORDERED_STATUS: [(&str, Kind, &str, OrderedGauge); 10] = [
     (
         "chorus_end_lsn",
         Kind::Gauge,
@@ -137,6 +137,12 @@ const ORDERED_STATUS: [(&str, Kind, &str, OrderedGauge); 9] = [
         Kind::Counter,
         "Times this replica's log was started again, empty, at its leader's log start because it had fallen behind it (the leader had trimmed what it needed); readers of this replica find nothing below the new start.",
         |s| s.rebased,
+    ),
+    (
+        "chorus_log_repaired_total",
+        Kind::Counter,
+        "Damaged log ranges of this replica (found at open, or in sealed blocks by the scrubber) replaced with a peer's copy.",
+        |s| s.repaired,
     ),
     (
         "chorus_rebases_sent_total",
