@@ -123,9 +123,10 @@ pub async fn leader(eps: &[String], wait: Duration) -> Option<usize> {
     None
 }
 
-/// Nodes that may be recovering out-of-order entries they lost on disk: each that says
-/// so for group 1 (`recovering_lost`), and each that did not answer within `wait` (a node
-/// just restarted may not answer yet, and may be recovering).
+/// Nodes that may be repairing damage from their peers (out-of-order entries lost on disk,
+/// or an ordered log's damaged range): each that says so for group 1 (`recovering_lost`),
+/// and each that did not answer within `wait` (a node just restarted may not answer yet,
+/// and may be repairing).
 pub async fn maybe_recovering(eps: &[String], wait: Duration) -> Vec<usize> {
     let mut out = Vec::new();
     for (i, ep) in eps.iter().enumerate() {
@@ -299,15 +300,14 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         let Some(f) = nemesis::choose(&mut rng, &o.kinds, o.nodes, l) else {
             continue;
         };
-        // The fault model of an out-of-order group: at most one replica at a time has
-        // lost entries on disk. Until a replica that lost some has them again from a
-        // leader, it cannot vote (its vote could carry a merge past a committed slot it
-        // lost), so damage to a second replica's entries would leave a group of three
-        // without a majority of sound voters: it waits, safely, for good
-        // (docs/reliability.md, known gaps). Such a flip is skipped.
-        if let (nemesis::Fault::Flip(n, _), Workload::Parallel | Workload::Dependent) =
-            (&f, o.workload)
-        {
+        // The fault model, the simulator's too: at most one replica at a time holds
+        // damage it has not yet repaired from its peers. Until then it cannot vote (an
+        // out-of-order replica's vote could carry a merge past a committed slot it lost;
+        // an ordered replica's log cannot be vouched for), so damage to a second replica
+        // could leave a group of three without a majority of sound voters, and the two
+        // each wait for the other: safely, for good (docs/reliability.md, known gaps).
+        // Such a flip is skipped.
+        if let nemesis::Fault::Flip(n, _) = &f {
             let busy = maybe_recovering(&eps, Duration::from_millis(500)).await;
             if busy.iter().any(|m| m != n) {
                 continue;

@@ -153,6 +153,9 @@ pub struct GroupStatus {
     /// Damaged log ranges (found at open or by the scrubber) replaced with a peer's copy,
     /// since the group opened.
     pub repaired: u64,
+    /// The damaged range this replica is repairing from peers, if any: until it is
+    /// repaired the replica neither votes nor acknowledges.
+    pub repairing: Option<(Lsn, Lsn)>,
     /// Times this replica told a follower (or a candidate) behind its log start to start
     /// its log again there ([`chorus_core::replica::Message::Rebase`]), since the group
     /// opened.
@@ -1140,6 +1143,7 @@ impl Group {
                 + r.timed_resends(),
             rebased: self.counters.rebased.load(Ordering::Relaxed),
             repaired: self.counters.repaired.load(Ordering::Relaxed),
+            repairing: r.repairing_range(),
             rebases_sent: self.counters.rebases_sent_before.load(Ordering::Relaxed)
                 + r.rebases_sent(),
             outcomes_unknown: self.counters.unknown.load(Ordering::Relaxed),

@@ -367,6 +367,7 @@ pub(super) fn group_status(s: chorus_runtime::GroupStatus) -> pb::GroupStatus {
         stopped: s.stopped.unwrap_or_default(),
         mode: "ordered".into(),
         access_mode: s.membership.access_mode.name().into(),
+        recovering_lost: s.repairing.is_some(),
         ..Default::default()
     }
 }
