@@ -1538,6 +1538,8 @@ type GroupStatus struct {
 	// Out-of-order groups: this replica found synced entries damaged on disk at start and
 	// is recovering them from its peers; it follows but neither votes nor campaigns until
 	// it holds again everything a later leader's merge decided (docs/operations.md).
+	// Ordered groups: this replica is repairing a damaged log range from its peers (found
+	// at open or by the scrubber); it neither votes nor acknowledges until it is repaired.
 	RecoveringLost bool `protobuf:"varint,23,opt,name=recovering_lost,json=recoveringLost,proto3" json:"recovering_lost,omitempty"`
 	// Ordered groups: the access mode of this replica's config, "append" or "raw-write".
 	AccessMode string `protobuf:"bytes,24,opt,name=access_mode,json=accessMode,proto3" json:"access_mode,omitempty"`
