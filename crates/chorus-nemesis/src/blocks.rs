@@ -451,7 +451,8 @@ pub fn check(history: &[Entry], dir: &Path) -> Verdict {
         }
     }
     st.unknown_found = seen_unknown.len() as u64;
-    st.longest_unavailable_ms = crate::history::longest_unavailable_ms(history, &acked);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) =
+        crate::history::longest_unavailable(history, &acked);
     match crate::porcupine::check_blocks(history, dir) {
         Ok(found) => bad.extend(found),
         Err(e) => bad.push(format!("the linearizability check could not run: {e}")),

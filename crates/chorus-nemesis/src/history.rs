@@ -266,17 +266,47 @@ pub fn read_entries(path: &Path) -> Result<Vec<Entry>, Error> {
 }
 
 /// The longest time, in milliseconds, from a heal in `history` to the completion of the
-/// first acknowledged write invoked at or after it; `acked` holds each acknowledged
-/// write's (completion, invocation) times in microseconds. A heal that no acknowledged
-/// write followed counts nothing (the run's final barrier judges that case).
-pub fn longest_unavailable_ms(history: &[Entry], acked: &[(u64, u64)]) -> u64 {
-    let mut longest = 0;
+/// first acknowledged write invoked at or after it, and where it was: the heal it
+/// followed, when (seconds into the run), and the faults injected before that write came
+/// (a fault injected meanwhile lengthens the wait, so the figure is an upper bound on what
+/// the heal alone cost). `acked` holds each acknowledged write's (completion, invocation)
+/// times in microseconds. A heal that no acknowledged write followed counts nothing (the
+/// run's final barrier judges that case); the description is empty when none did.
+pub fn longest_unavailable(history: &[Entry], acked: &[(u64, u64)]) -> (u64, String) {
+    let mut sorted: Vec<(u64, u64)> = acked.iter().map(|a| (a.1, a.0)).collect();
+    sorted.sort_unstable();
+    // The earliest completion among writes invoked at or after each point: a suffix
+    // minimum, so each heal costs a binary search rather than a pass over every write.
+    let mut suffix_min = vec![u64::MAX; sorted.len() + 1];
+    for i in (0..sorted.len()).rev() {
+        suffix_min[i] = suffix_min[i + 1].min(sorted[i].1);
+    }
+    let mut longest = (0, String::new());
     for e in history {
-        if let Op::Nemesis { heal: true, .. } = e.op {
+        if let Op::Nemesis { heal: true, fault } = &e.op {
             let t = e.complete_us;
-            let first = acked.iter().filter(|a| a.1 >= t).map(|a| a.0).min();
-            if let Some(c) = first {
-                longest = longest.max((c - t) / 1000);
+            let i = sorted.partition_point(|a| a.0 < t);
+            let c = suffix_min[i];
+            if c == u64::MAX || c < t {
+                continue;
+            }
+            let ms = (c - t) / 1000;
+            if ms > longest.0 || longest.1.is_empty() {
+                let during: Vec<&str> = history
+                    .iter()
+                    .filter(|f| f.invoke_us >= t && f.invoke_us < c)
+                    .filter_map(|f| match &f.op {
+                        Op::Nemesis { fault, heal: false } => Some(fault.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                longest = (
+                    ms,
+                    format!(
+                        "after the heal of {fault} at {:.1} s; faults before the first acknowledged write: {during:?}",
+                        t as f64 / 1e6
+                    ),
+                );
             }
         }
     }
@@ -314,4 +344,49 @@ pub fn compare_nodes<T: PartialEq + Clone + std::fmt::Debug>(
         }
     }
     (reference, bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nemesis(at_us: u64, fault: &str, heal: bool) -> Entry {
+        Entry {
+            process: 0,
+            invoke_us: at_us,
+            complete_us: at_us,
+            op: Op::Nemesis {
+                fault: fault.into(),
+                heal,
+            },
+        }
+    }
+
+    #[test]
+    fn the_longest_wait_after_a_heal_names_the_heal_and_the_faults_during_it() {
+        let history = vec![
+            nemesis(1_000_000, "kill node 1", false),
+            nemesis(2_000_000, "kill node 1", true),
+            nemesis(5_000_000, "partition 2|1,3", false),
+            nemesis(6_000_000, "partition 2|1,3", true),
+            nemesis(6_500_000, "pause node 3", false),
+        ];
+        // (completion, invocation): a write from before the first heal completing after
+        // it does not count; the first heal waits 0.5 s, the second 3 s (a pause began
+        // meanwhile).
+        let acked = [
+            (2_100_000, 1_500_000),
+            (2_500_000, 2_000_000),
+            (9_000_000, 6_000_000),
+            (9_500_000, 7_000_000),
+        ];
+        let (ms, after) = longest_unavailable(&history, &acked);
+        assert_eq!(ms, 3_000);
+        assert!(
+            after.contains("heal of partition 2|1,3 at 6.0 s"),
+            "{after}"
+        );
+        assert!(after.contains("[\"pause node 3\"]"), "{after}");
+        assert_eq!(longest_unavailable(&history[..2], &[]), (0, String::new()));
+    }
 }

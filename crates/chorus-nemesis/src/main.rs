@@ -225,6 +225,12 @@ fn main() -> ExitCode {
                 r.verdict.anomalies.len(),
                 r.secs
             );
+            if !s.longest_unavailable_after.is_empty() {
+                println!(
+                    "chorus-nemesis: longest unavailability {} ms, {}",
+                    s.longest_unavailable_ms, s.longest_unavailable_after
+                );
+            }
             if r.verdict.anomalies.is_empty() {
                 ExitCode::SUCCESS
             } else {

@@ -248,6 +248,8 @@ pub struct Stats {
     pub log_records: u64,
     /// The longest time from a heal to the first commit of an append invoked after it.
     pub longest_unavailable_ms: u64,
+    /// Where that was: the heal it followed, when, and the faults injected meanwhile.
+    pub longest_unavailable_after: String,
     /// Messages and appends the nodes' out-of-order groups shed because their inbox
     /// was full (`chorus_inbox_overflows_total`, summed over the nodes at the end).
     pub inbox_overflows: u64,
@@ -417,7 +419,8 @@ pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
     }
     // Unavailability after each heal.
     let times: Vec<(u64, u64)> = acked.iter().map(|a| (a.0, a.1)).collect();
-    st.longest_unavailable_ms = crate::history::longest_unavailable_ms(history, &times);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) =
+        crate::history::longest_unavailable(history, &times);
     Verdict {
         anomalies: bad,
         stats: st,

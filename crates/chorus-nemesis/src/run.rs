@@ -300,13 +300,14 @@ async fn run_async(o: &RunOptions) -> Result<Report, Error> {
         let Some(f) = nemesis::choose(&mut rng, &o.kinds, o.nodes, l) else {
             continue;
         };
-        // The fault model, the simulator's too: at most one replica at a time holds
-        // damage it has not yet repaired from its peers. Until then it cannot vote (an
-        // out-of-order replica's vote could carry a merge past a committed slot it lost;
-        // an ordered replica's log cannot be vouched for), so damage to a second replica
-        // could leave a group of three without a majority of sound voters, and the two
-        // each wait for the other: safely, for good (docs/reliability.md, known gaps).
-        // Such a flip is skipped.
+        // The fault model: at most one replica at a time holds damage it has not yet
+        // repaired from its peers, as this nemesis cannot aim flips at disjoint ranges.
+        // Until repaired a replica cannot vote (an out-of-order replica's vote could carry
+        // a merge past a committed slot it lost; an ordered replica's log cannot be
+        // vouched for), so damage to a second replica in an overlapping range could leave
+        // a group of three without a majority of sound voters: the ordered replicas then
+        // halt and the out-of-order ones wait, safely, for good (docs/reliability.md,
+        // known gaps). Such a flip is skipped.
         if let nemesis::Fault::Flip(n, _) = &f {
             let busy = maybe_recovering(&eps, Duration::from_millis(500)).await;
             if busy.iter().any(|m| m != n) {

@@ -519,7 +519,8 @@ pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
             }
         }
     }
-    st.longest_unavailable_ms = crate::history::longest_unavailable_ms(history, &acked_times);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) =
+        crate::history::longest_unavailable(history, &acked_times);
     Verdict {
         anomalies: bad,
         stats: st,

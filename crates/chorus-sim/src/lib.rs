@@ -254,9 +254,11 @@ pub struct Cluster {
     tick: Nanos,
     /// Log of notable events (for scripts), when enabled.
     pub trace: Option<Vec<String>>,
-    /// Nodes whose storage holds injected damage not yet repaired or discarded: damage is
-    /// only ever injected on a minority (one node at a time), as the fault model says.
-    damaged: BTreeSet<NodeId>,
+    /// Nodes whose storage holds injected damage not yet repaired or discarded, with the
+    /// LSN ranges of the groups damaged. Random damage on a second node is injected only in
+    /// a range disjoint from every other damaged node's (the fault model: every committed
+    /// range keeps an intact copy on some voter).
+    damaged: BTreeMap<NodeId, Vec<(chorus_core::Lsn, chorus_core::Lsn)>>,
     /// The log mirror writes copy ([`Cluster::mirror`]): from the start when the group
     /// starts as a mirror, from the barrier of each switch to raw-write.
     pub primary: Option<mirror::Primary>,
@@ -345,7 +347,7 @@ impl Cluster {
             next_tag: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             tick: 5 * MS,
             trace: None,
-            damaged: BTreeSet::new(),
+            damaged: BTreeMap::new(),
             primary: None,
         };
         if c.opts.access_mode == AccessMode::RawWrite {
@@ -568,14 +570,13 @@ impl Cluster {
     /// after it (so recovery can tell it from a torn tail: a damaged last group is
     /// indistinguishable from a torn write and is not injected). Returns whether it did.
     pub fn corrupt_synced_group(&mut self, id: NodeId) -> bool {
-        // A minority only: while another node's injected damage is unrepaired, a second
-        // damaged copy could be the majority of some committed group's copies, and then
-        // halting is the right answer, not a finding (seeds 604 and 986 did exactly that).
-        // Scripts that want every copy bad call `corrupt_group` directly.
-        if self.damaged.iter().any(|d| *d != id) {
-            return false;
-        }
-        self.corrupt_group(id, None)
+        // Never a range another node's unrepaired damage overlaps: two damaged copies of
+        // one range could be the majority of a committed group's copies, and then halting
+        // is the right answer, not a finding (seeds 604 and 986 did exactly that). Damage
+        // in disjoint ranges on two nodes at once is in the model: each replica under
+        // repair serves the other a copy of its range. Scripts that want every copy bad
+        // call `corrupt_group` directly.
+        self.corrupt_groups_where(id, &[], true)
     }
 
     /// As [`Cluster::corrupt_synced_group`], choosing the `index`-th group of the last block
@@ -591,6 +592,12 @@ impl Cluster {
     /// block (one random group if `indices` is empty): several damaged stretches in one
     /// replica's log, each followed by valid groups.
     pub fn corrupt_groups(&mut self, id: NodeId, indices: &[usize]) -> bool {
+        self.corrupt_groups_where(id, indices, false)
+    }
+
+    /// [`Cluster::corrupt_groups`]; with `disjoint`, only when no picked group's LSN range
+    /// overlaps another node's unrepaired damage.
+    fn corrupt_groups_where(&mut self, id: NodeId, indices: &[usize], disjoint: bool) -> bool {
         let node = &self.nodes[&id];
         if node.up.is_some() {
             return false;
@@ -631,13 +638,42 @@ impl Cluster {
         if picked.iter().any(|&i| i + 1 >= groups.len()) {
             return false;
         }
+        let Some(block) = last
+            .strip_suffix(".blk")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let lsn_of = |goff: usize| block * BLOCK_SIZE + (goff - header) as u64;
+        let overlaps = |from: chorus_core::Lsn, to: chorus_core::Lsn| {
+            self.damaged
+                .iter()
+                .filter(|(n, _)| **n != id)
+                .flat_map(|(_, r)| r)
+                .any(|&(f, t)| from < t && f < to)
+        };
+        if disjoint
+            && picked.iter().any(|&i| {
+                let (goff, glen) = groups[i];
+                overlaps(lsn_of(goff), lsn_of(goff) + glen as u64)
+            })
+        {
+            return false;
+        }
         let fs = node.fs.clone();
+        if self.damaged.keys().any(|n| *n != id) {
+            self.bump("corrupted_beside_other_damage");
+        }
         for i in picked {
             let (goff, glen) = groups[i];
             if fs.flip_bits(&path, goff as u64, glen as u64, 1).is_err() {
                 return false;
             }
-            self.damaged.insert(id);
+            let from = lsn_of(goff);
+            self.damaged
+                .entry(id)
+                .or_default()
+                .push((from, from + glen as u64));
             self.bump("corruptions");
             self.note(format!(
                 "node {id}: corrupted a synced group at file offset {goff}"
@@ -1206,7 +1242,7 @@ impl Cluster {
             Out::Rebased(base) => {
                 // A damaged replica rebased at a peer's start (which trimmed the damaged
                 // range) is repaired too.
-                if self.damaged.remove(&id) {
+                if self.damaged.remove(&id).is_some() {
                     self.bump("damage_rebased");
                 }
                 self.bump("rebases");

@@ -93,6 +93,10 @@ struct Args {
     /// mode, PALF section 5.2), with access-mode switches in two seeds of three.
     #[arg(long)]
     mirror: bool,
+    /// Ordered groups: each injected corruption damages two replicas at once, in
+    /// disjoint ranges (each repairs from the other).
+    #[arg(long)]
+    double_damage: bool,
     /// Deliberately broken variant: skip-reconfirmation, ack-before-fsync, guess-on-rebase,
     /// flushed-before-sync or ack-past-sync-point (the production driver step)
     /// or mirror-start-working (with --mirror); with --ooo: no-ghost-guard, no-lost-guard
@@ -144,6 +148,7 @@ fn main() -> ExitCode {
     opts.cluster.preallocate = args.preallocate;
     opts.trims = !args.no_trims;
     opts.mirror = args.mirror;
+    opts.double_damage = args.double_damage;
     if let Some(b) = &args.broken {
         #[cfg(feature = "broken")]
         {
@@ -203,6 +208,9 @@ fn main() -> ExitCode {
     if args.mirror {
         gap.push_str(" --mirror");
     }
+    if args.double_damage {
+        gap.push_str(" --double-damage");
+    }
     let sum = chorus_sim::batch::report(
         &reports,
         args.verbose || args.seed.is_some(),
@@ -220,7 +228,7 @@ fn main() -> ExitCode {
     );
     let (bad, totals) = (sum.failed, &sum.totals);
     println!(
-        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={} trims={} rebases={} outcomes_unknown={}",
+        "chorus-sim: mode={} seeds={} (from {}) violations={} elapsed={:.1}s elections={} crashes={} appends={} committed={} failed={} messages={} gap_resend_requests={} timed_resends={} trims={} rebases={} outcomes_unknown={} corruptions={} corrupted_beside_other_damage={} repairs={} damage_discarded={} damage_rebased={}",
         mode_name,
         reports.len(),
         start,
@@ -237,6 +245,11 @@ fn main() -> ExitCode {
         totals.get("trims").unwrap_or(&0),
         totals.get("rebases").unwrap_or(&0),
         totals.get("outcomes_unknown").unwrap_or(&0),
+        totals.get("corruptions").unwrap_or(&0),
+        totals.get("corrupted_beside_other_damage").unwrap_or(&0),
+        totals.get("repairs").unwrap_or(&0),
+        totals.get("damage_discarded").unwrap_or(&0),
+        totals.get("damage_rebased").unwrap_or(&0),
     );
     if args.mirror {
         let t = |k: &str| totals.get(k).copied().unwrap_or(0);
@@ -278,6 +291,7 @@ fn ordered_only_flag(a: &Args) -> Option<&'static str> {
         (a.mode.is_some(), "--mode"),
         (a.gap_resend.is_some(), "--gap-resend"),
         (a.mirror, "--mirror"),
+        (a.double_damage, "--double-damage"),
     ]
     .into_iter()
     .find_map(|(set, name)| set.then_some(name))

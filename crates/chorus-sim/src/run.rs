@@ -40,6 +40,10 @@ pub struct RunOptions {
     /// raw-write at a new primary); in the third no switch happens, and every committed
     /// group must be the primary's.
     pub mirror: bool,
+    /// Each injected corruption damages two replicas at once, in disjoint ranges, with
+    /// their draws from a generator of their own (the other draws of a seed stay the
+    /// same): each replica under repair must serve the other a copy of its range.
+    pub double_damage: bool,
 }
 
 impl Default for RunOptions {
@@ -54,6 +58,7 @@ impl Default for RunOptions {
             disk: (50_000, 300_000),
             trims: true,
             mirror: false,
+            double_damage: false,
         }
     }
 }
@@ -129,6 +134,7 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
     // Drawn from a generator of its own, so that the other draws of a seed are the same
     // in mirror runs.
     let mut mrng = Rng::new(seed ^ 0x3141_5926_0000_0003);
+    let mut drng = Rng::new(seed ^ 0x2718_2818_0000_0004);
     let switch_rate = if base.mirror && base.faults {
         [0, 2, 8][mrng.below(3) as usize]
     } else {
@@ -249,6 +255,14 @@ pub fn run_seed(seed: u64, base: &RunOptions) -> SeedReport {
                 c.crash_for(n, CrashMode::Prefix, down);
                 if c.corrupt_synced_group(n) {
                     last_corruption = t;
+                    if base.double_damage {
+                        let others: Vec<NodeId> = ids.iter().copied().filter(|m| *m != n).collect();
+                        let m = others[drng.below(others.len() as u64) as usize];
+                        if c.nodes[&m].is_up() {
+                            c.crash_for(m, CrashMode::Prefix, drng.range(10 * MS, 500 * MS));
+                            c.corrupt_synced_group(m);
+                        }
+                    }
                 }
             }
         }

@@ -141,12 +141,71 @@ impl Replica {
                 self.repairing = None;
                 self.rebase_log(base, base_pid);
             }
-            Message::RepairRequest { from: f, to } => self.send_damaged(from, f, to),
+            Message::RepairRequest { from: f, to } => {
+                self.repair_request_while_repairing(from, f, to)
+            }
             Message::Ping { prio, voter, .. } if prio.id == from => {
                 self.peers.entry(from).or_default().prio = voter.then_some(prio);
             }
             _ => self.drop_input(Some(from), "log under repair"),
         }
+    }
+
+    /// A peer asks for `from..to` while this replica repairs its own range. Only a copy
+    /// or "damaged" or "ask again" may go back, never a clean lack within our log: this
+    /// replica does not know its own groups' boundaries (it starts on an empty view), so
+    /// it cannot prove it lacks a range it might hold.
+    ///
+    /// A range wholly outside our damage and below our log's end may be intact here, so
+    /// storage is asked for an exact copy of it: storage reads whole groups from `from`
+    /// and fails on another boundary or on damage, and the answer is then "ask again"
+    /// ([`Replica::log_read`]); the requester's storage checks any copy against its
+    /// checksum chain. Without this, two replicas damaged in disjoint ranges at once
+    /// each told the other "damaged", and with the third voter lacking a range the
+    /// requester halted although an intact copy existed (a two-hour real-process run,
+    /// seed 20261207). A range that overlaps our damage is answered "damaged"; one at or
+    /// past our log's end is cleanly lacked, as by any replica whose log ends before it;
+    /// one that straddles our end or exceeds a message gets "ask again".
+    fn repair_request_while_repairing(&mut self, peer: NodeId, from: Lsn, to: Lsn) {
+        let Some(rep) = &self.repairing else { return };
+        let (dfrom, dto, end) = (rep.from, rep.to, rep.end);
+        if from >= end.max(dto) && from < to {
+            self.send(
+                peer,
+                Message::RepairResp {
+                    from,
+                    to,
+                    bytes: Vec::new(),
+                    have: false,
+                    damaged: false,
+                },
+            );
+            return;
+        }
+        if from < to && from < dto && dfrom < to {
+            self.send_damaged(peer, from, to);
+            return;
+        }
+        if from >= to || to > end || to - from > self.cfg.max_message_bytes as u64 {
+            // Part of it may be here but not as one copy: "ask again", as a healthy
+            // replica answers (see `on_repair_request`).
+            self.send(
+                peer,
+                Message::RepairResp {
+                    from,
+                    to,
+                    bytes: Vec::new(),
+                    have: true,
+                    damaged: false,
+                },
+            );
+            return;
+        }
+        self.actions.push(Action::ReadLog {
+            purpose: ReadPurpose::Repair { peer, to },
+            from,
+            max_bytes: (to - from) as usize,
+        });
     }
 
     /// Tells `to` that our own copy of `from..end` is damaged.
