@@ -106,17 +106,26 @@ pub struct Report {
     pub secs: f64,
 }
 
+/// Group 1's status at `ep`, or `None` if the node did not answer within `wait`.
+async fn group_status(ep: &str, wait: Duration) -> Option<chorus_client::pb::StatusResponse> {
+    let mut c = Client::new(vec![ep.to_string()]);
+    c.call_timeout = wait;
+    let v = tokio::time::timeout(wait, c.status_all(ordered::GROUP))
+        .await
+        .ok()?;
+    match v.into_iter().next() {
+        Some((_, Ok(s))) => Some(s),
+        _ => None,
+    }
+}
+
 /// Node `i` (1-based) that says it leads group 1, asking each node for at most `wait`
 /// (a partitioned old leader may still say so until its lease ends).
 pub async fn leader(eps: &[String], wait: Duration) -> Option<usize> {
     for (i, ep) in eps.iter().enumerate() {
-        let mut c = Client::new(vec![ep.clone()]);
-        c.call_timeout = wait;
-        if let Ok(v) = tokio::time::timeout(wait, c.status_all(ordered::GROUP)).await {
-            if let Some((_, Ok(s))) = v.first() {
-                if s.groups.iter().any(|g| g.role == "leader") {
-                    return Some(i + 1);
-                }
+        if let Some(s) = group_status(ep, wait).await {
+            if s.groups.iter().any(|g| g.role == "leader") {
+                return Some(i + 1);
             }
         }
     }
@@ -130,16 +139,10 @@ pub async fn leader(eps: &[String], wait: Duration) -> Option<usize> {
 pub async fn maybe_recovering(eps: &[String], wait: Duration) -> Vec<usize> {
     let mut out = Vec::new();
     for (i, ep) in eps.iter().enumerate() {
-        let mut c = Client::new(vec![ep.clone()]);
-        c.call_timeout = wait;
-        let ok = match tokio::time::timeout(wait, c.status_all(ordered::GROUP)).await {
-            Ok(v) => match v.first() {
-                Some((_, Ok(s))) => !s.groups.iter().any(|g| g.recovering_lost),
-                _ => false,
-            },
-            Err(_) => false,
-        };
-        if !ok {
+        let sound = group_status(ep, wait)
+            .await
+            .is_some_and(|s| !s.groups.iter().any(|g| g.recovering_lost));
+        if !sound {
             out.push(i + 1);
         }
     }

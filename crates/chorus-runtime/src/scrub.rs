@@ -144,6 +144,8 @@ impl Group {
         d: chorus_storage::log::Damage,
     ) {
         *self.scrub_damage.lock().expect("scrub") = Some((block, d));
+        self.scrub_pending
+            .store(true, std::sync::atomic::Ordering::Release);
         self.tick_due
             .store(true, std::sync::atomic::Ordering::Release);
         self.schedule();
@@ -154,6 +156,12 @@ impl Group {
     /// (as after damage found at open). Nothing happens when the block was trimmed or
     /// replaced since it was read, or the range is already being repaired.
     pub(crate) fn take_scrub_damage(&self) -> Result<(), crate::Error> {
+        if !self
+            .scrub_pending
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            return Ok(());
+        }
         let Some((block, d)) = self.scrub_damage.lock().expect("scrub").take() else {
             return Ok(());
         };

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use chorus_core::format::block::BLOCK_HEADER_SIZE;
 use chorus_core::format::group::{ChainPoint, GroupHeader, GROUP_HEADER_SIZE};
 
-use super::{check_group, find_valid_header, Damage, LogStorage};
+use super::{check_group, find_valid_header, read_block_data, Damage, LogStorage};
 use crate::error::{IoContext, Result};
 use crate::fs::FsFile;
 
@@ -55,19 +55,7 @@ impl SealedBlock {
             self.block_size,
             self.log_id,
         )?;
-        let mut data = vec![0u8; self.block_size as usize];
-        let mut got = 0;
-        while got < data.len() {
-            let n = self
-                .file
-                .read_at(&mut data[got..], BLOCK_HEADER_SIZE as u64 + got as u64)
-                .ctx(&self.path, "read")?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        data.truncate(got);
+        let data = read_block_data(self.file.as_ref(), &self.path, self.block_size as usize)?;
         let start = header.start_lsn();
         let end = start + self.block_size;
         let mut chain = header.start_chain();
