@@ -451,8 +451,9 @@ pub fn check(history: &[Entry], dir: &Path) -> Verdict {
         }
     }
     st.unknown_found = seen_unknown.len() as u64;
-    (st.longest_unavailable_ms, st.longest_unavailable_after) =
-        crate::history::longest_unavailable(history, &acked);
+    let u = crate::history::longest_unavailable(history, &acked);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) = (u.ms, u.after);
+    st.longest_unavailable_alone_ms = u.alone_ms;
     match crate::porcupine::check_blocks(history, dir) {
         Ok(found) => bad.extend(found),
         Err(e) => bad.push(format!("the linearizability check could not run: {e}")),

@@ -265,14 +265,27 @@ pub fn read_entries(path: &Path) -> Result<Vec<Entry>, Error> {
     Ok(out)
 }
 
-/// The longest time, in milliseconds, from a heal in `history` to the completion of the
-/// first acknowledged write invoked at or after it, and where it was: the heal it
-/// followed, when (seconds into the run), and the faults injected before that write came
-/// (a fault injected meanwhile lengthens the wait, so the figure is an upper bound on what
-/// the heal alone cost). `acked` holds each acknowledged write's (completion, invocation)
-/// times in microseconds. A heal that no acknowledged write followed counts nothing (the
-/// run's final barrier judges that case); the description is empty when none did.
-pub fn longest_unavailable(history: &[Entry], acked: &[(u64, u64)]) -> (u64, String) {
+/// How long the workload went without an acknowledged write after the faults healed
+/// ([`longest_unavailable`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unavailability {
+    /// The longest time, in milliseconds, from a heal to the completion of the first
+    /// acknowledged write invoked at or after it.
+    pub ms: u64,
+    /// Where that was: the heal it followed, when (seconds into the run), and the faults
+    /// injected before that write came. Empty when no heal was followed by a write.
+    pub after: String,
+    /// The same, over the heals after which no fault was injected before that write: what
+    /// a heal alone cost, the figure the target (two election timeouts plus the lease)
+    /// speaks of. A fault injected meanwhile lengthens the wait, so `ms` bounds it above.
+    pub alone_ms: u64,
+}
+
+/// The longest wait after a heal in `history` for an acknowledged write; `acked` holds
+/// each acknowledged write's (completion, invocation) times in microseconds. A heal that
+/// no acknowledged write followed counts nothing (the run's final barrier judges that
+/// case).
+pub fn longest_unavailable(history: &[Entry], acked: &[(u64, u64)]) -> Unavailability {
     let mut sorted: Vec<(u64, u64)> = acked.iter().map(|a| (a.1, a.0)).collect();
     sorted.sort_unstable();
     // The earliest completion among writes invoked at or after each point: a suffix
@@ -281,7 +294,14 @@ pub fn longest_unavailable(history: &[Entry], acked: &[(u64, u64)]) -> (u64, Str
     for i in (0..sorted.len()).rev() {
         suffix_min[i] = suffix_min[i + 1].min(sorted[i].1);
     }
-    let mut longest = (0, String::new());
+    let injected: Vec<(u64, &str)> = history
+        .iter()
+        .filter_map(|f| match &f.op {
+            Op::Nemesis { fault, heal: false } => Some((f.invoke_us, fault.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut out = Unavailability::default();
     for e in history {
         if let Op::Nemesis { heal: true, fault } = &e.op {
             let t = e.complete_us;
@@ -291,26 +311,24 @@ pub fn longest_unavailable(history: &[Entry], acked: &[(u64, u64)]) -> (u64, Str
                 continue;
             }
             let ms = (c - t) / 1000;
-            if ms > longest.0 || longest.1.is_empty() {
-                let during: Vec<&str> = history
-                    .iter()
-                    .filter(|f| f.invoke_us >= t && f.invoke_us < c)
-                    .filter_map(|f| match &f.op {
-                        Op::Nemesis { fault, heal: false } => Some(fault.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                longest = (
-                    ms,
-                    format!(
-                        "after the heal of {fault} at {:.1} s; faults before the first acknowledged write: {during:?}",
-                        t as f64 / 1e6
-                    ),
+            let during: Vec<&str> = injected
+                .iter()
+                .filter(|(at, _)| *at >= t && *at < c)
+                .map(|(_, f)| *f)
+                .collect();
+            if during.is_empty() {
+                out.alone_ms = out.alone_ms.max(ms);
+            }
+            if ms > out.ms || out.after.is_empty() {
+                out.ms = ms;
+                out.after = format!(
+                    "after the heal of {fault} at {:.1} s; faults before the first acknowledged write: {during:?}",
+                    t as f64 / 1e6
                 );
             }
         }
     }
-    longest
+    out
 }
 
 /// The records every node holds, compared: the reference is the longest list (the lowest
@@ -380,13 +398,19 @@ mod tests {
             (9_000_000, 6_000_000),
             (9_500_000, 7_000_000),
         ];
-        let (ms, after) = longest_unavailable(&history, &acked);
-        assert_eq!(ms, 3_000);
+        let u = longest_unavailable(&history, &acked);
+        assert_eq!(u.ms, 3_000);
         assert!(
-            after.contains("heal of partition 2|1,3 at 6.0 s"),
-            "{after}"
+            u.after.contains("heal of partition 2|1,3 at 6.0 s"),
+            "{}",
+            u.after
         );
-        assert!(after.contains("[\"pause node 3\"]"), "{after}");
-        assert_eq!(longest_unavailable(&history[..2], &[]), (0, String::new()));
+        assert!(u.after.contains("[\"pause node 3\"]"), "{}", u.after);
+        // Alone: the first heal's 0.5 s (a pause began during the second's wait).
+        assert_eq!(u.alone_ms, 500);
+        assert_eq!(
+            longest_unavailable(&history[..2], &[]),
+            Unavailability::default()
+        );
     }
 }

@@ -227,8 +227,10 @@ fn main() -> ExitCode {
             );
             if !s.longest_unavailable_after.is_empty() {
                 println!(
-                    "chorus-nemesis: longest unavailability {} ms, {}",
-                    s.longest_unavailable_ms, s.longest_unavailable_after
+                    "chorus-nemesis: longest unavailability {} ms, {}; after a heal no other fault followed: {} ms",
+                    s.longest_unavailable_ms,
+                    s.longest_unavailable_after,
+                    s.longest_unavailable_alone_ms
                 );
             }
             if r.verdict.anomalies.is_empty() {

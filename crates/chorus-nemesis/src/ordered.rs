@@ -250,6 +250,9 @@ pub struct Stats {
     pub longest_unavailable_ms: u64,
     /// Where that was: the heal it followed, when, and the faults injected meanwhile.
     pub longest_unavailable_after: String,
+    /// The longest time from a heal to the first commit of an append invoked after it,
+    /// over the heals after which no other fault came first: what a heal alone cost.
+    pub longest_unavailable_alone_ms: u64,
     /// Messages and appends the nodes' out-of-order groups shed because their inbox
     /// was full (`chorus_inbox_overflows_total`, summed over the nodes at the end).
     pub inbox_overflows: u64,
@@ -419,8 +422,9 @@ pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
     }
     // Unavailability after each heal.
     let times: Vec<(u64, u64)> = acked.iter().map(|a| (a.0, a.1)).collect();
-    (st.longest_unavailable_ms, st.longest_unavailable_after) =
-        crate::history::longest_unavailable(history, &times);
+    let u = crate::history::longest_unavailable(history, &times);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) = (u.ms, u.after);
+    st.longest_unavailable_alone_ms = u.alone_ms;
     Verdict {
         anomalies: bad,
         stats: st,

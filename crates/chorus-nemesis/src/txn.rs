@@ -519,8 +519,9 @@ pub fn check(history: &[Entry], finals: &[Final]) -> Verdict {
             }
         }
     }
-    (st.longest_unavailable_ms, st.longest_unavailable_after) =
-        crate::history::longest_unavailable(history, &acked_times);
+    let u = crate::history::longest_unavailable(history, &acked_times);
+    (st.longest_unavailable_ms, st.longest_unavailable_after) = (u.ms, u.after);
+    st.longest_unavailable_alone_ms = u.alone_ms;
     Verdict {
         anomalies: bad,
         stats: st,
