@@ -13,6 +13,11 @@ fn opts() -> RunOptions {
     }
 }
 
+/// Counter `k` summed over the runs.
+fn total(r: &[chorus_sim::run::SeedReport], k: &str) -> u64 {
+    r.iter().map(|x| x.stats.get(k).copied().unwrap_or(0)).sum()
+}
+
 fn assert_clean(reports: &[chorus_sim::run::SeedReport]) {
     for r in reports {
         assert!(
@@ -30,11 +35,7 @@ fn piggyback_seeds_are_clean() {
     assert_eq!(r.len(), 24);
     assert_clean(&r);
     // The runs did real work: elections, crashes, commits and some failed appends.
-    let sum = |k: &str| {
-        r.iter()
-            .map(|x| x.stats.get(k).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let sum = |k: &str| total(&r, k);
     assert!(
         sum("leader_elections") >= 24,
         "elections: {}",
@@ -138,11 +139,7 @@ fn mirror_seeds_are_clean() {
     seeds.extend(30_000..30_012);
     let r: Vec<_> = seeds.iter().map(|s| run_seed(*s, &o)).collect();
     assert_clean(&r);
-    let sum = |k: &str| {
-        r.iter()
-            .map(|x| x.stats.get(k).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let sum = |k: &str| total(&r, k);
     // Real work: mirrored groups committed, switches made, and writes refused or failed.
     assert!(sum("mirrored_groups_committed") > 1000);
     assert!(sum("access_mode_switches") > 0);
@@ -165,11 +162,7 @@ fn double_damage_seeds_are_clean() {
     seeds.extend(40_000..40_016);
     let r: Vec<_> = seeds.iter().map(|s| run_seed(*s, &o)).collect();
     assert_clean(&r);
-    let sum = |k: &str| {
-        r.iter()
-            .map(|x| x.stats.get(k).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let sum = |k: &str| total(&r, k);
     assert!(sum("corrupted_beside_other_damage") >= 5);
     assert!(sum("repairs") >= 10, "repairs: {}", sum("repairs"));
 }

@@ -170,37 +170,21 @@ impl Replica {
         let Some(rep) = &self.repairing else { return };
         let (dfrom, dto, end) = (rep.from, rep.to, rep.end);
         if from >= end.max(dto) && from < to {
-            self.send(
-                peer,
-                Message::RepairResp {
-                    from,
-                    to,
-                    bytes: Vec::new(),
-                    have: false,
-                    damaged: false,
-                },
-            );
-            return;
-        }
-        if from < to && from < dto && dfrom < to {
+            self.send(peer, repair_answer(from, to, false, false));
+        } else if from < to && from < dto && dfrom < to {
             self.send_damaged(peer, from, to);
-            return;
-        }
-        if from >= to || to > end || to - from > self.cfg.max_message_bytes as u64 {
+        } else if from >= to || to > end || to - from > self.cfg.max_message_bytes as u64 {
             // Part of it may be here but not as one copy: "ask again", as a healthy
             // replica answers (see `on_repair_request`).
-            self.send(
-                peer,
-                Message::RepairResp {
-                    from,
-                    to,
-                    bytes: Vec::new(),
-                    have: true,
-                    damaged: false,
-                },
-            );
-            return;
+            self.send(peer, repair_answer(from, to, true, false));
+        } else {
+            self.read_repair_copy(peer, from, to);
         }
+    }
+
+    /// Asks storage for an exact copy of `from..to` for `peer` ([`Replica::log_read`]
+    /// sends it, or "ask again" if the read fails).
+    fn read_repair_copy(&mut self, peer: NodeId, from: Lsn, to: Lsn) {
         self.actions.push(Action::ReadLog {
             purpose: ReadPurpose::Repair { peer, to },
             from,
@@ -210,14 +194,7 @@ impl Replica {
 
     /// Tells `to` that our own copy of `from..end` is damaged.
     pub(super) fn send_damaged(&mut self, to: NodeId, from: Lsn, end: Lsn) {
-        let msg = Message::RepairResp {
-            from,
-            to: end,
-            bytes: Vec::new(),
-            have: false,
-            damaged: true,
-        };
-        self.send(to, msg);
+        self.send(to, repair_answer(from, end, false, true));
     }
 
     /// A copy handed out with [`Action::Repair`] was refused by storage (it is not the
@@ -273,13 +250,7 @@ impl Replica {
     /// would be discarded: found by the real-process nemesis, with bits flipped at rest
     /// in two places making a range larger than a message).
     pub(super) fn on_repair_request(&mut self, peer: NodeId, from: Lsn, to: Lsn) {
-        let answer = |have| Message::RepairResp {
-            from,
-            to,
-            bytes: Vec::new(),
-            have,
-            damaged: false,
-        };
+        let answer = |have| repair_answer(from, to, have, false);
         if from >= to {
             self.send(peer, answer(false));
             return;
@@ -313,10 +284,18 @@ impl Replica {
             self.send(peer, answer(true));
             return;
         }
-        self.actions.push(Action::ReadLog {
-            purpose: ReadPurpose::Repair { peer, to },
-            from,
-            max_bytes: (to - from) as usize,
-        });
+        self.read_repair_copy(peer, from, to);
+    }
+}
+
+/// An answer to a request for a copy of `from..to` that carries no bytes: a clean lack
+/// (neither flag), "ask again" (`have`), or "our copy is damaged" (`damaged`).
+fn repair_answer(from: Lsn, to: Lsn, have: bool, damaged: bool) -> Message {
+    Message::RepairResp {
+        from,
+        to,
+        bytes: Vec::new(),
+        have,
+        damaged,
     }
 }
