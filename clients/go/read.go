@@ -106,6 +106,10 @@ func (c *Client) Tail(ctx context.Context, group, fromLSN uint64) iter.Seq2[Reco
 		order := c.readOrder(group)
 		pos := 0
 		var failingSince time.Time
+		// Since when replicas have refused the position OUT_OF_RANGE with no record in
+		// between: a refusing node still takes the stream (its headers reset
+		// failingSince), so this bounds a lag, or a trim everywhere, by itself.
+		var laggingSince time.Time
 		resumed := false
 		for {
 			if err := ctx.Err(); err != nil {
@@ -113,6 +117,7 @@ func (c *Client) Tail(ctx context.Context, group, fromLSN uint64) iter.Seq2[Reco
 				return
 			}
 			i := order[pos%len(order)]
+			before := next
 			a, stop := c.tailOnce(ctx, i, group, &next, &failingSince, yield)
 			if stop {
 				return
@@ -125,6 +130,14 @@ func (c *Client) Tail(ctx context.Context, group, fromLSN uint64) iter.Seq2[Reco
 			retry := code == codes.Unavailable || code == codes.Unknown || code == codes.Internal ||
 				(code == codes.OutOfRange && (resumed || next != fromLSN))
 			if !retry {
+				yield(Record{}, a.statusError(c.endpoints[i]))
+				return
+			}
+			if next != before || code != codes.OutOfRange {
+				laggingSince = time.Time{}
+			} else if laggingSince.IsZero() {
+				laggingSince = time.Now()
+			} else if time.Since(laggingSince) >= c.cfg.leaderTimeout {
 				yield(Record{}, a.statusError(c.endpoints[i]))
 				return
 			}

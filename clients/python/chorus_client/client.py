@@ -674,8 +674,10 @@ class Client:
         CANCELLED, ABORTED or INTERNAL, or the endpoint cannot be reached) it resumes
         from the next record at the other endpoints, round and round, for up to
         ``resume_timeout`` seconds, as ``chorus tail -f`` does; no record is skipped or
-        repeated. Other errors (Unauthenticated, NotFound, OutOfRange if ``from_lsn`` was
-        trimmed...) are raised from the iteration. Stop it with :meth:`Tail.close` (from
+        repeated. A replica that refuses the resumed position OUT_OF_RANGE has not yet
+        learned the commit point that covers it, and the resume goes on round too.
+        Other errors (Unauthenticated, NotFound, OutOfRange if ``from_lsn`` itself is
+        not committed or was trimmed...) are raised from the iteration. Stop it with :meth:`Tail.close` (from
         any thread) or by leaving a ``with`` block.
         """
         t = Tail(self, group, from_lsn, max_records, resume_timeout)
@@ -754,6 +756,10 @@ class Tail:
         self.group = group
         #: Where the tail has got to.
         self.next_lsn = from_lsn
+        self._start = from_lsn  # where it was opened
+        # Since when (monotonic) replicas have refused the position OUT_OF_RANGE with no
+        # record in between (None: they have not): bounded by resume_timeout.
+        self._lagging_since: Optional[float] = None
         self._max = max_records
         self.resume_timeout = resume_timeout
         self._pending: Deque[Record] = collections.deque()
@@ -826,7 +832,7 @@ class Tail:
                 elif call.done() and call.code() != grpc.StatusCode.OK:
                     code = call.code()
                     err = status_error(ep, call)
-                    if code not in _TAIL_RESUMABLE:
+                    if not self._resumable(code, resuming):
                         raise err
                     c._forget(i, stub)
                 else:
@@ -849,6 +855,17 @@ class Tail:
                 tried = 0
                 time.sleep(0.2)
 
+    def _resumable(self, code: grpc.StatusCode, resuming: bool) -> bool:
+        """Whether a stream that failed (or was refused) with ``code`` may go on at
+        another replica. OUT_OF_RANGE is, once the tail has moved past where it was
+        opened or is resuming: the position was then served by some replica, so one
+        that refuses it has not yet learned the commit point that covers it (a
+        follower's lags the leader's by a round) or has trimmed it, and another
+        replica, or the same one a little later, serves it (as the Go client does)."""
+        if code in _TAIL_RESUMABLE:
+            return True
+        return code == _C.OUT_OF_RANGE and (resuming or self.next_lsn != self._start)
+
     def _lost(self, e: grpc.RpcError) -> None:
         """The stream failed: raises unless another replica may carry on."""
         i = self._serving
@@ -857,8 +874,19 @@ class Tail:
             self._call = None
         ep = self._client._endpoints[i].text if i is not None else "tail"
         err = status_error(ep, e)
-        if err.code not in _TAIL_RESUMABLE:
+        if not self._resumable(err.code, self.resumes > 0):
             raise err
+        if err.code == _C.OUT_OF_RANGE:
+            # The replica took the stream and refused the position at once: it lags.
+            # Asked again (the next endpoint) after a pause, within resume_timeout.
+            now = time.monotonic()
+            if self._lagging_since is None:
+                self._lagging_since = now
+            elif now - self._lagging_since >= self.resume_timeout:
+                raise err
+            time.sleep(0.2)
+            return
+        self._lagging_since = None
         if i is not None:
             self._client._forget(i, self._serving_stub)
         log.warning(
@@ -896,3 +924,5 @@ class Tail:
                 continue
             self._pending.extend(_record(r) for r in resp.records)
             self.next_lsn = resp.next_lsn
+            if resp.records:
+                self._lagging_since = None

@@ -183,3 +183,49 @@ def test_an_append_to_a_leader_that_never_answers_is_unknown(fresh_cluster):
         log = whole_log(c, after[0].lsn)
         for d in recs:
             assert sum(1 for r in log if r.data == d) <= 1
+
+
+def test_a_tail_resumed_at_a_replica_that_lags_goes_on_without_a_gap(fresh_cluster):
+    # Regression (CI of 840118d): the tail read up to the dying leader's commit point,
+    # resumed at a follower whose commit point was behind it, and was refused
+    # OUT_OF_RANGE for good. Here the follower it resumes at was frozen while the
+    # records were committed, so it surely lags.
+    cl = fresh_cluster
+    with Client(cl.endpoints) as probe:
+        leader = leader_node(probe)
+    lagging, other = [n for n in (1, 2, 3) if n != leader]
+    ep = lambda n: cl.endpoints[n - 1]  # noqa: E731
+    with Client([ep(leader)]) as c:
+        first = c.append(GROUP, uniq(1, "lag-start"))[0]
+    assert isinstance(first, Committed)
+    os.kill(cl.pid_of(lagging), signal.SIGSTOP)
+    try:
+        # The tail resumes at the lagging replica first: the endpoint after the leader.
+        with Client([ep(leader), ep(lagging), ep(other)]) as tc:
+            tail = tc.tail(GROUP, first.lsn)
+            tailed = TailCollector(tail)
+            with Client([ep(leader)]) as c:
+                before = [o for _ in range(20) for o in c.append(GROUP, uniq(5, "lag"))]
+            assert all(isinstance(o, Committed) for o in before), before
+            end = max(o.lsn for o in before) + 1
+            wait_for(lambda: tail.next_lsn >= end, 20, what="the tail at the leader")
+            cl.kill(leader)
+            os.kill(cl.pid_of(lagging), signal.SIGCONT)
+            with Client([ep(other), ep(lagging)]) as c:
+                after: List[Outcome] = []
+                deadline = time.monotonic() + 30
+                while not after and time.monotonic() < deadline:
+                    try:
+                        after = c.append(GROUP, uniq(3, "lag-after"))
+                    except NoLeader:
+                        time.sleep(0.1)
+            assert after and all(isinstance(o, Committed) for o in after), after
+            got = tailed.finish(max(o.lsn for o in after) + 1, timeout=30)
+    finally:
+        os.kill(cl.pid_of(lagging), signal.SIGCONT)
+    assert tail.resumes >= 1
+    lsns = [r.lsn for r in got]
+    assert lsns == sorted(set(lsns)), "a record repeated or out of order"
+    want = [first.lsn] + [o.lsn for o in before] + [o.lsn for o in after]
+    missing = set(want) - set(lsns)
+    assert not missing, f"committed records the tail skipped: {sorted(missing)}"

@@ -888,6 +888,21 @@ fn retry(e: &ClientError) -> bool {
     }
 }
 
+/// Whether a tail refused `code` at a position some replica has already served (`moved`:
+/// it resumed, or went past where it was opened) may go on elsewhere: OUT_OF_RANGE there
+/// means the refusing replica has not yet learned the commit point that covers the
+/// position (a follower's lags the leader's by a round) or has trimmed it, and another
+/// replica, or the same one a little later, serves it. At the position the tail was
+/// opened at, the refusal is the answer.
+fn lags(code: Code, moved: bool) -> bool {
+    moved && code == Code::OutOfRange
+}
+
+/// [`lags`] for a stream that failed to open again (so after a resume).
+fn lagging(e: &ClientError) -> bool {
+    matches!(e, ClientError::Status { code, .. } if lags(*code, true))
+}
+
 /// How long `chorus tail -f` tries to reach another replica after losing one.
 const TAIL_RESUME: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -905,28 +920,65 @@ where
     Fut: std::future::Future<Output = Result<tonic::Streaming<T>, ClientError>>,
     P: FnMut(&T) -> u64,
 {
+    let start = from;
+    let mut resumed = false;
+    // Since when the replicas have refused the position as not (or no longer) theirs
+    // (`lags`), with no record in between: bounded by TAIL_RESUME as a lost replica is.
+    let mut lagging_since: Option<std::time::Instant> = None;
     loop {
         match s.message().await {
-            Ok(Some(r)) => from = print(&r),
+            Ok(Some(r)) => {
+                from = print(&r);
+                lagging_since = None;
+            }
             Ok(None) => return Ok(ExitCode::SUCCESS),
+            Err(st) if lags(st.code(), resumed || from != start) => {
+                resumed = true;
+                if lagging_since.is_none() {
+                    eprintln!(
+                        "chorus tail: a replica has not caught up with {from} ({}); asking again",
+                        st.message()
+                    );
+                }
+                let since = *lagging_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= TAIL_RESUME {
+                    return Err(stream_error(st));
+                }
+                // The replica that took the stream refused it at once: ask again after a
+                // pause (the endpoints in order, as at the start).
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                s = reopen(&mut open, from).await?;
+            }
             Err(st) if resumable(st.code()) => {
+                resumed = true;
+                lagging_since = None;
                 eprintln!(
                     "chorus tail: lost the stream ({:?}: {}); resuming from {from}",
                     st.code(),
                     st.message()
                 );
-                let give_up = std::time::Instant::now() + TAIL_RESUME;
-                s = loop {
-                    match open(from).await {
-                        Ok(s) => break s,
-                        Err(e) if !retry(&e) || std::time::Instant::now() >= give_up => {
-                            return Err(e)
-                        }
-                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-                    }
-                };
+                s = reopen(&mut open, from).await?;
             }
             Err(st) => return Err(stream_error(st)),
+        }
+    }
+}
+
+/// Opens a tail stream again at `from` with `open`, trying for up to [`TAIL_RESUME`]
+/// while no replica can be reached or the ones that answer lag (see [`lags`]).
+async fn reopen<T, O, Fut>(open: &mut O, from: u64) -> Result<tonic::Streaming<T>, ClientError>
+where
+    O: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Streaming<T>, ClientError>>,
+{
+    let give_up = std::time::Instant::now() + TAIL_RESUME;
+    loop {
+        match open(from).await {
+            Ok(s) => return Ok(s),
+            Err(e) if !(retry(&e) || lagging(&e)) || std::time::Instant::now() >= give_up => {
+                return Err(e)
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
         }
     }
 }
