@@ -26,7 +26,7 @@ use chorus_core::format::entry::EntryIter;
 use chorus_core::format::group::{entry_lsn, GroupHeader, GROUP_HEADER_SIZE};
 use chorus_core::format::meta::{AccessMode, ConfigVersion, Membership, MetaRecord, NodeId};
 use chorus_core::replica::{
-    MembershipChange, Message, Nanos, Outcome, Replica, ReplicaConfig, Role,
+    Action, MembershipChange, Message, Nanos, Outcome, Replica, ReplicaConfig, Role,
 };
 use chorus_core::{Csn, Lsn};
 use chorus_storage::fs::FileSystem;
@@ -180,6 +180,9 @@ pub(crate) struct Group {
     /// Set after `scrub_damage` is filled, cleared before it is taken: a round looks at
     /// this flag and takes the lock only when damage waits (rounds run once per batch).
     pub(crate) scrub_pending: AtomicBool,
+    /// When (env time) a round last warned that it ran longer than a heartbeat interval:
+    /// at most one such warning a second.
+    slow_warned: AtomicU64,
     index: Mutex<ReadIndex>,
     commit_tx: watch::Sender<Lsn>,
     commit_cv: (Mutex<Lsn>, Condvar),
@@ -283,6 +286,7 @@ impl Group {
             removed: AtomicBool::new(false),
             scrub_damage: Mutex::new(None),
             scrub_pending: AtomicBool::new(false),
+            slow_warned: AtomicU64::new(0),
             counters: GroupCounters::default(),
         });
         Ok(g)
@@ -392,7 +396,17 @@ impl Group {
             self.publish_role(role);
             return Stepped::Idle;
         }
-        let done = match ordered::execute(actions, &mut GroupHost(self), &self.env.step) {
+        let started = self.env.now();
+        let (count, reads) = (
+            actions.len(),
+            actions
+                .iter()
+                .filter(|a| matches!(a, Action::ReadLog { .. }))
+                .count(),
+        );
+        let executed = ordered::execute(actions, &mut GroupHost(self), &self.env.step);
+        self.warn_if_slow(started, count, reads);
+        let done = match executed {
             Ok(done) => done,
             Err(e) => {
                 self.storage_failed(match e {
@@ -433,6 +447,29 @@ impl Group {
         } else {
             Stepped::Again
         }
+    }
+
+    /// Warns when a round's actions, run from `started`, took longer than a heartbeat
+    /// interval: meanwhile this replica sent no heartbeat, vote or acknowledgement, so
+    /// its peers may take it for gone (a leader's followers campaign after a lease).
+    fn warn_if_slow(&self, started: Nanos, actions: usize, log_reads: usize) {
+        let now = self.env.now();
+        let took = now.saturating_sub(started);
+        if took <= self.env.replica.heartbeat_interval {
+            return;
+        }
+        self.counters.slow_rounds.fetch_add(1, Ordering::Relaxed);
+        let last = self.slow_warned.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 1_000_000_000 {
+            return;
+        }
+        self.slow_warned.store(now, Ordering::Relaxed);
+        tracing::warn!(
+            took_ms = took / 1_000_000,
+            actions,
+            log_reads,
+            "a round ran longer than a heartbeat interval"
+        );
     }
 
     /// After a round that wrote: with pipelined syncs, starts one on a sync thread (the

@@ -107,6 +107,25 @@ fn regression_seeds() {
     assert!(r.violations.is_empty(), "seed 101006: {:#?}", r.violations);
 }
 
+/// Seed 52626 (the default options): a voter that led under the first membership, then
+/// stood apart while two changes replaced a voter by a new node (rebased onto the
+/// leader's trimmed log) that won the next term, was left with its own membership, in
+/// which that leader is no member. Its log ended below the leader's start, so the leader
+/// sent it only rebases, which carried no membership: it dropped each one as from a
+/// non-member, for good, and the appends it had accepted as leader never got a result.
+/// A leader now attaches its membership to a rebase as to an append, until the follower
+/// acknowledges it.
+#[test]
+fn a_voter_behind_a_new_leaders_start_hears_its_rebases() {
+    let r = run_seed(52_626, &RunOptions::default());
+    assert!(r.violations.is_empty(), "seed 52626: {:#?}", r.violations);
+    assert!(
+        r.stats.get("rebases").copied().unwrap_or(0) >= 4,
+        "the voter was rebased: {:?}",
+        r.stats
+    );
+}
+
 /// Pipelined syncs (a batch written while the one before it syncs, each reported only up
 /// to the point its sync began at). Seeds 290 and 100095 caught writes made after an
 /// `fdatasync` failed and before the failure was reported: the next block's creation

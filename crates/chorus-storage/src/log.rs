@@ -222,6 +222,15 @@ pub struct LogStorage {
     /// made durable (by the next block's creation, or by writeback) beside the earlier
     /// write the failure lost, leaving a hole before valid groups.
     sync_failed: Arc<std::sync::atomic::AtomicBool>,
+    /// Chain points at group boundaries learnt by reads (module `read`), by LSN, so that
+    /// [`LogStorage::chain_at`] walks headers from the nearest one below, not from the
+    /// block's start: a leader catching a follower up reads range after range, each
+    /// starting where the last ended. Invariant: each is the chain point of the kept
+    /// log at its LSN, `start_lsn <= lsn <= chain.end_lsn`. Kept so by
+    /// [`LogStorage::truncate`] (drops those past the cut), [`LogStorage::trim`],
+    /// [`LogStorage::rebase`] and [`LogStorage::repair`] (drop all); at most
+    /// `read::MAX_HINTS`.
+    chain_hints: std::sync::Mutex<BTreeMap<Lsn, ChainPoint>>,
 }
 
 /// The name of the temporary file in the log directory that holds the new block header
@@ -282,6 +291,7 @@ impl LogStorage {
             sync_bytes: 0,
             generation: 0,
             sync_failed: Arc::default(),
+            chain_hints: Default::default(),
         }
     }
 
@@ -1008,6 +1018,9 @@ impl LogStorage {
             .and_then(|_| file.sync_data().ctx(&path, "fdatasync"));
         self.fail(r)?;
         self.damaged.remove(0);
+        // Nothing learnt through the damage is kept (none should have been: a damaged
+        // header stops a walk).
+        self.forget_chain_hints(self.start_lsn);
         Ok(())
     }
 
@@ -1057,6 +1070,7 @@ impl LogStorage {
         self.fail(r)?;
         self.chain = scan.chain;
         self.flushed_end = self.flushed_end.min(lsn);
+        self.forget_chain_hints(lsn + 1);
         Ok(())
     }
 
@@ -1107,6 +1121,7 @@ impl LogStorage {
         // Whatever was removed, the start stays the first remaining block's.
         let first = *self.blocks.keys().next().expect("the tail is kept");
         self.start_lsn = first * self.block_size;
+        self.forget_chain_hints_below(self.start_lsn);
         self.fail(r)
     }
 
@@ -1156,6 +1171,7 @@ impl LogStorage {
         self.zeroed = BLOCK_HEADER_SIZE as u64;
         self.sync_bytes = 0;
         self.generation += 1;
+        self.forget_chain_hints(0);
         Ok(())
     }
 

@@ -66,7 +66,9 @@
 //!  9  RepairRequest  u64 from | u64 to
 //! 10  RepairResp     u64 from | u64 to | Vec<u8> bytes | bool have | bool damaged
 //! 11  Rebase         u64 pid | u64 ts | u64 base_lsn | u32 base_acc | u64 base_group_seq
-//!                    | u64 base_max_csn | u64 base_pid | u64 committed; base_lsn <= committed
+//!                    | u64 base_max_csn | u64 base_pid | u64 committed
+//!                    [| bool 1 | Membership config]; base_lsn <= committed; the config
+//!                    is written only when present (its absence: the body ends there)
 //! ```
 //!
 //! **Checks.** [`decode_header`] checks, in this order: magic, version (a peer running
@@ -103,10 +105,11 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = 8 << 20;
 /// Longest [`Frame::Hello`] `listen_addr`, in bytes of UTF-8.
 pub const MAX_LISTEN_ADDR_BYTES: usize = 255;
 /// Most bytes the body of a [`Frame::Msg`] holds beyond the message's
-/// [`Message::payload_len`]: an [`Message::Append`] carrying a membership of
-/// [`MAX_MEMBERS`] voters and as many learners. A sender whose messages carry at most `P`
-/// bytes of log fits every frame in a body limit of `P + MAX_MSG_OVERHEAD`.
-pub const MAX_MSG_OVERHEAD: usize = 8 + 1 + 49 + 33 + 8 * 2 * MAX_MEMBERS as usize;
+/// [`Message::payload_len`]: a [`Message::Rebase`] carrying a membership of
+/// [`MAX_MEMBERS`] voters and as many learners (61 bytes of fields beside it, where an
+/// [`Message::Append`] has 49 besides its log bytes). A sender whose messages carry at
+/// most `P` bytes of log fits every frame in a body limit of `P + MAX_MSG_OVERHEAD`.
+pub const MAX_MSG_OVERHEAD: usize = 8 + 1 + 61 + 33 + 8 * 2 * MAX_MEMBERS as usize;
 
 const WHAT_HEADER: &str = "wire frame header";
 const WHAT_FRAME: &str = "wire frame";
@@ -673,6 +676,7 @@ fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             base,
             base_pid,
             committed,
+            config,
         } => {
             out.push(TAG_REBASE);
             put_u64v(out, *pid);
@@ -683,6 +687,12 @@ fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             put_u64v(out, base.max_csn);
             put_u64v(out, *base_pid);
             put_u64v(out, *committed);
+            // Written only when present, so that a Rebase without it is laid out as
+            // before the field existed and every receiver reads it.
+            if let Some(m) = config {
+                put_bool(out, true);
+                put_membership(out, m);
+            }
         }
     }
 }
@@ -801,6 +811,16 @@ fn decode_message(r: &mut Reader<'_>) -> Result<Message, FormatError> {
                 },
                 base_pid: r.u64()?,
                 committed: r.u64()?,
+                // Absent is written as nothing, so a 0 flag is not canonical.
+                config: if r.pos == r.buf.len() {
+                    None
+                } else if r.flag("config present flag")? {
+                    Some(r.membership()?)
+                } else {
+                    return Err(r.malformed(
+                        "config present flag is 0 (an absent config is written as nothing)".into(),
+                    ));
+                },
             };
             if let Message::Rebase {
                 base, committed, ..

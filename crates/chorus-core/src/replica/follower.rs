@@ -174,6 +174,7 @@ impl Replica {
 
     /// A [`Message::Rebase`]: from our leader (we are behind its log start), or from the
     /// replica a candidate of ours fetches from (our log ends below its start).
+    #[allow(clippy::too_many_arguments)] // the message's fields, as `on_append_ack` takes
     pub(super) fn on_rebase(
         &mut self,
         from: NodeId,
@@ -182,6 +183,7 @@ impl Replica {
         base: ChainPoint,
         base_pid: u64,
         committed: Lsn,
+        config: Option<Membership>,
     ) {
         if base.end_lsn > committed || !base.end_lsn.is_multiple_of(self.cfg.block_size) {
             self.drop_input(
@@ -204,7 +206,7 @@ impl Replica {
             self.drop_input(Some(from), "rebase not asked for");
             return;
         }
-        if !self.follow(from, pid, ts, None) {
+        if !self.follow(from, pid, ts, config.as_ref()) {
             return;
         }
         if !self.holds_base(base) {

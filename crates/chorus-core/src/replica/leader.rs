@@ -370,11 +370,6 @@ impl Replica {
 
     pub(super) fn append_msg(&self, peer: NodeId, prev: LogPos, groups: Vec<u8>) -> Message {
         let l = self.leading.as_ref().expect("leading");
-        let m = &self.meta_want.membership;
-        let offer = l
-            .progress
-            .get(&peer)
-            .is_some_and(|p| p.config_version < m.version);
         Message::Append {
             pid: l.pid,
             ts: self.now,
@@ -382,8 +377,21 @@ impl Replica {
             groups,
             leader_end: self.log.end(),
             committed: self.published(),
-            config: offer.then(|| m.clone()),
+            config: self.config_offer(peer, l.pid),
         }
+    }
+
+    /// Our membership when we lead under `pid` and `peer` has not acknowledged it: sent
+    /// with each [`Message::Append`] and [`Message::Rebase`] until it has, since a
+    /// follower whose membership predates ours hears us only when a newer membership
+    /// names us a voter.
+    pub(super) fn config_offer(&self, peer: NodeId, pid: u64) -> Option<Membership> {
+        let l = self.leading.as_ref().filter(|l| l.pid == pid)?;
+        let m = &self.meta_want.membership;
+        l.progress
+            .get(&peer)
+            .is_some_and(|p| p.config_version < m.version)
+            .then(|| m.clone())
     }
 
     pub(super) fn broadcast(&mut self, heartbeat: bool) {

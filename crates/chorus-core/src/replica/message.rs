@@ -195,6 +195,11 @@ pub enum Message {
         base_pid: u64,
         /// The sender's committed end (at least `base.end_lsn`).
         committed: Lsn,
+        /// A leader's membership, attached (as on [`Message::Append`]) while the follower
+        /// has not acknowledged it: a follower whose membership predates the leader's
+        /// takes the sender for a leader only if a newer membership names it a voter, and
+        /// one that lagged behind a new voter's start hears only rebases from it.
+        config: Option<Membership>,
     },
 }
 

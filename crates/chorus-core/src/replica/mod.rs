@@ -955,7 +955,8 @@ impl Replica {
                 base,
                 base_pid,
                 committed,
-            } => self.on_rebase(from, pid, ts, base, base_pid, committed),
+                config,
+            } => self.on_rebase(from, pid, ts, base, base_pid, committed, config),
             Message::TimeoutNow { pid } => {
                 if self.leader == Some(from)
                     && pid == self.leader_pid

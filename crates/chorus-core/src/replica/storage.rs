@@ -253,6 +253,7 @@ impl Replica {
             base: chain,
             base_pid: self.log.pid_ending_at(from),
             committed: self.log.committed,
+            config: self.config_offer(peer, pid),
         };
         self.rebases_sent += 1;
         self.send(peer, msg);

@@ -82,7 +82,7 @@ const SHARED: [(&str, Kind, &str, Option<OrderedCounter>, OooValue); 7] = [
 ];
 
 /// Families of ordered groups only, read from their counters.
-const ORDERED_COUNTERS: [(&str, &str, OrderedCounter); 3] = [
+const ORDERED_COUNTERS: [(&str, &str, OrderedCounter); 4] = [
     (
         "chorus_append_bytes_total",
         "Payload bytes accepted (ordered groups).",
@@ -97,6 +97,11 @@ const ORDERED_COUNTERS: [(&str, &str, OrderedCounter); 3] = [
         "chorus_inputs_dropped_total",
         "Inputs the replica dropped (bad or stale; ordered groups).",
         |g| g.counters.drops.load(Ordering::Relaxed),
+    ),
+    (
+        "chorus_slow_rounds_total",
+        "Rounds of this replica (its actions run: writes, reads for peers, sends) that ran longer than a heartbeat interval; meanwhile it sent no heartbeat, vote or acknowledgement, so its peers may take it for gone (ordered groups).",
+        |g| g.counters.slow_rounds.load(Ordering::Relaxed),
     ),
 ];
 

@@ -141,6 +141,8 @@ pub struct GroupCounters {
     /// Appends whose outcome became unknown because the log they were written at was
     /// trimmed on the leader before this replica learned it ([`Error::OutcomeUnknown`]).
     pub unknown: AtomicU64,
+    /// Rounds that ran longer than a heartbeat interval.
+    pub slow_rounds: AtomicU64,
     /// Leader: from an append's acceptance (`append` on the group) to its result (committed
     /// or failed), per record: exported as `chorus_append_seconds`.
     pub append_latency: crate::metrics::Histogram,

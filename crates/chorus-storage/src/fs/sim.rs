@@ -37,6 +37,8 @@ pub struct SimFsStats {
     pub dir_syncs: u64,
     /// Simulated crashes.
     pub crashes: u64,
+    /// `read_at` calls (each a `pread` on a real file system).
+    pub reads: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -309,7 +311,8 @@ impl SimFile {
 impl FsFile for SimFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.check_direct(buf.as_ptr(), buf.len(), offset)?;
-        let s = self.state()?;
+        let mut s = self.state()?;
+        s.stats.reads += 1;
         let data = &s.inodes[&self.inode].visible;
         if offset >= data.len() as u64 {
             return Ok(0);

@@ -9,9 +9,20 @@ use chorus_core::format::FormatError;
 use chorus_core::replica::{GroupMeta, RecoveredLog};
 use chorus_core::Lsn;
 
-use super::LogStorage;
+use super::{check_group, LogStorage};
+
 use crate::error::{IoContext, Result, StorageError};
 use crate::fs::FsFile;
+
+/// Bytes of log between the chain points a walk in [`LogStorage::chain_at`] keeps.
+const HINT_SPACING: u64 = 256 << 10;
+
+/// Bytes one read of a walk in [`LogStorage::chain_at`] takes.
+const WALK_READ: u64 = 256 << 10;
+
+/// Most chain points kept: about 1 MiB of memory, 4 GiB of log at [`HINT_SPACING`].
+/// Past it they are dropped all at once and learnt again.
+const MAX_HINTS: usize = 16_384;
 
 impl LogStorage {
     /// Reads and checks the group that starts at `lsn`: its header and body checksums,
@@ -47,16 +58,23 @@ impl LogStorage {
     pub fn read_header(&self, lsn: Lsn) -> Result<GroupHeader> {
         self.check_in_log(lsn, false)?;
         let (path, off) = self.place(lsn);
+        let mut hb = [0u8; GROUP_HEADER_SIZE];
+        let file: &dyn FsFile = self.blocks[&(lsn / self.block_size)].as_ref();
+        file.read_exact_at(&mut hb, off).ctx(&path, "read")?;
+        self.check_header(&hb, lsn)
+    }
+
+    /// Decodes and checks the group header in `hb`, read from `lsn`: as
+    /// [`LogStorage::read_header`] checks it.
+    fn check_header(&self, hb: &[u8], lsn: Lsn) -> Result<GroupHeader> {
+        let (path, off) = self.place(lsn);
         let corrupt = |source| StorageError::Corrupt {
             path: path.clone(),
             file_offset: off,
             lsn,
             source,
         };
-        let mut hb = [0u8; GROUP_HEADER_SIZE];
-        let file: &dyn FsFile = self.blocks[&(lsn / self.block_size)].as_ref();
-        file.read_exact_at(&mut hb, off).ctx(&path, "read")?;
-        let h = GroupHeader::decode(&hb).map_err(corrupt)?;
+        let h = GroupHeader::decode(hb).map_err(corrupt)?;
         if h.lsn != lsn {
             return Err(StorageError::NotAGroupBoundary { lsn });
         }
@@ -109,42 +127,158 @@ impl LogStorage {
         }
         self.check_in_log(lsn, true)?;
         let id = lsn / self.block_size;
-        let path = self.block_path(id);
-        let file = self.blocks[&id].clone();
-        let header = self.read_block_header(&path, file.as_ref(), id)?;
-        let mut chain = header.start_chain();
-        // Headers alone carry the chain: one small read per group, and damage in a body
-        // before `lsn` does not stop a read from `lsn`.
+        let block_lsn = id * self.block_size;
+        let mut chain = match self.chain_hint(lsn) {
+            Some(c) if c.end_lsn >= block_lsn => c,
+            _ => {
+                let path = self.block_path(id);
+                let file = self.blocks[&id].clone();
+                self.read_block_header(&path, file.as_ref(), id)?
+                    .start_chain()
+            }
+        };
+        // Headers alone carry the chain, and damage in a body before `lsn` does not stop
+        // a read from `lsn`. The bytes are read WALK_READ at a time (a block of small
+        // groups holds a hundred thousand headers; a read each, through a FUSE file
+        // system, is seconds). Points on the way are kept every HINT_SPACING bytes, so a
+        // later walk in this block is short.
+        let mut kept = chain.end_lsn;
+        let (mut buf, mut buf_lsn) = (Vec::new(), 0u64);
         while chain.end_lsn < lsn {
-            chain = self.read_header(chain.end_lsn)?.chain_after();
+            let at = chain.end_lsn;
+            let have = buf_lsn <= at && at + GROUP_HEADER_SIZE as u64 <= buf_lsn + buf.len() as u64;
+            if !have {
+                // A group starting before `lsn` ends at or before it, header included.
+                let len = (lsn - at).min(WALK_READ).max(GROUP_HEADER_SIZE as u64);
+                let (path, off) = self.place(at);
+                buf.resize(len as usize, 0);
+                self.blocks[&id]
+                    .read_exact_at(&mut buf, off)
+                    .ctx(&path, "read")?;
+                buf_lsn = at;
+            }
+            let o = (at - buf_lsn) as usize;
+            chain = self
+                .check_header(&buf[o..o + GROUP_HEADER_SIZE], at)?
+                .chain_after();
+            if chain.end_lsn - kept >= HINT_SPACING && chain.end_lsn <= lsn {
+                self.learn_chain(chain);
+                kept = chain.end_lsn;
+            }
         }
         if chain.end_lsn != lsn {
             return Err(StorageError::NotAGroupBoundary { lsn });
         }
+        self.learn_chain(chain);
         Ok(chain)
     }
 
     /// Reads whole groups from `lsn` (a group boundary) up to about `max_bytes` (at least
-    /// one group when any exist) and returns them with the chain they continue.
+    /// one group when any exist) and returns them with the chain they continue. Each group
+    /// is checked (header, body, and that it continues the chain) as a scan checks it.
+    ///
+    /// One read per block spanned (plus one for the first group's header): a leader
+    /// catching a follower up reads ranges of many small groups, and reading each group
+    /// alone cost two reads a group, tens of thousands a range, inside the leader's
+    /// round. The chain at the range's end is kept ([`LogStorage::chain_at`]): the next
+    /// range starts there.
     pub fn read_range(&self, lsn: Lsn, max_bytes: usize) -> Result<(ChainPoint, Vec<u8>)> {
-        let chain = self.chain_at(lsn)?;
+        let start = self.chain_at(lsn)?;
+        let mut chain = start;
         let mut out = Vec::new();
-        let mut next = lsn;
         // A group past the limit is not read at all, header included: a replica under
         // repair serves a copy of a range that ends where its own damage starts, and
         // reading on into the damage would fail the whole read (the simulator's seed 5084
         // with --double-damage: two replicas, each waiting on the other's copy).
-        while next < self.chain.end_lsn && (out.is_empty() || out.len() < max_bytes) {
-            let h = self.read_header(next)?;
-            if !out.is_empty() && out.len() + h.total_len() as usize > max_bytes {
-                break;
+        while chain.end_lsn < self.chain.end_lsn && (out.is_empty() || out.len() < max_bytes) {
+            let next = chain.end_lsn;
+            let id = next / self.block_size;
+            // Groups never straddle blocks: one read, up to the block's end at most.
+            let region = ((id + 1) * self.block_size).min(self.chain.end_lsn) - next;
+            let want = if out.is_empty() {
+                let first = self.read_header(next)?.total_len();
+                first.max(max_bytes as u64)
+            } else {
+                (max_bytes - out.len()) as u64
+            };
+            let len = want.min(region) as usize;
+            let (path, off) = self.place(next);
+            let mut buf = vec![0u8; len];
+            self.blocks[&id]
+                .read_exact_at(&mut buf, off)
+                .ctx(&path, "read")?;
+            let mut pos = 0usize;
+            while buf.len() - pos >= GROUP_HEADER_SIZE {
+                match check_group(&buf[pos..], &chain, self.block_size, true) {
+                    Ok(h) => {
+                        let n = h.total_len() as usize;
+                        out.extend_from_slice(&buf[pos..pos + n]);
+                        pos += n;
+                        chain = h.chain_after();
+                    }
+                    // Cut by the limit, not by the block or the log: the range ends here.
+                    Err(FormatError::Truncated { .. }) if (len as u64) < region => break,
+                    Err(source) => {
+                        return Err(StorageError::Corrupt {
+                            path,
+                            file_offset: off + pos as u64,
+                            lsn: next + pos as u64,
+                            source,
+                        })
+                    }
+                }
             }
-            let body = self.read_body(&h)?;
-            out.extend_from_slice(&h.encode());
-            out.extend_from_slice(&body);
-            next = h.end_lsn();
+            if pos < len {
+                if (len as u64) < region {
+                    break; // the limit cut the buffer short of the block's end
+                }
+                // Groups fill a block to its end and the log to its end: bytes too few
+                // for a header there are not the log's.
+                return Err(StorageError::Corrupt {
+                    path,
+                    file_offset: off + pos as u64,
+                    lsn: next + pos as u64,
+                    source: FormatError::Truncated {
+                        what: "group header",
+                        need: GROUP_HEADER_SIZE as u64,
+                        have: (len - pos) as u64,
+                    },
+                });
+            }
         }
-        Ok((chain, out))
+        self.learn_chain(chain);
+        Ok((start, out))
+    }
+
+    /// The kept chain point nearest at or below `lsn`, if any.
+    fn chain_hint(&self, lsn: Lsn) -> Option<ChainPoint> {
+        let hints = self.chain_hints.lock().unwrap_or_else(|e| e.into_inner());
+        hints.range(..=lsn).next_back().map(|(_, c)| *c)
+    }
+
+    /// Keeps `c`, the chain point of the kept log at `c.end_lsn`.
+    fn learn_chain(&self, c: ChainPoint) {
+        if c.end_lsn < self.start_lsn || c.end_lsn > self.chain.end_lsn {
+            return;
+        }
+        let mut hints = self.chain_hints.lock().unwrap_or_else(|e| e.into_inner());
+        if hints.len() >= MAX_HINTS {
+            // Rare (a long log read all over): learnt again as reads go on.
+            hints.clear();
+        }
+        hints.insert(c.end_lsn, c);
+    }
+
+    /// Drops the kept chain points at or past `from`.
+    pub(super) fn forget_chain_hints(&self, from: Lsn) {
+        let mut hints = self.chain_hints.lock().unwrap_or_else(|e| e.into_inner());
+        hints.split_off(&from);
+    }
+
+    /// Drops the kept chain points below `below`.
+    pub(super) fn forget_chain_hints_below(&self, below: Lsn) {
+        let mut hints = self.chain_hints.lock().unwrap_or_else(|e| e.into_inner());
+        *hints = hints.split_off(&below);
     }
 
     /// What the replica needs to start on this log (see

@@ -127,18 +127,21 @@ fn samples() -> Vec<Message> {
         });
         v.push(Message::TimeoutNow { pid: n });
         v.push(Message::RepairRequest { from: n, to: n });
-        v.push(Message::Rebase {
-            pid: n,
-            ts: n,
-            base: ChainPoint {
-                end_lsn: n / 2,
-                acc_crc: n32,
-                next_group_seq: n,
-                max_csn: n,
-            },
-            base_pid: n,
-            committed: n,
-        });
+        for config in [None, Some(full_membership())] {
+            v.push(Message::Rebase {
+                pid: n,
+                ts: n,
+                base: ChainPoint {
+                    end_lsn: n / 2,
+                    acc_crc: n32,
+                    next_group_seq: n,
+                    max_csn: n,
+                },
+                base_pid: n,
+                committed: n,
+                config,
+            });
+        }
     }
     v
 }
@@ -343,6 +346,25 @@ fn frames_back_to_back_and_appended() {
 
 #[test]
 fn max_overhead_is_exact() {
+    let rebase = Message::Rebase {
+        pid: MAX,
+        ts: MAX,
+        base: ChainPoint {
+            end_lsn: MAX,
+            acc_crc: u32::MAX,
+            next_group_seq: MAX,
+            max_csn: MAX,
+        },
+        base_pid: MAX,
+        committed: MAX,
+        config: Some(full_membership()),
+    };
+    let b = enc(&Frame::Msg {
+        group: MAX,
+        msg: rebase,
+    });
+    assert_eq!(b.len() - FRAME_HEADER_SIZE, MAX_MSG_OVERHEAD);
+    assert!(decode(&b).is_ok());
     let msg = Message::Append {
         pid: MAX,
         ts: MAX,
@@ -353,8 +375,45 @@ fn max_overhead_is_exact() {
         config: Some(full_membership()),
     };
     let b = enc(&Frame::Msg { group: MAX, msg });
-    assert_eq!(b.len() - FRAME_HEADER_SIZE, MAX_MSG_OVERHEAD);
+    assert_eq!(b.len() - FRAME_HEADER_SIZE, MAX_MSG_OVERHEAD - 12);
     assert!(decode(&b).is_ok());
+}
+
+/// A Rebase without a membership ends after its committed end (laid out as before the
+/// field existed, so every receiver reads it); one with a membership carries it after a
+/// present flag, and a 0 flag there is refused as not canonical.
+#[test]
+fn a_rebase_carries_a_membership_only_when_it_has_one() {
+    let rebase = |config| Message::Rebase {
+        pid: 7,
+        ts: 8,
+        base: ChainPoint {
+            end_lsn: 1 << 20,
+            acc_crc: 9,
+            next_group_seq: 10,
+            max_csn: 11,
+        },
+        base_pid: 6,
+        committed: 2 << 20,
+        config,
+    };
+    let bare = body_of(&Frame::Msg {
+        group: 1,
+        msg: rebase(None),
+    });
+    assert_eq!(bare.len(), 8 + 1 + 60, "group, tag and the eight fields");
+    let full = body_of(&Frame::Msg {
+        group: 1,
+        msg: rebase(Some(full_membership())),
+    });
+    assert_eq!(&full[..bare.len()], &bare[..]);
+    assert_eq!(full[bare.len()], 1, "the present flag");
+    let mut zero = bare.clone();
+    zero.push(0);
+    malformed(
+        decode(&raw(FrameKind::Msg as u8, 0, WIRE_VERSION, &zero)),
+        "config present flag is 0",
+    );
 }
 
 /// Every single-byte change anywhere in a frame is refused, and the error names the
@@ -803,20 +862,27 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 damaged
             }
         ),
-        (u(), u(), u(), any::<u32>(), u(), u(), u(), u()).prop_map(
-            |(pid, ts, a, acc_crc, next_group_seq, max_csn, base_pid, b)| Message::Rebase {
-                pid,
-                ts,
-                base: ChainPoint {
-                    end_lsn: a.min(b),
-                    acc_crc,
-                    next_group_seq,
-                    max_csn,
-                },
-                base_pid,
-                committed: a.max(b),
-            }
-        ),
+        (
+            (u(), u(), u(), any::<u32>(), u(), u(), u(), u()),
+            proptest::option::of(arb_membership())
+        )
+            .prop_map(
+                |((pid, ts, a, acc_crc, next_group_seq, max_csn, base_pid, b), config)| {
+                    Message::Rebase {
+                        pid,
+                        ts,
+                        base: ChainPoint {
+                            end_lsn: a.min(b),
+                            acc_crc,
+                            next_group_seq,
+                            max_csn,
+                        },
+                        base_pid,
+                        committed: a.max(b),
+                        config,
+                    }
+                }
+            ),
     ]
 }
 
