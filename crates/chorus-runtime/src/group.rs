@@ -465,6 +465,8 @@ impl Group {
         }
         self.slow_warned.store(now, Ordering::Relaxed);
         tracing::warn!(
+            group = self.id,
+            node = self.env.node,
             took_ms = took / 1_000_000,
             actions,
             log_reads,

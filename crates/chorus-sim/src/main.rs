@@ -67,6 +67,11 @@ struct Args {
     /// storage faults were injected in out-of-order runs).
     #[arg(long)]
     no_corrupt: bool,
+    /// Out-of-order groups: operators trim any node, followers too, up to its applied head
+    /// (by default only the serving leader, up to what every live follower holds): the
+    /// election gap of compaction that docs/reliability.md lists.
+    #[arg(long)]
+    trim_followers: bool,
     /// Ordered groups: followers ask for a gap to be resent after this many early
     /// messages, 0 never (default: by seed, 0 to 3; `--gap-resend 0` gives the trajectories
     /// of seeds found before gap resends existed).
@@ -279,6 +284,7 @@ fn ooo_only_flag(a: &Args) -> Option<&'static str> {
         (a.full_images, "--full-images"),
         (a.no_conflict_order, "--no-conflict-order"),
         (a.no_corrupt, "--no-corrupt"),
+        (a.trim_followers, "--trim-followers"),
     ]
     .into_iter()
     .find_map(|(set, name)| set.then_some(name))
@@ -318,6 +324,7 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
         partial_images: !args.full_images,
         conflict_order: !args.no_conflict_order,
         corrupt: !args.no_corrupt,
+        trim_followers: args.trim_followers,
         preallocate: args.preallocate,
         timed_resend: args.timed_resend,
         ..OooOptions::default()
@@ -340,6 +347,9 @@ fn run_ooo(args: &Args, mode: &str) -> ExitCode {
     }
     if args.no_corrupt {
         broken_flag.push_str(" --no-corrupt");
+    }
+    if args.trim_followers {
+        broken_flag.push_str(" --trim-followers");
     }
     if let Some(p) = args.preallocate {
         broken_flag.push_str(&format!(" --preallocate {p}"));

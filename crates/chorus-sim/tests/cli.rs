@@ -51,6 +51,7 @@ fn flags_of_the_other_kind_of_run_are_refused_by_name() {
         ),
         (&["--no-transfers"][..], "--no-transfers"),
         (&["--mode", "sync", "--full-images"][..], "--full-images"),
+        (&["--trim-followers"][..], "--trim-followers"),
     ] {
         let out = sim(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

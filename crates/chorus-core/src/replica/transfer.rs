@@ -66,6 +66,11 @@ impl Replica {
         self.send(to, Message::TimeoutNow { pid });
         self.step_down();
         self.leader = Some(to);
+        // The target is granted the lease, as a vote grants it to a candidate: without
+        // it, a deposed leader whose priority is above the target's may campaign at its
+        // next tick, before the target's campaign is heard, and win back the group the
+        // operator moved.
+        self.lease_until = self.now + self.cfg.lease;
         self.lease_holder = Some(to);
     }
 }

@@ -299,6 +299,8 @@ impl OooReplica {
         {
             return;
         }
+        // The candidate is making progress with our vote: no campaign of ours meanwhile.
+        self.extend_deadline();
         let (entries, next) = self.vote_piece(start);
         self.stats.vote_parts_sent += 1;
         self.actions.push(Action::Send {
@@ -351,6 +353,13 @@ impl OooReplica {
         {
             return; // not the range it says it covers: not a piece of this vote
         }
+        // A vote arriving in pieces is progress: the campaign's timeout is for a
+        // campaign that fails, not for one whose votes are still coming. Without this, a
+        // vote of many pieces (a candidate that lost track of what committed, its first
+        // uncommitted slot far behind the voter's last) never completes within one
+        // timeout, and the candidate starts over, term after term (simulator seed 1538,
+        // parallel).
+        self.extend_deadline();
         let mut got = self
             .vote_parts
             .remove(&from)

@@ -684,6 +684,15 @@ impl OooReplica {
         self.deadline = self.now + t + self.rng.below(t);
     }
 
+    /// Keeps the deadline at least an election timeout away, drawing nothing: progress
+    /// that is not a leader's (a vote arriving in pieces) defers a campaign without
+    /// moving the draws every later timeout takes.
+    fn extend_deadline(&mut self) {
+        self.deadline = self
+            .deadline
+            .max(self.now + self.cfg.election_timeout.max(1));
+    }
+
     fn set_role(&mut self, role: Role) {
         if self.role != role {
             self.role = role;
