@@ -179,3 +179,81 @@ fn the_strict_check_refuses_a_removal_that_would_stop_the_group() {
         Err(OooChangeError::NotLeader { .. })
     ));
 }
+
+/// A voter that missed the change adding it learns it from a candidate's vote request:
+/// it sends its own, older membership, the candidate answers with its newer one, and the
+/// voter takes it. Simulator seed 1852 of `--volume`: a voter being added,
+/// holding the newest checkpoint of all, refused every candidate (each first uncommitted
+/// slot below its base) and, not knowing it was a voter, never campaigned itself.
+#[test]
+fn a_voter_that_missed_its_addition_learns_it_from_a_candidate() {
+    let mode = Mode::Parallel { span: 2 };
+    let mut net = Net::new(3, mode);
+    net.nodes
+        .insert(4, OooReplica::new(OooConfig::new(4, Vec::new(), mode), 0));
+    net.elect(1);
+    let hb = net.nodes[&1].cfg.heartbeat_interval;
+    let now = net.now;
+    net.node(1)
+        .change_membership(now, OooMembershipChange::AddVoter(4))
+        .unwrap();
+    // Node 4 hears nothing while the others take the change (three of four voters are
+    // a majority of both stages).
+    for _ in 0..3 {
+        net.tick_with(1, hb, without(4));
+    }
+    let joint = net.nodes[&1].membership().clone();
+    assert_eq!(joint.voters, [1, 2, 3, 4]);
+    assert_eq!(net.nodes[&2].membership(), &joint);
+    let old = net.nodes[&4].membership().clone();
+    assert!(old.version < joint.version);
+    // Node 2's vote request reaches node 4.
+    let (term, head, log) = {
+        let n2 = &net.nodes[&2];
+        (n2.hard.term + 1, n2.commits.head(), n2.vote_log())
+    };
+    let now = net.now;
+    net.node(4).receive(
+        now,
+        2,
+        Msg::Vote {
+            term,
+            head,
+            log,
+            config: joint.version,
+        },
+    );
+    let acts = net.node(4).take_actions();
+    let asked: Vec<&Msg> = sent(&acts, 2)
+        .filter(|m| matches!(m, Msg::Newer { .. }))
+        .collect();
+    assert!(
+        matches!(asked[..], [Msg::Newer { membership }] if *membership == old),
+        "{acts:?}"
+    );
+    let ask = asked[0].clone();
+    net.node(2).receive(now, 4, ask);
+    let acts = net.node(2).take_actions();
+    let answer = sent(&acts, 4)
+        .find(|m| matches!(m, Msg::Newer { membership } if *membership == joint))
+        .cloned()
+        .unwrap_or_else(|| panic!("no answer with the newer membership: {acts:?}"));
+    net.node(4).receive(now, 2, answer);
+    assert_eq!(net.nodes[&4].membership(), &joint);
+    // Taking it, node 4 has nothing to answer; a replica as new as the asker sends
+    // nothing back either (no exchange without end).
+    let acts = net.node(4).take_actions();
+    assert!(
+        sent(&acts, 2).all(|m| !matches!(m, Msg::Newer { .. })),
+        "{acts:?}"
+    );
+    net.node(3).receive(
+        now,
+        2,
+        Msg::Newer {
+            membership: joint.clone(),
+        },
+    );
+    let acts = net.node(3).take_actions();
+    assert!(sent(&acts, 2).next().is_none(), "{acts:?}");
+}
