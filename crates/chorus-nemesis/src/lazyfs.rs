@@ -13,7 +13,9 @@
 //!   rename, unlink, mkdir, fallocate), reaches the backing directory at once and survives
 //!   (LazyFS's default too): a lost rename or file creation is not modelled;
 //! - a sync takes 2 ms before it makes the file's writes durable, as a disk's
-//!   flush does, so a cut can land while a node waits on its sync;
+//!   flush does, so a cut can land while a node waits on its sync; the backing file's
+//!   own sync then runs beside other calls (the mount serves several at once), as a
+//!   disk's flush does not stop writes to the page cache;
 //! - the kernel caches nothing: every open is answered with `FOPEN_DIRECT_IO`, and
 //!   attributes and names with a time-to-live of zero, so what the node reads after a
 //!   loss is what this file system holds.
@@ -172,14 +174,16 @@ impl State {
         fh
     }
 
-    /// Writes `ino`'s pending writes to the backing file and syncs it.
-    fn sync(&mut self, ino: u64, f: &File) -> std::io::Result<()> {
+    /// Writes `ino`'s pending writes to the backing file (its page cache: a power loss
+    /// no longer drops them, as a flush under way may or may not finish); the caller
+    /// syncs the file after letting go of the state.
+    fn write_pending(&mut self, ino: u64, f: &File) -> std::io::Result<()> {
         if let Some(p) = self.pending.remove(&ino) {
             for (off, b) in &p.writes {
                 f.write_all_at(b, *off)?;
             }
         }
-        f.sync_data()
+        Ok(())
     }
 
     /// Cuts `ino`'s pending writes at `len` (a truncation).
@@ -200,6 +204,8 @@ impl State {
 /// The FUSE side.
 struct Lazy {
     state: Arc<Mutex<State>>,
+    /// How long each sync waits before it makes anything durable ([`SYNC_LATENCY`]).
+    sync_latency: Duration,
 }
 
 impl Lazy {
@@ -565,12 +571,31 @@ impl Filesystem for Lazy {
     ) {
         // A sync takes time, as a disk's does; a power cut meanwhile loses what it was
         // making durable.
-        std::thread::sleep(SYNC_LATENCY);
-        let mut s = on!(self, reply);
-        let Some((_, f)) = s.handles.get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        std::thread::sleep(self.sync_latency);
+        let f = {
+            let mut s = on!(self, reply);
+            let Some((_, f)) = s.handles.get(&fh.0).cloned() else {
+                return reply.error(Errno::EBADF);
+            };
+            if let Err(e) = s.write_pending(ino.0, &f) {
+                return reply.error(errno(&e));
+            }
+            f
         };
-        let r = s.sync(ino.0, &f).map_err(|e| errno(&e));
+        // The backing file's own sync runs with the state let go and, the mount serving
+        // several requests at once, without holding up other calls: a disk's flush does
+        // not stop writes to the page cache, and a node's next batch (written while its
+        // last one syncs) must not wait here for the whole of a slow sync of the backing
+        // disk. With one thread and the sync under the lock, a log write of the ordered
+        // driver's round waited for the sync before it, for seconds on a loaded machine,
+        // and the round sent no heartbeat meanwhile.
+        let r = f.sync_data().map_err(|e| errno(&e));
+        // Power cut meanwhile: the node is gone, and what the sync made durable is
+        // durable; answer as a powered-off disk does.
+        let r = r.and_then(|()| match self.lock() {
+            Some(_) => Ok(()),
+            None => Err(Errno::EIO),
+        });
         empty(r, reply)
     }
 
@@ -713,6 +738,12 @@ impl LazyFs {
     /// Mounts a power-loss file system over `backing` at `mount` (both directories,
     /// created if missing). Needs `/dev/fuse` and root.
     pub fn mount(backing: &Path, mount: &Path) -> Result<LazyFs, Error> {
+        Self::mount_with(backing, mount, SYNC_LATENCY)
+    }
+
+    /// [`Self::mount`] with each sync taking `sync_latency` before it makes anything
+    /// durable.
+    fn mount_with(backing: &Path, mount: &Path, sync_latency: Duration) -> Result<LazyFs, Error> {
         for d in [backing, mount] {
             std::fs::create_dir_all(d).map_err(|e| Error::io(d.display(), e))?;
         }
@@ -744,10 +775,13 @@ impl LazyFs {
             MountOption::NoSuid,
         ];
         config.acl = fuser::SessionACL::All;
-        config.n_threads = Some(1);
+        // Several requests at once: a sync of the backing disk (see `fsync`) must not
+        // hold up a write.
+        config.n_threads = Some(4);
         let session = fuser::spawn_mount(
             Lazy {
                 state: state.clone(),
+                sync_latency,
             },
             mount,
             &config,
@@ -884,6 +918,43 @@ mod tests {
         drop(f);
         fs.unmount().unwrap();
         assert_eq!(std::fs::read(backing.join("d/a")).unwrap(), b"Syn");
+    }
+
+    /// A sync under way does not hold up a write to another file (a disk's flush does not
+    /// stop writes to the page cache): with the mount serving one call at a time, the
+    /// ordered driver's next batch waited for the sync before it, and its round sent no
+    /// heartbeat meanwhile.
+    #[test]
+    fn a_write_does_not_wait_for_a_sync_under_way() {
+        if !fuse_here() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+        let slow = Duration::from_millis(800);
+        let fs = LazyFs::mount_with(&backing, &mnt, slow).unwrap();
+        let mut a = std::fs::File::create(mnt.join("a")).unwrap();
+        let mut b = std::fs::File::create(mnt.join("b")).unwrap();
+        a.write_all(b"synced slowly").unwrap();
+        let start = std::time::Instant::now();
+        let syncer = std::thread::spawn(move || {
+            a.sync_data().unwrap();
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        b.write_all(b"written meanwhile").unwrap();
+        let wrote = t.elapsed();
+        let synced = syncer.join().unwrap();
+        assert!(synced >= slow, "the sync took {synced:?}");
+        assert!(
+            wrote < Duration::from_millis(400),
+            "a write waited {wrote:?} for a sync of another file"
+        );
+        assert_eq!(std::fs::read(backing.join("a")).unwrap(), b"synced slowly");
+        assert_eq!(fs.lose_unsynced(), 17);
+        drop(b);
+        fs.unmount().unwrap();
     }
 
     /// An unmount while a file is still open on the mount waits for it to close (as a
