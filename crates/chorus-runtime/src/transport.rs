@@ -156,6 +156,12 @@ struct Outbox {
     /// `tests/ooo.rs`: a peer restarted on a new port while the old connection was never
     /// reset), and what it takes is lost.
     redial: bool,
+    /// The peer dialled us and said hello since the writer last looked: it is up, so a
+    /// writer backing off after failed dials dials again at once instead of waiting out a
+    /// backoff that grew while the peer was down (up to a second; after a whole cluster
+    /// restarted, each node would otherwise wait that long to reach the ones that came up
+    /// after it).
+    heard: bool,
     closed: bool,
 }
 
@@ -521,6 +527,7 @@ impl Shared {
                 buf: Vec::new(),
                 addr,
                 redial: false,
+                heard: false,
                 closed: self.stop.load(Ordering::SeqCst),
             }),
             ready: Condvar::new(),
@@ -616,6 +623,7 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
                 Ok(c) => {
                     tracing::info!(peer = p.id, addr = %addr, "connected");
                     *conn = Some(c);
+                    p.out.lock().expect("outbox").heard = false;
                     backoff = Duration::from_millis(10);
                 }
                 Err(e) => {
@@ -626,8 +634,11 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
                     spare = batch;
                     spare.clear();
                     drop(conn);
-                    sleep_unless_stopped(&s, backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff = if backoff_wait(&s, &p, backoff) {
+                        Duration::from_millis(10)
+                    } else {
+                        (backoff * 2).min(Duration::from_secs(1))
+                    };
                     continue;
                 }
             }
@@ -653,10 +664,21 @@ fn writer_loop(s: Arc<Shared>, p: Arc<Peer>) {
     }
 }
 
-fn sleep_unless_stopped(s: &Shared, d: Duration) {
+/// Waits `d` after a failed dial of `p`, or less: true as soon as `p` has dialled us
+/// (it is up again, [`Outbox::heard`]), false after `d` or once the transport stops.
+fn backoff_wait(s: &Shared, p: &Peer, d: Duration) -> bool {
     let until = Instant::now() + d;
-    while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(10).min(d));
+    let mut out = p.out.lock().expect("outbox");
+    loop {
+        if std::mem::take(&mut out.heard) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until || out.closed || s.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let step = (until - now).min(Duration::from_millis(10));
+        out = p.ready.wait_timeout(out, step).expect("outbox").0;
     }
 }
 
@@ -779,6 +801,11 @@ fn reader(s: &Arc<Shared>, tcp: TcpStream) -> Result<(), ReadError> {
                     .is_some_and(|p| p.out.lock().expect("outbox").addr.is_some());
                 if !known && node != s.cfg.node && !listen_addr.is_empty() {
                     s.peer(node, Some(listen_addr));
+                }
+                // It is up: a writer backing off from it dials again now.
+                if let Some(p) = s.peers.read().expect("peers").get(&node) {
+                    p.out.lock().expect("outbox").heard = true;
+                    p.ready.notify_one();
                 }
             }
             (Frame::Msg { group, msg }, Some(node)) => {

@@ -152,3 +152,61 @@ fn an_oversized_message_is_dropped_and_counted_not_sent() {
     sender.shutdown();
     receiver.shutdown();
 }
+
+/// A peer that was down long enough for the sender's dial backoff to reach its ceiling
+/// (a second) is dialled again as soon as it dials the sender, not when that backoff
+/// ends: after a whole cluster restarts, each node otherwise waits up to a second to reach
+/// the nodes that came up after it.
+#[test]
+fn a_peer_that_comes_back_and_dials_us_is_dialled_at_once() {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    // A free port for node 2, which is not up yet.
+    let port = std::net::TcpListener::bind(any)
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut cfg = TcpConfig::new(1, any);
+    cfg.peers.insert(2, port.to_string());
+    let one = TcpTransport::start(cfg, Arc::new(Log::default())).unwrap();
+    let mut pid = 0;
+    let mut send = |t: &TcpTransport| {
+        pid += 1;
+        t.send(2, 1, &Message::TimeoutNow { pid });
+    };
+    // Failed dials back off 10 ms, 20 ms, ... up to 1 s: after 3 s of sends the backoff is
+    // at its ceiling. Then wait for a failed dial, which starts a full backoff.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        send(&one);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dropped = one.stats().frames_dropped;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while one.stats().frames_dropped == dropped {
+        assert!(Instant::now() < deadline, "no dial failed");
+        send(&one);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Node 2 comes up and says something to node 1 (its hello tells node 1 it is up).
+    let up = Instant::now();
+    let log = Arc::new(Log::default());
+    let mut cfg = TcpConfig::new(2, port);
+    cfg.peers.insert(1, one.local_addr().to_string());
+    let two = TcpTransport::start(cfg, log.clone()).unwrap();
+    two.send(1, 1, &Message::TimeoutNow { pid: 0 });
+    while log.got.lock().unwrap().is_empty() {
+        assert!(
+            up.elapsed() < Duration::from_secs(10),
+            "nothing reached node 2"
+        );
+        send(&one);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = up.elapsed();
+    assert!(
+        took < Duration::from_millis(600),
+        "node 1 reached node 2 {took:?} after it came up (its backoff was 1 s)"
+    );
+    one.shutdown();
+    two.shutdown();
+}
