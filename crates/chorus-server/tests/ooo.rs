@@ -947,7 +947,6 @@ async fn out_of_order_groups_through_the_server() {
         let r = block_record(i as u64 % BLOCKS, 0xF000_0000 | i);
         let res = c.append_out_of_order(PAR, vec![r.clone()]).await.unwrap();
         assert_eq!(res[0].outcome, pb::Outcome::Committed as i32);
-        last_par = res[0].seq;
         after.push(r);
         i += 1;
     }
